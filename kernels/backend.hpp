@@ -1,0 +1,124 @@
+#pragma once
+// The one interface the layer code is written against. Three implementations:
+//   cpu   reference ops: fp32 math on bf16/fp16/fp32 storage, Eigen GEMMs
+//   meta  allocations only; ops do nothing (the memory schedule of any shape, instantly)
+//   cuda  cuBLASLt + kernels/cuda (its own issue)
+// All tensors are contiguous row-major. Shapes named below are the contract each op checks.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/allocator.hpp"
+#include "runtime/philox.hpp"
+#include "runtime/tensor.hpp"
+
+namespace actbench {
+
+// C[i] = alpha * op(A[i]) * op(B[i]) + beta * C[i] for i < batch, row-major.
+// op(A) is m x k: A is stored [m, k], or [k, m] when trans_a. op(B) is k x n: B is stored
+// [k, n], or [n, k] when trans_b. C is [m, n]. Batches are contiguous (stride = matrix size).
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1;
+  float alpha = 1.f, beta = 0.f;
+};
+
+// Where a dropout mask comes from. The local tensor is viewed as [outer, mid_local, inner]
+// and its element (o, m, i) is element ((o * mid_global + mid_offset + m) * inner + i) of
+// the canonical unsharded tensor; that canonical index is the Philox counter, so the mask
+// is the same for every t, SP or not, and when recomputed.
+struct DropoutSpec {
+  float p = 0.f;
+  uint64_t seed = 0;
+  uint32_t layer = 0;
+  uint32_t site = 0;
+  int64_t outer = 1, mid_local = 1, mid_global = 1, mid_offset = 0, inner = 1;
+  int64_t numel() const { return outer * mid_local * inner; }
+  int64_t canonical_index(int64_t local) const {
+    int64_t i = local % inner;
+    int64_t rest = local / inner;
+    int64_t m = rest % mid_local;
+    int64_t o = rest / mid_local;
+    return (o * mid_global + mid_offset + m) * inner + i;
+  }
+  bool keep(int64_t local) const {
+    return philox_word(seed, layer, site, static_cast<uint64_t>(canonical_index(local))) >= dropout_threshold(p);
+  }
+  float scale() const { return p > 0.f ? 1.f / (1.f - p) : 1.f; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;         // "cpu" | "meta" | "cuda"
+  virtual std::string device_name() const = 0;  // e.g. "host-cpu", "NVIDIA H100 80GB HBM3"
+  // False for meta: ops do not touch data, results are undefined (and never read).
+  virtual bool computes() const = 0;
+
+  CachingAllocator& allocator() { return *allocator_; }
+  Tensor empty(Shape shape, DType dtype) { return Tensor(*allocator_, std::move(shape), dtype); }
+  Tensor zeros(Shape shape, DType dtype) {
+    Tensor t = empty(std::move(shape), dtype);
+    fill_zero(t);
+    return t;
+  }
+
+  // ---- data movement -------------------------------------------------------------------
+  virtual void fill_zero(Tensor& t) = 0;
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;             // same numel and dtype
+  virtual void upload(const float* host, Tensor& dst) = 0;           // rounds to dst dtype
+  virtual void download(const Tensor& src, float* host) = 0;         // widens to float
+  virtual void add_inplace(Tensor& dst, const Tensor& src) = 0;      // dst += src
+  virtual void synchronize() {}
+
+  // ---- GEMM --------------------------------------------------------------------------
+  // A, B, C may be of any float dtype; accumulation is fp32.
+  virtual void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c) = 0;
+  // y[M, N] += bias[N]
+  virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
+  // db[N] = sum over rows of dy[M, N]
+  virtual void bias_grad(const Tensor& dy, Tensor& db) = 0;
+
+  // ---- LayerNorm over the last dim: x [M, H], weight/bias [H], mean/rstd [M] fp32 -------
+  virtual void layernorm_fwd(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                             Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  // dx written; dweight, dbias written (not accumulated).
+  virtual void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                             const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) = 0;
+
+  // ---- causal softmax over the last dim of scores [B, S, S] (row i sees columns <= i) --
+  virtual void softmax_causal_fwd(const Tensor& scores, Tensor& probs) = 0;
+  virtual void softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, Tensor& dscores) = 0;
+
+  // ---- dropout: y = x * keep / (1 - p); mask u8 (1 = kept) -----------------------------
+  virtual void dropout_fwd(const Tensor& x, const DropoutSpec& spec, Tensor& y, Tensor& mask) = 0;
+  virtual void dropout_bwd(const Tensor& dy, const Tensor& mask, float p, Tensor& dx) = 0;
+
+  // ---- GeLU (tanh approximation) -------------------------------------------------------
+  virtual void gelu_fwd(const Tensor& x, Tensor& y) = 0;
+  virtual void gelu_bwd(const Tensor& dy, const Tensor& x, Tensor& dx) = 0;
+
+  // ---- out = residual + dropout(x + bias); x, residual, out [M, N], bias [N] ----------
+  virtual void bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                         const DropoutSpec& spec, Tensor& out, Tensor& mask) = 0;
+
+  // ---- attention head layout ----------------------------------------------------------
+  // src [S, B, W]; dst [B, NH, S, D] = columns [col_offset, col_offset + NH*D) of src,
+  // head-major (head j at columns col_offset + j*D ...).
+  virtual void split_heads(const Tensor& src, int64_t col_offset, Tensor& dst) = 0;
+  // The inverse: writes src [B, NH, S, D] into columns [col_offset, col_offset + NH*D) of dst [S, B, W].
+  virtual void merge_heads(const Tensor& src, int64_t col_offset, Tensor& dst) = 0;
+
+ protected:
+  explicit Backend(std::unique_ptr<CachingAllocator> alloc) : allocator_(std::move(alloc)) {}
+  std::unique_ptr<CachingAllocator> allocator_;
+};
+
+// capacity_bytes > 0 emulates a device of that size (allocations past it are OOM).
+std::unique_ptr<Backend> make_cpu_backend(size_t capacity_bytes = 0);
+std::unique_ptr<Backend> make_meta_backend(size_t capacity_bytes = 0);
+// Throws InvalidArgument("... no CUDA device ...") where the CUDA backend cannot run.
+std::unique_ptr<Backend> make_backend(const std::string& name, size_t capacity_bytes = 0);
+
+}  // namespace actbench

@@ -1,0 +1,72 @@
+#pragma once
+// Tensor-parallel group collectives. Along dim 0 for gather/scatter, sum for reductions.
+//   local     one rank, collectives are identities
+//   mpi       real processes under mpirun; 16-bit data reduced in fp32
+//   emulated  one process plays rank 0 of t: shapes and bytes exact, data copied locally
+// Every implementation counts the bytes each rank would put on a ring (all-gather and
+// reduce-scatter (n-1)/n * S, all-reduce 2(n-1)/n * S, S the whole tensor), which is
+// what the modeled communication time is computed from.
+// Tensors on the meta device carry no data: only the byte counts change.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.hpp"
+
+namespace actbench {
+
+enum class CommMode : uint8_t { none, mpi, nccl, modeled };
+const char* comm_mode_name(CommMode m);
+
+struct CommStats {
+  int64_t all_reduce_calls = 0, all_gather_calls = 0, reduce_scatter_calls = 0;
+  double ring_bytes = 0;  // bytes sent per rank, ring algorithm
+  void reset() { *this = CommStats{}; }
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual CommMode mode() const = 0;
+
+  // In-place sum over the group.
+  virtual void all_reduce(Tensor& t) = 0;
+  // out.dim(0) == size() * in.dim(0); rank r's rows land at [r*n, (r+1)*n).
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // in.dim(0) == size() * out.dim(0); out = sum over ranks of rows [rank*n, (rank+1)*n).
+  virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  virtual void barrier() = 0;
+
+  // Host-side helpers for metadata (timings, status, dumps); not counted in CommStats.
+  virtual void max_inplace(std::vector<double>& v) = 0;
+  // Concatenation of every rank's vector (all the same length), in rank order.
+  virtual std::vector<float> gather_host(const std::vector<float>& local) = 0;
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_.reset(); }
+
+ protected:
+  void count_all_reduce(const Tensor& t);
+  void count_all_gather(const Tensor& out);
+  void count_reduce_scatter(const Tensor& in);
+  static void check_gather_shapes(const Tensor& small, const Tensor& big, int n, const char* op);
+  CommStats stats_;
+};
+
+std::unique_ptr<Communicator> make_local_communicator();
+// Plays rank 0 of `size` ranks without other processes.
+std::unique_ptr<Communicator> make_emulated_communicator(int size);
+
+// MPI: only available when built with MPI. mpi_launched() tells whether this process was
+// started by mpirun (so that a plain run never initialises MPI).
+bool mpi_available();
+bool mpi_launched();
+// Initialises MPI (idempotent); the communicator spans MPI_COMM_WORLD.
+std::unique_ptr<Communicator> make_mpi_communicator();
+void mpi_finalize_if_initialized();
+int mpi_world_size_from_env();
+
+}  // namespace actbench
