@@ -4,6 +4,8 @@
 //   meta  allocations only; ops do nothing (the memory schedule of any shape, instantly)
 //   cuda  cuBLASLt + kernels/cuda (its own issue)
 // All tensors are contiguous row-major. Shapes named below are the contract each op checks.
+// Outputs are `const Tensor&` like PyTorch's out= variants: a Tensor is a handle, the op
+// writes the data it refers to, never the handle (so views such as t.view(...) can be passed).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -65,50 +67,50 @@ class Backend {
   }
 
   // ---- data movement -------------------------------------------------------------------
-  virtual void fill_zero(Tensor& t) = 0;
-  virtual void copy(const Tensor& src, Tensor& dst) = 0;             // same numel and dtype
-  virtual void upload(const float* host, Tensor& dst) = 0;           // rounds to dst dtype
+  virtual void fill_zero(const Tensor& t) = 0;
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;             // same numel and dtype
+  virtual void upload(const float* host, const Tensor& dst) = 0;           // rounds to dst dtype
   virtual void download(const Tensor& src, float* host) = 0;         // widens to float
-  virtual void add_inplace(Tensor& dst, const Tensor& src) = 0;      // dst += src
+  virtual void add_inplace(const Tensor& dst, const Tensor& src) = 0;      // dst += src
   virtual void synchronize() {}
 
   // ---- GEMM --------------------------------------------------------------------------
   // A, B, C may be of any float dtype; accumulation is fp32.
-  virtual void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c) = 0;
+  virtual void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, const Tensor& c) = 0;
   // y[M, N] += bias[N]
-  virtual void add_bias(Tensor& y, const Tensor& bias) = 0;
+  virtual void add_bias(const Tensor& y, const Tensor& bias) = 0;
   // db[N] = sum over rows of dy[M, N]
-  virtual void bias_grad(const Tensor& dy, Tensor& db) = 0;
+  virtual void bias_grad(const Tensor& dy, const Tensor& db) = 0;
 
   // ---- LayerNorm over the last dim: x [M, H], weight/bias [H], mean/rstd [M] fp32 -------
   virtual void layernorm_fwd(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                             Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+                             const Tensor& y, const Tensor& mean, const Tensor& rstd) = 0;
   // dx written; dweight, dbias written (not accumulated).
   virtual void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                             const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) = 0;
+                             const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) = 0;
 
   // ---- causal softmax over the last dim of scores [B, S, S] (row i sees columns <= i) --
-  virtual void softmax_causal_fwd(const Tensor& scores, Tensor& probs) = 0;
-  virtual void softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, Tensor& dscores) = 0;
+  virtual void softmax_causal_fwd(const Tensor& scores, const Tensor& probs) = 0;
+  virtual void softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores) = 0;
 
   // ---- dropout: y = x * keep / (1 - p); mask u8 (1 = kept) -----------------------------
-  virtual void dropout_fwd(const Tensor& x, const DropoutSpec& spec, Tensor& y, Tensor& mask) = 0;
-  virtual void dropout_bwd(const Tensor& dy, const Tensor& mask, float p, Tensor& dx) = 0;
+  virtual void dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) = 0;
+  virtual void dropout_bwd(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) = 0;
 
   // ---- GeLU (tanh approximation) -------------------------------------------------------
-  virtual void gelu_fwd(const Tensor& x, Tensor& y) = 0;
-  virtual void gelu_bwd(const Tensor& dy, const Tensor& x, Tensor& dx) = 0;
+  virtual void gelu_fwd(const Tensor& x, const Tensor& y) = 0;
+  virtual void gelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) = 0;
 
   // ---- out = residual + dropout(x + bias); x, residual, out [M, N], bias [N] ----------
   virtual void bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& residual,
-                                         const DropoutSpec& spec, Tensor& out, Tensor& mask) = 0;
+                                         const DropoutSpec& spec, const Tensor& out, const Tensor& mask) = 0;
 
   // ---- attention head layout ----------------------------------------------------------
   // src [S, B, W]; dst [B, NH, S, D] = columns [col_offset, col_offset + NH*D) of src,
   // head-major (head j at columns col_offset + j*D ...).
-  virtual void split_heads(const Tensor& src, int64_t col_offset, Tensor& dst) = 0;
+  virtual void split_heads(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
   // The inverse: writes src [B, NH, S, D] into columns [col_offset, col_offset + NH*D) of dst [S, B, W].
-  virtual void merge_heads(const Tensor& src, int64_t col_offset, Tensor& dst) = 0;
+  virtual void merge_heads(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
 
  protected:
   explicit Backend(std::unique_ptr<CachingAllocator> alloc) : allocator_(std::move(alloc)) {}

@@ -39,7 +39,7 @@ class Tensor {
   // Allocates numel * dtype_size bytes from `alloc` (uninitialised).
   Tensor(CachingAllocator& alloc, Shape shape, DType dtype);
 
-  bool defined() const { return storage_ != nullptr || numel() == 0 && !shape_.empty(); }
+  bool defined() const { return defined_; }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_.at(static_cast<size_t>(i < 0 ? i + ndim() : i)); }
   int ndim() const { return static_cast<int>(shape_.size()); }
@@ -66,6 +66,7 @@ class Tensor {
   Shape shape_;
   DType dtype_ = DType::fp32;
   size_t offset_bytes_ = 0;
+  bool defined_ = false;
 };
 
 }  // namespace actbench

@@ -29,13 +29,13 @@ class PhaseLog {
 
 class PhaseRange {
  public:
-  PhaseRange(const char* name, PhaseLog* log);
+  PhaseRange(std::string name, PhaseLog* log);
   ~PhaseRange();
   PhaseRange(const PhaseRange&) = delete;
   PhaseRange& operator=(const PhaseRange&) = delete;
 
  private:
-  const char* name_;
+  std::string name_;
   PhaseLog* log_;
   double start_ms_;
 };

@@ -1,0 +1,55 @@
+#include "layers/config.hpp"
+
+#include "runtime/error.hpp"
+
+namespace actbench {
+
+const std::vector<std::string>& config_names() {
+  static const std::vector<std::string> names = {"baseline", "sp", "full", "selective", "selective+sp", "full+sp"};
+  return names;
+}
+
+LayerPolicy parse_config(const std::string& name) {
+  if (name == "baseline") return {Recompute::none, false};
+  if (name == "sp") return {Recompute::none, true};
+  if (name == "full") return {Recompute::full, false};
+  if (name == "full+sp") return {Recompute::full, true};
+  if (name == "selective") return {Recompute::selective, false};
+  if (name == "selective+sp") return {Recompute::selective, true};
+  throw InvalidArgument("unknown config '" + name + "' (expected baseline, sp, full, selective, selective+sp or full+sp)");
+}
+
+std::string config_name(LayerPolicy p) {
+  switch (p.recompute) {
+    case Recompute::none: return p.sequence_parallel ? "sp" : "baseline";
+    case Recompute::selective: return p.sequence_parallel ? "selective+sp" : "selective";
+    case Recompute::full: return p.sequence_parallel ? "full+sp" : "full";
+  }
+  return "?";
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+
+void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
+  auto fail = [](const std::string& m) { throw InvalidArgument(m); };
+  if (d.s < 1 || d.b < 1 || d.h < 1 || d.a < 1) fail("seq, batch, hidden and heads must all be >= 1");
+  if (t < 1) fail("--tp must be >= 1");
+  if (d.h % d.a != 0)
+    fail("hidden " + std::to_string(d.h) + " is not divisible by heads " + std::to_string(d.a));
+  if (d.a % t != 0)
+    fail("heads " + std::to_string(d.a) + " are not divisible by tp " + std::to_string(t) +
+         " (each rank needs whole heads)");
+  if (d.h % t != 0) fail("hidden " + std::to_string(d.h) + " is not divisible by tp " + std::to_string(t));
+  if (p.sequence_parallel && d.s % t != 0)
+    fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
+         config_name(p) + ")");
+}
+
+}  // namespace actbench

@@ -1,0 +1,43 @@
+#pragma once
+// What a layer is (its shape) and how it is run (the paper's five configurations).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.hpp"
+
+namespace actbench {
+
+struct LayerDims {
+  int64_t s = 0, b = 0, h = 0, a = 0;  // sequence, microbatch, hidden, heads (whole model)
+};
+
+enum class Recompute { none, selective, full };
+
+struct LayerPolicy {
+  Recompute recompute = Recompute::none;
+  bool sequence_parallel = false;
+  bool operator==(const LayerPolicy&) const = default;
+};
+
+// The paper's rows: baseline, sp, full, selective, selective+sp; also full+sp (the input
+// checkpoint stored as its sequence shard), which the paper does not measure.
+LayerPolicy parse_config(const std::string& name);  // throws InvalidArgument
+std::string config_name(LayerPolicy p);
+const std::vector<std::string>& config_names();
+const char* recompute_name(Recompute r);
+
+struct LayerOptions {
+  LayerDims dims;
+  LayerPolicy policy;
+  DType dtype = DType::bf16;
+  float dropout = 0.1f;
+  uint64_t seed = 1234;
+  uint32_t layer_index = 0;
+  float ln_eps = 1e-5f;
+};
+
+// Throws InvalidArgument with one clear line when the shape cannot be split t ways.
+void validate_layer(const LayerDims& d, int t, LayerPolicy p);
+
+}  // namespace actbench

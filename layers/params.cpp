@@ -1,0 +1,114 @@
+#include "layers/params.hpp"
+
+#include <cmath>
+
+#include "kernels/backend.hpp"
+#include "runtime/communicator.hpp"
+#include "runtime/error.hpp"
+#include "runtime/philox.hpp"
+
+namespace actbench {
+
+int64_t ShardSpec::local_rows() const {
+  return (kind == ShardKind::rows || kind == ShardKind::qkv_rows) ? rows / t : rows;
+}
+int64_t ShardSpec::local_cols() const { return kind == ShardKind::cols ? cols / t : cols; }
+
+int64_t ShardSpec::canonical_index(int64_t local_flat) const {
+  const int64_t lc = local_cols();
+  const int64_t r = local_flat / lc, c = local_flat % lc;
+  switch (kind) {
+    case ShardKind::replicated: return local_flat;
+    case ShardKind::rows: return (rank * local_rows() + r) * cols + c;
+    case ShardKind::cols: return r * cols + rank * lc + c;
+    case ShardKind::qkv_rows: {
+      const int64_t h = rows / 3, hl = h / t;  // rows of one of Q, K, V on one rank
+      const int64_t part = r / hl, within = r % hl;
+      return (part * h + rank * hl + within) * cols + c;
+    }
+  }
+  return local_flat;
+}
+
+std::vector<ParamInfo> layer_param_table(int64_t h) {
+  using L = LayerParams;
+  return {
+      {"ln1.weight", &L::ln1_weight, {h}, ShardKind::replicated, true, 0},
+      {"ln1.bias", &L::ln1_bias, {h}, ShardKind::replicated, true, 1},
+      {"qkv.weight", &L::qkv_weight, {3 * h, h}, ShardKind::qkv_rows, false, 2},
+      {"qkv.bias", &L::qkv_bias, {3 * h}, ShardKind::qkv_rows, false, 3},
+      {"proj.weight", &L::proj_weight, {h, h}, ShardKind::cols, false, 4},
+      {"proj.bias", &L::proj_bias, {h}, ShardKind::replicated, true, 5},
+      {"ln2.weight", &L::ln2_weight, {h}, ShardKind::replicated, true, 6},
+      {"ln2.bias", &L::ln2_bias, {h}, ShardKind::replicated, true, 7},
+      {"fc1.weight", &L::fc1_weight, {4 * h, h}, ShardKind::rows, false, 8},
+      {"fc1.bias", &L::fc1_bias, {4 * h}, ShardKind::rows, false, 9},
+      {"fc2.weight", &L::fc2_weight, {h, 4 * h}, ShardKind::cols, false, 10},
+      {"fc2.bias", &L::fc2_bias, {h}, ShardKind::replicated, true, 11},
+  };
+}
+
+ShardSpec param_shard(const ParamInfo& p, int t, int rank) {
+  ShardSpec s;
+  s.kind = p.kind;
+  s.rows = p.canonical_shape[0];
+  s.cols = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
+  s.t = t;
+  s.rank = rank;
+  return s;
+}
+
+Shape local_param_shape(const ParamInfo& p, int t) {
+  ShardSpec s = param_shard(p, t, 0);
+  if (p.canonical_shape.size() == 1) return {s.local_rows()};
+  return {s.local_rows(), s.local_cols()};
+}
+
+float param_init_value(uint32_t init_id, uint64_t seed, uint32_t layer, int64_t index, int64_t fan_in) {
+  float u = philox_uniform_pm1(seed, layer, init_id, static_cast<uint64_t>(index));
+  switch (init_id) {
+    case 0: case 6: return 1.0f + 0.1f * u;  // LayerNorm weights near 1
+    case 2: case 4: case 8: case 10: return u / std::sqrt(static_cast<float>(fan_in));
+    default: return 0.1f * u;                // biases
+  }
+}
+
+ShardSpec activation_shard(const LayerDims& d, bool sequence_parallel, int t, int rank) {
+  ShardSpec s;
+  s.kind = sequence_parallel ? ShardKind::rows : ShardKind::replicated;
+  s.rows = d.s;
+  s.cols = d.b * d.h;
+  s.t = t;
+  s.rank = rank;
+  return s;
+}
+
+void fill_uniform_shard(Backend& be, Tensor& local, const ShardSpec& spec, uint64_t seed, uint32_t stream_layer,
+                        uint32_t stream_id, float scale) {
+  if (local.numel() != spec.local_numel())
+    throw InvalidArgument("fill_uniform_shard: tensor " + shape_str(local.shape()) + " is not the shard's size");
+  if (!be.computes()) return;
+  std::vector<float> host(static_cast<size_t>(local.numel()));
+  for (int64_t i = 0; i < local.numel(); ++i)
+    host[i] = scale * philox_uniform_pm1(seed, stream_layer, stream_id, static_cast<uint64_t>(spec.canonical_index(i)));
+  be.upload(host.data(), local);
+}
+
+std::vector<float> gather_canonical(Backend& be, Communicator& comm, const Tensor& local, const ShardSpec& spec) {
+  std::vector<float> mine(static_cast<size_t>(local.numel()));
+  be.download(local, mine.data());
+  const int n = comm.size();
+  std::vector<float> all = comm.gather_host(mine);
+  if (spec.kind == ShardKind::replicated) return mine;
+  std::vector<float> canonical(static_cast<size_t>(spec.rows * spec.cols));
+  for (int r = 0; r < n; ++r) {
+    ShardSpec sr = spec;
+    sr.rank = r;
+    sr.t = n;
+    const float* src = all.data() + static_cast<size_t>(r) * mine.size();
+    for (int64_t i = 0; i < static_cast<int64_t>(mine.size()); ++i) canonical[sr.canonical_index(i)] = src[i];
+  }
+  return canonical;
+}
+
+}  // namespace actbench

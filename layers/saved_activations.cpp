@@ -1,0 +1,50 @@
+#include "layers/saved_activations.hpp"
+
+namespace actbench {
+
+std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const {
+  return {{"layer_input", &layer_input},
+          {"ln1_input", &ln1_input},
+          {"qkv_input", &qkv_input},
+          {"q", &q},
+          {"k", &k},
+          {"softmax_out", &softmax_out},
+          {"attn_dropout_mask", &attn_dropout_mask},
+          {"attn_dropout_out", &attn_dropout_out},
+          {"v", &v},
+          {"proj_input", &proj_input},
+          {"attn_residual_mask", &attn_residual_mask},
+          {"ln2_input", &ln2_input},
+          {"fc1_input", &fc1_input},
+          {"gelu_input", &gelu_input},
+          {"fc2_input", &fc2_input},
+          {"mlp_residual_mask", &mlp_residual_mask}};
+}
+
+std::vector<SavedActivations::Entry> SavedActivations::extra_categories() const {
+  return {{"ln1_mean", &ln1_mean}, {"ln1_rstd", &ln1_rstd}, {"ln2_mean", &ln2_mean}, {"ln2_rstd", &ln2_rstd}};
+}
+
+static int64_t sum_bytes(const std::vector<SavedActivations::Entry>& entries) {
+  int64_t n = 0;
+  for (const auto& [name, t] : entries)
+    if (t->defined()) n += static_cast<int64_t>(t->bytes());
+  return n;
+}
+
+int64_t SavedActivations::paper_bytes() const { return sum_bytes(paper_categories()); }
+int64_t SavedActivations::extra_bytes() const { return sum_bytes(extra_categories()); }
+
+std::vector<std::pair<std::string, int64_t>> SavedActivations::bytes_by_category(bool include_extra) const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& [name, t] : paper_categories())
+    if (t->defined()) out.emplace_back(name, static_cast<int64_t>(t->bytes()));
+  if (include_extra) {
+    int64_t ln1 = sum_bytes({{"", &ln1_mean}, {"", &ln1_rstd}}), ln2 = sum_bytes({{"", &ln2_mean}, {"", &ln2_rstd}});
+    if (ln1) out.emplace_back("ln1_stats", ln1);
+    if (ln2) out.emplace_back("ln2_stats", ln2);
+  }
+  return out;
+}
+
+}  // namespace actbench

@@ -1,0 +1,42 @@
+#pragma once
+// What one layer keeps from its forward pass for its backward pass. Its bytes by category
+// are the *measured* activation memory (PAPER.md's rows; LayerNorm statistics apart).
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/tensor.hpp"
+
+namespace actbench {
+
+struct SavedActivations {
+  Tensor layer_input;         // full recompute: the only thing stored
+  Tensor ln1_input;           // the layer input x
+  Tensor ln1_mean, ln1_rstd;  // fp32, not in the paper's count
+  Tensor qkv_input;           // LN1 output; its local sequence shard under SP
+  Tensor q, k, v;             // [b, a/t, s, h/a]
+  Tensor softmax_out;         // [b, a/t, s, s]
+  Tensor attn_dropout_mask;   // u8
+  Tensor attn_dropout_out;    // the probabilities multiplied with V
+  Tensor proj_input;          // merged attention context [s, b, h/t]
+  Tensor attn_residual_mask;  // u8, [s(/t), b, h]
+  Tensor ln2_input;
+  Tensor ln2_mean, ln2_rstd;
+  Tensor fc1_input;           // LN2 output; local shard under SP
+  Tensor gelu_input;          // [s, b, 4h/t]
+  Tensor fc2_input;           // GeLU output
+  Tensor mlp_residual_mask;   // u8
+
+  using Entry = std::pair<const char*, const Tensor*>;
+  // The paper's categories, in PAPER.md's order (names as in theory::activation_bytes_by_category).
+  std::vector<Entry> paper_categories() const;
+  std::vector<Entry> extra_categories() const;  // ln1_stats, ln2_stats
+  int64_t paper_bytes() const;
+  int64_t extra_bytes() const;
+  // Bytes by category, defined tensors only (LN stats as "ln1_stats", "ln2_stats").
+  std::vector<std::pair<std::string, int64_t>> bytes_by_category(bool include_extra) const;
+  void clear() { *this = SavedActivations{}; }
+};
+
+}  // namespace actbench

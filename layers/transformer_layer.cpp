@@ -1,0 +1,389 @@
+#include "layers/transformer_layer.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "layers/parallel.hpp"
+#include "runtime/error.hpp"
+
+namespace actbench {
+namespace {
+
+std::string ph(const char* stage, const char* op) { return std::string(stage) + "." + op; }
+
+// Rows of an [s, b, w] tensor as a matrix [s*b, w].
+Tensor mat(const Tensor& t) { return t.view({t.numel() / t.dim(-1), t.dim(-1)}); }
+
+GemmArgs gemm_args(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch = 1, float alpha = 1.f) {
+  GemmArgs g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = batch;
+  g.alpha = alpha;
+  return g;
+}
+
+}  // namespace
+
+TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt)
+    : be_(be), comm_(comm), opt_(opt), t_(comm.size()), rank_(comm.rank()) {
+  validate_layer(opt_.dims, t_, opt_.policy);
+  hl_ = opt_.dims.h / t_;
+  al_ = opt_.dims.a / t_;
+  d_ = opt_.dims.h / opt_.dims.a;
+  for (const ParamInfo& p : layer_param_table(opt_.dims.h)) {
+    Shape shape = local_param_shape(p, t_);
+    params_.*p.member = be_.empty(shape, opt_.dtype);
+    grads_.*p.member = be_.zeros(shape, opt_.dtype);
+  }
+}
+
+void TransformerLayer::init_parameters() {
+  if (!be_.computes()) return;
+  for (const ParamInfo& p : layer_param_table(opt_.dims.h)) {
+    Tensor& local = params_.*p.member;
+    ShardSpec spec = param_shard(p, t_, rank_);
+    std::vector<float> host(static_cast<size_t>(local.numel()));
+    const int64_t fan_in = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
+    for (int64_t i = 0; i < local.numel(); ++i)
+      host[i] = param_init_value(p.init_id, opt_.seed, opt_.layer_index, spec.canonical_index(i), fan_in);
+    be_.upload(host.data(), local);
+  }
+}
+
+DropoutSpec TransformerLayer::attn_dropout_spec() const {
+  // probabilities [b, a/t, s, s] are heads [rank*a/t, ...) of the canonical [b, a, s, s]
+  DropoutSpec s;
+  s.p = opt_.dropout;
+  s.seed = opt_.seed;
+  s.layer = opt_.layer_index;
+  s.site = kSiteAttnProbs;
+  s.outer = opt_.dims.b;
+  s.mid_local = al_;
+  s.mid_global = opt_.dims.a;
+  s.mid_offset = rank_ * al_;
+  s.inner = opt_.dims.s * opt_.dims.s;
+  return s;
+}
+
+DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site) const {
+  // [s_local, b, h] rows are rows [rank*s_local*b, ...) of the canonical [s*b, h] under SP
+  DropoutSpec s;
+  s.p = opt_.dropout;
+  s.seed = opt_.seed;
+  s.layer = opt_.layer_index;
+  s.site = site;
+  s.mid_local = local_seq() * opt_.dims.b;
+  s.mid_global = opt_.dims.s * opt_.dims.b;
+  s.mid_offset = opt_.policy.sequence_parallel ? rank_ * s.mid_local : 0;
+  s.inner = opt_.dims.h;
+  return s;
+}
+
+CommContext TransformerLayer::comm_ctx(const char* stage) const {
+  return CommContext{be_, comm_, opt_.policy.sequence_parallel, log_, stage};
+}
+
+void TransformerLayer::core_attention_probs(const Tensor& q, const Tensor& k, Tensor& probs, Tensor& mask,
+                                            Tensor& probs_dropped) {
+  const int64_t s = opt_.dims.s, batch = opt_.dims.b * al_;
+  const Shape shape = {opt_.dims.b, al_, s, s};
+  {
+    Tensor scores = be_.empty(shape, opt_.dtype);
+    // scores = q k^T / sqrt(d), one GEMM per (batch, head)
+    be_.gemm(gemm_args(false, true, s, s, d_, batch, 1.0f / std::sqrt(static_cast<float>(d_))), q, k, scores);
+    probs = be_.empty(shape, opt_.dtype);
+    be_.softmax_causal_fwd(scores.view({batch, s, s}), probs.view({batch, s, s}));
+  }
+  probs_dropped = be_.empty(shape, opt_.dtype);
+  mask = be_.empty(shape, DType::u8);
+  be_.dropout_fwd(probs, attn_dropout_spec(), probs_dropped, mask);
+}
+
+Tensor TransformerLayer::forward(const Tensor& x) {
+  saved_.clear();
+  switch (opt_.policy.recompute) {
+    case Recompute::none: return forward_impl(x, saved_, Keep::all, "fwd");
+    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but_core_attn, "fwd");
+    case Recompute::full: {
+      Tensor y = forward_impl(x, saved_, Keep::input_only, "fwd");
+      saved_.layer_input = x;
+      return y;
+    }
+  }
+  return {};
+}
+
+Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) {
+  const auto& dm = opt_.dims;
+  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h;
+  if (x.shape() != Shape{sl, b, h})
+    throw InvalidArgument("layer input is " + shape_str(x.shape()) + ", expected " + shape_str({sl, b, h}));
+  const bool keep_any = keep != Keep::input_only;
+  const CommContext cc = comm_ctx(stage);
+  const int64_t rows = s * b;  // rows of the full-sequence GEMMs
+
+  // ---- attention block ----
+  Tensor ln1_out = be_.empty({sl, b, h}, opt_.dtype);
+  {
+    PhaseRange r(ph(stage, "ln1"), log_);
+    Tensor mean = be_.empty({sl * b}, DType::fp32), rstd = be_.empty({sl * b}, DType::fp32);
+    be_.layernorm_fwd(mat(x), params_.ln1_weight, params_.ln1_bias, opt_.ln_eps, mat(ln1_out), mean, rstd);
+    if (keep_any) {
+      save.ln1_input = x;
+      save.ln1_mean = mean;
+      save.ln1_rstd = rstd;
+    }
+  }
+  Tensor q = be_.empty({b, al_, s, d_}, opt_.dtype), k = be_.empty({b, al_, s, d_}, opt_.dtype),
+         v = be_.empty({b, al_, s, d_}, opt_.dtype);
+  {
+    Tensor qkv_in = region_entry_fwd(cc, ln1_out, "qkv_input");  // f | g
+    if (keep_any) save.qkv_input = ln1_out;                       // the local shard only under SP
+    PhaseRange r(ph(stage, "qkv"), log_);
+    Tensor qkv = be_.empty({s, b, 3 * hl_}, opt_.dtype);
+    be_.gemm(gemm_args(false, true, rows, 3 * hl_, h), mat(qkv_in), params_.qkv_weight, mat(qkv));
+    be_.add_bias(mat(qkv), params_.qkv_bias);
+    be_.split_heads(qkv, 0, q);
+    be_.split_heads(qkv, hl_, k);
+    be_.split_heads(qkv, 2 * hl_, v);
+  }
+  ln1_out = Tensor();
+  Tensor context = be_.empty({s, b, hl_}, opt_.dtype);
+  {
+    PhaseRange r(ph(stage, "core_attn"), log_);
+    Tensor probs, mask, probs_dropped;
+    core_attention_probs(q, k, probs, mask, probs_dropped);
+    Tensor ctx_heads = be_.empty({b, al_, s, d_}, opt_.dtype);
+    be_.gemm(gemm_args(false, false, s, d_, s, b * al_), probs_dropped, v, ctx_heads);
+    be_.merge_heads(ctx_heads, 0, context);
+    if (keep == Keep::all) {
+      save.softmax_out = probs;
+      save.attn_dropout_mask = mask;
+      save.attn_dropout_out = probs_dropped;
+    }
+  }
+  if (keep_any) {
+    save.q = q;
+    save.k = k;
+    save.v = v;
+    save.proj_input = context;
+  }
+  q = k = v = Tensor();
+  Tensor attn_partial = be_.empty({s, b, h}, opt_.dtype);
+  {
+    PhaseRange r(ph(stage, "proj"), log_);
+    be_.gemm(gemm_args(false, true, rows, h, hl_), mat(context), params_.proj_weight, mat(attn_partial));
+  }
+  context = Tensor();
+  Tensor attn_out = region_exit_fwd(cc, std::move(attn_partial), "proj");  // f̄ | ḡ
+  Tensor x1 = be_.empty({sl, b, h}, opt_.dtype);
+  {
+    PhaseRange r(ph(stage, "attn_residual"), log_);
+    Tensor mask = be_.empty({sl, b, h}, DType::u8);
+    be_.bias_dropout_residual_fwd(mat(attn_out), params_.proj_bias, mat(x), residual_dropout_spec(kSiteAttnOut),
+                                  mat(x1), mat(mask));
+    if (keep_any) save.attn_residual_mask = mask;
+  }
+  attn_out = Tensor();
+
+  // ---- MLP block ----
+  Tensor ln2_out = be_.empty({sl, b, h}, opt_.dtype);
+  {
+    PhaseRange r(ph(stage, "ln2"), log_);
+    Tensor mean = be_.empty({sl * b}, DType::fp32), rstd = be_.empty({sl * b}, DType::fp32);
+    be_.layernorm_fwd(mat(x1), params_.ln2_weight, params_.ln2_bias, opt_.ln_eps, mat(ln2_out), mean, rstd);
+    if (keep_any) {
+      save.ln2_input = x1;
+      save.ln2_mean = mean;
+      save.ln2_rstd = rstd;
+    }
+  }
+  Tensor fc1_out = be_.empty({s, b, 4 * hl_}, opt_.dtype);
+  {
+    Tensor fc1_in = region_entry_fwd(cc, ln2_out, "fc1_input");  // f | g
+    if (keep_any) save.fc1_input = ln2_out;
+    PhaseRange r(ph(stage, "fc1"), log_);
+    be_.gemm(gemm_args(false, true, rows, 4 * hl_, h), mat(fc1_in), params_.fc1_weight, mat(fc1_out));
+    be_.add_bias(mat(fc1_out), params_.fc1_bias);
+  }
+  ln2_out = Tensor();
+  Tensor gelu_out = be_.empty({s, b, 4 * hl_}, opt_.dtype);
+  {
+    PhaseRange r(ph(stage, "gelu"), log_);
+    be_.gelu_fwd(fc1_out, gelu_out);
+  }
+  if (keep_any) {
+    save.gelu_input = fc1_out;
+    save.fc2_input = gelu_out;
+  }
+  fc1_out = Tensor();
+  Tensor mlp_partial = be_.empty({s, b, h}, opt_.dtype);
+  {
+    PhaseRange r(ph(stage, "fc2"), log_);
+    be_.gemm(gemm_args(false, true, rows, h, 4 * hl_), mat(gelu_out), params_.fc2_weight, mat(mlp_partial));
+  }
+  gelu_out = Tensor();
+  Tensor mlp_out = region_exit_fwd(cc, std::move(mlp_partial), "fc2");  // f̄ | ḡ
+  Tensor y = be_.empty({sl, b, h}, opt_.dtype);
+  {
+    PhaseRange r(ph(stage, "mlp_residual"), log_);
+    Tensor mask = be_.empty({sl, b, h}, DType::u8);
+    be_.bias_dropout_residual_fwd(mat(mlp_out), params_.fc2_bias, mat(x1), residual_dropout_spec(kSiteMlpOut), mat(y),
+                                  mat(mask));
+    if (keep_any) save.mlp_residual_mask = mask;
+  }
+  return y;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy) {
+  const auto& dm = opt_.dims;
+  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, rows = s * b;
+  if (dy.shape() != Shape{sl, b, h})
+    throw InvalidArgument("upstream gradient is " + shape_str(dy.shape()) + ", expected " + shape_str({sl, b, h}));
+  SavedActivations S = std::move(saved_);
+  saved_.clear();
+  if (opt_.policy.recompute == Recompute::full) {
+    if (!S.layer_input.defined()) throw RuntimeFailure("backward without forward");
+    Tensor x = std::move(S.layer_input);
+    S.clear();
+    (void)forward_impl(x, S, Keep::all, "recompute");  // the output is discarded
+  }
+  if (!S.ln1_input.defined()) throw RuntimeFailure("backward without forward");
+  const CommContext cc = comm_ctx("bwd");
+  const float p = opt_.dropout;
+
+  // ---- MLP block ----
+  Tensor d_mlp_out = be_.empty({sl, b, h}, opt_.dtype);
+  {
+    PhaseRange r("bwd.mlp_residual", log_);
+    be_.dropout_bwd(dy, S.mlp_residual_mask, p, d_mlp_out);
+    be_.bias_grad(mat(d_mlp_out), grads_.fc2_bias);
+    S.mlp_residual_mask = Tensor();
+  }
+  Tensor d_gelu_out = be_.empty({s, b, 4 * hl_}, opt_.dtype);
+  {
+    Tensor d_mlp_partial = region_exit_bwd(cc, d_mlp_out, "fc2");  // f̄ | ḡ
+    d_mlp_out = Tensor();
+    PhaseRange r("bwd.fc2", log_);
+    be_.gemm(gemm_args(false, false, rows, 4 * hl_, h), mat(d_mlp_partial), params_.fc2_weight, mat(d_gelu_out));
+    be_.gemm(gemm_args(true, false, h, 4 * hl_, rows), mat(d_mlp_partial), mat(S.fc2_input), grads_.fc2_weight);
+    S.fc2_input = Tensor();
+  }
+  Tensor d_fc1_out = be_.empty({s, b, 4 * hl_}, opt_.dtype);
+  {
+    PhaseRange r("bwd.gelu", log_);
+    be_.gelu_bwd(d_gelu_out, S.gelu_input, d_fc1_out);
+    S.gelu_input = Tensor();
+    d_gelu_out = Tensor();
+  }
+  Tensor d_ln2_out_partial = be_.empty({s, b, h}, opt_.dtype);
+  {
+    Tensor fc1_in = region_entry_fwd(cc, S.fc1_input, "fc1_input");  // SP: gather the saved shard again
+    S.fc1_input = Tensor();
+    PhaseRange r("bwd.fc1", log_);
+    be_.bias_grad(mat(d_fc1_out), grads_.fc1_bias);
+    be_.gemm(gemm_args(true, false, 4 * hl_, h, rows), mat(d_fc1_out), mat(fc1_in), grads_.fc1_weight);
+    be_.gemm(gemm_args(false, false, rows, h, 4 * hl_), mat(d_fc1_out), params_.fc1_weight, mat(d_ln2_out_partial));
+  }
+  d_fc1_out = Tensor();
+  Tensor d_ln2_out = region_entry_bwd(cc, std::move(d_ln2_out_partial), "fc1_input");  // f | g
+  Tensor dx1 = be_.empty({sl, b, h}, opt_.dtype);
+  {
+    PhaseRange r("bwd.ln2", log_);
+    be_.layernorm_bwd(mat(d_ln2_out), mat(S.ln2_input), params_.ln2_weight, S.ln2_mean, S.ln2_rstd, mat(dx1),
+                      grads_.ln2_weight, grads_.ln2_bias);
+    be_.add_inplace(dx1, dy);  // residual path
+    S.ln2_input = S.ln2_mean = S.ln2_rstd = Tensor();
+  }
+  d_ln2_out = Tensor();
+
+  // ---- attention block ----
+  Tensor d_attn_out = be_.empty({sl, b, h}, opt_.dtype);
+  {
+    PhaseRange r("bwd.attn_residual", log_);
+    be_.dropout_bwd(dx1, S.attn_residual_mask, p, d_attn_out);
+    be_.bias_grad(mat(d_attn_out), grads_.proj_bias);
+    S.attn_residual_mask = Tensor();
+  }
+  Tensor d_context = be_.empty({s, b, hl_}, opt_.dtype);
+  {
+    Tensor d_attn_partial = region_exit_bwd(cc, d_attn_out, "proj");  // f̄ | ḡ
+    d_attn_out = Tensor();
+    PhaseRange r("bwd.proj", log_);
+    be_.gemm(gemm_args(false, false, rows, hl_, h), mat(d_attn_partial), params_.proj_weight, mat(d_context));
+    be_.gemm(gemm_args(true, false, h, hl_, rows), mat(d_attn_partial), mat(S.proj_input), grads_.proj_weight);
+    S.proj_input = Tensor();
+  }
+  if (!S.softmax_out.defined()) {
+    // Selective recompute: QK^T, softmax and dropout again from the stored Q and K; the
+    // Philox counter regenerates exactly the forward's mask.
+    PhaseRange r("recompute.core_attn", log_);
+    core_attention_probs(S.q, S.k, S.softmax_out, S.attn_dropout_mask, S.attn_dropout_out);
+  }
+  const int64_t batch = b * al_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d_));
+  Tensor d_qkv = be_.empty({s, b, 3 * hl_}, opt_.dtype);
+  {
+    PhaseRange r("bwd.core_attn", log_);
+    Tensor d_ctx_heads = be_.empty({b, al_, s, d_}, opt_.dtype);
+    be_.split_heads(d_context, 0, d_ctx_heads);
+    d_context = Tensor();
+    const Shape score_shape = {b, al_, s, s};
+    Tensor d_probs_dropped = be_.empty(score_shape, opt_.dtype);
+    be_.gemm(gemm_args(false, true, s, s, d_, batch), d_ctx_heads, S.v, d_probs_dropped);
+    Tensor dv = be_.empty({b, al_, s, d_}, opt_.dtype);
+    be_.gemm(gemm_args(true, false, s, d_, s, batch), S.attn_dropout_out, d_ctx_heads, dv);
+    S.attn_dropout_out = S.v = Tensor();
+    d_ctx_heads = Tensor();
+    be_.merge_heads(dv, 2 * hl_, d_qkv);
+    dv = Tensor();
+    Tensor d_probs = be_.empty(score_shape, opt_.dtype);
+    be_.dropout_bwd(d_probs_dropped, S.attn_dropout_mask, p, d_probs);
+    S.attn_dropout_mask = Tensor();
+    d_probs_dropped = Tensor();
+    Tensor d_scores = be_.empty(score_shape, opt_.dtype);
+    be_.softmax_causal_bwd(d_probs.view({batch, s, s}), S.softmax_out.view({batch, s, s}), d_scores.view({batch, s, s}));
+    S.softmax_out = Tensor();
+    d_probs = Tensor();
+    Tensor dq = be_.empty({b, al_, s, d_}, opt_.dtype);
+    be_.gemm(gemm_args(false, false, s, d_, s, batch, scale), d_scores, S.k, dq);
+    be_.merge_heads(dq, 0, d_qkv);
+    dq = Tensor();
+    Tensor dk = be_.empty({b, al_, s, d_}, opt_.dtype);
+    be_.gemm(gemm_args(true, false, s, d_, s, batch, scale), d_scores, S.q, dk);
+    be_.merge_heads(dk, hl_, d_qkv);
+    S.q = S.k = Tensor();
+  }
+  Tensor d_ln1_out_partial = be_.empty({s, b, h}, opt_.dtype);
+  {
+    Tensor qkv_in = region_entry_fwd(cc, S.qkv_input, "qkv_input");  // SP: gather the saved shard again
+    S.qkv_input = Tensor();
+    PhaseRange r("bwd.qkv", log_);
+    be_.bias_grad(mat(d_qkv), grads_.qkv_bias);
+    be_.gemm(gemm_args(true, false, 3 * hl_, h, rows), mat(d_qkv), mat(qkv_in), grads_.qkv_weight);
+    be_.gemm(gemm_args(false, false, rows, h, 3 * hl_), mat(d_qkv), params_.qkv_weight, mat(d_ln1_out_partial));
+  }
+  d_qkv = Tensor();
+  Tensor d_ln1_out = region_entry_bwd(cc, std::move(d_ln1_out_partial), "qkv_input");  // f | g
+  Tensor dx = be_.empty({sl, b, h}, opt_.dtype);
+  {
+    PhaseRange r("bwd.ln1", log_);
+    be_.layernorm_bwd(mat(d_ln1_out), mat(S.ln1_input), params_.ln1_weight, S.ln1_mean, S.ln1_rstd, mat(dx),
+                      grads_.ln1_weight, grads_.ln1_bias);
+    be_.add_inplace(dx, dx1);
+  }
+  S.clear();
+  if (opt_.policy.sequence_parallel && t_ > 1) {
+    // Under SP each rank saw s/t rows: LayerNorm and row-parallel bias gradients are partial.
+    PhaseRange r("comm.bwd.all_reduce.sequence_parallel_grads", log_);
+    for (const ParamInfo& pi : layer_param_table(h))
+      if (pi.sequence_parallel_allreduce) comm_.all_reduce(grads_.*pi.member);
+  }
+  return dx;
+}
+
+}  // namespace actbench

@@ -1,0 +1,179 @@
+#include "runners/experiment.hpp"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "layers/params.hpp"
+#include "layers/transformer_layer.hpp"
+#include "runtime/error.hpp"
+#include "runtime/npy.hpp"
+
+namespace actbench {
+namespace {
+
+// Philox streams of the layer input x and the upstream gradient dy (not any layer's).
+constexpr uint32_t kActivationStreamLayer = 0xFFFFFFFFu;
+constexpr uint32_t kStreamX = 100, kStreamDy = 101;
+
+using LayerStack = std::vector<std::unique_ptr<TransformerLayer>>;
+
+LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& spec) {
+  LayerStack stack;
+  for (int i = 0; i < spec.layers; ++i) {
+    LayerOptions opt;
+    opt.dims = spec.dims;
+    opt.policy = spec.policy;
+    opt.dtype = spec.dtype;
+    opt.dropout = spec.dropout;
+    opt.seed = spec.seed;
+    opt.layer_index = static_cast<uint32_t>(i);
+    stack.push_back(std::make_unique<TransformerLayer>(be, comm, opt));
+    stack.back()->init_parameters();
+  }
+  return stack;
+}
+
+// x or dy: drawn in the canonical [s, b, h] layout, this rank's shard kept.
+Tensor make_activation(Backend& be, Communicator& comm, const ExperimentSpec& spec, uint32_t stream) {
+  const auto& d = spec.dims;
+  const bool sp = spec.policy.sequence_parallel;
+  const int64_t sl = sp ? d.s / comm.size() : d.s;
+  Tensor t = be.empty({sl, d.b, d.h}, spec.dtype);
+  fill_uniform_shard(be, t, activation_shard(d, sp, comm.size(), comm.rank()), spec.seed, kActivationStreamLayer,
+                     stream, 1.0f);
+  return t;
+}
+
+void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
+  validate_layer(spec.dims, comm.size(), spec.policy);
+  if (spec.layers < 1) throw InvalidArgument("--layers must be >= 1");
+  if (spec.iters < 1) throw InvalidArgument("--iters must be >= 1");
+  if (spec.warmup < 0) throw InvalidArgument("--warmup must be >= 0");
+  if (!(spec.dropout >= 0.f && spec.dropout < 1.f)) throw InvalidArgument("--dropout must be in [0, 1)");
+}
+
+}  // namespace
+
+ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec) {
+  check_spec(spec, comm);
+  ExperimentResult res;
+  CachingAllocator& alloc = be.allocator();
+  const double n_layers = spec.layers;
+  std::vector<double> fwd, bwd, total;
+  try {
+    LayerStack stack = build_stack(be, comm, spec);
+    Tensor dy = make_activation(be, comm, spec, kStreamDy);
+    const int iterations = be.computes() ? spec.warmup + spec.iters : 1;
+    for (int it = 0; it < iterations; ++it) {
+      const bool measure_memory = it == (be.computes() ? spec.warmup : 0);
+      const bool timed = be.computes() && it >= spec.warmup;
+      for (auto& layer : stack) layer->set_phase_log(timed ? &res.phases : nullptr);
+      if (measure_memory) {
+        alloc.reset_peak();
+        comm.reset_stats();
+      }
+      // The input is allocated after this snapshot, so the layer that keeps it is charged for it.
+      const int64_t before = alloc.stats().requested_bytes.current;
+      Tensor h = make_activation(be, comm, spec, kStreamX);
+      comm.barrier();
+      be.synchronize();
+      const double t0 = host_now_ms();
+      for (auto& layer : stack) h = layer->forward(h);
+      be.synchronize();
+      const double t1 = host_now_ms();
+      if (measure_memory) {
+        const int64_t delta = alloc.stats().requested_bytes.current - before - static_cast<int64_t>(h.bytes());
+        res.fwd_retained_bytes = delta / spec.layers;
+        const SavedActivations& saved = stack.front()->saved();
+        res.act_bytes = saved.paper_bytes();
+        res.act_extra_bytes = saved.extra_bytes();
+        res.act_by_category = saved.bytes_by_category(true);
+        for (auto& layer : stack)
+          if (layer->saved().paper_bytes() != res.act_bytes)
+            throw RuntimeFailure("layers of one stack saved different activation bytes");
+      }
+      Tensor g = dy;
+      for (auto it_layer = stack.rbegin(); it_layer != stack.rend(); ++it_layer) g = (*it_layer)->backward(g);
+      be.synchronize();
+      const double t2 = host_now_ms();
+      if (measure_memory) {
+        res.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;
+        res.peak_reserved_bytes = alloc.stats().reserved_bytes.peak;
+        res.comm_bytes = comm.stats().ring_bytes / n_layers;
+        res.comm_ms_modeled = comm.size() > 1 ? res.comm_bytes / (spec.link_gbps * 1e9) * 1e3 : 0.0;
+      }
+      if (timed) {
+        fwd.push_back((t1 - t0) / n_layers);
+        bwd.push_back((t2 - t1) / n_layers);
+        total.push_back((t2 - t0) / n_layers);
+      }
+    }
+  } catch (const OutOfMemory& e) {
+    res.status = "oom";
+    res.message = e.what();
+    res.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;
+    res.peak_reserved_bytes = alloc.stats().reserved_bytes.peak;
+    fwd.clear();
+    bwd.clear();
+    total.clear();
+  }
+  // Every rank ran the same iterations: an iteration takes as long as its slowest rank.
+  comm.max_inplace(fwd);
+  comm.max_inplace(bwd);
+  comm.max_inplace(total);
+  res.fwd_ms = summarize(fwd);
+  res.bwd_ms = summarize(bwd);
+  res.total_ms = summarize(total);
+  return res;
+}
+
+std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm, const ExperimentSpec& spec_in) {
+  ExperimentSpec spec = spec_in;
+  spec.layers = 1;
+  check_spec(spec, comm);
+  if (!be.computes()) throw InvalidArgument("tensor values need a backend that computes (cpu or cuda), not meta");
+  LayerStack stack = build_stack(be, comm, spec);
+  TransformerLayer& layer = *stack.front();
+  Tensor x = make_activation(be, comm, spec, kStreamX);
+  Tensor dy = make_activation(be, comm, spec, kStreamDy);
+  Tensor y = layer.forward(x);
+  Tensor dx = layer.backward(dy);
+
+  const auto& d = spec.dims;
+  const Shape act_shape = {d.s, d.b, d.h};
+  const ShardSpec act = activation_shard(d, spec.policy.sequence_parallel, comm.size(), comm.rank());
+  std::vector<CanonicalTensor> out;
+  out.push_back({"x", act_shape, gather_canonical(be, comm, x, act)});
+  out.push_back({"y", act_shape, gather_canonical(be, comm, y, act)});
+  out.push_back({"dy", act_shape, gather_canonical(be, comm, dy, act)});
+  out.push_back({"dx", act_shape, gather_canonical(be, comm, dx, act)});
+  for (const ParamInfo& p : layer_param_table(d.h)) {
+    const ShardSpec shard = param_shard(p, comm.size(), comm.rank());
+    out.push_back({p.name, p.canonical_shape, gather_canonical(be, comm, layer.params().*p.member, shard)});
+    out.push_back({std::string("grad.") + p.name, p.canonical_shape,
+                   gather_canonical(be, comm, layer.grads().*p.member, shard)});
+  }
+  return out;
+}
+
+void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, const std::string& dir) {
+  if (comm.rank() == 0 && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    throw InvalidArgument("cannot create dump directory '" + dir + "': " + std::strerror(errno));
+  const std::vector<CanonicalTensor> tensors = run_layer_canonical(be, comm, spec);
+  if (comm.rank() == 0) {
+    for (const CanonicalTensor& t : tensors) write_npy_f32(dir + "/" + t.name + ".npy", t.shape, t.data);
+    const auto& d = spec.dims;
+    std::ofstream meta(dir + "/layer.json");
+    meta << "{\"seq\": " << d.s << ", \"batch\": " << d.b << ", \"hidden\": " << d.h << ", \"heads\": " << d.a
+         << ", \"tp\": " << comm.size() << ", \"config\": \"" << config_name(spec.policy) << "\", \"dtype\": \""
+         << dtype_name(spec.dtype) << "\", \"dropout\": " << spec.dropout << ", \"seed\": " << spec.seed
+         << ", \"ln_eps\": 1e-05, \"gelu\": \"tanh\"}\n";
+  }
+  comm.barrier();
+}
+
+}  // namespace actbench

@@ -1,0 +1,60 @@
+#pragma once
+// One measurement: a stack of layers in one configuration, timed over warm-up + N
+// iterations, with its activation memory measured twice over: the saved-for-backward
+// struct's bytes, and the allocator's requested-bytes delta across forward.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "layers/config.hpp"
+#include "runtime/communicator.hpp"
+#include "runtime/timing.hpp"
+
+namespace actbench {
+
+struct ExperimentSpec {
+  LayerDims dims;
+  LayerPolicy policy;
+  DType dtype = DType::bf16;
+  float dropout = 0.1f;
+  int layers = 1;
+  int warmup = 1;
+  int iters = 5;
+  uint64_t seed = 1234;
+  double link_gbps = 450.0;  // per direction, for the modeled communication time
+};
+
+struct ExperimentResult {
+  std::string status = "ok";  // ok | oom
+  std::string message;
+  Summary fwd_ms, bwd_ms, total_ms;  // per layer, max over ranks per iteration
+  int64_t act_bytes = 0;             // per layer, paper categories, from SavedActivations
+  int64_t act_extra_bytes = 0;       // per layer, LayerNorm statistics
+  int64_t fwd_retained_bytes = 0;    // per layer, allocator requested-bytes delta across forward
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  double comm_bytes = 0;             // per layer per iteration, ring bytes sent by one rank
+  double comm_ms_modeled = 0;        // comm_bytes / link bandwidth
+  std::vector<std::pair<std::string, int64_t>> act_by_category;  // layer 0
+  PhaseLog phases;                   // host-clock totals over the timed iterations
+};
+
+ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec);
+
+struct CanonicalTensor {
+  std::string name;
+  Shape shape;
+  std::vector<float> data;
+};
+// One forward and backward of a single layer; returns the full, unsharded tensors of the
+// --dump contract (x, y, dy, dx, the parameters and grad.<name> for each), gathered from all
+// ranks. Every rank calls it; every rank gets the result.
+std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm, const ExperimentSpec& spec);
+
+// Runs one forward and backward of a single layer and writes the canonical tensors of the
+// --dump contract as float32 .npy files into `dir` (rank 0 writes; every rank must call).
+void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, const std::string& dir);
+
+}  // namespace actbench

@@ -1,0 +1,127 @@
+#include "runtime/csv.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "runtime/error.hpp"
+
+namespace actbench {
+
+std::string csv_escape(const std::string& field) {
+  if (field.find_first_of(",\"\n\r") == std::string::npos) return field;
+  std::string out = "\"";
+  for (char c : field) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string csv_line(const std::vector<std::string>& fields) {
+  std::string line;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i) line += ',';
+    line += csv_escape(fields[i]);
+  }
+  return line + "\n";
+}
+
+namespace {
+
+// Holds an fd with an exclusive flock for its lifetime.
+class LockedFile {
+ public:
+  LockedFile(const std::string& path, int flags) : path_(path) {
+    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw InvalidArgument("cannot open CSV '" + path + "': " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      throw RuntimeFailure("cannot lock CSV '" + path + "': " + std::strerror(errno));
+    }
+  }
+  ~LockedFile() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  int fd() const { return fd_; }
+
+  // The first line of the file (without newline); empty for an empty file.
+  std::string first_line() const {
+    std::string line;
+    char buf[4096];
+    off_t off = 0;
+    for (;;) {
+      ssize_t n = ::pread(fd_, buf, sizeof buf, off);
+      if (n <= 0) break;
+      for (ssize_t i = 0; i < n; ++i) {
+        if (buf[i] == '\n') return line;
+        line += buf[i];
+      }
+      off += n;
+    }
+    return line;
+  }
+  off_t size() const {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) throw RuntimeFailure("cannot stat CSV '" + path_ + "'");
+    return st.st_size;
+  }
+  void write_all(const std::string& data) const {
+    // One write() with O_APPEND: the row lands whole at the end or not at all.
+    ssize_t n = ::write(fd_, data.data(), data.size());
+    if (n != static_cast<ssize_t>(data.size()))
+      throw RuntimeFailure("short write to CSV '" + path_ + "': " + std::strerror(errno));
+    ::fsync(fd_);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+CsvAppender::CsvAppender(std::string path, std::vector<std::string> header)
+    : path_(std::move(path)), header_(std::move(header)) {}
+
+void CsvAppender::check() const {
+  if (path_.empty()) throw InvalidArgument("--csv needs a file name");
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) {
+    // Not there yet: the directory must exist and be writable.
+    std::string dir = path_.find('/') == std::string::npos ? "." : path_.substr(0, path_.rfind('/'));
+    if (dir.empty()) dir = "/";
+    if (::access(dir.c_str(), W_OK) != 0)
+      throw InvalidArgument("cannot write CSV '" + path_ + "': directory '" + dir + "' is not writable or missing");
+    return;
+  }
+  if (!S_ISREG(st.st_mode)) throw InvalidArgument("CSV '" + path_ + "' is not a regular file");
+  LockedFile f(path_, O_RDONLY);
+  std::string first = f.first_line();
+  std::string expected = csv_line(header_);
+  expected.pop_back();
+  if (f.size() > 0 && first != expected)
+    throw InvalidArgument("CSV '" + path_ + "' has a different header (written by another version?); use a new file");
+}
+
+void CsvAppender::append(const std::vector<std::string>& row) const {
+  if (row.size() != header_.size())
+    throw RuntimeFailure("CSV row has " + std::to_string(row.size()) + " fields, header " + std::to_string(header_.size()));
+  LockedFile f(path_, O_RDWR | O_APPEND | O_CREAT);
+  std::string data;
+  std::string expected = csv_line(header_);
+  if (f.size() == 0) {
+    data = expected;
+  } else if (f.first_line() + "\n" != expected) {
+    throw InvalidArgument("CSV '" + path_ + "' has a different header (written by another version?); use a new file");
+  }
+  data += csv_line(row);
+  f.write_all(data);
+}
+
+}  // namespace actbench

@@ -1,0 +1,79 @@
+// The layer under real MPI ranks (run by ctest as mpirun -np 2 and -np 4): tensor- and
+// sequence-parallel collectives over Open MPI, activation bytes per rank against Table 2,
+// and every tensor against the single-rank layer.
+#include <gtest/gtest.h>
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include "layer_harness.hpp"
+#include "theory/activation_memory.hpp"
+
+using namespace actbench;
+using namespace actbench::testing;
+
+namespace {
+
+Communicator* g_comm = nullptr;
+const LayerDims kDims = {24, 2, 48, 4};  // s and a divisible by 2 and 4; h/a = 12
+
+theory::Config to_theory(LayerPolicy p) {
+  theory::Config c;
+  c.recompute = p.recompute == Recompute::none        ? theory::Recompute::none
+                : p.recompute == Recompute::selective ? theory::Recompute::selective
+                                                      : theory::Recompute::full;
+  c.sequence_parallel = p.sequence_parallel;
+  return c;
+}
+
+}  // namespace
+
+class MpiLayer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiLayer, ActivationBytesPerRankEqualTable2) {
+  auto be = make_cpu_backend();
+  ExperimentSpec spec = small_spec(GetParam(), DType::bf16, 0.1f, kDims);
+  spec.warmup = 0;
+  spec.iters = 1;
+  ExperimentResult r = run_experiment(*be, *g_comm, spec);
+  ASSERT_EQ(r.status, "ok");
+  theory::Dims td{24, 2, 48, 4, static_cast<double>(g_comm->size())};
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, to_theory(spec.policy)));
+  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layernorm_stats_bytes(td, to_theory(spec.policy)));
+  EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes);
+  EXPECT_GT(r.comm_bytes, 0.0);
+}
+
+TEST_P(MpiLayer, EveryTensorEqualsTheSingleRankLayer) {
+  const ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, kDims);
+  auto be = make_cpu_backend();
+  const auto got = run_layer_canonical(*be, *g_comm, spec);
+  auto local = make_local_communicator();
+  const auto ref = run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, kDims));
+  // Only the order of summation differs (partial sums over ranks): fp32 rounding.
+  expect_same_tensors(got, ref, 1e-5, 1e-4, GetParam() + " t=" + std::to_string(g_comm->size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, MpiLayer,
+                         ::testing::Values("baseline", "sp", "full", "selective", "selective+sp", "full+sp"),
+                         [](const auto& info) {
+                           std::string c = info.param;
+                           for (char& ch : c)
+                             if (ch == '+') ch = '_';
+                           return c;
+                         });
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  auto comm = make_mpi_communicator();
+  g_comm = comm.get();
+  if (comm->rank() != 0) {  // one report, from rank 0; every rank still asserts
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0, any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (comm->rank() == 0 && any && !failed) std::fprintf(stderr, "a test failed on another rank\n");
+  comm.reset();
+  mpi_finalize_if_initialized();
+  return any;
+}

@@ -1,0 +1,58 @@
+#include "theory/activation_memory.hpp"
+
+namespace actbench::theory {
+
+std::vector<std::pair<std::string, double>> activation_bytes_by_category(const Dims& d, Config c, Precision p) {
+  const double sbh = d.s * d.b * d.h, as2b = d.a * d.s * d.s * d.b, t = d.t;
+  const double seq = c.sequence_parallel ? t : 1.0;  // what TP alone cannot split, SP splits along s
+  const double e = p.elem, m = p.mask;
+  if (c.recompute == Recompute::full) return {{"layer_input", e * sbh / seq}};
+  std::vector<std::pair<std::string, double>> out = {
+      {"ln1_input", e * sbh / seq},
+      {"qkv_input", e * sbh / seq},
+      {"q", e * sbh / t},
+      {"k", e * sbh / t},
+  };
+  if (c.recompute == Recompute::none) {
+    out.push_back({"softmax_out", e * as2b / t});
+    out.push_back({"attn_dropout_mask", m * as2b / t});
+    out.push_back({"attn_dropout_out", e * as2b / t});
+  }
+  const std::vector<std::pair<std::string, double>> rest = {
+      {"v", e * sbh / t},
+      {"proj_input", e * sbh / t},
+      {"attn_residual_mask", m * sbh / seq},
+      {"ln2_input", e * sbh / seq},
+      {"fc1_input", e * sbh / seq},
+      {"gelu_input", 4 * e * sbh / t},
+      {"fc2_input", 4 * e * sbh / t},
+      {"mlp_residual_mask", m * sbh / seq},
+  };
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+double activation_bytes(const Dims& d, Config c, Precision p) {
+  double sum = 0;
+  for (const auto& [name, bytes] : activation_bytes_by_category(d, c, p)) sum += bytes;
+  return sum;
+}
+
+double table2_closed_form(const Dims& d, Config c) {
+  const double sbh = d.s * d.b * d.h, t = d.t, attn = 5 * d.a * d.s / d.h;
+  const bool sp = c.sequence_parallel;
+  switch (c.recompute) {
+    case Recompute::full: return sbh * 2 / (sp ? t : 1);
+    case Recompute::selective: return sp ? sbh * 34 / t : sbh * (10 + 24 / t);
+    case Recompute::none: return sp ? sbh * (34 / t + attn / t) : sbh * (10 + 24 / t + attn / t);
+  }
+  return 0;
+}
+
+double layernorm_stats_bytes(const Dims& d, Config c) {
+  if (c.recompute == Recompute::full) return 0;
+  const double rows = d.s * d.b / (c.sequence_parallel ? d.t : 1.0);
+  return 2 /*LNs*/ * 2 /*mean, rstd*/ * 4 /*fp32*/ * rows;
+}
+
+}  // namespace actbench::theory
