@@ -11,6 +11,7 @@
 // - stats: requested (exact), allocated (rounded) and reserved bytes, {current, peak}.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -104,6 +105,7 @@ class CachingAllocator {
   std::unique_ptr<Pool> small_;
   std::unique_ptr<Pool> large_;
   AllocatorStats stats_;
+  std::map<void*, Block*> segments_;  // segment base -> its first block
 };
 
 std::string format_bytes(int64_t bytes);

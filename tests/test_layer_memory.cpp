@@ -53,8 +53,9 @@ void expect_matches_table2(const ExperimentResult& r, const LayerDims& d, int t,
   const theory::Dims td = to_theory(d, t);
   const theory::Precision prec{static_cast<double>(dtype_size(dtype)), 1.0};
   EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, to_theory(p), prec)) << what;
-  if (dtype_size(dtype) == 2)
+  if (dtype_size(dtype) == 2) {
     EXPECT_EQ(static_cast<double>(r.act_bytes), theory::table2_closed_form(td, to_theory(p))) << what;
+  }
   EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layernorm_stats_bytes(td, to_theory(p))) << what;
   // The allocator agrees with the struct: nothing else survives forward.
   EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
@@ -82,11 +83,11 @@ INSTANTIATE_TEST_SUITE_P(AllConfigs, Table2,
                          ::testing::Combine(::testing::Values("meta", "cpu"), ::testing::Values(1, 2, 4),
                                             ::testing::Values("baseline", "sp", "full", "selective", "selective+sp",
                                                               "full+sp")),
-                         [](const auto& info) {
-                           std::string c = std::get<2>(info.param);
+                         [](const auto& param_info) {
+                           std::string c = std::get<2>(param_info.param);
                            for (char& ch : c)
                              if (ch == '+') ch = '_';
-                           return std::get<0>(info.param) + "_t" + std::to_string(std::get<1>(info.param)) + "_" + c;
+                           return std::get<0>(param_info.param) + "_t" + std::to_string(std::get<1>(param_info.param)) + "_" + c;
                          });
 
 TEST(Table2Precision, Fp32StorageDoublesActivationsNotMasks) {
@@ -99,7 +100,7 @@ TEST(Table2Precision, Fp32StorageDoublesActivationsNotMasks) {
 
 TEST(Table2Stack, PerLayerBytesHoldForAStackOfLayers) {
   const LayerDims d = kShapes[0];
-  for (const std::string& config : {"baseline", "selective+sp", "full"}) {
+  for (const char* config : {"baseline", "selective+sp", "full"}) {
     LayerPolicy p = parse_config(config);
     expect_matches_table2(measure("meta", d, 4, p, DType::bf16, 3), d, 4, p, DType::bf16, std::string("3 layers ") + config);
   }
