@@ -13,6 +13,7 @@
 #include "runtime/allocator.hpp"
 #include "runtime/philox.hpp"
 #include "runtime/tensor.hpp"
+#include "runtime/timing.hpp"
 
 namespace actbench {
 
@@ -73,6 +74,20 @@ class Backend {
   virtual void download(const Tensor& src, float* host) = 0;         // widens to float
   virtual void add_inplace(const Tensor& dst, const Tensor& src) = 0;      // dst += src
   virtual void synchronize() {}
+
+  // ---- stream-ordered timing ---------------------------------------------------------
+  // mark() records a point in the order ops execute (a CUDA event on the compute stream;
+  // the host clock after synchronize() on cpu/meta); ms_between() waits for both marks
+  // and returns the milliseconds between them. Shared by layer_run and bench/.
+  struct Mark {
+    double host_ms = 0;
+    std::shared_ptr<void> event;  // backend-owned (cudaEvent_t on cuda)
+  };
+  virtual Mark mark() {
+    synchronize();
+    return Mark{host_now_ms(), nullptr};
+  }
+  virtual double ms_between(const Mark& begin, const Mark& end) { return end.host_ms - begin.host_ms; }
 
   // ---- GEMM --------------------------------------------------------------------------
   // A, B, C may be of any float dtype; accumulation is fp32.

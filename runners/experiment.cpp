@@ -80,11 +80,9 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
       const int64_t before = alloc.stats().requested_bytes.current;
       Tensor h = make_activation(be, comm, spec, kStreamX);
       comm.barrier();
-      be.synchronize();
-      const double t0 = host_now_ms();
+      const Backend::Mark t0 = be.mark();
       for (auto& layer : stack) h = layer->forward(h);
-      be.synchronize();
-      const double t1 = host_now_ms();
+      const Backend::Mark t1 = be.mark();
       if (measure_memory) {
         const int64_t delta = alloc.stats().requested_bytes.current - before - static_cast<int64_t>(h.bytes());
         res.fwd_retained_bytes = delta / spec.layers;
@@ -98,8 +96,7 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
       }
       Tensor g = dy;
       for (auto it_layer = stack.rbegin(); it_layer != stack.rend(); ++it_layer) g = (*it_layer)->backward(g);
-      be.synchronize();
-      const double t2 = host_now_ms();
+      const Backend::Mark t2 = be.mark();
       if (measure_memory) {
         res.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;
         res.peak_reserved_bytes = alloc.stats().reserved_bytes.peak;
@@ -107,9 +104,9 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
         res.comm_ms_modeled = comm.size() > 1 ? res.comm_bytes / (spec.link_gbps * 1e9) * 1e3 : 0.0;
       }
       if (timed) {
-        fwd.push_back((t1 - t0) / n_layers);
-        bwd.push_back((t2 - t1) / n_layers);
-        total.push_back((t2 - t0) / n_layers);
+        fwd.push_back(be.ms_between(t0, t1) / n_layers);
+        bwd.push_back(be.ms_between(t1, t2) / n_layers);
+        total.push_back(be.ms_between(t0, t2) / n_layers);
       }
     }
   } catch (const OutOfMemory& e) {
