@@ -19,7 +19,6 @@ namespace {
 constexpr uint32_t kActivationStreamLayer = 0xFFFFFFFFu;
 constexpr uint32_t kStreamX = 100, kStreamDy = 101;
 
-using LayerStack = std::vector<std::unique_ptr<TransformerLayer>>;
 
 LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& spec) {
   LayerStack stack;
@@ -58,55 +57,85 @@ void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
 
 }  // namespace
 
+LayerStackRunner::LayerStackRunner(Backend& be, Communicator& comm, const ExperimentSpec& spec)
+    : be_(be), comm_(comm), spec_(spec) {
+  check_spec(spec, comm);
+  stack_ = std::make_unique<LayerStack>(build_stack(be, comm, spec));
+  dy_ = make_activation(be, comm, spec, kStreamDy);
+}
+
+LayerStackRunner::~LayerStackRunner() = default;
+
+LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, PhaseLog* log) {
+  LayerStack& stack = *stack_;
+  CachingAllocator& alloc = be_.allocator();
+  const double n_layers = spec_.layers;
+  Iteration out;
+  for (auto& layer : stack) layer->set_phase_log(log);
+  if (measure_memory) {
+    alloc.reset_peak();
+    comm_.reset_stats();
+  }
+  // The input is allocated after this snapshot, so the layer that keeps it is charged for it.
+  const int64_t before = alloc.stats().requested_bytes.current;
+  Tensor h = make_activation(be_, comm_, spec_, kStreamX);
+  comm_.barrier();
+  const Backend::Mark t0 = be_.mark();
+  for (auto& layer : stack) h = layer->forward(h);
+  const Backend::Mark t1 = be_.mark();
+  if (measure_memory) {
+    const int64_t delta = alloc.stats().requested_bytes.current - before - static_cast<int64_t>(h.bytes());
+    out.fwd_retained_bytes = delta / spec_.layers;
+    const SavedActivations& saved = stack.front()->saved();
+    out.act_bytes = saved.paper_bytes();
+    out.act_extra_bytes = saved.extra_bytes();
+    out.act_by_category = saved.bytes_by_category(true);
+    for (auto& layer : stack)
+      if (layer->saved().paper_bytes() != out.act_bytes)
+        throw RuntimeFailure("layers of one stack saved different activation bytes");
+  }
+  h = Tensor();  // the output is not needed for backward
+  Tensor g = dy_;
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it) g = (*it)->backward(g);
+  const Backend::Mark t2 = be_.mark();
+  if (measure_memory) {
+    out.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;
+    out.peak_reserved_bytes = alloc.stats().reserved_bytes.peak;
+    out.comm_bytes = comm_.stats().ring_bytes / n_layers;
+  }
+  out.fwd_ms = be_.ms_between(t0, t1) / n_layers;
+  out.bwd_ms = be_.ms_between(t1, t2) / n_layers;
+  out.total_ms = be_.ms_between(t0, t2) / n_layers;
+  return out;
+}
+
 ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec) {
   check_spec(spec, comm);
   ExperimentResult res;
   CachingAllocator& alloc = be.allocator();
-  const double n_layers = spec.layers;
   std::vector<double> fwd, bwd, total;
   try {
-    LayerStack stack = build_stack(be, comm, spec);
-    Tensor dy = make_activation(be, comm, spec, kStreamDy);
+    LayerStackRunner runner(be, comm, spec);
+    // meta: one iteration is the whole memory schedule; timing it means nothing.
     const int iterations = be.computes() ? spec.warmup + spec.iters : 1;
     for (int it = 0; it < iterations; ++it) {
       const bool measure_memory = it == (be.computes() ? spec.warmup : 0);
       const bool timed = be.computes() && it >= spec.warmup;
-      for (auto& layer : stack) layer->set_phase_log(timed ? &res.phases : nullptr);
+      LayerStackRunner::Iteration r = runner.iteration(measure_memory, timed ? &res.phases : nullptr);
       if (measure_memory) {
-        alloc.reset_peak();
-        comm.reset_stats();
-      }
-      // The input is allocated after this snapshot, so the layer that keeps it is charged for it.
-      const int64_t before = alloc.stats().requested_bytes.current;
-      Tensor h = make_activation(be, comm, spec, kStreamX);
-      comm.barrier();
-      const Backend::Mark t0 = be.mark();
-      for (auto& layer : stack) h = layer->forward(h);
-      const Backend::Mark t1 = be.mark();
-      if (measure_memory) {
-        const int64_t delta = alloc.stats().requested_bytes.current - before - static_cast<int64_t>(h.bytes());
-        res.fwd_retained_bytes = delta / spec.layers;
-        const SavedActivations& saved = stack.front()->saved();
-        res.act_bytes = saved.paper_bytes();
-        res.act_extra_bytes = saved.extra_bytes();
-        res.act_by_category = saved.bytes_by_category(true);
-        for (auto& layer : stack)
-          if (layer->saved().paper_bytes() != res.act_bytes)
-            throw RuntimeFailure("layers of one stack saved different activation bytes");
-      }
-      Tensor g = dy;
-      for (auto it_layer = stack.rbegin(); it_layer != stack.rend(); ++it_layer) g = (*it_layer)->backward(g);
-      const Backend::Mark t2 = be.mark();
-      if (measure_memory) {
-        res.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;
-        res.peak_reserved_bytes = alloc.stats().reserved_bytes.peak;
-        res.comm_bytes = comm.stats().ring_bytes / n_layers;
-        res.comm_ms_modeled = comm.size() > 1 ? res.comm_bytes / (spec.link_gbps * 1e9) * 1e3 : 0.0;
+        res.act_bytes = r.act_bytes;
+        res.act_extra_bytes = r.act_extra_bytes;
+        res.act_by_category = r.act_by_category;
+        res.fwd_retained_bytes = r.fwd_retained_bytes;
+        res.peak_allocated_bytes = r.peak_allocated_bytes;
+        res.peak_reserved_bytes = r.peak_reserved_bytes;
+        res.comm_bytes = r.comm_bytes;
+        res.comm_ms_modeled = comm.size() > 1 ? r.comm_bytes / (spec.link_gbps * 1e9) * 1e3 : 0.0;
       }
       if (timed) {
-        fwd.push_back(be.ms_between(t0, t1) / n_layers);
-        bwd.push_back(be.ms_between(t1, t2) / n_layers);
-        total.push_back(be.ms_between(t0, t2) / n_layers);
+        fwd.push_back(r.fwd_ms);
+        bwd.push_back(r.bwd_ms);
+        total.push_back(r.total_ms);
       }
     }
   } catch (const OutOfMemory& e) {

@@ -3,6 +3,7 @@
 // iterations, with its activation memory measured twice over: the saved-for-backward
 // struct's bytes, and the allocator's requested-bytes delta across forward.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +43,36 @@ struct ExperimentResult {
 };
 
 ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec);
+
+class TransformerLayer;
+using LayerStack = std::vector<std::unique_ptr<TransformerLayer>>;
+
+// One configuration's stack of layers with its upstream gradient: the unit that layer_run
+// and bench/ time, so both measure the same thing the same way (Backend::mark on the
+// compute stream; per-layer times). Every rank of the group constructs and iterates it.
+class LayerStackRunner {
+ public:
+  LayerStackRunner(Backend& be, Communicator& comm, const ExperimentSpec& spec);
+  ~LayerStackRunner();
+  struct Iteration {
+    double fwd_ms = 0, bwd_ms = 0, total_ms = 0;  // per layer, this rank
+    // With measure_memory (else zero):
+    int64_t act_bytes = 0, act_extra_bytes = 0, fwd_retained_bytes = 0;
+    int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;
+    double comm_bytes = 0;
+    std::vector<std::pair<std::string, int64_t>> act_by_category;
+  };
+  // Forward and backward of the whole stack on a fresh input. measure_memory resets the
+  // allocator's peaks and the communicator's byte counts first.
+  Iteration iteration(bool measure_memory = false, PhaseLog* log = nullptr);
+
+ private:
+  Backend& be_;
+  Communicator& comm_;
+  ExperimentSpec spec_;
+  std::unique_ptr<LayerStack> stack_;
+  Tensor dy_;
+};
 
 struct CanonicalTensor {
   std::string name;

@@ -29,7 +29,7 @@ const std::vector<std::string> kCsvHeader = {
     "sequence_parallel", "dtype", "dropout", "layers", "warmup", "iters", "fwd_ms", "bwd_ms", "total_ms",
     "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max", "act_bytes", "act_extra_bytes", "act_bytes_formula",
     "fwd_retained_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "memory_limit_bytes", "comm_mode",
-    "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "seed", "git_sha", "hostname", "timestamp", "command"};
+    "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "message", "seed", "git_sha", "hostname", "timestamp", "command"};
 
 struct Options {
   std::string backend = "cpu", model = "tiny", configs = kAllPaperConfigs, dtype = "bf16", csv, dump;
@@ -117,7 +117,9 @@ int run(int argc, char** argv) {
   auto* warmup_opt = app.add_option("--warmup", o.warmup, "untimed iterations")->capture_default_str();
   auto* iters_opt = app.add_option("--iters", o.iters, "timed iterations")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of parameters, inputs and dropout masks")->capture_default_str();
-  app.add_option("--csv", o.csv, "results CSV to append to")->required();
+  app.add_option("--csv", o.csv, "results CSV to append to (required)");
+  bool print_header = false;
+  app.add_flag("--print-csv-header", print_header, "print the CSV header line and exit (for sweep drivers)");
   app.add_option("--dump", o.dump, "write canonical .npy tensors of one layer here (rank 0)");
   app.add_option("--memory-limit", o.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)");
   app.add_option("--link-gbps", o.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s")
@@ -130,6 +132,11 @@ int run(int argc, char** argv) {
     std::string what = e.what();
     throw InvalidArgument(what);
   }
+  if (print_header) {
+    std::printf("%s", csv_line(kCsvHeader).c_str());
+    return 0;
+  }
+  if (o.csv.empty()) throw InvalidArgument("--csv FILE is required");
 
   // ---- where we run: real ranks, or one process emulating rank 0 of t ----
   std::unique_ptr<Communicator> comm;
@@ -213,7 +220,7 @@ int run(int argc, char** argv) {
         ok ? std::to_string(r.act_extra_bytes) : "", fmt_num(formula), ok ? std::to_string(r.fwd_retained_bytes) : "",
         std::to_string(r.peak_allocated_bytes), std::to_string(r.peak_reserved_bytes), std::to_string(limit),
         comm_mode_name(comm->mode()), ok ? fmt_num(r.comm_bytes) : "", fmt_num(o.link_gbps, "%g"),
-        ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, std::to_string(o.seed), build_git_sha(), hostname(),
+        ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, r.message, std::to_string(o.seed), build_git_sha(), hostname(),
         utc_timestamp(), command};
     if (rank0) {
       csv.append(row);

@@ -94,8 +94,8 @@ void CsvAppender::check() const {
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0) {
     // Not there yet: the directory must exist and be writable.
-    std::string dir = path_.find('/') == std::string::npos ? "." : path_.substr(0, path_.rfind('/'));
-    if (dir.empty()) dir = "/";
+    std::string dir = ".";
+    if (const size_t slash = path_.rfind('/'); slash != std::string::npos) dir = slash == 0 ? "/" : path_.substr(0, slash);
     if (::access(dir.c_str(), W_OK) != 0)
       throw InvalidArgument("cannot write CSV '" + path_ + "': directory '" + dir + "' is not writable or missing");
     return;

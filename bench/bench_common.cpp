@@ -1,0 +1,143 @@
+#include "bench/bench_common.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "runtime/error.hpp"
+
+namespace actbench::bench {
+
+BenchContext& context() {
+  static BenchContext ctx;
+  return ctx;
+}
+
+DevicePeaks device_peaks(const std::string& name) {
+  // Vendor datasheets, dense (no sparsity). Used only for "% of peak" counters.
+  struct Entry {
+    const char* match;
+    DevicePeaks peaks;
+  };
+  static const Entry table[] = {
+      {"H200", {4800, 989}},
+      {"H100 80GB HBM3", {3350, 989}},  // SXM
+      {"H100 PCIe", {2000, 756}},
+      {"H100", {3350, 989}},
+      {"A100-SXM4-80GB", {2039, 312}},
+      {"A100", {1555, 312}},
+  };
+  for (const Entry& e : table)
+    if (name.find(e.match) != std::string::npos) return e.peaks;
+  return {};
+}
+
+double time_manual(benchmark::State& state, const std::function<void()>& fn) {
+  BenchContext& ctx = context();
+  const Backend::Mark a = ctx.backend->mark();
+  fn();
+  const Backend::Mark b = ctx.backend->mark();
+  std::vector<double> ms = {ctx.backend->ms_between(a, b)};
+  ctx.comm->max_inplace(ms);  // the slowest rank decides, and all ranks agree on it
+  state.SetIterationTime(ms[0] / 1e3);
+  return ms[0];
+}
+
+void set_bandwidth_counters(benchmark::State& state, double bytes) {
+  state.counters["bytes"] = bytes;
+  state.counters["GB/s"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  // The reporter derives pct_peak from GB/s and this.
+  const DevicePeaks p = device_peaks(context().backend->device_name());
+  if (p.memory_gbps > 0) state.counters["peak_GB/s"] = p.memory_gbps;
+}
+
+void set_flop_counters(benchmark::State& state, double flops) {
+  state.counters["flops"] = flops;
+  state.counters["TFLOP/s"] = benchmark::Counter(flops / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  const DevicePeaks p = device_peaks(context().backend->device_name());
+  if (p.bf16_tflops > 0) state.counters["peak_TFLOP/s"] = p.bf16_tflops;
+}
+
+namespace {
+
+// Discards everything: ranks other than 0 run the benchmarks but print nothing.
+class NullReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+// Prints the console table plus a "%peak" column derived from the rate counters.
+class PeakReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> copy = runs;
+    for (Run& r : copy) {
+      auto rate = [&](const char* c) { return r.counters.count(c) ? static_cast<double>(r.counters.at(c)) : 0.0; };
+      // Rate counters are already divided by the (manual) time when runs are reported.
+      if (rate("peak_GB/s") > 0 && rate("GB/s") > 0) r.counters["pct_peak"] = 100.0 * rate("GB/s") / rate("peak_GB/s");
+      if (rate("peak_TFLOP/s") > 0 && rate("TFLOP/s") > 0)
+        r.counters["pct_peak"] = 100.0 * rate("TFLOP/s") / rate("peak_TFLOP/s");
+    }
+    ConsoleReporter::ReportRuns(copy);
+  }
+};
+
+std::string take_flag(int& argc, char** argv, const char* name, const std::string& def) {
+  const std::string prefix = std::string("--") + name + "=";
+  std::string value = def;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0)
+      value = argv[i] + prefix.size();
+    else
+      argv[out++] = argv[i];
+  }
+  argc = out;
+  return value;
+}
+
+}  // namespace
+
+int bench_main(int argc, char** argv, const std::function<void()>& register_all) {
+  BenchContext& ctx = context();
+  int code = 0;
+  try {
+    ctx.backend_name = take_flag(argc, argv, "backend", "cpu");
+    ctx.shape = take_flag(argc, argv, "shape", ctx.backend_name == "cuda" ? "paper" : "small");
+    if (ctx.shape != "small" && ctx.shape != "paper") throw InvalidArgument("--shape must be small or paper");
+    ctx.comm = mpi_launched() ? make_mpi_communicator() : make_local_communicator();
+    try {
+      ctx.backend = make_backend(ctx.backend_name);
+    } catch (const InvalidArgument& e) {
+      if (ctx.backend_name != "cuda") throw;
+      // No GPU: the cuda benchmarks are registered and skip, so the binary still succeeds.
+      ctx.skipped = true;
+      ctx.skip_reason = e.what();
+      ctx.backend = make_backend("meta");
+    }
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) throw InvalidArgument("unrecognized arguments");
+    register_all();
+    if (ctx.comm->rank() == 0) {
+      PeakReporter reporter;
+      benchmark::RunSpecifiedBenchmarks(&reporter);
+    } else {
+      NullReporter quiet;
+      benchmark::RunSpecifiedBenchmarks(&quiet);
+    }
+    benchmark::Shutdown();
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    code = 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: failure: %s\n", argv[0], e.what());
+    code = 1;
+  }
+  ctx.backend.reset();
+  ctx.comm.reset();
+  mpi_finalize_if_initialized();
+  return code;
+}
+
+}  // namespace actbench::bench

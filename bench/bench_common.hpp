@@ -1,0 +1,47 @@
+#pragma once
+// What bench_kernels and bench_layer share: the backend and communicator they run on, the
+// shapes they run at, device peaks for "% of peak" counters, and the main() that makes
+// Google Benchmark behave under mpirun (rank 0 reports; times are max-reduced over ranks so
+// every rank takes the same decisions and runs the same iterations).
+#include <benchmark/benchmark.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kernels/backend.hpp"
+#include "runtime/communicator.hpp"
+
+namespace actbench::bench {
+
+struct BenchContext {
+  std::string backend_name;  // cpu | cuda | meta
+  std::string shape;         // small | paper
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> comm;  // mpi under mpirun, else local
+  bool skipped = false;                // backend unavailable (no GPU): benchmarks skip
+  std::string skip_reason;
+};
+BenchContext& context();
+
+// Published dense peaks of the device (0 when unknown: counters are then left out).
+struct DevicePeaks {
+  double memory_gbps = 0;  // HBM bandwidth, GB/s
+  double bf16_tflops = 0;  // dense tensor-core bf16
+};
+DevicePeaks device_peaks(const std::string& device_name);
+
+// Times fn once on the backend's stream, max-reduced over ranks, and hands it to Google
+// Benchmark as the iteration's manual time. Returns milliseconds.
+double time_manual(benchmark::State& state, const std::function<void()>& fn);
+
+// Adds bytes/GB/s (and % of peak) counters for a memory-bound op moving `bytes` per iteration.
+void set_bandwidth_counters(benchmark::State& state, double bytes);
+// Adds FLOP/TFLOP/s (and % of peak) counters for `flops` per iteration.
+void set_flop_counters(benchmark::State& state, double flops);
+
+// Parses --backend=cpu|cuda|meta and --shape=small|paper (removing them from argv), sets
+// up the context, registers benchmarks through `register_all`, runs them; rank 0 reports.
+int bench_main(int argc, char** argv, const std::function<void()>& register_all);
+
+}  // namespace actbench::bench
