@@ -88,6 +88,13 @@ class Backend {
     return Mark{host_now_ms(), nullptr};
   }
   virtual double ms_between(const Mark& begin, const Mark& end) { return end.host_ms - begin.host_ms; }
+  // The software under this backend, for the provenance columns of results ("" if none).
+  struct Versions {
+    std::string driver, cuda_runtime, cublas, nccl;
+  };
+  virtual Versions versions() const { return {}; }
+  // Brackets the timed iterations for profilers (cudaProfilerStart/Stop on cuda).
+  virtual void profiling(bool on) {}
 
   // ---- GEMM --------------------------------------------------------------------------
   // A, B, C may be of any float dtype; accumulation is fp32.

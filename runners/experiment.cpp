@@ -121,6 +121,14 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
     for (int it = 0; it < iterations; ++it) {
       const bool measure_memory = it == (be.computes() ? spec.warmup : 0);
       const bool timed = be.computes() && it >= spec.warmup;
+      if (timed && it == spec.warmup) {
+        be.profiling(true);  // nsys --capture-range=cudaProfilerApi sees the timed iterations only
+        if (spec.profiler) {
+          res.phases.set_listener(spec.profiler);
+          spec.profiler->clear();
+          spec.profiler->start();
+        }
+      }
       LayerStackRunner::Iteration r = runner.iteration(measure_memory, timed ? &res.phases : nullptr);
       if (measure_memory) {
         res.act_bytes = r.act_bytes;
@@ -138,7 +146,16 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
         total.push_back(r.total_ms);
       }
     }
+    be.profiling(false);
+    if (spec.profiler && be.computes()) {
+      spec.profiler->stop();
+      res.phases.set_listener(nullptr);
+      res.kernel_phases = spec.profiler->breakdown();
+    }
   } catch (const OutOfMemory& e) {
+    be.profiling(false);
+    if (spec.profiler) spec.profiler->stop();
+    res.phases.set_listener(nullptr);
     res.status = "oom";
     res.message = e.what();
     res.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;

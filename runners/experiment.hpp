@@ -11,6 +11,7 @@
 #include "kernels/backend.hpp"
 #include "layers/config.hpp"
 #include "runtime/communicator.hpp"
+#include "runtime/cupti_profiler.hpp"
 #include "runtime/timing.hpp"
 
 namespace actbench {
@@ -25,6 +26,7 @@ struct ExperimentSpec {
   int iters = 5;
   uint64_t seed = 1234;
   double link_gbps = 450.0;  // per direction, for the modeled communication time
+  CuptiProfiler* profiler = nullptr;  // when set, records kernel time per phase over the timed iterations
 };
 
 struct ExperimentResult {
@@ -40,6 +42,7 @@ struct ExperimentResult {
   double comm_ms_modeled = 0;        // comm_bytes / link bandwidth
   std::vector<std::pair<std::string, int64_t>> act_by_category;  // layer 0
   PhaseLog phases;                   // host-clock totals over the timed iterations
+  std::vector<PhaseTime> kernel_phases;  // with a profiler: GPU kernel time per phase, all timed iterations
 };
 
 ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec);

@@ -14,6 +14,7 @@
 #include "runners/presets.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/csv.hpp"
+#include "runtime/cupti_profiler.hpp"
 #include "runtime/error.hpp"
 #include "runtime/provenance.hpp"
 #include "theory/activation_memory.hpp"
@@ -29,10 +30,16 @@ const std::vector<std::string> kCsvHeader = {
     "sequence_parallel", "dtype", "dropout", "layers", "warmup", "iters", "fwd_ms", "bwd_ms", "total_ms",
     "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max", "act_bytes", "act_extra_bytes", "act_bytes_formula",
     "fwd_retained_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "memory_limit_bytes", "comm_mode",
-    "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "message", "seed", "git_sha", "hostname", "timestamp", "command"};
+    "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "message", "seed", "git_sha", "driver_version", "cuda_runtime_version", "cublas_version",
+    "nccl_version", "hostname", "timestamp", "command"};
+
+// layer_run --cupti FILE: GPU kernel time per phase, per layer and timed iteration.
+const std::vector<std::string> kCuptiHeader = {
+    "backend", "device", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "dtype", "dropout",
+    "layers", "iters", "phase", "stage", "kernels", "gpu_ms", "git_sha", "timestamp"};
 
 struct Options {
-  std::string backend = "cpu", model = "tiny", configs = kAllPaperConfigs, dtype = "bf16", csv, dump;
+  std::string backend = "cpu", model = "tiny", configs = kAllPaperConfigs, dtype = "bf16", csv, dump, cupti;
   std::string memory_limit;
   int64_t hidden = 0, heads = 0, seq = 0, batch = 0;
   int tp = 0, layers = 1, warmup = 2, iters = 10;
@@ -121,6 +128,8 @@ int run(int argc, char** argv) {
   bool print_header = false;
   app.add_flag("--print-csv-header", print_header, "print the CSV header line and exit (for sweep drivers)");
   app.add_option("--dump", o.dump, "write canonical .npy tensors of one layer here (rank 0)");
+  app.add_option("--cupti", o.cupti,
+                 "write GPU kernel time per phase (CUPTI) to this CSV (cuda backend; Figure 8's split)");
   app.add_option("--memory-limit", o.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)");
   app.add_option("--link-gbps", o.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s")
       ->capture_default_str();
@@ -184,8 +193,17 @@ int run(int argc, char** argv) {
   if (o.warmup < 0) throw InvalidArgument("--warmup must be >= 0");
   CsvAppender csv(o.csv, kCsvHeader);
   if (rank0) csv.check();
+  std::unique_ptr<CuptiProfiler> profiler;
+  std::unique_ptr<CsvAppender> cupti_csv;
+  if (!o.cupti.empty()) {
+    if (o.backend != "cuda") throw InvalidArgument("--cupti records GPU kernels: it needs --backend cuda");
+    profiler = CuptiProfiler::create();
+    cupti_csv = std::make_unique<CsvAppender>(o.cupti, kCuptiHeader);
+    if (rank0) cupti_csv->check();
+  }
 
   const std::string command = joined_command_line(argc, argv);
+  const Backend::Versions versions = be->versions();
   int exit_code = 0;
   for (LayerPolicy policy : policies) {
     ExperimentSpec spec;
@@ -198,6 +216,7 @@ int run(int argc, char** argv) {
     spec.iters = o.iters;
     spec.seed = o.seed;
     spec.link_gbps = o.link_gbps;
+    spec.profiler = profiler.get();
     ExperimentResult r = run_experiment(*be, *comm, spec);
     if (r.status == "oom") exit_code = 3;
     if (!o.dump.empty() && r.status == "ok")
@@ -220,8 +239,20 @@ int run(int argc, char** argv) {
         ok ? std::to_string(r.act_extra_bytes) : "", fmt_num(formula), ok ? std::to_string(r.fwd_retained_bytes) : "",
         std::to_string(r.peak_allocated_bytes), std::to_string(r.peak_reserved_bytes), std::to_string(limit),
         comm_mode_name(comm->mode()), ok ? fmt_num(r.comm_bytes) : "", fmt_num(o.link_gbps, "%g"),
-        ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, r.message, std::to_string(o.seed), build_git_sha(), hostname(),
+        ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, r.message, std::to_string(o.seed), build_git_sha(), versions.driver, versions.cuda_runtime,
+        versions.cublas, versions.nccl, hostname(),
         utc_timestamp(), command};
+    if (rank0 && cupti_csv && r.status == "ok") {
+      // Per layer and timed iteration, so that it reads like fwd_ms/bwd_ms.
+      const double per = static_cast<double>(o.iters) * o.layers;
+      for (const PhaseTime& p : r.kernel_phases)
+        cupti_csv->append({be->name(), be->device_name(), o.model, std::to_string(dims.h), std::to_string(dims.a),
+                           std::to_string(dims.s), std::to_string(dims.b), std::to_string(o.tp),
+                           o.emulate_tp ? "1" : "0", config_name(policy), dtype_name(dtype), fmt_num(o.dropout, "%g"),
+                           std::to_string(o.layers), std::to_string(o.iters), p.phase,
+                           p.phase.substr(0, p.phase.find('.')), fmt_num(static_cast<double>(p.kernels) / per, "%.2f"),
+                           fmt_num(p.gpu_ms / per, "%.5f"), build_git_sha(), utc_timestamp()});
+    }
     if (rank0) {
       csv.append(row);
       std::printf("%-13s %-5s act %s (formula %s)%s%s\n", config_name(policy).c_str(), r.status.c_str(),
@@ -251,6 +282,8 @@ int main(int argc, char** argv) {
     code = 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "layer_run: failure: %s\n", e.what());
+    std::fflush(stderr);
+    mpi_abort_if_initialized(1);
     code = 1;
   }
   std::fflush(stdout);

@@ -128,6 +128,15 @@ void mpi_finalize_if_initialized() {
   if (initialized && !finalized) MPI_Finalize();
 }
 
+void mpi_abort_if_initialized(int code) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 #else
 
 bool mpi_available() { return false; }
@@ -135,6 +144,7 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
   throw InvalidArgument("this build has no MPI support (install libopenmpi-dev and rebuild)");
 }
 void mpi_finalize_if_initialized() {}
+void mpi_abort_if_initialized(int) {}
 
 #endif
 

@@ -67,6 +67,8 @@ bool mpi_launched();
 // Initialises MPI (idempotent); the communicator spans MPI_COMM_WORLD.
 std::unique_ptr<Communicator> make_mpi_communicator();
 void mpi_finalize_if_initialized();
+// A rank that fails alone would leave the others waiting in a collective forever: abort all.
+void mpi_abort_if_initialized(int code);
 int mpi_world_size_from_env();
 
 }  // namespace actbench

@@ -4,13 +4,9 @@
 
 #include <ctime>
 
-#ifndef ACTBENCH_GIT_SHA
-#define ACTBENCH_GIT_SHA "unknown"
-#endif
-
 namespace actbench {
 
-const char* build_git_sha() { return ACTBENCH_GIT_SHA; }
+// build_git_sha() is generated at build time (cmake/git_sha.cmake).
 
 std::string hostname() {
   char buf[256] = {0};

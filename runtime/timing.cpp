@@ -28,9 +28,11 @@ PhaseRange::PhaseRange(std::string name, PhaseLog* log) : name_(std::move(name))
 #if ACTBENCH_HAVE_NVTX
   nvtxRangePushA(name_.c_str());
 #endif
+  if (log_ && log_->listener()) log_->listener()->enter(name_);
 }
 
 PhaseRange::~PhaseRange() {
+  if (log_ && log_->listener()) log_->listener()->exit();
 #if ACTBENCH_HAVE_NVTX
   nvtxRangePop();
 #endif

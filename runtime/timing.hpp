@@ -17,14 +17,26 @@ struct Summary {
 };
 Summary summarize(std::vector<double> samples);
 
+// Told when a phase range opens and closes (innermost last); the CUPTI profiler uses it to
+// tag the kernels launched inside each phase.
+class PhaseListener {
+ public:
+  virtual ~PhaseListener() = default;
+  virtual void enter(const std::string& phase) = 0;
+  virtual void exit() = 0;
+};
+
 class PhaseLog {
  public:
   void add(const std::string& phase, double ms) { total_ms_[phase] += ms; }
   const std::map<std::string, double>& totals() const { return total_ms_; }
   void clear() { total_ms_.clear(); }
+  void set_listener(PhaseListener* l) { listener_ = l; }
+  PhaseListener* listener() const { return listener_; }
 
  private:
   std::map<std::string, double> total_ms_;
+  PhaseListener* listener_ = nullptr;
 };
 
 class PhaseRange {
