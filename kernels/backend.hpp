@@ -11,6 +11,7 @@
 #include <string>
 
 #include "runtime/allocator.hpp"
+#include "runtime/error.hpp"
 #include "runtime/philox.hpp"
 #include "runtime/tensor.hpp"
 #include "runtime/timing.hpp"
@@ -37,18 +38,18 @@ struct DropoutSpec {
   uint32_t layer = 0;
   uint32_t site = 0;
   int64_t outer = 1, mid_local = 1, mid_global = 1, mid_offset = 0, inner = 1;
-  int64_t numel() const { return outer * mid_local * inner; }
-  int64_t canonical_index(int64_t local) const {
+  ACTBENCH_HD int64_t numel() const { return outer * mid_local * inner; }
+  ACTBENCH_HD int64_t canonical_index(int64_t local) const {
     int64_t i = local % inner;
     int64_t rest = local / inner;
     int64_t m = rest % mid_local;
     int64_t o = rest / mid_local;
     return (o * mid_global + mid_offset + m) * inner + i;
   }
-  bool keep(int64_t local) const {
+  ACTBENCH_HD bool keep(int64_t local) const {
     return philox_word(seed, layer, site, static_cast<uint64_t>(canonical_index(local))) >= dropout_threshold(p);
   }
-  float scale() const { return p > 0.f ? 1.f / (1.f - p) : 1.f; }
+  ACTBENCH_HD float scale() const { return p > 0.f ? 1.f / (1.f - p) : 1.f; }
 };
 
 class Backend {
@@ -126,6 +127,23 @@ class Backend {
   // ---- out = residual + dropout(x + bias); x, residual, out [M, N], bias [N] ----------
   virtual void bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& residual,
                                          const DropoutSpec& spec, const Tensor& out, const Tensor& mask) = 0;
+
+  // ---- fused causal attention (FlashAttention-style; --attention fused) ----------------
+  // q, k, v, out [B, S, D] (B = batch x heads of this rank); lse [B, S] fp32, the
+  // log-sum-exp of each row of scale * q k^T over the causal columns. Probabilities are never
+  // stored: forward keeps out and lse; backward recomputes the scores tile by tile. Dropout
+  // on the probabilities uses `spec` exactly as dropout_fwd on the [B, S, S] probabilities
+  // would (same Philox counters, so the same mask as the unfused path), regenerated in
+  // backward instead of stored. dq, dk, dv written.
+  virtual void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
+                             const Tensor& out, const Tensor& lse) {
+    throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
+  }
+  virtual void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                             const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
+                             const Tensor& dv) {
+    throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
+  }
 
   // ---- attention head layout ----------------------------------------------------------
   // src [S, B, W]; dst [B, NH, S, D] = columns [col_offset, col_offset + NH*D) of src,

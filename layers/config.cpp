@@ -10,12 +10,12 @@ const std::vector<std::string>& config_names() {
 }
 
 LayerPolicy parse_config(const std::string& name) {
-  if (name == "baseline") return {Recompute::none, false};
-  if (name == "sp") return {Recompute::none, true};
-  if (name == "full") return {Recompute::full, false};
-  if (name == "full+sp") return {Recompute::full, true};
-  if (name == "selective") return {Recompute::selective, false};
-  if (name == "selective+sp") return {Recompute::selective, true};
+  if (name == "baseline") return {Recompute::none, false, Attention::unfused};
+  if (name == "sp") return {Recompute::none, true, Attention::unfused};
+  if (name == "full") return {Recompute::full, false, Attention::unfused};
+  if (name == "full+sp") return {Recompute::full, true, Attention::unfused};
+  if (name == "selective") return {Recompute::selective, false, Attention::unfused};
+  if (name == "selective+sp") return {Recompute::selective, true, Attention::unfused};
   throw InvalidArgument("unknown config '" + name + "' (expected baseline, sp, full, selective, selective+sp or full+sp)");
 }
 
@@ -35,6 +35,14 @@ const char* recompute_name(Recompute r) {
     case Recompute::full: return "full";
   }
   return "?";
+}
+
+const char* attention_name(Attention a) { return a == Attention::fused ? "fused" : "unfused"; }
+
+Attention parse_attention(const std::string& name) {
+  if (name == "unfused") return Attention::unfused;
+  if (name == "fused") return Attention::fused;
+  throw InvalidArgument("unknown attention '" + name + "' (expected unfused or fused)");
 }
 
 void validate_layer(const LayerDims& d, int t, LayerPolicy p) {

@@ -14,9 +14,14 @@ struct LayerDims {
 
 enum class Recompute { none, selective, full };
 
+// unfused: the paper's core attention (scores, softmax, dropout mask stored or recomputed);
+// fused: FlashAttention-style, only the output and a per-row log-sum-exp are kept.
+enum class Attention { unfused, fused };
+
 struct LayerPolicy {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
+  Attention attention = Attention::unfused;
   bool operator==(const LayerPolicy&) const = default;
 };
 
@@ -26,6 +31,8 @@ LayerPolicy parse_config(const std::string& name);  // throws InvalidArgument
 std::string config_name(LayerPolicy p);
 const std::vector<std::string>& config_names();
 const char* recompute_name(Recompute r);
+const char* attention_name(Attention a);
+Attention parse_attention(const std::string& name);  // "unfused" | "fused"; throws InvalidArgument
 
 struct LayerOptions {
   LayerDims dims;

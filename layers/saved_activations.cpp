@@ -11,6 +11,7 @@ std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const 
           {"softmax_out", &softmax_out},
           {"attn_dropout_mask", &attn_dropout_mask},
           {"attn_dropout_out", &attn_dropout_out},
+          {"attn_lse", &attn_lse},
           {"v", &v},
           {"proj_input", &proj_input},
           {"attn_residual_mask", &attn_residual_mask},

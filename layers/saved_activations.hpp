@@ -19,6 +19,7 @@ struct SavedActivations {
   Tensor softmax_out;         // [b, a/t, s, s]
   Tensor attn_dropout_mask;   // u8
   Tensor attn_dropout_out;    // the probabilities multiplied with V
+  Tensor attn_lse;            // fused attention only: fp32 log-sum-exp per row [b, a/t, s]
   Tensor proj_input;          // merged attention context [s, b, h/t]
   Tensor attn_residual_mask;  // u8, [s(/t), b, h]
   Tensor ln2_input;

@@ -316,47 +316,66 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     PhaseRange r("bwd.proj", log_);
     be_.gemm(gemm_args(false, false, rows, hl_, h), mat(d_attn_partial), params_.proj_weight, mat(d_context));
     be_.gemm(gemm_args(true, false, h, hl_, rows), mat(d_attn_partial), mat(S.proj_input), grads_.proj_weight);
-    S.proj_input = Tensor();
-  }
-  if (!S.softmax_out.defined()) {
-    // Selective recompute: QK^T, softmax and dropout again from the stored Q and K; the
-    // Philox counter regenerates exactly the forward's mask.
-    PhaseRange r("recompute.core_attn", log_);
-    core_attention_probs(S.q, S.k, S.softmax_out, S.attn_dropout_mask, S.attn_dropout_out);
   }
   const int64_t batch = b * al_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d_));
   Tensor d_qkv = be_.empty({s, b, 3 * hl_}, opt_.dtype);
-  {
+  if (opt_.policy.attention == Attention::fused) {
     PhaseRange r("bwd.core_attn", log_);
-    Tensor d_ctx_heads = be_.empty({b, al_, s, d_}, opt_.dtype);
-    be_.split_heads(d_context, 0, d_ctx_heads);
+    // The attention output in head layout is the saved projection input, re-laid out.
+    Tensor o_heads = be_.empty({b, al_, s, d_}, opt_.dtype), d_o_heads = be_.empty({b, al_, s, d_}, opt_.dtype);
+    be_.split_heads(S.proj_input, 0, o_heads);
+    S.proj_input = Tensor();
+    be_.split_heads(d_context, 0, d_o_heads);
     d_context = Tensor();
-    const Shape score_shape = {b, al_, s, s};
-    Tensor d_probs_dropped = be_.empty(score_shape, opt_.dtype);
-    be_.gemm(gemm_args(false, true, s, s, d_, batch), d_ctx_heads, S.v, d_probs_dropped);
-    Tensor dv = be_.empty({b, al_, s, d_}, opt_.dtype);
-    be_.gemm(gemm_args(true, false, s, d_, s, batch), S.attn_dropout_out, d_ctx_heads, dv);
-    S.attn_dropout_out = S.v = Tensor();
-    d_ctx_heads = Tensor();
-    be_.merge_heads(dv, 2 * hl_, d_qkv);
-    dv = Tensor();
-    Tensor d_probs = be_.empty(score_shape, opt_.dtype);
-    be_.dropout_bwd(d_probs_dropped, S.attn_dropout_mask, p, d_probs);
-    S.attn_dropout_mask = Tensor();
-    d_probs_dropped = Tensor();
-    Tensor d_scores = be_.empty(score_shape, opt_.dtype);
-    be_.softmax_causal_bwd(d_probs.view({batch, s, s}), S.softmax_out.view({batch, s, s}), d_scores.view({batch, s, s}));
-    S.softmax_out = Tensor();
-    d_probs = Tensor();
-    Tensor dq = be_.empty({b, al_, s, d_}, opt_.dtype);
-    be_.gemm(gemm_args(false, false, s, d_, s, batch, scale), d_scores, S.k, dq);
+    const Shape hs = {batch, s, d_};
+    Tensor dq = be_.empty({b, al_, s, d_}, opt_.dtype), dk = be_.empty({b, al_, s, d_}, opt_.dtype),
+           dv = be_.empty({b, al_, s, d_}, opt_.dtype);
+    be_.attention_bwd(S.q.view(hs), S.k.view(hs), S.v.view(hs), o_heads.view(hs), d_o_heads.view(hs),
+                      S.attn_lse.view({batch, s}), scale, attn_dropout_spec(), dq.view(hs), dk.view(hs), dv.view(hs));
+    S.q = S.k = S.v = S.attn_lse = Tensor();
     be_.merge_heads(dq, 0, d_qkv);
-    dq = Tensor();
-    Tensor dk = be_.empty({b, al_, s, d_}, opt_.dtype);
-    be_.gemm(gemm_args(true, false, s, d_, s, batch, scale), d_scores, S.q, dk);
     be_.merge_heads(dk, hl_, d_qkv);
-    S.q = S.k = Tensor();
+    be_.merge_heads(dv, 2 * hl_, d_qkv);
+  } else {
+    S.proj_input = Tensor();
+    if (!S.softmax_out.defined()) {
+      // Selective recompute: QK^T, softmax and dropout again from the stored Q and K; the
+      // Philox counter regenerates exactly the forward's mask.
+      PhaseRange r("recompute.core_attn", log_);
+      core_attention_probs(S.q, S.k, S.softmax_out, S.attn_dropout_mask, S.attn_dropout_out);
+    }
+    {
+      PhaseRange r("bwd.core_attn", log_);
+      Tensor d_ctx_heads = be_.empty({b, al_, s, d_}, opt_.dtype);
+      be_.split_heads(d_context, 0, d_ctx_heads);
+      d_context = Tensor();
+      const Shape score_shape = {b, al_, s, s};
+      Tensor d_probs_dropped = be_.empty(score_shape, opt_.dtype);
+      be_.gemm(gemm_args(false, true, s, s, d_, batch), d_ctx_heads, S.v, d_probs_dropped);
+      Tensor dv = be_.empty({b, al_, s, d_}, opt_.dtype);
+      be_.gemm(gemm_args(true, false, s, d_, s, batch), S.attn_dropout_out, d_ctx_heads, dv);
+      S.attn_dropout_out = S.v = Tensor();
+      d_ctx_heads = Tensor();
+      be_.merge_heads(dv, 2 * hl_, d_qkv);
+      dv = Tensor();
+      Tensor d_probs = be_.empty(score_shape, opt_.dtype);
+      be_.dropout_bwd(d_probs_dropped, S.attn_dropout_mask, p, d_probs);
+      S.attn_dropout_mask = Tensor();
+      d_probs_dropped = Tensor();
+      Tensor d_scores = be_.empty(score_shape, opt_.dtype);
+      be_.softmax_causal_bwd(d_probs.view({batch, s, s}), S.softmax_out.view({batch, s, s}), d_scores.view({batch, s, s}));
+      S.softmax_out = Tensor();
+      d_probs = Tensor();
+      Tensor dq = be_.empty({b, al_, s, d_}, opt_.dtype);
+      be_.gemm(gemm_args(false, false, s, d_, s, batch, scale), d_scores, S.k, dq);
+      be_.merge_heads(dq, 0, d_qkv);
+      dq = Tensor();
+      Tensor dk = be_.empty({b, al_, s, d_}, opt_.dtype);
+      be_.gemm(gemm_args(true, false, s, d_, s, batch, scale), d_scores, S.q, dk);
+      be_.merge_heads(dk, hl_, d_qkv);
+      S.q = S.k = Tensor();
+    }
   }
   Tensor d_ln1_out_partial = be_.empty({s, b, h}, opt_.dtype);
   {

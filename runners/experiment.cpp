@@ -212,7 +212,8 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
     const auto& d = spec.dims;
     std::ofstream meta(dir + "/layer.json");
     meta << "{\"seq\": " << d.s << ", \"batch\": " << d.b << ", \"hidden\": " << d.h << ", \"heads\": " << d.a
-         << ", \"tp\": " << comm.size() << ", \"config\": \"" << config_name(spec.policy) << "\", \"dtype\": \""
+         << ", \"tp\": " << comm.size() << ", \"config\": \"" << config_name(spec.policy) << "\", \"attention\": \""
+         << attention_name(spec.policy.attention) << "\", \"dtype\": \""
          << dtype_name(spec.dtype) << "\", \"dropout\": " << spec.dropout << ", \"seed\": " << spec.seed
          << ", \"ln_eps\": 1e-05, \"gelu\": \"tanh\"}\n";
   }

@@ -26,8 +26,8 @@ namespace {
 constexpr const char* kAllPaperConfigs = "baseline,sp,full,selective,selective+sp";
 
 const std::vector<std::string> kCsvHeader = {
-    "backend", "device", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "recompute",
-    "sequence_parallel", "dtype", "dropout", "layers", "warmup", "iters", "fwd_ms", "bwd_ms", "total_ms",
+    "backend", "device", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "attention",
+    "recompute", "sequence_parallel", "dtype", "dropout", "layers", "warmup", "iters", "fwd_ms", "bwd_ms", "total_ms",
     "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max", "act_bytes", "act_extra_bytes", "act_bytes_formula",
     "fwd_retained_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "memory_limit_bytes", "comm_mode",
     "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "message", "seed", "git_sha", "driver_version", "cuda_runtime_version", "cublas_version",
@@ -40,7 +40,7 @@ const std::vector<std::string> kCuptiHeader = {
 
 struct Options {
   std::string backend = "cpu", model = "tiny", configs = kAllPaperConfigs, dtype = "bf16", csv, dump, cupti;
-  std::string memory_limit;
+  std::string memory_limit, attention = "unfused";
   int64_t hidden = 0, heads = 0, seq = 0, batch = 0;
   int tp = 0, layers = 1, warmup = 2, iters = 10;
   bool emulate_tp = false;
@@ -117,6 +117,9 @@ int run(int argc, char** argv) {
   app.add_flag("--emulate-tp", o.emulate_tp, "one process plays rank 0 of --tp ranks; communication modeled");
   app.add_option("--config", o.configs, "comma-separated: baseline,sp,full,selective,selective+sp[,full+sp]")
       ->capture_default_str();
+  app.add_option("--attention", o.attention,
+                 "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)")
+      ->capture_default_str();
   app.add_option("--dtype", o.dtype, "bf16 | fp16 | fp32")->capture_default_str();
   app.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str();
   app.add_option("--layers", o.layers, "layers in the stack (times and bytes are reported per layer)")
@@ -175,7 +178,11 @@ int run(int argc, char** argv) {
   if (o.seq) dims.s = o.seq;
   if (o.batch) dims.b = o.batch;
   std::vector<LayerPolicy> policies;
-  for (const std::string& name : split_list(o.configs)) policies.push_back(parse_config(name));
+  const Attention attention = parse_attention(o.attention);
+  for (const std::string& name : split_list(o.configs)) {
+    policies.push_back(parse_config(name));
+    policies.back().attention = attention;
+  }
   if (policies.empty()) throw InvalidArgument("--config lists no configuration");
   for (LayerPolicy p : policies) validate_layer(dims, o.tp, p);
   const DType dtype = parse_dtype(o.dtype);
@@ -231,7 +238,7 @@ int run(int argc, char** argv) {
     std::vector<std::string> row = {
         be->name(), be->device_name(), o.model, std::to_string(dims.h), std::to_string(dims.a), std::to_string(dims.s),
         std::to_string(dims.b), std::to_string(o.tp), o.emulate_tp ? "1" : "0", config_name(policy),
-        recompute_name(policy.recompute), policy.sequence_parallel ? "1" : "0", dtype_name(dtype),
+        attention_name(policy.attention), recompute_name(policy.recompute), policy.sequence_parallel ? "1" : "0", dtype_name(dtype),
         fmt_num(o.dropout, "%g"), std::to_string(o.layers), std::to_string(o.warmup), std::to_string(o.iters),
         fmt_ms(r.fwd_ms.median, have_time), fmt_ms(r.bwd_ms.median, have_time), fmt_ms(r.total_ms.median, have_time),
         fmt_ms(r.fwd_ms.min, have_time), fmt_ms(r.fwd_ms.max, have_time), fmt_ms(r.bwd_ms.min, have_time),

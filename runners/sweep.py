@@ -5,7 +5,7 @@
              [--dry-run] [--retry-failed] [--warmup W] [--iters I] [--dtype D]
              [--memory-limit 80GiB] [--build DIR] [--extra "ARGS"]
 
-PLAN is a built-in plan (table4, seqlen, tp, models, smoke) or a JSON plan file:
+PLAN is a built-in plan (table4, seqlen, tp, models, longseq, smoke) or a JSON plan file:
 
     {"name": "mine",
      "fixed": {"model": "22b", "batch": 1, "tp": 8},
@@ -41,8 +41,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp"]
 # The columns that identify a point (as layer_run writes them).
-KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "dtype",
-               "layers"]
+KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "attention",
+               "dtype", "layers"]
 # Per-rank shapes of the paper's models (PAPER.md Table 3) for filling keys before a run.
 PRESETS = {
     "tiny": dict(seq=32, batch=2, hidden=64, heads=4, tp=1),
@@ -62,11 +62,18 @@ BUILTIN_PLANS = {
     "tp": {"fixed": {"model": "22b", "batch": 1}, "grid": {"tp": [1, 2, 4, 8], "config": PAPER_CONFIGS}},
     # The four Table 3 models at their per-rank shapes.
     "models": {"fixed": {}, "grid": {"model": ["22b", "175b", "530b", "1t"], "config": PAPER_CONFIGS}},
+    # Beyond the paper: 1k..128k tokens at 22B width, the paper's attention and fused
+    # (FlashAttention-style), with and without SP, full recompute; run with --memory-limit 80GiB
+    # to see where each configuration stops fitting.
+    "longseq": {"fixed": {"model": "22b", "tp": 8, "batch": 1},
+                "grid": {"seq": [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
+                         "attention": ["unfused", "fused"],
+                         "config": ["baseline", "sp", "selective", "selective+sp", "full"]}},
     # A few seconds anywhere: for tests and first runs.
     "smoke": {"fixed": {"model": "tiny", "tp": 2}, "grid": {"seq": [16, 32], "config": PAPER_CONFIGS}},
 }
 
-POINT_FIELDS = {"model", "hidden", "heads", "seq", "batch", "tp", "config", "dtype", "layers", "dropout"}
+POINT_FIELDS = {"model", "hidden", "heads", "seq", "batch", "tp", "config", "attention", "dtype", "layers", "dropout"}
 
 
 class SweepError(Exception):
@@ -104,7 +111,8 @@ def expand(plan, defaults):
             raise SweepError(f"plan '{plan['name']}': grid field '{k}' must be a non-empty list")
     points = []
     for values in itertools.product(*(grid[k] for k in names)):
-        p = dict(defaults)
+        p = {"dtype": "bf16", "layers": 1, "attention": "unfused"}
+        p.update(defaults)
         p.update(fixed)
         p.update(zip(names, values))
         model = p.get("model", "tiny")
@@ -193,7 +201,7 @@ def failed_row(header, p, backend, emulated, status, message, command):
 def command_for(p, args, layer_run, emulated, mpirun):
     cmd = [layer_run, "--backend", args.backend, "--model", p["model"], "--hidden", str(p["hidden"]),
            "--heads", str(p["heads"]), "--seq", str(p["seq"]), "--batch", str(p["batch"]), "--tp", str(p["tp"]),
-           "--config", p["config"], "--dtype", p["dtype"], "--layers", str(p["layers"]), "--csv", args.csv]
+           "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"], "--layers", str(p["layers"]), "--csv", args.csv]
     if "dropout" in p:
         cmd += ["--dropout", str(p["dropout"])]
     if args.warmup is not None:
@@ -240,11 +248,13 @@ def fmt_time(sec):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan", help="table4 | seqlen | tp | models | smoke | PLAN.json")
+    ap.add_argument("plan", help="table4 | seqlen | tp | models | longseq | smoke | PLAN.json")
     ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable)")
     ap.add_argument("--backend", default="meta", choices=["cpu", "cuda", "meta"])
     ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    ap.add_argument("--attention", default="unfused", choices=["unfused", "fused"],
+                    help="default for points whose plan does not set it")
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--iters", type=int)
@@ -258,7 +268,7 @@ def main(argv=None):
 
     try:
         plan = load_plan(args.plan)
-        points = expand(plan, {"dtype": args.dtype, "layers": args.layers})
+        points = expand(plan, {"dtype": args.dtype, "layers": args.layers, "attention": args.attention})
         layer_run = find_layer_run(args.build)
         header = read_header(layer_run)
         done = done_keys(args.csv, header, args.retry_failed)

@@ -58,6 +58,20 @@ class MetaBackend final : public Backend {
                 x.numel() == spec.numel() && x.dim(-1) == bias.numel(),
             "bias_dropout_residual", x, r);
   }
+  void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float, const DropoutSpec& spec,
+                     const Tensor& out, const Tensor& lse) override {
+    require(q.ndim() == 3 && q.shape() == k.shape() && q.shape() == v.shape() && q.shape() == out.shape(),
+            "attention_fwd", q, out);
+    require(lse.numel() == q.dim(0) * q.dim(1) && spec.numel() == q.dim(0) * q.dim(1) * q.dim(1), "attention_fwd", q, lse);
+  }
+  void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                     const Tensor& lse, float, const DropoutSpec&, const Tensor& dq, const Tensor& dk,
+                     const Tensor& dv) override {
+    require(q.ndim() == 3 && q.shape() == k.shape() && q.shape() == v.shape() && q.shape() == out.shape() &&
+                dout.shape() == q.shape() && dq.shape() == q.shape() && dk.shape() == q.shape() && dv.shape() == q.shape(),
+            "attention_bwd", q, dout);
+    require(lse.numel() == q.dim(0) * q.dim(1), "attention_bwd", q, lse);
+  }
   void split_heads(const Tensor& src, int64_t off, const Tensor& dst) override {
     require(dst.ndim() == 4 && src.ndim() == 3 && off + dst.dim(1) * dst.dim(3) <= src.dim(2) &&
                 src.dim(0) == dst.dim(2) && src.dim(1) == dst.dim(0),
