@@ -153,7 +153,19 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
   }
   ln1_out = Tensor();
   Tensor context = be_.empty({s, b, hl_}, opt_.dtype);
-  {
+  if (opt_.policy.attention == Attention::fused) {
+    // Tiles of scores live only inside the kernel: out and the row log-sum-exp are all
+    // that backward needs besides Q, K, V (the mask comes back from the Philox counter).
+    PhaseRange r(ph(stage, "core_attn"), log_);
+    const int64_t batch = b * al_;
+    Tensor ctx_heads = be_.empty({b, al_, s, d_}, opt_.dtype);
+    Tensor lse = be_.empty({b, al_, s}, DType::fp32);
+    be_.attention_fwd(q.view({batch, s, d_}), k.view({batch, s, d_}), v.view({batch, s, d_}),
+                      1.0f / std::sqrt(static_cast<float>(d_)), attn_dropout_spec(), ctx_heads.view({batch, s, d_}),
+                      lse.view({batch, s}));
+    be_.merge_heads(ctx_heads, 0, context);
+    if (keep_any) save.attn_lse = lse;
+  } else {
     PhaseRange r(ph(stage, "core_attn"), log_);
     Tensor probs, mask, probs_dropped;
     core_attention_probs(q, k, probs, mask, probs_dropped);

@@ -197,7 +197,8 @@ std::vector<MeasuredLayer> read_results(const std::vector<std::string>& paths) {
       std::sort(files.begin(), files.end());
       for (const auto& f : files) read_layer_run_csv(f, out);  // other CSVs in a folder are skipped
     } else if (fs::is_regular_file(path)) {
-      if (!read_layer_run_csv(path, out)) throw UsageError(p + " is not a layer_run CSV (its header lacks fwd_ms, ...)");
+      if (!read_layer_run_csv(path, out))
+        throw UsageError(p + " is not a layer_run CSV (its header lacks fwd_ms, ...)");
     } else {
       throw UsageError("--results " + p + ": no such file or folder");
     }
@@ -411,8 +412,8 @@ std::vector<TimeSource> time_sources(const std::vector<MeasuredLayer>& measured)
   for (const auto& m : paper_models()) {
     paper_src.present[m.name] = scale_layer_times_by_work(paper_table4_layer_times("selective+sp"), ref,
                                                           m.layer_dims(), {Recompute::selective, true}, a100);
-    paper_src.full[m.name] =
-        scale_layer_times_by_work(paper_table4_layer_times("full"), ref, m.layer_dims(), {Recompute::full, false}, a100);
+    paper_src.full[m.name] = scale_layer_times_by_work(paper_table4_layer_times("full"), ref, m.layer_dims(),
+                                                       {Recompute::full, false}, a100);
   }
   out.push_back(paper_src);
 

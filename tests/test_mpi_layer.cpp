@@ -55,8 +55,8 @@ TEST_P(MpiLayer, EveryTensorEqualsTheSingleRankLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiLayer,
                          ::testing::Values("baseline", "sp", "full", "selective", "selective+sp", "full+sp"),
-                         [](const auto& info) {
-                           std::string c = info.param;
+                         [](const auto& param_info) {
+                           std::string c = param_info.param;
                            for (char& ch : c)
                              if (ch == '+') ch = '_';
                            return c;

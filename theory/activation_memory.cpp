@@ -1,5 +1,7 @@
 #include "theory/activation_memory.hpp"
 
+#include <stdexcept>
+
 namespace actbench::theory {
 
 std::vector<std::pair<std::string, double>> activation_bytes_by_category(const Dims& d, Config c, Precision p) {
@@ -53,6 +55,50 @@ double layernorm_stats_bytes(const Dims& d, Config c) {
   if (c.recompute == Recompute::full) return 0;
   const double rows = d.s * d.b / (c.sequence_parallel ? d.t : 1.0);
   return 2 /*LNs*/ * 2 /*mean, rstd*/ * 4 /*fp32*/ * rows;
+}
+
+std::string name_of(Config c) {
+  switch (c.recompute) {
+    case Recompute::none: return c.sequence_parallel ? "sp" : "baseline";
+    case Recompute::selective: return c.sequence_parallel ? "selective+sp" : "selective";
+    case Recompute::full: return c.sequence_parallel ? "full+sp" : "full";
+  }
+  return "?";
+}
+
+Config config_from_name(const std::string& name) {
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
+    for (bool sp : {false, true})
+      if (name_of({r, sp}) == name) return {r, sp};
+  throw std::invalid_argument("unknown config '" + name +
+                              "' (expected baseline, sp, full, selective, selective+sp or full+sp)");
+}
+
+const std::vector<std::string>& config_names() {
+  static const std::vector<std::string> names = {"baseline", "sp", "full", "selective", "selective+sp", "full+sp"};
+  return names;
+}
+
+ActivationTerms activation_terms(const Dims& d, Config c, Precision p) {
+  ActivationTerms out;
+  for (const auto& [name, bytes] : activation_bytes_by_category(d, c, p)) {
+    const bool attention = name == "softmax_out" || name == "attn_dropout_mask" || name == "attn_dropout_out";
+    (attention ? out.attention_bytes : out.linear_bytes) += bytes;
+  }
+  return out;
+}
+
+double attention_crossover_seq(double h, double a, Precision p) {
+  // Linear sbh(16e + 2) = quadratic as²b(2e + 1)  =>  s = h(16e + 2) / (a(2e + 1)).
+  return h * (16 * p.elem + 2 * p.mask) / (a * (2 * p.elem + p.mask));
+}
+
+double percent_of_tp_baseline(const Dims& d, Config c, Precision p) {
+  return 100.0 * activation_bytes(d, c, p) / activation_bytes(d, Config{}, p);
+}
+
+double recompute_working_set_bytes(const Dims& d, Config c, Precision p) {
+  return activation_bytes(d, {Recompute::none, c.sequence_parallel}, p) - activation_bytes(d, c, p);
 }
 
 }  // namespace actbench::theory

@@ -35,4 +35,35 @@ double table2_closed_form(const Dims& d, Config c);
 // LayerNorm mean and rstd (fp32, two per row, two LayerNorms): not in the paper's count.
 double layernorm_stats_bytes(const Dims& d, Config c);
 
+// ---- additions: names, the two terms of Table 2, Figure 7 ----
+
+// layer_run's spelling: baseline, sp, full, selective, selective+sp, full+sp.
+std::string name_of(Config c);
+// Throws std::invalid_argument for an unknown name.
+Config config_from_name(const std::string& name);
+// The five rows of Table 2 that the paper measures, then full+sp (full recompute with its
+// checkpoint split over the TP ranks, Megatron's --distribute-saved-activations).
+const std::vector<std::string>& config_names();
+
+// Table 2 split into the term linear in s (the "34" part: sbh·(…)) and the attention term
+// quadratic in s (5as²b/(t) part). Their sum is activation_bytes().
+struct ActivationTerms {
+  double linear_bytes = 0;     // grows as s·b·h
+  double attention_bytes = 0;  // grows as a·s²·b (softmax, its dropout mask and output)
+};
+ActivationTerms activation_terms(const Dims& d, Config c, Precision p = {});
+// Sequence length at which the attention term equals the linear term of the unsplit layer
+// (no recompute, t = 1; also TP+SP, where both are divided by t): 34 = 5as/h for 16-bit,
+// s = 34h/(5a); GPT-3 175B gives ≈ 870.
+double attention_crossover_seq(double h, double a, Precision p = {});
+
+// Figure 7: bytes of configuration c as a percentage of the tensor-parallel baseline
+// (Table 2 row 2) at the same shape.
+double percent_of_tp_baseline(const Dims& d, Config c, Precision p = {});
+
+// What recomputation rebuilds for the one layer whose backward is running: the layer's
+// no-recompute bytes minus what c stored. Not in Table 2 (the paper counts stored bytes)
+// but it is memory the device must have at the backward of each layer.
+double recompute_working_set_bytes(const Dims& d, Config c, Precision p = {});
+
 }  // namespace actbench::theory

@@ -1,0 +1,148 @@
+// The NCCL communicator (see comm_nccl.hpp). Device tensors go through NCCL on the given
+// stream; host-side metadata (timings, gathered dumps) through MPI.
+#include "kernels/cuda/comm_nccl.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "runtime/error.hpp"
+
+#if ACTBENCH_HAVE_NCCL_COMM
+#include <nccl.h>
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#define MPI_CHECK(call)                                                                \
+  do {                                                                                 \
+    int rc_ = (call);                                                                  \
+    if (rc_ != MPI_SUCCESS) {                                                          \
+      char msg_[MPI_MAX_ERROR_STRING];                                                 \
+      int len_ = 0;                                                                    \
+      MPI_Error_string(rc_, msg_, &len_);                                              \
+      ::actbench::throw_failure(__FILE__, __LINE__, std::string(#call) + ": " + msg_); \
+    }                                                                                  \
+  } while (0)
+#endif
+
+namespace actbench {
+
+int select_cuda_device_for_rank(int rank) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    throw InvalidArgument("backend 'cuda': no CUDA device is available for rank " + std::to_string(rank));
+  }
+  int local = rank;
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(var)) {
+      local = std::atoi(v);
+      break;
+    }
+  const int device = local % count;
+  CUDA_CHECK(cudaSetDevice(device));
+  return device;
+}
+
+#if ACTBENCH_HAVE_NCCL_COMM
+
+bool nccl_available() { return true; }
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::bf16: return ncclBfloat16;
+    case DType::fp16: return ncclFloat16;
+    case DType::fp32: return ncclFloat32;
+    case DType::u8: return ncclUint8;
+  }
+  throw InvalidArgument("nccl: unknown dtype");
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(cudaStream_t stream) : stream_(stream) {
+    int initialized = 0;
+    MPI_CHECK(MPI_Initialized(&initialized));
+    if (!initialized) MPI_CHECK(MPI_Init(nullptr, nullptr));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+    ncclUniqueId id{};
+    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD));
+    NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));  // on the current device
+  }
+  ~NcclCommunicator() override {
+    if (comm_) {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  CommMode mode() const override { return CommMode::nccl; }
+
+  void all_reduce(Tensor& t) override {
+    count_all_reduce(t);
+    if (t.is_meta() || !t.numel()) return;
+    NCCL_CHECK(ncclAllReduce(t.data(), t.data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), ncclSum, comm_,
+                             stream_));
+  }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_gather_shapes(in, out, size_, "all_gather");
+    count_all_gather(out);
+    if (in.is_meta() || !in.numel()) return;
+    // Contiguous along dim 0: rank r's block lands at r * in.numel(), as the contract wants.
+    NCCL_CHECK(ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_,
+                             stream_));
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_gather_shapes(out, in, size_, "reduce_scatter");
+    count_reduce_scatter(in);
+    if (in.is_meta() || !out.numel()) return;
+    NCCL_CHECK(ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()), nccl_type(in.dtype()),
+                                 ncclSum, comm_, stream_));
+  }
+  void barrier() override {
+    // The GPU work enqueued so far is part of what every rank waits for.
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  }
+  void max_inplace(std::vector<double>& v) override {
+    if (v.empty()) return;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  }
+  std::vector<float> gather_host(const std::vector<float>& local) override {
+    std::vector<float> all(local.size() * static_cast<size_t>(size_));
+    MPI_CHECK(MPI_Allgather(local.data(), static_cast<int>(local.size()), MPI_FLOAT, all.data(),
+                            static_cast<int>(local.size()), MPI_FLOAT, MPI_COMM_WORLD));
+    return all;
+  }
+
+ private:
+  cudaStream_t stream_;
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t stream) {
+  return std::make_unique<NcclCommunicator>(stream);
+}
+
+#else
+
+bool nccl_available() { return false; }
+std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t) {
+  throw InvalidArgument("this build has no NCCL communicator (it needs CUDA, NCCL and MPI)");
+}
+
+#endif
+
+}  // namespace actbench

@@ -1,0 +1,35 @@
+#pragma once
+// Tensor-parallel collectives on GPUs: NCCL on the cuda backend's stream, bootstrapped over
+// MPI (one process per GPU under mpirun). Built when CUDA, NCCL and MPI are all available
+// (ACTBENCH_HAVE_NCCL_COMM); otherwise make_nccl_communicator throws InvalidArgument.
+//
+// How a runner uses it (the order matters):
+//   auto mpi = make_mpi_communicator();                  // MPI_Init, world size and rank
+//   select_cuda_device_for_rank(mpi->rank());            // before the backend exists
+//   auto be = make_backend("cuda", limit);               // its stream is on that device
+//   auto comm = make_nccl_communicator(cuda_stream_of(*be));
+//   ... run; destroy comm and be, then mpi_finalize_if_initialized().
+// Every rank must get its own GPU (NCCL rejects two ranks on one device).
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "runtime/communicator.hpp"
+
+namespace actbench {
+
+// True when this build has the NCCL communicator.
+bool nccl_available();
+
+// cudaSetDevice(local rank % device count), the local rank taken from the launcher's
+// environment (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID) or else `rank`.
+// Returns the device chosen. Throws InvalidArgument when there is no device.
+int select_cuda_device_for_rank(int rank);
+
+// Spans MPI_COMM_WORLD (initialising MPI if needed); all collectives are enqueued on
+// `stream` (the backend's, so they are ordered with the layer's kernels), and the
+// reductions run in the tensors' dtype (NCCL rounds 16-bit sums per step, unlike the MPI
+// communicator which sums in fp32). mode() is CommMode::nccl.
+std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t stream);
+
+}  // namespace actbench

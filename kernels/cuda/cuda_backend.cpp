@@ -1,0 +1,396 @@
+// CudaBackend: shape and dtype checks (the contract of kernels/backend.hpp), then the
+// launchers of kernels/cuda/*.cu and cuBLASLt, all on the backend's own stream.
+// Host <-> device conversion happens on the host with the CPU's own rounding functions
+// (runtime/dtype.hpp), so an uploaded tensor holds the same bits on both backends and no
+// device temporary disturbs the allocator's statistics.
+#include "kernels/cuda/cuda_backend.hpp"
+
+#include <cuda_profiler_api.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/gemm.hpp"
+#include "runtime/error.hpp"
+#include "runtime/timing.hpp"
+
+#if ACTBENCH_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+namespace actbench {
+namespace {
+
+constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+
+// Segments of the caching allocator. A failed cudaMalloc is "not available" (nullptr: the
+// allocator flushes its cache and retries, then reports OutOfMemory), and its error is
+// cleared so that the next launch check does not report it.
+class CudaSource final : public RawMemorySource {
+ public:
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    CUDA_CHECK(err);
+    return p;
+  }
+  // Called from the allocator's destructor too, so it never throws; at process exit the
+  // runtime may already be unloading, which is not worth a word.
+  void release(void* ptr, size_t) override {
+    const cudaError_t err = cudaFree(ptr);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (err != cudaErrorCudartUnloading)
+        std::fprintf(stderr, "actbench: warning: cudaFree: %s\n", cudaGetErrorString(err));
+    }
+  }
+  Device device() const override { return Device::cuda; }
+};
+
+int current_device() {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
+void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw InvalidArgument(std::string(op) + ": " + what);
+}
+void require_shape(bool ok, const char* op, const Tensor& a, const Tensor& b) {
+  if (!ok) throw InvalidArgument(std::string(op) + ": shape mismatch " + shape_str(a.shape()) + " vs " + shape_str(b.shape()));
+}
+// Every non-empty tensor an op touches lives on this device.
+void require_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->numel() > 0 && t->device() != Device::cuda)
+      throw InvalidArgument(std::string(op) + ": tensor " + shape_str(t->shape()) + " is on " + device_name(t->device()) +
+                            ", not on the cuda device");
+}
+// The float tensors of one op share one storage dtype (the kernels are instantiated per dtype).
+DType common_float_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
+  const DType dt = (*ts.begin())->dtype();
+  for (const Tensor* t : ts)
+    if (t->dtype() != dt)
+      throw InvalidArgument(std::string(op) + ": the cuda backend needs one dtype for these tensors, got " +
+                            dtype_name(dt) + " and " + dtype_name(t->dtype()));
+  if (dt == DType::u8) throw InvalidArgument(std::string(op) + ": u8 is not a float dtype");
+  return dt;
+}
+void require_dtype(const char* op, const Tensor& t, DType dt, const char* name) {
+  if (t.dtype() != dt)
+    throw InvalidArgument(std::string(op) + ": " + name + " must be " + dtype_name(dt) + ", got " + dtype_name(t.dtype()));
+}
+
+std::string cuda_version_string(int v) {  // 12040 -> "12.4"
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(size_t capacity)
+      : Backend(std::make_unique<CachingAllocator>(std::make_unique<CudaSource>(), capacity)),
+        device_(current_device()) {
+    cudaDeviceProp prop{};
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    device_name_ = prop.name;
+    CUDA_CHECK(cudaStreamCreate(&stream_));
+    try {
+      // Once, from the caching allocator: the workspace is part of what the device holds.
+      gemm_workspace_ = empty({static_cast<int64_t>(kGemmWorkspaceBytes)}, DType::u8);
+      gemm_ = std::make_unique<cuda::LtGemm>(gemm_workspace_.data(), kGemmWorkspaceBytes);
+    } catch (...) {
+      cudaStreamDestroy(stream_);
+      throw;
+    }
+  }
+  ~CudaBackend() override {
+    // No throwing from here: errors of the last work surface at the last synchronize().
+    cudaStreamSynchronize(stream_);
+    gemm_.reset();
+    gemm_workspace_ = Tensor();
+    cudaStreamDestroy(stream_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  std::string device_name() const override { return device_name_; }
+  bool computes() const override { return true; }
+  cudaStream_t stream() const { return stream_; }
+
+  // ---- data movement ------------------------------------------------------------------
+  void fill_zero(const Tensor& t) override {
+    require_device("fill_zero", {&t});
+    if (t.bytes()) CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.bytes(), stream_));
+  }
+  void copy(const Tensor& src, const Tensor& dst) override {
+    require_shape(src.numel() == dst.numel(), "copy", src, dst);
+    require(src.dtype() == dst.dtype(), "copy", std::string("dtypes differ: ") + dtype_name(src.dtype()) + " vs " +
+                                                    dtype_name(dst.dtype()));
+    require_device("copy", {&src, &dst});
+    if (src.bytes() && src.data() != dst.data())
+      CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void upload(const float* host, const Tensor& dst) override {
+    require_device("upload", {&dst});
+    if (!dst.bytes()) return;
+    if (dst.dtype() == DType::fp32) {
+      CUDA_CHECK(cudaMemcpyAsync(dst.data(), host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+    } else {
+      std::vector<unsigned char> staged(dst.bytes());
+      for (int64_t i = 0; i < dst.numel(); ++i) store_from_float(staged.data(), dst.dtype(), static_cast<size_t>(i), host[i]);
+      CUDA_CHECK(cudaMemcpyAsync(dst.data(), staged.data(), dst.bytes(), cudaMemcpyHostToDevice, stream_));
+    }
+    // The host buffer may go away when we return.
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void download(const Tensor& src, float* host) override {
+    require_device("download", {&src});
+    if (!src.bytes()) return;
+    if (src.dtype() == DType::fp32) {
+      CUDA_CHECK(cudaMemcpyAsync(host, src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      return;
+    }
+    std::vector<unsigned char> staged(src.bytes());
+    CUDA_CHECK(cudaMemcpyAsync(staged.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int64_t i = 0; i < src.numel(); ++i) host[i] = load_as_float(staged.data(), src.dtype(), static_cast<size_t>(i));
+  }
+  void add_inplace(const Tensor& dst, const Tensor& src) override {
+    require_shape(src.numel() == dst.numel(), "add_inplace", dst, src);
+    require_device("add_inplace", {&dst, &src});
+    const DType dt = common_float_dtype("add_inplace", {&dst, &src});
+    cuda::add_inplace(dt, dst.data(), src.data(), dst.numel(), stream_);
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // ---- timing ---------------------------------------------------------------------------
+  Mark mark() override {
+    cudaEvent_t ev = nullptr;
+    CUDA_CHECK(cudaEventCreate(&ev));
+    Mark m;
+    m.event = std::shared_ptr<void>(ev, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+    CUDA_CHECK(cudaEventRecord(ev, stream_));
+    m.host_ms = host_now_ms();  // when the mark was enqueued, not when the GPU reached it
+    return m;
+  }
+  double ms_between(const Mark& begin, const Mark& end) override {
+    if (!begin.event || !end.event) return end.host_ms - begin.host_ms;
+    auto b = static_cast<cudaEvent_t>(begin.event.get()), e = static_cast<cudaEvent_t>(end.event.get());
+    CUDA_CHECK(cudaEventSynchronize(b));
+    CUDA_CHECK(cudaEventSynchronize(e));
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, b, e));
+    return static_cast<double>(ms);
+  }
+  Versions versions() const override {
+    Versions v;
+    int driver = 0, runtime = 0;
+    if (cudaDriverGetVersion(&driver) == cudaSuccess) v.driver = cuda_version_string(driver);
+    if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) v.cuda_runtime = cuda_version_string(runtime);
+    v.cublas = cuda::LtGemm::version();
+#if ACTBENCH_HAVE_NCCL
+    int nccl = 0;
+    if (ncclGetVersion(&nccl) == ncclSuccess)  // >= 2.9: major * 10000 + minor * 100 + patch
+      v.nccl = std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100);
+#endif
+    return v;
+  }
+  void profiling(bool on) override {
+    // Outside a profiler these return cudaSuccess or a harmless "not initialized"; never fatal.
+    (void)(on ? cudaProfilerStart() : cudaProfilerStop());
+    (void)cudaGetLastError();
+  }
+
+  // ---- GEMM ---------------------------------------------------------------------------
+  void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c) override {
+    require_shape(a.numel() == g.batch * g.m * g.k && b.numel() == g.batch * g.k * g.n, "gemm", a, b);
+    require_shape(c.numel() == g.batch * g.m * g.n, "gemm", a, c);
+    require_device("gemm", {&a, &b, &c});
+    gemm_->run(g, a.dtype(), a.data(), b.dtype(), b.data(), c.dtype(), c.data(), stream_);
+  }
+  void add_bias(const Tensor& y, const Tensor& bias) override {
+    require_shape(y.ndim() >= 1 && y.dim(-1) == bias.numel(), "add_bias", y, bias);
+    require_device("add_bias", {&y, &bias});
+    const DType dt = common_float_dtype("add_bias", {&y, &bias});
+    const int64_t cols = bias.numel();
+    cuda::add_bias(dt, y.data(), bias.data(), cols ? y.numel() / cols : 0, cols, stream_);
+  }
+  void bias_grad(const Tensor& dy, const Tensor& db) override {
+    require_shape(dy.ndim() >= 1 && dy.dim(-1) == db.numel(), "bias_grad", dy, db);
+    require_device("bias_grad", {&dy, &db});
+    const DType dt = common_float_dtype("bias_grad", {&dy, &db});
+    const int64_t cols = db.numel(), rows = cols ? dy.numel() / cols : 0;
+    if (!cols) return;
+    Tensor ws = empty({cuda::bias_grad_workspace_floats(rows, cols)}, DType::fp32);
+    cuda::bias_grad(dt, dy.data(), db.data(), ws.data_as<float>(), rows, cols, stream_);
+    // ws goes back to the cache now; its next user is ordered after this kernel on stream_.
+  }
+
+  // ---- LayerNorm ----------------------------------------------------------------------
+  void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
+                     const Tensor& rstd) override {
+    const char* op = "layernorm_fwd";
+    require_shape(x.ndim() >= 1 && x.numel() == y.numel() && x.dim(-1) == w.numel() && w.numel() == b.numel(), op, x, y);
+    const int64_t cols = x.dim(-1), rows = cols ? x.numel() / cols : 0;
+    require_shape(mean.numel() == rows && rstd.numel() == rows, op, x, mean);
+    require_dtype(op, mean, DType::fp32, "mean");
+    require_dtype(op, rstd, DType::fp32, "rstd");
+    require_device(op, {&x, &w, &b, &y, &mean, &rstd});
+    const DType dt = common_float_dtype(op, {&x, &w, &b, &y});
+    cuda::layernorm_fwd(dt, x.data(), w.data(), b.data(), eps, y.data(), mean.data_as<float>(), rstd.data_as<float>(),
+                        rows, cols, stream_);
+  }
+  void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                     const Tensor& dx, const Tensor& dw, const Tensor& db) override {
+    const char* op = "layernorm_bwd";
+    require_shape(x.ndim() >= 1 && dy.numel() == x.numel() && dx.numel() == x.numel(), op, dy, x);
+    const int64_t cols = x.dim(-1), rows = cols ? x.numel() / cols : 0;
+    require_shape(w.numel() == cols && dw.numel() == cols && db.numel() == cols, op, x, w);
+    require_shape(mean.numel() == rows && rstd.numel() == rows, op, x, mean);
+    require_dtype(op, mean, DType::fp32, "mean");
+    require_dtype(op, rstd, DType::fp32, "rstd");
+    require_device(op, {&dy, &x, &w, &mean, &rstd, &dx, &dw, &db});
+    const DType dt = common_float_dtype(op, {&dy, &x, &w, &dx, &dw, &db});
+    if (!cols) return;
+    Tensor ws = empty({cuda::layernorm_bwd_workspace_floats(rows, cols)}, DType::fp32);
+    cuda::layernorm_bwd(dt, dy.data(), x.data(), w.data(), mean.data_as<float>(), rstd.data_as<float>(), dx.data(),
+                        dw.data(), db.data(), ws.data_as<float>(), rows, cols, stream_);
+  }
+
+  // ---- softmax ------------------------------------------------------------------------
+  void softmax_causal_fwd(const Tensor& s, const Tensor& p) override {
+    const char* op = "softmax_causal_fwd";
+    require_shape(s.ndim() >= 2 && s.dim(-1) == s.dim(-2) && s.numel() == p.numel(), op, s, p);
+    require_device(op, {&s, &p});
+    const DType dt = common_float_dtype(op, {&s, &p});
+    const int64_t cols = s.dim(-1);
+    cuda::softmax_causal_fwd(dt, s.data(), p.data(), cols ? s.numel() / cols : 0, cols, stream_);
+  }
+  void softmax_causal_bwd(const Tensor& dp, const Tensor& p, const Tensor& ds) override {
+    const char* op = "softmax_causal_bwd";
+    require_shape(p.ndim() >= 2 && p.dim(-1) == p.dim(-2) && dp.numel() == p.numel() && ds.numel() == p.numel(), op, dp,
+                  p);
+    require_device(op, {&dp, &p, &ds});
+    const DType dt = common_float_dtype(op, {&dp, &p, &ds});
+    const int64_t cols = p.dim(-1);
+    cuda::softmax_causal_bwd(dt, dp.data(), p.data(), ds.data(), cols ? p.numel() / cols : 0, cols, stream_);
+  }
+
+  // ---- dropout ------------------------------------------------------------------------
+  void dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) override {
+    const char* op = "dropout_fwd";
+    require_shape(x.numel() == spec.numel() && y.numel() == x.numel() && mask.numel() == x.numel(), op, x, y);
+    require_dtype(op, mask, DType::u8, "mask");
+    require_device(op, {&x, &y, &mask});
+    const DType dt = common_float_dtype(op, {&x, &y});
+    cuda::dropout_fwd(dt, x.data(), spec, y.data(), mask.data_as<uint8_t>(), stream_);
+  }
+  void dropout_bwd(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override {
+    const char* op = "dropout_bwd";
+    require_shape(dy.numel() == mask.numel() && dx.numel() == dy.numel(), op, dy, mask);
+    require_dtype(op, mask, DType::u8, "mask");
+    require_device(op, {&dy, &mask, &dx});
+    const DType dt = common_float_dtype(op, {&dy, &dx});
+    DropoutSpec scale_of;  // the forward's 1 / (1 - p), computed the same way
+    scale_of.p = p;
+    cuda::dropout_bwd(dt, dy.data(), mask.data_as<uint8_t>(), scale_of.scale(), dx.data(), dy.numel(), stream_);
+  }
+
+  // ---- GeLU ---------------------------------------------------------------------------
+  void gelu_fwd(const Tensor& x, const Tensor& y) override {
+    require_shape(x.numel() == y.numel(), "gelu_fwd", x, y);
+    require_device("gelu_fwd", {&x, &y});
+    const DType dt = common_float_dtype("gelu_fwd", {&x, &y});
+    cuda::gelu_fwd(dt, x.data(), y.data(), x.numel(), stream_);
+  }
+  void gelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
+    require_shape(dy.numel() == x.numel() && dx.numel() == x.numel(), "gelu_bwd", dy, x);
+    require_device("gelu_bwd", {&dy, &x, &dx});
+    const DType dt = common_float_dtype("gelu_bwd", {&dy, &x, &dx});
+    cuda::gelu_bwd(dt, dy.data(), x.data(), dx.data(), x.numel(), stream_);
+  }
+
+  // ---- residual -----------------------------------------------------------------------
+  void bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& r, const DropoutSpec& spec,
+                                 const Tensor& out, const Tensor& mask) override {
+    const char* op = "bias_dropout_residual_fwd";
+    require_shape(x.ndim() >= 1 && x.numel() == r.numel() && out.numel() == x.numel() && mask.numel() == x.numel() &&
+                      x.numel() == spec.numel() && x.dim(-1) == bias.numel(),
+                  op, x, r);
+    require_dtype(op, mask, DType::u8, "mask");
+    require_device(op, {&x, &bias, &r, &out, &mask});
+    const DType dt = common_float_dtype(op, {&x, &bias, &r, &out});
+    const int64_t cols = bias.numel();
+    cuda::bias_dropout_residual_fwd(dt, x.data(), bias.data(), r.data(), spec, out.data(), mask.data_as<uint8_t>(),
+                                    cols ? x.numel() / cols : 0, cols, stream_);
+  }
+
+  // ---- attention head layout ----------------------------------------------------------
+  void split_heads(const Tensor& src, int64_t off, const Tensor& dst) override {
+    check_heads("split_heads", dst, off, src);
+    cuda::split_heads(src.dtype(), src.data(), dst.data(), src.dim(0), src.dim(1), src.dim(2), dst.dim(1), dst.dim(3),
+                      off, stream_);
+  }
+  void merge_heads(const Tensor& src, int64_t off, const Tensor& dst) override {
+    check_heads("merge_heads", src, off, dst);
+    cuda::merge_heads(src.dtype(), src.data(), dst.data(), dst.dim(0), dst.dim(1), dst.dim(2), src.dim(1), src.dim(3),
+                      off, stream_);
+  }
+
+ private:
+  // heads [B, NH, S, D] are columns [off, off + NH*D) of sbw [S, B, W].
+  static void check_heads(const char* op, const Tensor& heads, int64_t off, const Tensor& sbw) {
+    require_shape(heads.ndim() == 4 && sbw.ndim() == 3 && off >= 0 && off + heads.dim(1) * heads.dim(3) <= sbw.dim(2) &&
+                      sbw.dim(0) == heads.dim(2) && sbw.dim(1) == heads.dim(0),
+                  op, sbw, heads);
+    require(heads.dtype() == sbw.dtype(), op, std::string("dtypes differ: ") + dtype_name(sbw.dtype()) + " vs " +
+                                                  dtype_name(heads.dtype()));
+    require_device(op, {&heads, &sbw});
+  }
+
+  int device_;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  Tensor gemm_workspace_;
+  std::unique_ptr<cuda::LtGemm> gemm_;
+};
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(size_t capacity_bytes) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw InvalidArgument(std::string("backend 'cuda': no CUDA device is available (cudaGetDeviceCount: ") +
+                          cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")");
+  }
+  if (n == 0) throw InvalidArgument("backend 'cuda': no CUDA device is available (cudaGetDeviceCount returned 0)");
+  return std::make_unique<CudaBackend>(capacity_bytes);
+}
+
+cudaStream_t cuda_stream_of(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda) throw InvalidArgument(std::string("backend '") + backend.name() + "' has no CUDA stream");
+  return cuda->stream();
+}
+
+}  // namespace actbench

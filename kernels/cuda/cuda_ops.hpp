@@ -1,0 +1,58 @@
+#pragma once
+// Host-callable launchers of the kernels in kernels/cuda/*.cu. They take raw device
+// pointers, element counts and the stream to run on; CudaBackend checks shapes and dtypes
+// first. Every float tensor of one call has the same storage dtype `dt` (bf16, fp16 or
+// fp32); mean/rstd and workspaces are fp32, masks u8. Math is fp32, rounded once on store.
+// Every launch is followed by a cudaGetLastError check (throws RuntimeFailure).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/backend.hpp"
+#include "runtime/dtype.hpp"
+
+namespace actbench::cuda {
+
+// ---- layernorm.cu ---------------------------------------------------------------------
+void layernorm_fwd(DType dt, const void* x, const void* weight, const void* bias, float eps, void* y, float* mean,
+                   float* rstd, int64_t rows, int64_t cols, cudaStream_t stream);
+// fp32 elements of workspace layernorm_bwd needs for its two-stage dweight/dbias reduction.
+int64_t layernorm_bwd_workspace_floats(int64_t rows, int64_t cols);
+void layernorm_bwd(DType dt, const void* dy, const void* x, const void* weight, const float* mean, const float* rstd,
+                   void* dx, void* dweight, void* dbias, float* workspace, int64_t rows, int64_t cols,
+                   cudaStream_t stream);
+
+// ---- softmax.cu: rows of length `cols`; row r is query position r % cols ------------------
+void softmax_causal_fwd(DType dt, const void* scores, void* probs, int64_t rows, int64_t cols, cudaStream_t stream);
+void softmax_causal_bwd(DType dt, const void* dprobs, const void* probs, void* dscores, int64_t rows, int64_t cols,
+                        cudaStream_t stream);
+
+// ---- dropout.cu ------------------------------------------------------------------------
+void dropout_fwd(DType dt, const void* x, const DropoutSpec& spec, void* y, uint8_t* mask, cudaStream_t stream);
+void dropout_bwd(DType dt, const void* dy, const uint8_t* mask, float scale, void* dx, int64_t n, cudaStream_t stream);
+
+// ---- gelu.cu ---------------------------------------------------------------------------
+void gelu_fwd(DType dt, const void* x, void* y, int64_t n, cudaStream_t stream);
+void gelu_bwd(DType dt, const void* dy, const void* x, void* dx, int64_t n, cudaStream_t stream);
+
+// ---- residual.cu -----------------------------------------------------------------------
+// out = residual + dropout(x + bias[col]); x, residual, out [rows, cols], spec.numel() == rows*cols.
+void bias_dropout_residual_fwd(DType dt, const void* x, const void* bias, const void* residual, const DropoutSpec& spec,
+                               void* out, uint8_t* mask, int64_t rows, int64_t cols, cudaStream_t stream);
+void add_bias(DType dt, void* y, const void* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+int64_t bias_grad_workspace_floats(int64_t rows, int64_t cols);
+void bias_grad(DType dt, const void* dy, void* db, float* workspace, int64_t rows, int64_t cols, cudaStream_t stream);
+void add_inplace(DType dt, void* dst, const void* src, int64_t n, cudaStream_t stream);
+// c *= beta (beta == 0 writes zeros, whatever c held): GEMMs with k == 0.
+void scale_inplace(DType dt, void* c, float beta, int64_t n, cudaStream_t stream);
+
+// ---- layout.cu -------------------------------------------------------------------------
+// The sequence-major activation [S, B, W] and its heads [B, NH, S, D], which are columns
+// [col_offset, col_offset + NH*D) of it, head-major. split: sbw -> heads; merge: heads -> sbw
+// (other columns of sbw untouched).
+void split_heads(DType dt, const void* sbw, void* heads, int64_t S, int64_t B, int64_t W, int64_t NH, int64_t D,
+                 int64_t col_offset, cudaStream_t stream);
+void merge_heads(DType dt, const void* heads, void* sbw, int64_t S, int64_t B, int64_t W, int64_t NH, int64_t D,
+                 int64_t col_offset, cudaStream_t stream);
+
+}  // namespace actbench::cuda

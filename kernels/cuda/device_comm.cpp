@@ -1,0 +1,75 @@
+#include "kernels/cuda/device_comm.hpp"
+
+#include "runtime/error.hpp"
+
+namespace actbench {
+namespace {
+
+class BackendLocalCommunicator final : public Communicator {
+ public:
+  explicit BackendLocalCommunicator(Backend& be) : be_(be) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  CommMode mode() const override { return CommMode::none; }
+  void all_reduce(Tensor&) override {}
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_gather_shapes(in, out, 1, "all_gather");
+    be_.copy(in, out);
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_gather_shapes(out, in, 1, "reduce_scatter");
+    be_.copy(in, out);
+  }
+  void barrier() override {}
+  void max_inplace(std::vector<double>&) override {}
+  std::vector<float> gather_host(const std::vector<float>& local) override { return local; }
+
+ private:
+  Backend& be_;
+};
+
+// As runtime/'s emulated communicator: all-gather replicates the local shard, reduce-scatter
+// keeps rank 0's rows unreduced, all-reduce leaves the partial sum; bytes counted for n ranks.
+class BackendEmulatedCommunicator final : public Communicator {
+ public:
+  BackendEmulatedCommunicator(Backend& be, int n) : be_(be), n_(n) {
+    if (n < 1) throw InvalidArgument("emulated communicator needs a size >= 1");
+  }
+  int rank() const override { return 0; }
+  int size() const override { return n_; }
+  CommMode mode() const override { return CommMode::modeled; }
+  void all_reduce(Tensor& t) override { count_all_reduce(t); }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_gather_shapes(in, out, n_, "all_gather");
+    count_all_gather(out);
+    const int64_t rows = in.dim(0);
+    for (int r = 0; r < n_; ++r) be_.copy(in, out.rows(r * rows, (r + 1) * rows));
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_gather_shapes(out, in, n_, "reduce_scatter");
+    count_reduce_scatter(in);
+    be_.copy(in.rows(0, out.dim(0)), out);
+  }
+  void barrier() override {}
+  void max_inplace(std::vector<double>&) override {}
+  std::vector<float> gather_host(const std::vector<float>& local) override {
+    std::vector<float> all;
+    for (int r = 0; r < n_; ++r) all.insert(all.end(), local.begin(), local.end());
+    return all;
+  }
+
+ private:
+  Backend& be_;
+  int n_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_backend_local_communicator(Backend& backend) {
+  return std::make_unique<BackendLocalCommunicator>(backend);
+}
+std::unique_ptr<Communicator> make_backend_emulated_communicator(Backend& backend, int size) {
+  return std::make_unique<BackendEmulatedCommunicator>(backend, size);
+}
+
+}  // namespace actbench

@@ -1,0 +1,1 @@
+// placeholder until the real file is written (overwrite freely)

@@ -1,0 +1,545 @@
+// The cuda backend against the cpu reference: every op on fresh random data at shapes that
+// are not powers of two, outputs NaN-poisoned first (an element the kernel forgets fails),
+// NaN never passing; dropout masks bit for bit (and against DropoutSpec::keep on the host);
+// the whole layer in the five configurations; activation bytes against meta and Table 2;
+// the allocator's reserved bytes against what the device says it lost.
+// Without a device every test skips with one line.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/cuda/device_comm.hpp"
+#include "kernels/cuda/philox_groups.hpp"
+#include "layer_harness.hpp"
+#include "runners/experiment.hpp"
+#include "runners/presets.hpp"
+#include "runtime/error.hpp"
+#include "theory/activation_memory.hpp"
+
+using namespace actbench;
+using namespace actbench::testing;
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct Tol {
+  double atol, rtol;
+};
+Tol tol_for(DType dt) {
+  switch (dt) {
+    case DType::fp32: return {1e-5, 1e-5};
+    case DType::fp16: return {2e-3, 2e-3};
+    default: return {1e-2, 1e-2};
+  }
+}
+
+std::vector<float> random_values(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+class GpuOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    try {
+      gpu_ = make_backend("cuda");
+    } catch (const InvalidArgument&) {
+      GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    }
+    cpu_ = make_backend("cpu");
+  }
+
+  // The same tensor on both backends.
+  struct Both {
+    Tensor g, c;
+  };
+  Both with_values(const Shape& shape, DType dt, const std::vector<float>& host) {
+    Both t{gpu_->empty(shape, dt), cpu_->empty(shape, dt)};
+    gpu_->upload(host.data(), t.g);
+    cpu_->upload(host.data(), t.c);
+    return t;
+  }
+  Both random(const Shape& shape, DType dt, float lo = -1.f, float hi = 1.f) {
+    return with_values(shape, dt, random_values(static_cast<size_t>(shape_numel(shape)), next_seed_++, lo, hi));
+  }
+  // Output buffers: NaN everywhere (u8: 171, neither 0 nor 1).
+  Both poisoned(const Shape& shape, DType dt) {
+    const float poison = dt == DType::u8 ? 171.f : kNaN;
+    return with_values(shape, dt, std::vector<float>(static_cast<size_t>(shape_numel(shape)), poison));
+  }
+  std::vector<float> get(Backend& be, const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    be.download(t, v.data());
+    return v;
+  }
+
+  // gpu vs cpu: |g - c| <= atol + rtol |c| everywhere; NaN anywhere fails.
+  void expect_close(const Both& t, Tol tol, const std::string& what) {
+    const std::vector<float> g = get(*gpu_, t.g), c = get(*cpu_, t.c);
+    ASSERT_EQ(g.size(), c.size()) << what;
+    size_t bad = g.size(), nan_ref = 0;
+    double worst = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (std::isnan(c[i])) ++nan_ref;
+      const double err = std::fabs(static_cast<double>(g[i]) - c[i]);
+      const double ratio = std::isnan(err) ? INFINITY : err / (tol.atol + tol.rtol * std::fabs(static_cast<double>(c[i])));
+      if (ratio > worst) {
+        worst = ratio;
+        bad = i;
+      }
+    }
+    EXPECT_EQ(nan_ref, 0u) << what << ": the cpu reference holds NaN (an element it did not write?)";
+    EXPECT_LE(worst, 1.0) << what << ": worst element " << bad << ": gpu " << (bad < g.size() ? g[bad] : 0.f)
+                          << " cpu " << (bad < c.size() ? c[bad] : 0.f) << " (atol " << tol.atol << ", rtol "
+                          << tol.rtol << ")";
+  }
+  void expect_equal(const Both& t, const std::string& what) { expect_close(t, {0, 0}, what); }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+  uint32_t next_seed_ = 1;
+};
+
+const DType kFloatTypes[] = {DType::fp32, DType::bf16, DType::fp16};
+
+// ---- data movement ---------------------------------------------------------------------
+
+TEST_F(GpuOps, UploadDownloadRoundTripUsesTheCpuRounding) {
+  for (DType dt : kFloatTypes) {
+    std::vector<float> host = random_values(1237, 7, -3.f, 3.f);
+    host[5] = kNaN;
+    host[6] = 1e30f;  // inf in fp16
+    Both t = with_values({1237}, dt, host);
+    const std::vector<float> g = get(*gpu_, t.g), c = get(*cpu_, t.c);
+    for (size_t i = 0; i < host.size(); ++i) {
+      if (std::isnan(c[i])) {
+        EXPECT_TRUE(std::isnan(g[i])) << dtype_name(dt) << " " << i;
+      } else {
+        EXPECT_EQ(g[i], c[i]) << dtype_name(dt) << " element " << i;
+      }
+    }
+  }
+  Both m = with_values({7}, DType::u8, {0, 1, 2, 3, 200, 255, 1});
+  expect_equal(m, "u8 round trip");
+}
+
+TEST_F(GpuOps, CopyFillZeroAddInplace) {
+  for (DType dt : kFloatTypes) {
+    const Shape shape = {37, 19};
+    Both src = random(shape, dt), dst = poisoned(shape, dt);
+    gpu_->copy(src.g, dst.g);
+    cpu_->copy(src.c, dst.c);
+    expect_equal(dst, std::string("copy ") + dtype_name(dt));
+
+    Both z = poisoned(shape, dt);
+    gpu_->fill_zero(z.g);
+    cpu_->fill_zero(z.c);
+    expect_equal(z, std::string("fill_zero ") + dtype_name(dt));
+
+    Both acc = random(shape, dt), add = random(shape, dt);
+    gpu_->add_inplace(acc.g, add.g);
+    cpu_->add_inplace(acc.c, add.c);
+    expect_close(acc, tol_for(dt), std::string("add_inplace ") + dtype_name(dt));
+  }
+}
+
+// ---- GEMM --------------------------------------------------------------------------------
+
+TEST_F(GpuOps, GemmAllTransposesBatchesAndDtypes) {
+  struct Types {
+    DType ab, c;
+  };
+  const Types types[] = {{DType::fp32, DType::fp32}, {DType::bf16, DType::bf16}, {DType::bf16, DType::fp32},
+                         {DType::fp16, DType::fp16}, {DType::fp16, DType::fp32}};
+  const int64_t m = 37, n = 29, k = 53;
+  for (const Types& ty : types)
+    for (int64_t batch : {1, 3})
+      for (int trans = 0; trans < 4; ++trans)
+        for (float beta : {0.f, 0.5f}) {
+          GemmArgs g;
+          g.trans_a = trans & 1;
+          g.trans_b = trans & 2;
+          g.m = m;
+          g.n = n;
+          g.k = k;
+          g.batch = batch;
+          g.alpha = 0.7f;
+          g.beta = beta;
+          Both a = random(g.trans_a ? Shape{batch, k, m} : Shape{batch, m, k}, ty.ab);
+          Both b = random(g.trans_b ? Shape{batch, n, k} : Shape{batch, k, n}, ty.ab);
+          // beta == 0: C is not read, so NaN in it must not survive; else C is an input.
+          Both c = beta == 0.f ? poisoned({batch, m, n}, ty.c) : random({batch, m, n}, ty.c);
+          gpu_->gemm(g, a.g, b.g, c.g);
+          cpu_->gemm(g, a.c, b.c, c.c);
+          const Tol tol = ty.c == DType::fp32 ? Tol{1e-4, 1e-4} : tol_for(ty.c);
+          expect_close(c, tol,
+                       std::string("gemm ") + dtype_name(ty.ab) + "->" + dtype_name(ty.c) + " batch " +
+                           std::to_string(batch) + " ta " + std::to_string(g.trans_a) + " tb " +
+                           std::to_string(g.trans_b) + " beta " + std::to_string(beta));
+        }
+}
+
+TEST_F(GpuOps, GemmAtLayerLikeShapeAndUnsupportedDtypesThrow) {
+  // [rows, h] x [3h, h]^T: the QKV GEMM of the test layers, fp32 (no TF32: 1e-4 holds).
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = 150;
+  g.n = 90;
+  g.k = 30;
+  Both a = random({150, 30}, DType::fp32), b = random({90, 30}, DType::fp32), c = poisoned({150, 90}, DType::fp32);
+  gpu_->gemm(g, a.g, b.g, c.g);
+  cpu_->gemm(g, a.c, b.c, c.c);
+  expect_close(c, {1e-4, 1e-4}, "gemm qkv-like fp32");
+
+  Tensor a16 = gpu_->empty({150, 30}, DType::bf16);
+  EXPECT_THROW(gpu_->gemm(g, a16, b.g, c.g), InvalidArgument) << "bf16 A with fp32 B";
+  Tensor c16 = gpu_->empty({150, 90}, DType::bf16);
+  EXPECT_THROW(gpu_->gemm(g, a.g, b.g, c16), InvalidArgument) << "fp32 A, B with bf16 C";
+  Tensor on_host = cpu_->empty({150, 30}, DType::fp32);
+  EXPECT_THROW(gpu_->gemm(g, on_host, b.g, c.g), InvalidArgument) << "a host tensor given to the cuda backend";
+}
+
+// ---- bias ----------------------------------------------------------------------------------
+
+TEST_F(GpuOps, AddBiasAndBiasGrad) {
+  for (DType dt : kFloatTypes)
+    for (int64_t rows : {1, 111, 1537})  // 1537 rows: several chunks of the two-stage reduction
+      for (int64_t cols : {45, 1000}) {
+        const std::string what = std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+        Both y = random({rows, cols}, dt), bias = random({cols}, dt);
+        gpu_->add_bias(y.g, bias.g);
+        cpu_->add_bias(y.c, bias.c);
+        expect_close(y, tol_for(dt), "add_bias " + what);
+
+        Both dy = random({rows, cols}, dt), db = poisoned({cols}, dt);
+        gpu_->bias_grad(dy.g, db.g);
+        cpu_->bias_grad(dy.c, db.c);
+        Tol t = tol_for(dt);
+        if (dt == DType::fp32) t = {1e-4, 1e-5};  // sums of up to 1537 terms in a different order
+        expect_close(db, t, "bias_grad " + what);
+      }
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------
+
+TEST_F(GpuOps, LayerNormForwardBackward) {
+  // 45 columns: the scalar path; 1000 (and 6144) columns: the 16-byte vector path.
+  const std::pair<int64_t, int64_t> shapes[] = {{185, 45}, {37, 1000}, {11, 6144}, {1290, 72}};
+  for (DType dt : kFloatTypes)
+    for (auto [rows, cols] : shapes) {
+      const std::string what = std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+      Both x = random({rows, cols}, dt, -2.f, 3.f), w = random({cols}, dt, 0.5f, 1.5f), b = random({cols}, dt);
+      Both y = poisoned({rows, cols}, dt), mean = poisoned({rows}, DType::fp32), rstd = poisoned({rows}, DType::fp32);
+      gpu_->layernorm_fwd(x.g, w.g, b.g, 1e-5f, y.g, mean.g, rstd.g);
+      cpu_->layernorm_fwd(x.c, w.c, b.c, 1e-5f, y.c, mean.c, rstd.c);
+      expect_close(y, tol_for(dt), "layernorm_fwd y " + what);
+      expect_close(mean, {1e-5, 1e-5}, "layernorm_fwd mean " + what);
+      expect_close(rstd, {1e-5, 1e-5}, "layernorm_fwd rstd " + what);
+
+      Both dy = random({rows, cols}, dt);
+      Both dx = poisoned({rows, cols}, dt), dw = poisoned({cols}, dt), db = poisoned({cols}, dt);
+      // Both backends read the same statistics (the cpu's), so only the backward is compared.
+      Both mean_ref = with_values({rows}, DType::fp32, get(*cpu_, mean.c));
+      Both rstd_ref = with_values({rows}, DType::fp32, get(*cpu_, rstd.c));
+      gpu_->layernorm_bwd(dy.g, x.g, w.g, mean_ref.g, rstd_ref.g, dx.g, dw.g, db.g);
+      cpu_->layernorm_bwd(dy.c, x.c, w.c, mean_ref.c, rstd_ref.c, dx.c, dw.c, db.c);
+      Tol t = tol_for(dt);
+      if (dt == DType::fp32) t = {1e-4, 1e-5};  // dx cancels terms of size rstd * |g|; dw/db sum many rows
+      expect_close(dx, t, "layernorm_bwd dx " + what);
+      expect_close(dw, t, "layernorm_bwd dweight " + what);
+      expect_close(db, t, "layernorm_bwd dbias " + what);
+    }
+}
+
+// ---- causal softmax ------------------------------------------------------------------------
+
+TEST_F(GpuOps, CausalSoftmaxForwardBackward) {
+  // Row lengths for every register-cached size (<= 256, 512, ..., 8192) and the long path.
+  const std::pair<int64_t, int64_t> shapes[] = {{3, 37}, {2, 300}, {1, 1000}, {1, 2050}, {1, 8193}};
+  for (DType dt : kFloatTypes)
+    for (auto [batch, s] : shapes) {
+      if (dt != DType::fp32 && s > 2050) continue;  // the big rows once, in fp32
+      const std::string what = std::string(dtype_name(dt)) + " [" + std::to_string(batch) + ", " + std::to_string(s) +
+                               ", " + std::to_string(s) + "]";
+      Both scores = random({batch, s, s}, dt, -4.f, 4.f), probs = poisoned({batch, s, s}, dt);
+      gpu_->softmax_causal_fwd(scores.g, probs.g);
+      cpu_->softmax_causal_fwd(scores.c, probs.c);
+      expect_close(probs, tol_for(dt), "softmax fwd " + what);
+      // Above the diagonal: exact zeros, not small numbers.
+      const std::vector<float> p = get(*gpu_, probs.g);
+      for (int64_t r = 0; r < batch * s; ++r)
+        for (int64_t j = r % s + 1; j < s; ++j)
+          ASSERT_EQ(p[static_cast<size_t>(r * s + j)], 0.f) << what << " row " << r << " col " << j;
+
+      // The backward of both reads the same probabilities (the cpu's).
+      Both probs_ref = with_values({batch, s, s}, dt, get(*cpu_, probs.c));
+      Both dprobs = random({batch, s, s}, dt), dscores = poisoned({batch, s, s}, dt);
+      gpu_->softmax_causal_bwd(dprobs.g, probs_ref.g, dscores.g);
+      cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
+      expect_close(dscores, tol_for(dt), "softmax bwd " + what);
+    }
+}
+
+TEST_F(GpuOps, CausalSoftmaxRowOf16400) {
+  // B = 1, S = 16400: 269M elements per tensor (1 GiB in fp32) on each backend.
+  const int64_t s = 16400;
+  size_t free_bytes = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  if (free_bytes < (size_t{8} << 30)) GTEST_SKIP() << "needs 8 GiB of free device memory";
+  Both scores = random({1, s, s}, DType::fp32, -4.f, 4.f), probs = poisoned({1, s, s}, DType::fp32);
+  gpu_->softmax_causal_fwd(scores.g, probs.g);
+  cpu_->softmax_causal_fwd(scores.c, probs.c);
+  scores = Both{};
+  expect_close(probs, tol_for(DType::fp32), "softmax fwd S=16400");
+  Both dprobs = random({1, s, s}, DType::fp32), dscores = poisoned({1, s, s}, DType::fp32);
+  gpu_->softmax_causal_bwd(dprobs.g, probs.g, dscores.g);
+  cpu_->softmax_causal_bwd(dprobs.c, probs.c, dscores.c);
+  expect_close(dscores, tol_for(DType::fp32), "softmax bwd S=16400");
+}
+
+// ---- dropout -------------------------------------------------------------------------------
+
+DropoutSpec make_spec(float p, int64_t outer, int64_t mid_local, int64_t mid_global, int64_t mid_offset, int64_t inner,
+                      uint32_t site) {
+  DropoutSpec s;
+  s.p = p;
+  s.seed = 0x1234567890abcdefull;
+  s.layer = 3;
+  s.site = site;
+  s.outer = outer;
+  s.mid_local = mid_local;
+  s.mid_global = mid_global;
+  s.mid_offset = mid_offset;
+  s.inner = inner;
+  return s;
+}
+
+TEST_F(GpuOps, PhiloxGroupsOfFourAreThePerElementWords) {
+  for (uint64_t block : {0ull, 1ull, 77ull, (1ull << 32) + 5, 0xFFFFFFFFFFull}) {
+    const Philox4 w = philox_words4(42, 7, kSiteAttnProbs, block);
+    for (uint32_t k = 0; k < 4; ++k) EXPECT_EQ(w.v[k], philox_word(42, 7, kSiteAttnProbs, 4 * block + k)) << block;
+  }
+}
+
+TEST_F(GpuOps, DropoutMasksBitwiseEqualToCpuAndToSpecKeep) {
+  // inner 37: one Philox call per element; inner 36: groups of four.
+  for (DType dt : kFloatTypes)
+    for (int64_t inner : {37, 36})
+      for (float p : {0.f, 0.1f, 0.5f}) {
+        const DropoutSpec spec = make_spec(p, 3, 5, 11, 4, inner, kSiteAttnProbs);
+        const Shape shape = {3, 5, inner};
+        const std::string what = std::string(dtype_name(dt)) + " inner " + std::to_string(inner) + " p " + std::to_string(p);
+        Both x = random(shape, dt), y = poisoned(shape, dt), mask = poisoned(shape, DType::u8);
+        gpu_->dropout_fwd(x.g, spec, y.g, mask.g);
+        cpu_->dropout_fwd(x.c, spec, y.c, mask.c);
+        expect_equal(mask, "dropout mask " + what);
+        const std::vector<float> m = get(*gpu_, mask.g);
+        for (int64_t i = 0; i < spec.numel(); ++i)
+          ASSERT_EQ(m[static_cast<size_t>(i)], spec.keep(i) ? 1.f : 0.f) << what << " element " << i;
+        expect_close(y, tol_for(dt), "dropout y " + what);
+
+        Both dy = random(shape, dt), dx = poisoned(shape, dt);
+        gpu_->dropout_bwd(dy.g, mask.g, p, dx.g);
+        cpu_->dropout_bwd(dy.c, mask.c, p, dx.c);
+        expect_close(dx, tol_for(dt), "dropout_bwd " + what);
+      }
+}
+
+TEST_F(GpuOps, DropoutMaskOfALargeTensorMatchesSpecKeep) {
+  // Several grid-stride rounds and 64-bit canonical indices beyond 2^32 / 4 blocks.
+  const DropoutSpec spec = make_spec(0.1f, 2, 3, 40000, 30000, 700000, kSiteMlpOut);
+  Tensor x = gpu_->zeros({2, 3, 700000}, DType::bf16), y = gpu_->empty({2, 3, 700000}, DType::bf16);
+  Tensor mask = gpu_->empty({2, 3, 700000}, DType::u8);
+  gpu_->dropout_fwd(x, spec, y, mask);
+  std::vector<float> m(static_cast<size_t>(spec.numel()));
+  gpu_->download(mask, m.data());
+  int64_t kept = 0;
+  for (int64_t i = 0; i < spec.numel(); ++i) {
+    ASSERT_EQ(m[static_cast<size_t>(i)], spec.keep(i) ? 1.f : 0.f) << "element " << i;
+    kept += m[static_cast<size_t>(i)] != 0.f;
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / spec.numel(), 0.9, 0.01);
+}
+
+// ---- GeLU ----------------------------------------------------------------------------------
+
+TEST_F(GpuOps, GeluForwardBackward) {
+  for (DType dt : kFloatTypes) {
+    const Shape shape = {37, 123};
+    Both x = random(shape, dt, -5.f, 5.f), y = poisoned(shape, dt);
+    gpu_->gelu_fwd(x.g, y.g);
+    cpu_->gelu_fwd(x.c, y.c);
+    expect_close(y, tol_for(dt), std::string("gelu_fwd ") + dtype_name(dt));
+    Both dy = random(shape, dt), dx = poisoned(shape, dt);
+    gpu_->gelu_bwd(dy.g, x.g, dx.g);
+    cpu_->gelu_bwd(dy.c, x.c, dx.c);
+    expect_close(dx, tol_for(dt), std::string("gelu_bwd ") + dtype_name(dt));
+  }
+}
+
+// ---- bias + dropout + residual --------------------------------------------------------------
+
+TEST_F(GpuOps, BiasDropoutResidual) {
+  for (DType dt : kFloatTypes)
+    for (int64_t cols : {45, 44})
+      for (float p : {0.f, 0.1f}) {
+        // [s_local, b, h] rows 2*7..3*7 of a canonical [s*b, h] (sequence-parallel rank 2 of 3)
+        const int64_t rows = 7 * 2;
+        const DropoutSpec spec = make_spec(p, 1, rows, 3 * rows, 2 * rows, cols, kSiteAttnOut);
+        const std::string what = std::string(dtype_name(dt)) + " cols " + std::to_string(cols) + " p " + std::to_string(p);
+        Both x = random({rows, cols}, dt), bias = random({cols}, dt), res = random({rows, cols}, dt);
+        Both out = poisoned({rows, cols}, dt), mask = poisoned({rows, cols}, DType::u8);
+        gpu_->bias_dropout_residual_fwd(x.g, bias.g, res.g, spec, out.g, mask.g);
+        cpu_->bias_dropout_residual_fwd(x.c, bias.c, res.c, spec, out.c, mask.c);
+        expect_equal(mask, "bias_dropout_residual mask " + what);
+        const std::vector<float> m = get(*gpu_, mask.g);
+        for (int64_t i = 0; i < spec.numel(); ++i)
+          ASSERT_EQ(m[static_cast<size_t>(i)], spec.keep(i) ? 1.f : 0.f) << what << " element " << i;
+        expect_close(out, tol_for(dt), "bias_dropout_residual out " + what);
+      }
+}
+
+// ---- head layout -----------------------------------------------------------------------------
+
+TEST_F(GpuOps, SplitAndMergeHeads) {
+  for (DType dt : kFloatTypes) {
+    const int64_t S = 7, B = 3, NH = 5, D = 6, W = 3 * NH * D + 4;
+    Both sbw = random({S, B, W}, dt);
+    for (int64_t off : {int64_t{0}, NH * D, 2 * NH * D + 4}) {
+      const std::string what = std::string(dtype_name(dt)) + " offset " + std::to_string(off);
+      Both heads = poisoned({B, NH, S, D}, dt);
+      gpu_->split_heads(sbw.g, off, heads.g);
+      cpu_->split_heads(sbw.c, off, heads.c);
+      expect_equal(heads, "split_heads " + what);
+      // merge into a destination with other data in it: columns outside the window are kept.
+      Both back = random({S, B, W}, dt), src = random({B, NH, S, D}, dt);
+      gpu_->merge_heads(src.g, off, back.g);
+      cpu_->merge_heads(src.c, off, back.c);
+      expect_equal(back, "merge_heads " + what);
+    }
+  }
+}
+
+// ---- timing and provenance -------------------------------------------------------------------
+
+TEST_F(GpuOps, MarksTimeTheStreamAndVersionsAreReported) {
+  Both a = random({512, 512}, DType::bf16), c = poisoned({512, 512}, DType::bf16);
+  GemmArgs g;
+  g.m = g.n = g.k = 512;
+  const Backend::Mark t0 = gpu_->mark();
+  for (int i = 0; i < 10; ++i) gpu_->gemm(g, a.g, a.g, c.g);
+  const Backend::Mark t1 = gpu_->mark();
+  const double ms = gpu_->ms_between(t0, t1);
+  EXPECT_TRUE(std::isfinite(ms));
+  EXPECT_GT(ms, 0.0);
+  EXPECT_LT(ms, 10000.0);
+  const Backend::Versions v = gpu_->versions();
+  EXPECT_FALSE(v.driver.empty());
+  EXPECT_FALSE(v.cuda_runtime.empty());
+  EXPECT_FALSE(v.cublas.empty());
+  EXPECT_STREQ(gpu_->name(), "cuda");
+  EXPECT_FALSE(gpu_->device_name().empty());
+  EXPECT_EQ(gpu_->allocator().device(), Device::cuda);
+}
+
+// ---- the whole layer ---------------------------------------------------------------------------
+
+std::unique_ptr<Communicator> device_local(Backend& be) { return make_backend_local_communicator(be); }
+
+TEST_F(GpuOps, WholeLayerMatchesCpuInEveryConfigurationFp32WithDropout) {
+  // LayerDims {s, b, h, a}: head sizes 6 and 14, nothing a power of two.
+  for (const LayerDims& dims : {LayerDims{12, 3, 30, 5}, LayerDims{33, 2, 56, 4}})
+    for (const char* config : {"baseline", "sp", "full", "selective", "selective+sp"}) {
+      const ExperimentSpec spec = small_spec(config, DType::fp32, 0.1f, dims);
+      auto gcomm = device_local(*gpu_);
+      auto ccomm = make_local_communicator();
+      const auto got = run_layer_canonical(*gpu_, *gcomm, spec);
+      const auto ref = run_layer_canonical(*cpu_, *ccomm, spec);
+      expect_same_tensors(got, ref, 1e-4, 1e-4,
+                          std::string("layer ") + config + " s=" + std::to_string(dims.s) + " h=" + std::to_string(dims.h));
+    }
+}
+
+// ---- memory --------------------------------------------------------------------------------
+
+theory::Config to_theory(LayerPolicy p) {
+  theory::Config c;
+  c.recompute = p.recompute == Recompute::none        ? theory::Recompute::none
+                : p.recompute == Recompute::selective ? theory::Recompute::selective
+                                                      : theory::Recompute::full;
+  c.sequence_parallel = p.sequence_parallel;
+  return c;
+}
+
+TEST_F(GpuOps, ActivationBytesOnGpuEqualMetaAndTable2) {
+  auto meta = make_backend("meta");
+  const LayerDims d = find_preset("tiny").dims;
+  for (int t : {1, 2, 4})
+    for (const char* config : {"baseline", "sp", "full", "selective", "selective+sp"}) {
+      ExperimentSpec spec;
+      spec.dims = d;
+      spec.policy = parse_config(config);
+      spec.dtype = DType::bf16;
+      spec.warmup = 0;
+      spec.iters = 1;
+      auto gcomm = t == 1 ? device_local(*gpu_) : make_backend_emulated_communicator(*gpu_, t);
+      auto mcomm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
+      const ExperimentResult g = run_experiment(*gpu_, *gcomm, spec);
+      const ExperimentResult m = run_experiment(*meta, *mcomm, spec);
+      const std::string what = std::string(config) + " t=" + std::to_string(t);
+      ASSERT_EQ(g.status, "ok") << what << ": " << g.message;
+      EXPECT_EQ(g.act_bytes, m.act_bytes) << what;
+      EXPECT_EQ(g.act_extra_bytes, m.act_extra_bytes) << what;
+      EXPECT_EQ(g.fwd_retained_bytes, m.fwd_retained_bytes) << what;
+      EXPECT_EQ(g.act_by_category, m.act_by_category) << what;
+      const theory::Dims td{static_cast<double>(d.s), static_cast<double>(d.b), static_cast<double>(d.h),
+                            static_cast<double>(d.a), static_cast<double>(t)};
+      EXPECT_EQ(static_cast<double>(g.act_bytes), theory::activation_bytes(td, to_theory(spec.policy))) << what;
+      EXPECT_EQ(g.fwd_retained_bytes, g.act_bytes + g.act_extra_bytes) << what;
+      EXPECT_GT(g.total_ms.median, 0.0) << what;
+    }
+}
+
+TEST_F(GpuOps, ReservedBytesAgreeWithDeviceMemoryInUse) {
+  ExperimentSpec spec;
+  spec.dims = {256, 2, 512, 8};  // {s, b, h, a}
+  spec.policy = parse_config("baseline");
+  spec.dtype = DType::bf16;
+  spec.warmup = 0;
+  spec.iters = 1;
+  auto comm = device_local(*gpu_);
+  // A first run loads every kernel and cuBLASLt plan, which takes device memory of its own.
+  ASSERT_EQ(run_experiment(*gpu_, *comm, spec).status, "ok");
+  CachingAllocator& alloc = gpu_->allocator();
+  gpu_->synchronize();
+  alloc.empty_cache();
+  size_t free0 = 0, free1 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  const int64_t reserved0 = alloc.stats().reserved_bytes.current, segments0 = alloc.stats().segments.current;
+  // The same run again: every segment it needs is new (the cache was emptied), every kernel
+  // and plan already loaded.
+  ASSERT_EQ(run_experiment(*gpu_, *comm, spec).status, "ok");
+  gpu_->synchronize();
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  const int64_t reserved_delta = alloc.stats().reserved_bytes.current - reserved0;
+  const int64_t new_segments = alloc.stats().segments.current - segments0;
+  const int64_t used_delta = static_cast<int64_t>(free0) - static_cast<int64_t>(free1);
+  EXPECT_GT(reserved_delta, 0);
+  EXPECT_NEAR(static_cast<double>(used_delta), static_cast<double>(reserved_delta),
+              static_cast<double>((2 << 20) * (new_segments > 0 ? new_segments : 1)))
+      << "segments " << new_segments;
+}
+
+}  // namespace

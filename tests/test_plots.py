@@ -1,0 +1,209 @@
+"""plots/ and the theory runner as a user runs them: make_all on fixture CSVs produces every
+figure and table, says what it skips and why, and the theory CSVs carry the columns the
+plots read. Standard library only (the plot scripts bring matplotlib themselves).
+
+Run by ctest with ACTBENCH_THEORY pointing at the theory binary; without it the committed
+snapshot tests/fixtures/theory/ stands in and the runner's own tests are skipped.
+"""
+import csv
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PLOTS = os.path.join(ROOT, "plots")
+FIXTURES = os.path.join(HERE, "fixtures")
+RESULTS = os.path.join(FIXTURES, "results")
+THEORY_SNAPSHOT = os.path.join(FIXTURES, "theory")
+THEORY = os.environ.get("ACTBENCH_THEORY")
+# The system python has matplotlib; the scripts re-exec into it from any other python3.
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+ALL_FIGURES = ["table2_activation_bytes", "table4_layer_times", "table5_iteration_time", "fig1_memory",
+               "fig7_percent_of_baseline", "fig8_time_breakdown", "seqlen_memory", "seqlen_terms_175b",
+               "memory_measured_vs_predicted"]
+ALL_TABLES = ["table2_activation_bytes.md", "table4_layer_times.md", "table5_iteration_time.md", "fig1_memory.md",
+              "fig7_percent_of_baseline.md", "fig8_time_breakdown.md", "seqlen_memory.md",
+              "memory_measured_vs_predicted.md"]
+
+
+def png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n":
+        raise AssertionError(f"{path} is not a PNG")
+    return struct.unpack(">II", head[16:24])
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, **kw)
+
+
+def theory_args():
+    """make_all arguments that pick the theory tables: the binary when we have it."""
+    return ["--theory-bin", THEORY] if THEORY else ["--theory", THEORY_SNAPSHOT]
+
+
+class MakeAll(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_plots_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def make_all(self, results, out, extra=()):
+        env = dict(os.environ)
+        env.pop("ACTBENCH_THEORY", None)  # only what the arguments say
+        return run([PYTHON, os.path.join(PLOTS, "make_all.py"), results, out, *theory_args(), *extra], env=env)
+
+    def test_every_artifact_from_the_fixtures(self):
+        out = os.path.join(self.tmp, "out")
+        p = self.make_all(RESULTS, out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("8 made, 0 skipped", p.stdout)
+        # notes.csv is not a layer_run CSV: skipped; 63 layer_run rows and the CUPTI file read.
+        self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
+        for name in ALL_FIGURES:
+            png = os.path.join(out, name + ".png")
+            self.assertTrue(os.path.exists(png), name)
+            w, h = png_size(png)
+            # Half a page wide at 200 dpi: 500–1000 px, wider than tall.
+            self.assertTrue(450 <= w <= 1100 and 250 <= h <= w, f"{name}: {w}x{h}")
+            self.assertGreater(os.path.getsize(png), 10_000, name)
+            self.assertGreater(os.path.getsize(os.path.join(out, name + ".pdf")), 1000, name)
+        for name in ALL_TABLES:
+            with open(os.path.join(out, name)) as f:
+                text = f.read()
+            self.assertIn("|---", text, name)
+            self.assertGreater(text.count("\n| "), 2, name)
+        with open(os.path.join(out, "index.md")) as f:
+            self.assertIn("## Made", f.read())
+        leftovers = [n for n in os.listdir(out) if ".tmp." in n]
+        self.assertEqual(leftovers, [])
+
+    def test_paper_values_beside_ours(self):
+        out = os.path.join(self.tmp, "out")
+        self.assertEqual(self.make_all(RESULTS, out).returncode, 0)
+        with open(os.path.join(out, "table4_layer_times.md")) as f:
+            t4 = f.read()
+        self.assertIn("paper fwd (A100)", t4)
+        self.assertIn("| TP+SP+selective | 2.850 | 5.450 | 1.566 | 9.866 | +3.1% | 7.2 | 13.1 | 20.3 | +4% |", t4)
+        with open(os.path.join(out, "table5_iteration_time.md")) as f:
+            t5 = f.read()
+        # MFU / HFU recomputed from the paper's times next to the paper's own columns.
+        self.assertIn("| 175B | 64 | 18.13 | 13.75 | 31.8% | 51.4% | 52.8% | 51.4% | 52.8% | 51.9% |", t5)
+        with open(os.path.join(out, "fig8_time_breakdown.md")) as f:
+            f8 = f.read()
+        self.assertIn("full recompute paper (A100)", f8)
+        with open(os.path.join(out, "fig7_percent_of_baseline.md")) as f:
+            self.assertIn("| 22B | TP+SP+selective | 16.1 | 16.1 | 16.1 |", f.read())
+
+    def test_empty_results_skip_what_needs_measurements(self):
+        empty = os.path.join(self.tmp, "empty")
+        os.makedirs(empty)
+        out = os.path.join(self.tmp, "out")
+        p = self.make_all(empty, out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("5 made, 3 skipped", p.stdout)
+        for what in ("skipped: Table 4", "skipped: Figure 8", "skipped: Measured vs predicted"):
+            self.assertIn(what, p.stdout)
+        self.assertTrue(os.path.exists(os.path.join(out, "fig1_memory.png")))
+        self.assertFalse(os.path.exists(os.path.join(out, "table4_layer_times.png")))
+
+    def test_no_theory_tables_skips_the_formula_plots(self):
+        out = os.path.join(self.tmp, "out")
+        # --theory names a folder without the theory tables.
+        p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), RESULTS, out, "--theory", self.tmp])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("skipped: Figure 1", p.stdout)
+        self.assertIn("made: table4_layer_times.png", p.stdout)  # needs only measured rows
+
+    def test_bad_arguments(self):
+        p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), os.path.join(self.tmp, "missing"), self.tmp])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("error", p.stderr)
+
+    def test_each_script_alone(self):
+        for script in ("table2", "table4", "table5", "fig1", "fig7", "fig8", "seqlen", "memory_vs_predicted"):
+            out = os.path.join(self.tmp, script)
+            p = run([PYTHON, os.path.join(PLOTS, script + ".py"), RESULTS, out, "--theory", THEORY_SNAPSHOT])
+            self.assertEqual(p.returncode, 0, f"{script}: {p.stderr}")
+            self.assertNotIn("skipped", p.stdout, script)
+            self.assertTrue(any(n.endswith(".png") for n in os.listdir(out)), script)
+
+    def test_runs_from_a_python_without_matplotlib(self):
+        # The python3 first on PATH may lack matplotlib: the scripts re-exec into /usr/bin/python3.
+        other = shutil.which("python3")
+        if not other or os.path.realpath(other) == os.path.realpath(PYTHON):
+            self.skipTest("only one python3 here")
+        out = os.path.join(self.tmp, "out")
+        p = run([other, os.path.join(PLOTS, "fig7.py"), RESULTS, out, "--theory", THEORY_SNAPSHOT])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(os.path.exists(os.path.join(out, "fig7_percent_of_baseline.png")))
+
+
+@unittest.skipUnless(THEORY, "ACTBENCH_THEORY (the theory binary) not set")
+class TheoryRunner(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_theory_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def table(self, name):
+        with open(os.path.join(self.tmp, name), newline="") as f:
+            return list(csv.DictReader(f))
+
+    def test_tables_and_columns(self):
+        p = run([THEORY, "--out", self.tmp, "--results", RESULTS])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for name in ("table2.csv", "fig1.csv", "fig7.csv", "table5.csv", "seqlen.csv", "gpus.csv", "plan.csv",
+                     "pipeline.csv", "totals.csv", "paper_table4.csv", "paper_fig8.csv"):
+            self.assertTrue(os.path.exists(os.path.join(self.tmp, name)), name)
+        self.assertEqual([n for n in os.listdir(self.tmp) if ".tmp." in n], [])
+        fig1 = {r["model"]: r for r in self.table("fig1.csv")}
+        self.assertEqual(list(fig1), ["22b", "175b", "530b", "1t"])
+        # PAPER.md Figure 1: 59.0 GiB of baseline activations for 22B, 114.0 for 530B.
+        self.assertAlmostEqual(float(fig1["22b"]["activations_baseline_gib"]), 59.0, delta=0.5)
+        self.assertAlmostEqual(float(fig1["530b"]["activations_baseline_gib"]), 114.0, delta=0.5)
+        fig7 = {(r["model"], r["config"]): float(r["percent_of_tp_baseline"]) for r in self.table("fig7.csv")}
+        self.assertAlmostEqual(fig7[("175b", "selective+sp")], 18.5, delta=0.1)
+        t5 = self.table("table5.csv")
+        for col in ("mfu_percent", "hfu_percent", "hfu_exact_percent", "modeled_present_s", "modeled_full_s"):
+            self.assertIn(col, t5[0])
+        # The fixture's H100 rows give a second, measured source for 22b and 175b.
+        sources = {(r["model"], r["source"]) for r in t5}
+        self.assertIn(("22b", "measured"), sources)
+        self.assertIn(("1t", "scaled-from-22b"), sources)
+        # GPT-3's crossover of the two Table 2 terms.
+        crossover = {r["model"]: float(r["crossover_seq"]) for r in self.table("seqlen.csv")}
+        self.assertAlmostEqual(crossover["175b"], 870.4, delta=0.1)
+
+    def test_bad_input_is_one_line_and_status_2(self):
+        for args in (["--out", self.tmp, "--dtype", "fp8"], ["--nonsense"], [],
+                     ["--out", self.tmp, "--results", os.path.join(self.tmp, "missing.csv")],
+                     ["--out", self.tmp, "--results", os.path.join(RESULTS, "notes.csv")],
+                     ["plan", "--model", "7b"], ["plan", "--model", "175b", "--tp", "7"],
+                     ["plan", "--model", "175b", "--gpu-memory", "80XB"]):
+            p = run([THEORY, *args])
+            self.assertEqual(p.returncode, 2, f"{args}: {p.stdout} {p.stderr}")
+            self.assertEqual(len(p.stderr.strip().splitlines()), 1, f"{args}: {p.stderr}")
+            self.assertTrue(p.stderr.startswith("theory: error:"), p.stderr)
+
+    def test_plan(self):
+        csv_path = os.path.join(self.tmp, "plan.csv")
+        p = run([THEORY, "plan", "--model", "175b", "--gpu", "a100", "--csv", csv_path])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("selective+sp", p.stdout)
+        rows = {r["config"]: r for r in self.table("plan.csv")}
+        self.assertEqual(rows["selective+sp"]["cheapest"], "1")
+        self.assertEqual(rows["baseline"]["fits"], "0")
+
+
+if __name__ == "__main__":
+    unittest.main()

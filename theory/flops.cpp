@@ -1,0 +1,72 @@
+#include "theory/flops.hpp"
+
+namespace actbench::theory {
+
+double core_attention_forward_flops(double batch, double s, double h, Attention att) {
+  const double full = 4 * batch * s * s * h;  // QKᵀ: 2bs²h, ·V: 2bs²h
+  return att == Attention::causal ? full / 2 : full;
+}
+
+double layer_forward_flops(double batch, double s, double h, Attention att) {
+  // QKV 6bsh², projection 2bsh², fc1 8bsh², fc2 8bsh².
+  return 24 * batch * s * h * h + core_attention_forward_flops(batch, s, h, att);
+}
+
+double logits_forward_flops(double batch, double s, double h, double v) { return 2 * batch * s * h * v; }
+
+namespace {
+double base72(const ModelSpec& m) { return 72 * m.B * m.L * m.s * m.h * m.h; }
+double base96(const ModelSpec& m) { return 96 * m.B * m.L * m.s * m.h * m.h; }
+}  // namespace
+
+double model_flops_eq7(const ModelSpec& m) {
+  return base72(m) * (1 + m.s / (6 * m.h) + m.v / (12 * m.h * m.L));
+}
+double hardware_flops_eq8(const ModelSpec& m) {
+  return base72(m) * (1 + m.s / (3 * m.h) + m.v / (12 * m.h * m.L));
+}
+double hardware_flops_selective_exact(const ModelSpec& m) {
+  return base72(m) * (1 + 2 * m.s / (9 * m.h) + m.v / (12 * m.h * m.L));
+}
+double hardware_flops_full_recompute(const ModelSpec& m) {
+  return base96(m) * (1 + m.s / (6 * m.h) + m.v / (16 * m.h * m.L));
+}
+double model_flops_causal(const ModelSpec& m) {
+  return base72(m) * (1 + m.s / (12 * m.h) + m.v / (12 * m.h * m.L));
+}
+double hardware_flops_selective_causal(const ModelSpec& m) {
+  return base72(m) * (1 + m.s / (9 * m.h) + m.v / (12 * m.h * m.L));
+}
+double hardware_flops_full_recompute_causal(const ModelSpec& m) {
+  return base96(m) * (1 + m.s / (12 * m.h) + m.v / (16 * m.h * m.L));
+}
+
+double model_flops(const ModelSpec& m, FlopAccounting acc) {
+  const Attention att = acc == FlopAccounting::causal ? Attention::causal : Attention::full;
+  const double forward = m.L * layer_forward_flops(m.B, m.s, m.h, att) + logits_forward_flops(m.B, m.s, m.h, m.v);
+  return 3 * forward;  // backward = 2 × forward
+}
+
+double hardware_flops(const ModelSpec& m, Recompute r, FlopAccounting acc) {
+  if (acc == FlopAccounting::paper) {
+    switch (r) {
+      case Recompute::none: return model_flops_eq7(m);
+      case Recompute::selective: return hardware_flops_eq8(m);
+      case Recompute::full: return hardware_flops_full_recompute(m);
+    }
+  }
+  const Attention att = acc == FlopAccounting::causal ? Attention::causal : Attention::full;
+  const double model = model_flops(m, acc);
+  switch (r) {
+    case Recompute::none: return model;
+    case Recompute::selective: return model + m.L * core_attention_forward_flops(m.B, m.s, m.h, att);
+    case Recompute::full: return model + m.L * layer_forward_flops(m.B, m.s, m.h, att);
+  }
+  return model;
+}
+
+double utilization_percent(double flops, double seconds, int gpus, double peak_flops_per_gpu) {
+  return 100.0 * flops / (seconds * gpus * peak_flops_per_gpu);
+}
+
+}  // namespace actbench::theory

@@ -1,0 +1,51 @@
+#pragma once
+// Pipeline-parallel schedules as Megatron-LM runs them (1F1B, and interleaved 1F1B with m
+// model chunks per stage), and an event simulator over them: how many microbatches each
+// stage holds at its peak (→ activation memory per stage) and the pipeline bubble.
+#include <string>
+#include <vector>
+
+namespace actbench::theory {
+
+struct PipelineOp {
+  bool forward = true;
+  int microbatch = 0;  // 0 … N−1
+  int chunk = 0;       // model chunk on this stage, 0 … m−1 (virtual stage = chunk·p + stage)
+};
+
+// The order in which each of the p stages runs its forward and backward passes for N
+// microbatches (m = 1: 1F1B; m > 1: Megatron's interleaved schedule, which needs N % p == 0).
+// Warm-up forwards, then one forward + one backward at a time, then the cool-down backwards.
+// Throws std::invalid_argument for p, N, m it cannot schedule.
+std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int m = 1);
+
+// Chunk-microbatches stage `stage` holds at its peak (forwards whose backward has not yet
+// run), from the order alone: p − stage for 1F1B (N ≥ p); for interleaved stage 0 holds
+// p·m + p − 1, i.e. (1 + (p−1)/(p·m)) × p·m chunks of L/(p·m) layers.
+std::vector<int> max_in_flight(const std::vector<std::vector<PipelineOp>>& order);
+
+struct PipelineCosts {
+  // Duration of one microbatch's forward / backward on each virtual stage (size p·m,
+  // index chunk·p + stage): the layers of that chunk plus, on the last virtual stage, the
+  // output layer. Empty: 1 ms forward, 2 ms backward everywhere.
+  std::vector<double> fwd_ms, bwd_ms;
+  double p2p_ms = 0;  // activation / gradient transfer between consecutive virtual stages
+};
+
+struct PipelineResult {
+  int p = 1, microbatches = 1, m = 1;
+  std::vector<int> max_in_flight_chunks;  // per stage
+  std::vector<double> busy_ms;            // per stage: time spent computing
+  double makespan_ms = 0;                 // first forward start → last backward end
+  // 1 − busy/makespan of the busiest stage: the share of the iteration that stage idles.
+  double bubble_fraction = 0;
+  // The paper's bubble ratio, idle time over ideal time: (p − 1)/(m·N).
+  double bubble_ratio_analytic = 0;
+};
+
+// Each stage runs its ops in pipeline_order; an op starts when its stage is free and its
+// input has arrived: forward (mb, v) after forward (mb, v−1) + p2p, backward (mb, v) after
+// backward (mb, v+1) + p2p (the last virtual stage after its own forward).
+PipelineResult simulate_pipeline(int p, int microbatches, int m, const PipelineCosts& costs = {});
+
+}  // namespace actbench::theory
