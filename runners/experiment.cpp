@@ -1,9 +1,7 @@
 #include "runners/experiment.hpp"
 
-#include <sys/stat.h>
 
-#include <cerrno>
-#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -204,8 +202,18 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
 }
 
 void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, const std::string& dir) {
-  if (comm.rank() == 0 && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    throw InvalidArgument("cannot create dump directory '" + dir + "': " + std::strerror(errno));
+  // Rank 0 creates the directory (and its parents); every rank learns whether that worked,
+  // so that a failure is one error on all ranks rather than a rank left waiting in a gather.
+  std::string error;
+  if (comm.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir)) error = ec ? ec.message() : "not a directory";
+  }
+  std::vector<double> failed = {error.empty() ? 0.0 : 1.0};
+  comm.max_inplace(failed);
+  if (failed[0] != 0.0)
+    throw InvalidArgument("cannot create dump directory '" + dir + "'" + (error.empty() ? "" : ": " + error));
   const std::vector<CanonicalTensor> tensors = run_layer_canonical(be, comm, spec);
   if (comm.rank() == 0) {
     for (const CanonicalTensor& t : tensors) write_npy_f32(dir + "/" + t.name + ".npy", t.shape, t.data);

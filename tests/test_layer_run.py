@@ -53,7 +53,7 @@ class LayerRunTest(unittest.TestCase):
             cmd += ["--csv", csv_path or self.csv]
         if mpi_np:
             cmd = [MPIEXEC, "-np", str(mpi_np), *cmd]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
     def rows(self, path=None):
         path = path or self.csv
@@ -180,7 +180,10 @@ class LayerRunTest(unittest.TestCase):
     def check_dump(self, dump):
         results = numpy_layer.check(dump, rtol=1e-4)
         names = [r[0] for r in results]
-        self.assertEqual(len(names), 26)
+        # y, dx and the gradients of the 12 parameters (x, dy and the parameters are inputs)
+        self.assertEqual(len(names), 14)
+        self.assertIn("dx", names)
+        self.assertIn("grad.qkv.weight", names)
         for name, err, scale, ok in results:
             self.assertTrue(ok, "%s: max|err| %.3e vs max|ref| %.3e" % (name, err, scale))
 
@@ -198,6 +201,24 @@ class LayerRunTest(unittest.TestCase):
         np.save(os.path.join(dump, "grad.fc1.weight.npy"), g)
         bad = [r for r in numpy_layer.check(dump) if not r[3]]
         self.assertEqual([r[0] for r in bad], ["grad.fc1.weight"])
+
+    @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
+    def test_fused_attention_dump_matches_numpy(self):
+        dump = os.path.join(self.tmp, "dump_fused")
+        r = self.run_layer("--backend", "cpu", "--dtype", "fp32", "--dropout", "0", "--config", "baseline,full",
+                           "--attention", "fused", "--seq", "37", "--hidden", "40", "--heads", "5", "--batch", "2",
+                           "--dump", dump)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for config in ["baseline", "full"]:
+            with self.subTest(config):
+                self.check_dump(os.path.join(dump, config))
+        self.assertEqual({row["attention"] for row in self.rows()}, {"fused"})
+
+    def test_unknown_attention_is_bad_input(self):
+        r = self.run_layer("--backend", "meta", "--attention", "flash3")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("unknown attention 'flash3'", r.stderr)
+        self.assertFalse(os.path.exists(self.csv))
 
     @unittest.skipUnless(numpy_layer and MPIEXEC, "numpy or mpirun missing")
     def test_dump_under_tp_and_sp_matches_numpy(self):
