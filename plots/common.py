@@ -174,6 +174,11 @@ class Context:
         self.cupti = load_cupti(results_dir) if results_dir else []
 
     def ok_runs(self):
+        """Rows of the paper's layer (unfused attention; older CSVs have no attention column)."""
+        return [r for r in self.all_ok_runs() if r.get("attention", "unfused") in ("", "unfused")]
+
+    def all_ok_runs(self):
+        """Every ok row, fused attention (beyond the paper) included."""
         return [r for r in self.runs if r.get("status") == "ok"]
 
     def timed_runs(self):

@@ -26,6 +26,7 @@ import common  # noqa: E402  (re-executes under /usr/bin/python3 when matplotlib
 import fig1  # noqa: E402
 import fig7  # noqa: E402
 import fig8  # noqa: E402
+import longseq  # noqa: E402
 import memory_vs_predicted  # noqa: E402
 import seqlen  # noqa: E402
 import table2  # noqa: E402
@@ -41,6 +42,7 @@ PLOTS = [
     ("Figure 8 (fwd / bwd / recompute split)", fig8),
     ("Memory vs sequence length", seqlen),
     ("Measured vs predicted memory", memory_vs_predicted),
+    ("Long sequences: paper's vs fused attention", longseq),
 ]
 
 

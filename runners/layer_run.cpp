@@ -101,6 +101,7 @@ theory::Config theory_config(LayerPolicy p) {
                 : p.recompute == Recompute::selective ? theory::Recompute::selective
                                                       : theory::Recompute::full;
   c.sequence_parallel = p.sequence_parallel;
+  c.fused_attention = p.attention == Attention::fused;
   return c;
 }
 

@@ -227,7 +227,8 @@ Precision precision_of(const std::string& dtype) {
   throw UsageError("unknown dtype '" + dtype + "' (expected bf16, fp16 or fp32)");
 }
 
-Table table2() {
+// fused: the same rows with FlashAttention-style attention (beyond the paper; no closed form).
+Table table2(bool fused = false) {
   Table t{{"model", "hidden", "heads", "seq", "batch", "tp", "config", "dtype", "elem_bytes", "mask_bytes",
            "act_bytes", "act_bytes_closed_form", "linear_bytes", "attention_bytes", "sbh_multiple",
            "ln_stats_bytes", "recompute_working_set_bytes"},
@@ -236,12 +237,13 @@ Table table2() {
     for (const std::string dtype : {"bf16", "fp32"})
       for (const auto& name : config_names()) {
         const Dims d = m.layer_dims();
-        const Config c = config_from_name(name);
+        Config c = config_from_name(name);
+        c.fused_attention = fused;
         const Precision p = precision_of(dtype);
         const ActivationTerms terms = activation_terms(d, c, p);
         const double bytes = activation_bytes(d, c, p);
         t.add({m.name, fmt(m.h), fmt(m.a), fmt(m.s), fmt(m.b), fmt(m.t), name, dtype, fmt(p.elem), fmt(p.mask),
-               fmt_bytes(bytes), p.elem == 2 ? fmt_bytes(table2_closed_form(d, c)) : "", fmt_bytes(terms.linear_bytes),
+               fmt_bytes(bytes), p.elem == 2 && !fused ? fmt_bytes(table2_closed_form(d, c)) : "", fmt_bytes(terms.linear_bytes),
                fmt_bytes(terms.attention_bytes), fmt(bytes / (d.s * d.b * d.h), "%.6f"),
                fmt_bytes(layernorm_stats_bytes(d, c)), fmt_bytes(recompute_working_set_bytes(d, c, p))});
       }
@@ -349,6 +351,38 @@ Table seqlen() {
         t.add({m.name, fmt(m.h), fmt(m.a), "1", fmt(m.t), fmt(s), name,
                fmt_bytes(terms.linear_bytes + terms.attention_bytes), fmt_bytes(terms.linear_bytes),
                fmt_bytes(terms.attention_bytes), fmt(attention_crossover_seq(m.h, m.a), "%.2f")});
+      }
+  return t;
+}
+
+// Beyond the paper: the 22B model (t = 8, b = 1) from 1k to 128k tokens, the paper's attention
+// and fused (FlashAttention-style), per layer and for the first pipeline stage with its
+// parameters and optimizer state, against each GPU's memory. Full recompute is counted as
+// the paper does (2sbh per layer on every rank) and, as full+sp, split over t.
+Table longseq(double bytes_per_param) {
+  Table t{{"model", "hidden", "heads", "batch", "tp", "seq", "attention", "config", "act_bytes_per_layer",
+           "activations_first_stage_gib", "recompute_working_set_gib", "params_optimizer_gib", "total_gib", "fits_a100_80gb", "fits_h100_80gb",
+           "fits_h200_141gb"},
+          {}};
+  ModelSpec m = paper_model("22b");
+  m.b = 1;
+  const double params_gib = figure1(m, bytes_per_param).params_optimizer_bytes / kGiB;
+  for (double s = 1024; s <= 131072; s *= 2)
+    for (const bool fused : {false, true})
+      for (const auto& name : config_names()) {
+        ModelSpec ms = m;
+        ms.s = s;
+        Config c = config_from_name(name);
+        c.fused_attention = fused;
+        const double per_layer = activation_bytes(ms.layer_dims(), c);
+        const double act_gib = first_stage_activation_bytes(ms, c) / kGiB;
+        // Recomputation rebuilds one layer's activations during its backward: that must fit too.
+        const double work_gib = recompute_working_set_bytes(ms.layer_dims(), c) / kGiB;
+        const double total = act_gib + work_gib + params_gib;
+        auto fits = [&](const char* g) { return total * kGiB <= gpu(g).memory_bytes ? "1" : "0"; };
+        t.add({m.name, fmt(m.h), fmt(m.a), fmt(m.b), fmt(m.t), fmt(s), fused ? "fused" : "unfused", name,
+               fmt_bytes(per_layer), fmt(act_gib, "%.4f"), fmt(work_gib, "%.4f"), fmt(params_gib, "%.4f"), fmt(total, "%.4f"), fits("a100"),
+               fits("h100"), fits("h200")});
       }
   return t;
 }
@@ -666,12 +700,14 @@ int run(int argc, char** argv) {
   const fs::path dir(out);
   const std::vector<std::pair<std::string, Table>> tables = {
       {"table2.csv", table2()},
+      {"table2_fused.csv", table2(true)},
       {"table2_categories.csv", table2_categories()},
       {"totals.csv", totals(prec, dtype)},
       {"fig1.csv", fig1(bytes_per_param, prec)},
       {"gpus.csv", gpu_table()},
       {"fig7.csv", fig7()},
       {"seqlen.csv", seqlen()},
+      {"longseq.csv", longseq(bytes_per_param)},
       {"pipeline.csv", pipeline_table(prec)},
       {"table5.csv", table5(measured)},
       {"plan.csv", plan_table(bytes_per_param, prec)},

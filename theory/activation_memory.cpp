@@ -15,7 +15,9 @@ std::vector<std::pair<std::string, double>> activation_bytes_by_category(const D
       {"q", e * sbh / t},
       {"k", e * sbh / t},
   };
-  if (c.recompute == Recompute::none) {
+  if (c.fused_attention) {
+    out.push_back({"attn_lse", 4.0 * d.a * d.s * d.b / t});  // fp32 whatever the activation type
+  } else if (c.recompute == Recompute::none) {
     out.push_back({"softmax_out", e * as2b / t});
     out.push_back({"attn_dropout_mask", m * as2b / t});
     out.push_back({"attn_dropout_out", e * as2b / t});
@@ -98,7 +100,7 @@ double percent_of_tp_baseline(const Dims& d, Config c, Precision p) {
 }
 
 double recompute_working_set_bytes(const Dims& d, Config c, Precision p) {
-  return activation_bytes(d, {Recompute::none, c.sequence_parallel}, p) - activation_bytes(d, c, p);
+  return activation_bytes(d, {Recompute::none, c.sequence_parallel, c.fused_attention}, p) - activation_bytes(d, c, p);
 }
 
 }  // namespace actbench::theory

@@ -13,6 +13,10 @@ enum class Recompute { none, selective, full };
 struct Config {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
+  // Beyond the paper: FlashAttention-style attention stores no a·s² tensors (scores,
+  // probabilities, mask); it keeps an fp32 log-sum-exp per row of each head instead
+  // ("attn_lse", 4·a·s·b/t bytes). Selective recompute then has nothing left to skip.
+  bool fused_attention = false;
 };
 
 struct Dims {
