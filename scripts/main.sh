@@ -1,40 +1,59 @@
 #!/usr/bin/env bash
-# The main job: every measurement this machine can make, into out/ (or $1).
-#   meta  the four paper models per rank (t = 8 emulated), all configurations: memory
-#   cpu   the tiny layer, all configurations, t = 1 and t = 2 over MPI: time and memory
-#   cuda  the Table 4 experiment (22B layer, t = 8 emulated) when a GPU is present
+# The main job: the formulas, every measurement this machine can make, and the figures.
+#   theory  Table 2, Figures 1 and 7, Table 5's model, long-sequence fit  -> OUT/theory
+#   meta    activation bytes of one layer per rank, the four paper models (t = 8) and the
+#           22B layer from 1k to 128k tokens, paper's and fused attention  -> OUT/meta_*.csv
+#   cpu     the tiny layer, all configurations, t = 1 and t = 2 over MPI   -> OUT/cpu_tiny.csv
+#   cuda    Table 4 (22B layer, t = 8 emulated) + CUPTI phase split, when a GPU is present
+#   plots   every table and figure the data allows                         -> OUT/figures
+# Usage: bash scripts/main.sh [OUT]   (default OUT = out/). Results are appended, so a
+# second run adds rows; delete OUT to start over.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${ACTBENCH_BUILD:-$root/build}"
 out="${1:-$root/out}"
 bash "$root/scripts/build.sh"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+export ACTBENCH_BUILD="$build"
 lr="$build/runners/layer_run"
+py=python3
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then py=/usr/bin/python3; fi
 configs=baseline,sp,full,selective,selective+sp
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
        OMPI_MCA_btl_vader_single_copy_mechanism=none
 
+echo "== theory: the paper's formulas -> $out/theory"
+"$build/runners/theory" --out "$out/theory" >/dev/null
+
 echo "== meta: activation memory of one layer per rank, four paper models, t = 8"
-rm -f "$out/meta_models.csv"
-for m in 22b 175b 530b 1t; do
-  "$lr" --backend meta --model "$m" --tp 8 --emulate-tp --config "$configs" --csv "$out/meta_models.csv" >/dev/null
+for attention in unfused fused; do
+  for m in 22b 175b 530b 1t; do
+    "$lr" --backend meta --model "$m" --tp 8 --emulate-tp --config "$configs,full+sp" --attention "$attention" \
+          --csv "$out/meta_models.csv" >/dev/null
+  done
 done
 
-echo "== cpu: tiny layer, t = 1 and t = 2 (MPI)"
-rm -f "$out/cpu_tiny.csv"
-"$lr" --backend cpu --model tiny --config "$configs" --iters 20 --csv "$out/cpu_tiny.csv" >/dev/null
-mpirun -np 2 "$lr" --backend cpu --model tiny --tp 2 --config "$configs" --iters 20 --csv "$out/cpu_tiny.csv" >/dev/null
+echo "== meta: 22B layer, 1k..128k tokens, paper's and fused attention, 80 GB device (resumable sweep)"
+"$py" "$root/runners/sweep.py" longseq --backend meta --memory-limit 80GB --csv "$out/meta_longseq.csv"
 
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && "$lr" --backend cuda --iters 1 --warmup 0 \
-     --config baseline --csv /dev/null >/dev/null 2>&1; then
-  echo "== cuda: Table 4 (22B layer, t = 8 emulated, bf16)"
-  rm -f "$out/table4_cuda.csv"
-  "$lr" --backend cuda --model 22b --tp 8 --emulate-tp --config "$configs" --warmup 3 --iters 20 \
-        --csv "$out/table4_cuda.csv"
-else
-  echo "== cuda: skipped (no usable GPU or no CUDA backend in this build)"
+echo "== cpu: tiny layer, t = 1 and t = 2 (MPI), fp32"
+"$lr" --backend cpu --model tiny --config "$configs" --dtype fp32 --iters 20 --csv "$out/cpu_tiny.csv" >/dev/null
+if command -v mpirun >/dev/null; then
+  mpirun -np 2 "$lr" --backend cpu --model tiny --tp 2 --config "$configs" --dtype fp32 --iters 20 \
+         --csv "$out/cpu_tiny.csv" >/dev/null
 fi
 
-"${ACTBENCH_PYTHON:-python3}" "$root/tools/summarize.py" "$out/meta_models.csv" "$out/cpu_tiny.csv"
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "== cuda: Table 4 (22B layer, t = 8 emulated, bf16) with the CUPTI phase split"
+  "$lr" --backend cuda --model 22b --tp 8 --emulate-tp --config "$configs" --warmup 3 --iters 20 \
+        --csv "$out/table4_cuda.csv" --cupti "$out/table4_cuda_cupti.csv"
+else
+  echo "== cuda: skipped (no GPU on this machine)"
+fi
+
+echo "== plots"
+"$py" "$root/plots/make_all.py" "$out" "$out/figures" --theory "$out/theory"
+"$py" "$root/tools/summarize.py" "$out/meta_models.csv" "$out/cpu_tiny.csv"
 echo
-echo "results: $out/meta_models.csv $out/cpu_tiny.csv"
+echo "results: $out/*.csv   formulas: $out/theory/   tables and figures: $out/figures/index.md"

@@ -13,7 +13,7 @@ def gib(v):
 
 
 def main(paths):
-    cols = ["backend", "model", "tp", "config", "act_GiB", "formula_GiB", "match", "fwd_ms", "bwd_ms", "status"]
+    cols = ["backend", "model", "tp", "config", "attention", "act_GiB", "formula_GiB", "match", "fwd_ms", "bwd_ms", "status"]
     rows = []
     for path in paths:
         try:
@@ -22,7 +22,8 @@ def main(paths):
                     match = "-"
                     if r["act_bytes"]:
                         match = "yes" if float(r["act_bytes"]) == float(r["act_bytes_formula"]) else "NO"
-                    rows.append([r["backend"], r["model"], r["tp"], r["config"], gib(r["act_bytes"]),
+                    rows.append([r["backend"], r["model"], r["tp"], r["config"], r.get("attention") or "unfused",
+                                 gib(r["act_bytes"]),
                                  gib(float(r["act_bytes_formula"])), match, r["fwd_ms"] or "-", r["bwd_ms"] or "-",
                                  r["status"]])
         except OSError as e:
