@@ -37,9 +37,8 @@ def make(ctx):
     for r in rows:
         curves.setdefault((r["attention"], r["config"]), []).append(r)
     pts = measured(ctx, h, a, t)
-    common.style()
-    fig, (left, right) = common.plt.subplots(1, 2, figsize=(common.HALF_PAGE_WIDTH_IN * 2, 2.4),
-                                             constrained_layout=True)
+    fig, left = common.figure(2.6)
+    fig_fit, right = common.figure(2.6)
     for (attention, config), rs in sorted(curves.items()):
         if config not in SHOWN:
             continue
@@ -54,7 +53,7 @@ def make(ctx):
                       color=CONFIG_COLOR[config], mec="black", mew=0.5, markersize=3)
     for gib, label in ((80e9 / GIB, "80 GB (A100/H100)"), (141e9 / GIB, "141 GB (H200)")):
         right.axhline(gib, color="black", lw=0.6, ls=":")
-        right.annotate(label, (1024, gib), xytext=(2, 2), textcoords="offset points", fontsize=5.5)
+        right.annotate(label, (131072, gib), xytext=(-2, 2), textcoords="offset points", fontsize=5.5, ha="right")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -62,9 +61,10 @@ def make(ctx):
     left.set_ylabel("activations per layer (GiB)")
     right.set_ylabel("first-stage memory per GPU (GiB)")
     left.set_title(f"22B layer (h={h:g}, a={a:g}), t={t:g}, b=1, bf16; markers: measured", fontsize=6)
-    right.set_title("where each configuration stops fitting (48 layers, p=1)", fontsize=6)
+    right.set_title("22B first stage (48 layers, p=1): where each stops fitting", fontsize=6)
     left.legend(fontsize=5, ncol=2, loc="upper left")
-    out = [common.save(fig, ctx.out_dir, "longseq_memory")]
+    right.legend(*left.get_legend_handles_labels(), fontsize=5, ncol=2, loc="upper left")
+    out = [common.save(fig, ctx.out_dir, "longseq_memory"), common.save(fig_fit, ctx.out_dir, "longseq_fit")]
 
     header = ["seq", "config", "unfused GiB/layer", "fused GiB/layer", "unfused fits 80 GB", "fused fits 80 GB",
               "measured unfused", "measured fused"]

@@ -95,7 +95,8 @@ class GpuOps : public ::testing::Test {
     for (size_t i = 0; i < g.size(); ++i) {
       if (std::isnan(c[i])) ++nan_ref;
       const double err = std::fabs(static_cast<double>(g[i]) - c[i]);
-      const double ratio = std::isnan(err) ? INFINITY : err / (tol.atol + tol.rtol * std::fabs(static_cast<double>(c[i])));
+      const double bound = tol.atol + tol.rtol * std::fabs(static_cast<double>(c[i]));
+      const double ratio = std::isnan(err) ? INFINITY : (err == 0 ? 0 : (bound > 0 ? err / bound : INFINITY));
       if (ratio > worst) {
         worst = ratio;
         bad = i;

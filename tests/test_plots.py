@@ -26,10 +26,10 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 
 ALL_FIGURES = ["table2_activation_bytes", "table4_layer_times", "table5_iteration_time", "fig1_memory",
                "fig7_percent_of_baseline", "fig8_time_breakdown", "seqlen_memory", "seqlen_terms_175b",
-               "memory_measured_vs_predicted"]
+               "memory_measured_vs_predicted", "longseq_memory", "longseq_fit"]
 ALL_TABLES = ["table2_activation_bytes.md", "table4_layer_times.md", "table5_iteration_time.md", "fig1_memory.md",
               "fig7_percent_of_baseline.md", "fig8_time_breakdown.md", "seqlen_memory.md",
-              "memory_measured_vs_predicted.md"]
+              "memory_measured_vs_predicted.md", "longseq_memory.md"]
 
 
 def png_size(path):
@@ -65,7 +65,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(RESULTS, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("8 made, 0 skipped", p.stdout)
+        self.assertIn("9 made, 0 skipped", p.stdout)
         # notes.csv is not a layer_run CSV: skipped; 63 layer_run rows and the CUPTI file read.
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
         for name in ALL_FIGURES:
@@ -109,7 +109,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(empty, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("5 made, 3 skipped", p.stdout)
+        self.assertIn("6 made, 3 skipped", p.stdout)
         for what in ("skipped: Table 4", "skipped: Figure 8", "skipped: Measured vs predicted"):
             self.assertIn(what, p.stdout)
         self.assertTrue(os.path.exists(os.path.join(out, "fig1_memory.png")))
@@ -129,7 +129,8 @@ class MakeAll(unittest.TestCase):
         self.assertIn("error", p.stderr)
 
     def test_each_script_alone(self):
-        for script in ("table2", "table4", "table5", "fig1", "fig7", "fig8", "seqlen", "memory_vs_predicted"):
+        for script in ("table2", "table4", "table5", "fig1", "fig7", "fig8", "seqlen", "memory_vs_predicted",
+                       "longseq"):
             out = os.path.join(self.tmp, script)
             p = run([PYTHON, os.path.join(PLOTS, script + ".py"), RESULTS, out, "--theory", THEORY_SNAPSHOT])
             self.assertEqual(p.returncode, 0, f"{script}: {p.stderr}")

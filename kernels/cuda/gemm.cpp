@@ -19,9 +19,11 @@ cudaDataType_t cuda_type(DType t) {
   throw InvalidArgument(std::string("gemm: dtype ") + dtype_name(t) + " is not a float type");
 }
 
-// Largest power of two (<= 256) dividing the address: what cuBLASLt may assume.
-uint32_t alignment(const void* p) {
+// Largest power of two (<= 256) dividing the address of every matrix of the batch: what
+// cuBLASLt may assume (the batch stride is folded in, to be safe with odd strides).
+uint32_t alignment(const void* p, int64_t batch, int64_t stride_elems, DType t) {
   uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (batch > 1) a |= static_cast<uintptr_t>(stride_elems) * dtype_size(t);
   uint32_t align = 256;
   while (align > 1 && (a % align) != 0) align /= 2;
   return align;
@@ -149,8 +151,18 @@ void LtGemm::run(const GemmArgs& g, DType a_dtype, const void* a, DType b_dtype,
     scale_inplace(c_dtype, c, g.beta, g.batch * g.m * g.n, stream);
     return;
   }
-  const Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.batch, a_dtype, b_dtype, c_dtype,
-                alignment(a), alignment(b), alignment(c)};
+  const Key key{g.trans_a,
+                g.trans_b,
+                g.m,
+                g.n,
+                g.k,
+                g.batch,
+                a_dtype,
+                b_dtype,
+                c_dtype,
+                alignment(a, g.batch, g.m * g.k, a_dtype),
+                alignment(b, g.batch, g.k * g.n, b_dtype),
+                alignment(c, g.batch, g.m * g.n, c_dtype)};
   Plan& p = plan_for(key);
   if (!p.use_lt) {
     run_fallback(g, a_dtype, a, b_dtype, b, c_dtype, c, stream);
