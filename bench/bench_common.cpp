@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/backend_comm.hpp"
 #include "runtime/error.hpp"
 
 namespace actbench::bench {
@@ -106,8 +107,10 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all)
     ctx.backend_name = take_flag(argc, argv, "backend", "cpu");
     ctx.shape = take_flag(argc, argv, "shape", ctx.backend_name == "cuda" ? "paper" : "small");
     if (ctx.shape != "small" && ctx.shape != "paper") throw InvalidArgument("--shape must be small or paper");
-    ctx.comm = mpi_launched() ? make_mpi_communicator() : make_local_communicator();
+    if (mpi_launched()) ctx.world = make_mpi_communicator();
+    const int world = ctx.world ? ctx.world->size() : 1;
     try {
+      if (world > 1) bind_device_for_rank(ctx.backend_name, ctx.world->rank());
       ctx.backend = make_backend(ctx.backend_name);
     } catch (const InvalidArgument& e) {
       if (ctx.backend_name != "cuda") throw;
@@ -116,6 +119,7 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all)
       ctx.skip_reason = e.what();
       ctx.backend = make_backend("meta");
     }
+    ctx.comm = world > 1 ? make_world_communicator(*ctx.backend) : make_backend_local_communicator(*ctx.backend);
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) throw InvalidArgument("unrecognized arguments");
     register_all();
@@ -134,8 +138,9 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all)
     std::fprintf(stderr, "%s: failure: %s\n", argv[0], e.what());
     code = 1;
   }
-  ctx.backend.reset();
   ctx.comm.reset();
+  ctx.backend.reset();
+  ctx.world.reset();
   mpi_finalize_if_initialized();
   return code;
 }

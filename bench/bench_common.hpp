@@ -18,7 +18,8 @@ struct BenchContext {
   std::string backend_name;  // cpu | cuda | meta
   std::string shape;         // small | paper
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Communicator> comm;  // mpi under mpirun, else local
+  std::unique_ptr<Communicator> world;  // MPI under mpirun (rank, size), else none
+  std::unique_ptr<Communicator> comm;   // the group the layer runs on: NCCL (cuda) or MPI, else local
   bool skipped = false;                // backend unavailable (no GPU): benchmarks skip
   std::string skip_reason;
 };

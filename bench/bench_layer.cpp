@@ -6,6 +6,7 @@
 // the same LayerStackRunner that layer_run times. Counters: activation bytes per layer
 // (measured), forward and backward ms, model TFLOP/s per rank (PAPER.md Eq. 7 per layer).
 #include "bench/bench_common.hpp"
+#include "kernels/backend_comm.hpp"
 #include "layers/config.hpp"
 #include "runners/experiment.hpp"
 
@@ -41,7 +42,7 @@ void BM_layer(benchmark::State& state, const std::string& config) {
   std::unique_ptr<Communicator> emulated;
   Communicator* comm = ctx.comm.get();
   if (ctx.shape == "paper" && comm->size() == 1) {
-    emulated = make_emulated_communicator(8);
+    emulated = make_backend_emulated_communicator(*ctx.backend, 8);
     comm = emulated.get();
   }
   LayerStackRunner runner(*ctx.backend, *comm, spec);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "kernels/backend.hpp"
+#include "kernels/backend_comm.hpp"
 #include "runners/experiment.hpp"
 #include "runners/presets.hpp"
 #include "runtime/communicator.hpp"
@@ -152,24 +153,24 @@ int run(int argc, char** argv) {
   if (o.csv.empty()) throw InvalidArgument("--csv FILE is required");
 
   // ---- where we run: real ranks, or one process emulating rank 0 of t ----
-  std::unique_ptr<Communicator> comm;
-  const bool launched = mpi_launched();
-  if (launched) comm = make_mpi_communicator();
-  const int world = comm ? comm->size() : 1;
-  const bool rank0 = !comm || comm->rank() == 0;
+  // Under mpirun the MPI world exists first (rank, size; host-side agreement); the run's
+  // tensor-parallel group is made once the backend exists (NCCL on its stream for cuda).
+  std::unique_ptr<Communicator> world_comm;
+  if (mpi_launched()) world_comm = make_mpi_communicator();
+  const int world = world_comm ? world_comm->size() : 1;
+  const int world_rank = world_comm ? world_comm->rank() : 0;
+  const bool rank0 = world_rank == 0;
   const ModelPreset& preset = find_preset(o.model);
   if (o.emulate_tp) {
     if (world > 1) throw InvalidArgument("--emulate-tp runs in one process; do not launch it with mpirun -np > 1");
     if (!o.dump.empty()) throw InvalidArgument("--dump cannot be combined with --emulate-tp (emulated values are not the layer's)");
     if (o.tp == 0) o.tp = preset.tp;
     if (o.tp < 1) throw InvalidArgument("--tp must be >= 1");
-    comm = make_emulated_communicator(o.tp);
   } else {
     if (o.tp == 0) o.tp = world;
     if (o.tp != world)
       throw InvalidArgument("--tp " + std::to_string(o.tp) + " but the MPI world has " + std::to_string(world) +
                             " rank(s): run under mpirun -np " + std::to_string(o.tp) + " or add --emulate-tp");
-    if (!comm) comm = make_local_communicator();
   }
 
   // ---- what we run ----
@@ -192,7 +193,12 @@ int run(int argc, char** argv) {
   if (!o.dump.empty() && o.layers != 1) throw InvalidArgument("--dump writes one layer: use --layers 1");
   if (!(o.link_gbps > 0)) throw InvalidArgument("--link-gbps must be positive");
   const size_t limit = o.memory_limit.empty() ? 0 : parse_bytes(o.memory_limit);
+  if (world > 1) bind_device_for_rank(o.backend, world_rank);  // one GPU per rank, before the backend
   std::unique_ptr<Backend> be = make_backend(o.backend, limit);
+  std::unique_ptr<Communicator> comm;
+  if (o.emulate_tp) comm = make_backend_emulated_communicator(*be, o.tp);
+  else if (world > 1) comm = make_world_communicator(*be);
+  else comm = make_backend_local_communicator(*be);
   if (!be->computes()) {  // meta: timing means nothing; one iteration gives the memory schedule
     if (!warmup_opt->count()) o.warmup = 0;
     if (!iters_opt->count()) o.iters = 1;

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
-#include "kernels/cuda/device_comm.hpp"
+#include "kernels/backend_comm.hpp"
 #include "kernels/cuda/philox_groups.hpp"
 #include "layer_harness.hpp"
 #include "runners/experiment.hpp"

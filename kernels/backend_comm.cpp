@@ -1,4 +1,4 @@
-#include "kernels/cuda/device_comm.hpp"
+#include "kernels/backend_comm.hpp"
 
 #include "runtime/error.hpp"
 
