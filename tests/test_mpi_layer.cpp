@@ -53,6 +53,27 @@ TEST_P(MpiLayer, EveryTensorEqualsTheSingleRankLayer) {
   expect_same_tensors(got, ref, 1e-5, 1e-4, GetParam() + " t=" + std::to_string(g_comm->size()));
 }
 
+// Fused attention under real ranks: the heads split over ranks, SP on the rest, the same
+// layer as the single-rank paper's layer; bytes are Table 2's selective row + fp32 lse.
+TEST_P(MpiLayer, FusedAttentionEqualsTheSingleRankPapersLayer) {
+  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, kDims);
+  spec.policy.attention = Attention::fused;
+  auto be = make_cpu_backend();
+  const auto got = run_layer_canonical(*be, *g_comm, spec);
+  auto local = make_local_communicator();
+  const auto ref = run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, kDims));
+  expect_same_tensors(got, ref, 1e-5, 1e-4, "fused " + GetParam() + " t=" + std::to_string(g_comm->size()));
+  spec.dtype = DType::bf16;
+  spec.warmup = 0;
+  spec.iters = 1;
+  const ExperimentResult r = run_experiment(*be, *g_comm, spec);
+  ASSERT_EQ(r.status, "ok");
+  theory::Dims td{24, 2, 48, 4, static_cast<double>(g_comm->size())};
+  theory::Config c = to_theory(spec.policy);
+  c.fused_attention = true;
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, c));
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, MpiLayer,
                          ::testing::Values("baseline", "sp", "full", "selective", "selective+sp", "full+sp"),
                          [](const auto& param_info) {
