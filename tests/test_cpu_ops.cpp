@@ -1,12 +1,18 @@
 // Every CPU op, forward and backward, against float64 references written here: analytic
-// formulas for forwards, central finite differences of those references for backwards.
-// Shapes are not powers of two; outputs are NaN-poisoned first so an unwritten element fails.
-// Tolerance per element: |got - ref| <= atol + rtol * |ref| (llm.c style).
+// formulas for forwards and backwards, plus central finite differences (in double, of the
+// double forward reference) for every backward op. Shapes are not powers of two; outputs
+// are NaN-poisoned first so an element the op forgot to write fails.
+// Tolerance per element, llm.c style: |got - ref| <= atol + rtol * |ref|.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <numbers>
 #include <random>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "kernels/backend.hpp"
 #include "runtime/error.hpp"
@@ -16,52 +22,42 @@ namespace {
 
 using Vec = std::vector<double>;
 
-Vec random_vec(size_t n, uint32_t seed, double lo = -1, double hi = 1) {
+struct Tol {
+  double atol, rtol;
+};
+constexpr Tol kFp32{1e-5, 1e-5};
+constexpr Tol kFp32Grad{1e-5, 1e-4};  // backward vs finite differences: a few more fp32 roundings
+constexpr Tol kBf16{1e-3, 1e-2};      // one bf16 rounding of the output (2^-9 relative), fp32 math inside
+
+Vec random_vec(int64_t n, uint32_t seed, double lo = -1, double hi = 1) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<double> u(lo, hi);
-  Vec v(n);
+  Vec v(static_cast<size_t>(n));
   for (double& x : v) x = u(rng);
   return v;
 }
 
-class CpuOps : public ::testing::Test {
- protected:
-  std::unique_ptr<Backend> be = make_cpu_backend();
-
-  // A tensor holding v rounded to dtype; the reference must then use rounded() values.
-  Tensor make(const Vec& v, Shape shape, DType dtype = DType::fp32) {
-    Tensor t = be->empty(std::move(shape), dtype);
-    std::vector<float> f(v.begin(), v.end());
-    be->upload(f.data(), t);
-    return t;
-  }
-  Tensor poisoned(Shape shape, DType dtype = DType::fp32) {
-    Tensor t = be->empty(std::move(shape), dtype);
-    std::vector<float> nan(static_cast<size_t>(t.numel()), NAN);
-    be->upload(nan.data(), t);
-    return t;
-  }
-  Vec read(const Tensor& t) {
-    std::vector<float> f(static_cast<size_t>(t.numel()));
-    be->download(t, f.data());
-    return Vec(f.begin(), f.end());
-  }
-  Vec rounded(const Tensor& t) { return read(t); }
-};
-
-// Max over elements of |got - ref| / (atol + rtol |ref|); NaN is infinitely wrong.
-double worst(const Vec& got, const Vec& ref, double atol, double rtol) {
-  if (got.size() != ref.size()) return INFINITY;
-  double w = 0;
+// Element-wise comparison; the message names the worst element.
+::testing::AssertionResult close(const Vec& got, const Vec& ref, Tol tol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs reference " << ref.size();
+  double worst = 0;
+  size_t at = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(got[i] - ref[i]);
-    if (std::isnan(e)) return INFINITY;
-    w = std::max(w, e / (atol + rtol * std::fabs(ref[i])));
+    const double err = std::fabs(got[i] - ref[i]) / (tol.atol + tol.rtol * std::fabs(ref[i]));
+    if (std::isnan(err) || err > worst) {
+      worst = std::isnan(err) ? INFINITY : err;
+      at = i;
+      if (std::isnan(err)) break;
+    }
   }
-  return w;
+  if (worst <= 1.0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "element " << at << ": got " << got[at] << ", reference " << ref[at]
+                                       << " (" << worst << "x the tolerance atol " << tol.atol << " rtol " << tol.rtol
+                                       << ")";
 }
 
-// d/dx_i of sum(f(x) * g) by central differences, for every i.
+// d/dx_i of sum_j f(x)_j g_j by central differences, for every i.
 Vec finite_difference(const std::function<Vec(const Vec&)>& f, const Vec& x, const Vec& g, double h = 1e-5) {
   Vec grad(x.size());
   Vec xp = x;
@@ -76,6 +72,50 @@ Vec finite_difference(const std::function<Vec(const Vec&)>& f, const Vec& x, con
     grad[i] = d / (2 * h);
   }
   return grad;
+}
+
+class CpuOps : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be = make_cpu_backend();
+
+  // A tensor holding v rounded to dtype. References use read(tensor): the rounded values.
+  Tensor make(const Vec& v, Shape shape, DType dtype = DType::fp32) {
+    Tensor t = be->empty(std::move(shape), dtype);
+    EXPECT_EQ(static_cast<size_t>(t.numel()), v.size());
+    const std::vector<float> f(v.begin(), v.end());
+    be->upload(f.data(), t);
+    return t;
+  }
+  Tensor poisoned(Shape shape, DType dtype = DType::fp32) {
+    Tensor t = be->empty(std::move(shape), dtype);
+    const std::vector<float> nan(static_cast<size_t>(t.numel()), NAN);
+    be->upload(nan.data(), t);
+    return t;
+  }
+  Tensor mask(Shape shape) {  // u8 cannot hold NaN: poison with 7, neither 0 nor 1
+    Tensor t = be->empty(std::move(shape), DType::u8);
+    std::memset(t.data(), 7, t.bytes());
+    return t;
+  }
+  Vec read(const Tensor& t) {
+    std::vector<float> f(static_cast<size_t>(t.numel()));
+    be->download(t, f.data());
+    return Vec(f.begin(), f.end());
+  }
+};
+
+// ---- backend identity ----------------------------------------------------------------
+
+TEST_F(CpuOps, IdentityAndFactory) {
+  EXPECT_STREQ(be->name(), "cpu");
+  EXPECT_EQ(be->device_name(), "host-cpu");
+  EXPECT_TRUE(be->computes());
+  EXPECT_STREQ(make_backend("cpu")->name(), "cpu");
+  Tensor z = be->zeros({3, 5}, DType::bf16);
+  EXPECT_EQ(read(z), Vec(15, 0.0));
+  // capacity emulates a device of that size
+  auto small = make_cpu_backend(4 << 20);
+  EXPECT_THROW(small->empty({8 << 20}, DType::fp32), OutOfMemory);
 }
 
 // ---- GEMM ---------------------------------------------------------------------------
@@ -97,108 +137,236 @@ Vec gemm_ref(const GemmArgs& g, const Vec& a, const Vec& b, const Vec& c) {
   return out;
 }
 
+GemmArgs gemm_args(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch = 1, float alpha = 1.f,
+                   float beta = 0.f) {
+  GemmArgs g;
+  g.trans_a = ta;
+  g.trans_b = tb;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = batch;
+  g.alpha = alpha;
+  g.beta = beta;
+  return g;
+}
+
 TEST_F(CpuOps, GemmAllTransposesBatchedAlphaBeta) {
+  const int64_t m = 5, n = 11, k = 13, batch = 3;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (float beta : {0.f, 0.5f}) {
-        GemmArgs g;
-        g.trans_a = ta;
-        g.trans_b = tb;
-        g.m = 5;
-        g.n = 11;
-        g.k = 13;
-        g.batch = 3;
-        g.alpha = 0.7f;
-        g.beta = beta;
-        const Vec a = random_vec(3 * 5 * 13, 1), b = random_vec(3 * 13 * 11, 2), c0 = random_vec(3 * 5 * 11, 3);
-        Tensor A = make(a, {3, ta ? 13 : 5, ta ? 5 : 13}), B = make(b, {3, tb ? 11 : 13, tb ? 13 : 11});
-        // beta = 0 must not read C: poison it.
-        Tensor C = beta == 0.f ? poisoned({3, 5, 11}) : make(c0, {3, 5, 11});
+      for (float beta : {0.f, 0.5f, 1.f}) {
+        const GemmArgs g = gemm_args(ta, tb, m, n, k, batch, 0.7f, beta);
+        Tensor A = make(random_vec(batch * m * k, 1), {batch, ta ? k : m, ta ? m : k});
+        Tensor B = make(random_vec(batch * k * n, 2), {batch, tb ? n : k, tb ? k : n});
+        const Vec c0 = random_vec(batch * m * n, 3);
+        // beta = 0 must not read C: poison it, a read would give NaN.
+        Tensor C = beta == 0.f ? poisoned({batch, m, n}) : make(c0, {batch, m, n});
+        const Vec c_in = read(C);
         be->gemm(g, A, B, C);
-        EXPECT_LE(worst(read(C), gemm_ref(g, rounded(A), rounded(B), c0), 1e-5, 1e-5), 1.0)
-            << "ta=" << ta << " tb=" << tb << " beta=" << beta;
+        EXPECT_TRUE(close(read(C), gemm_ref(g, read(A), read(B), c_in), kFp32))
+            << "trans_a=" << ta << " trans_b=" << tb << " beta=" << beta;
       }
 }
 
-TEST_F(CpuOps, GemmOnBf16StorageRoundsOnlyTheOutput) {
-  GemmArgs g;
-  g.m = 7;
-  g.n = 9;
-  g.k = 33;
-  g.trans_b = true;
-  Tensor A = make(random_vec(7 * 33, 4), {7, 33}, DType::bf16), B = make(random_vec(9 * 33, 5), {9, 33}, DType::bf16);
-  Tensor C = poisoned({7, 9}, DType::bf16);
+TEST_F(CpuOps, GemmBackwardFormsMatchFiniteDifferences) {
+  // C = A B with A [m, k], B [k, n]; the layer's backward GEMMs are dA = dC B^T and dB = A^T dC.
+  const int64_t m = 5, n = 11, k = 13;
+  Tensor A = make(random_vec(m * k, 4), {m, k}), B = make(random_vec(k * n, 5), {k, n});
+  Tensor DC = make(random_vec(m * n, 6), {m, n});
+  const Vec a = read(A), b = read(B), dc = read(DC);
+  const GemmArgs fwd = gemm_args(false, false, m, n, k);
+  Tensor DA = poisoned({m, k}), DB = poisoned({k, n});
+  be->gemm(gemm_args(false, true, m, k, n), DC, B, DA);
+  be->gemm(gemm_args(true, false, k, n, m), A, DC, DB);
+  EXPECT_TRUE(close(read(DA), finite_difference([&](const Vec& x) { return gemm_ref(fwd, x, b, {}); }, a, dc), kFp32Grad));
+  EXPECT_TRUE(close(read(DB), finite_difference([&](const Vec& x) { return gemm_ref(fwd, a, x, {}); }, b, dc), kFp32Grad));
+}
+
+TEST_F(CpuOps, GemmOnBf16AndMixedStorage) {
+  const int64_t m = 7, n = 9, k = 33;
+  for (DType dt : {DType::bf16, DType::fp16}) {
+    const GemmArgs g = gemm_args(false, true, m, n, k, 1, 1.f, 0.f);
+    Tensor A = make(random_vec(m * k, 7), {m, k}, dt), B = make(random_vec(n * k, 8), {n, k}, dt);
+    Tensor C = poisoned({m, n}, dt);
+    be->gemm(g, A, B, C);
+    // fp32 accumulation of the rounded inputs, then one rounding of the output.
+    EXPECT_TRUE(close(read(C), gemm_ref(g, read(A), read(B), {}), kBf16)) << dtype_name(dt);
+  }
+  // bf16 A, fp32 B, bf16 C accumulated into (beta = 1).
+  const GemmArgs g = gemm_args(true, false, m, n, k, 1, 0.5f, 1.f);
+  Tensor A = make(random_vec(k * m, 9), {k, m}, DType::bf16), B = make(random_vec(k * n, 10), {k, n});
+  Tensor C = make(random_vec(m * n, 11), {m, n}, DType::bf16);
+  const Vec c_in = read(C);
   be->gemm(g, A, B, C);
-  // fp32 accumulation of the bf16 inputs, then one rounding to bf16 (relative 2^-8).
-  EXPECT_LE(worst(read(C), gemm_ref(g, rounded(A), rounded(B), {}), 1e-6, 1.0 / 256), 1.0);
+  EXPECT_TRUE(close(read(C), gemm_ref(g, read(A), read(B), c_in), kBf16));
+}
+
+TEST_F(CpuOps, GemmOnRowViewsWritesOnlyTheView) {
+  const int64_t m = 4, n = 6, k = 5;
+  Tensor Abig = make(random_vec((m + 3) * k, 12), {m + 3, k}), B = make(random_vec(k * n, 13), {k, n});
+  Tensor Cbig = poisoned({m + 2, n});
+  Tensor A = Abig.rows(3, 3 + m), C = Cbig.rows(1, 1 + m);
+  const GemmArgs g = gemm_args(false, false, m, n, k);
+  be->gemm(g, A, B, C);
+  EXPECT_TRUE(close(read(C), gemm_ref(g, read(A), read(B), {}), kFp32));
+  const Vec all = read(Cbig);
+  for (int64_t j = 0; j < n; ++j) {
+    EXPECT_TRUE(std::isnan(all[j])) << "row before the view was written";
+    EXPECT_TRUE(std::isnan(all[(m + 1) * n + j])) << "row after the view was written";
+  }
 }
 
 TEST_F(CpuOps, GemmShapeMismatchThrows) {
-  GemmArgs g;
-  g.m = 4;
-  g.n = 4;
-  g.k = 4;
+  const GemmArgs g = gemm_args(false, false, 4, 4, 4);
   Tensor A = be->empty({4, 4}, DType::fp32), B = be->empty({4, 5}, DType::fp32), C = be->empty({4, 4}, DType::fp32);
-  EXPECT_THROW(be->gemm(g, A, B, C), InvalidArgument);
+  try {
+    be->gemm(g, A, B, C);
+    ADD_FAILURE() << "no exception";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("gemm: B has 20 elements"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(be->gemm(gemm_args(false, false, 4, 4, 4, 2), A, A, C), InvalidArgument);  // batch 2
+  EXPECT_THROW(be->gemm(g, A, A, be->empty({4, 4}, DType::u8)), InvalidArgument);
+  EXPECT_THROW(be->gemm(g, A, C, A), InvalidArgument);  // C overlaps A
 }
 
-// ---- bias ---------------------------------------------------------------------------
+// ---- bias -----------------------------------------------------------------------------
+
+Vec add_bias_ref(const Vec& y, const Vec& bias) {
+  Vec out(y);
+  for (size_t i = 0; i < y.size(); ++i) out[i] += bias[i % bias.size()];
+  return out;
+}
 
 TEST_F(CpuOps, AddBiasAndBiasGrad) {
-  const int64_t M = 7, N = 13;
-  const Vec y = random_vec(M * N, 6), bias = random_vec(N, 7), dy = random_vec(M * N, 8);
-  Tensor Y = make(y, {M, N});
-  be->add_bias(Y, make(bias, {N}));
-  Vec ref(y);
-  for (int64_t i = 0; i < M * N; ++i) ref[i] += bias[i % N];
-  EXPECT_LE(worst(read(Y), ref, 1e-6, 1e-6), 1.0);
-  Tensor DB = poisoned({N});
-  be->bias_grad(make(dy, {M, N}), DB);
+  const int64_t S = 3, B = 7, N = 13;  // a [S, B, N] activation: bias over the last dim
+  Tensor Y = make(random_vec(S * B * N, 14), {S, B, N}), Bias = make(random_vec(N, 15), {N});
+  const Vec y = read(Y), bias = read(Bias);
+  be->add_bias(Y, Bias);
+  EXPECT_TRUE(close(read(Y), add_bias_ref(y, bias), kFp32));
+
+  Tensor DY = make(random_vec(S * B * N, 16), {S, B, N}), DB = poisoned({N});  // written, not accumulated
+  const Vec dy = read(DY);
+  be->bias_grad(DY, DB);
   Vec db(N, 0);
-  for (int64_t i = 0; i < M * N; ++i) db[i % N] += dy[i];
-  EXPECT_LE(worst(read(DB), db, 1e-6, 1e-6), 1.0);
+  for (size_t i = 0; i < dy.size(); ++i) db[i % N] += dy[i];
+  EXPECT_TRUE(close(read(DB), db, kFp32));
+  EXPECT_TRUE(close(read(DB), finite_difference([&](const Vec& b) { return add_bias_ref(y, b); }, bias, dy), kFp32Grad));
+
+  EXPECT_THROW(be->add_bias(Y, be->empty({N + 1}, DType::fp32)), InvalidArgument);
+  EXPECT_THROW(be->bias_grad(DY, be->empty({B}, DType::fp32)), InvalidArgument);
 }
 
 // ---- LayerNorm ------------------------------------------------------------------------
 
-Vec layernorm_ref(const Vec& x, const Vec& w, const Vec& b, int64_t M, int64_t H, double eps) {
-  Vec y(x.size());
-  for (int64_t r = 0; r < M; ++r) {
+struct LnRef {
+  Vec y, mean, rstd;
+};
+LnRef layernorm_ref(const Vec& x, const Vec& w, const Vec& b, int64_t M, int64_t H, double eps) {
+  LnRef r{Vec(x.size()), Vec(M), Vec(M)};
+  for (int64_t i = 0; i < M; ++i) {
     double mu = 0, var = 0;
-    for (int64_t j = 0; j < H; ++j) mu += x[r * H + j];
+    for (int64_t j = 0; j < H; ++j) mu += x[i * H + j];
     mu /= H;
-    for (int64_t j = 0; j < H; ++j) var += (x[r * H + j] - mu) * (x[r * H + j] - mu);
-    var /= H;
-    for (int64_t j = 0; j < H; ++j) y[r * H + j] = (x[r * H + j] - mu) / std::sqrt(var + eps) * w[j] + b[j];
+    for (int64_t j = 0; j < H; ++j) var += (x[i * H + j] - mu) * (x[i * H + j] - mu);
+    var /= H;  // biased
+    r.mean[i] = mu;
+    r.rstd[i] = 1 / std::sqrt(var + eps);
+    for (int64_t j = 0; j < H; ++j) r.y[i * H + j] = (x[i * H + j] - mu) * r.rstd[i] * w[j] + b[j];
   }
-  return y;
+  return r;
 }
 
-TEST_F(CpuOps, LayerNormForwardAndBackwardAgainstFiniteDifferences) {
+// Analytic backward: xhat = (x - mean) rstd, g = dy w,
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), dw = sum_rows dy xhat, db = sum_rows dy.
+struct LnGrads {
+  Vec dx, dw, db;
+};
+LnGrads layernorm_bwd_ref(const Vec& dy, const Vec& x, const Vec& w, int64_t M, int64_t H, double eps) {
+  const LnRef f = layernorm_ref(x, w, Vec(H, 0.0), M, H, eps);
+  LnGrads r{Vec(x.size()), Vec(H, 0.0), Vec(H, 0.0)};
+  for (int64_t i = 0; i < M; ++i) {
+    double mg = 0, mgx = 0;
+    for (int64_t j = 0; j < H; ++j) {
+      const double xhat = (x[i * H + j] - f.mean[i]) * f.rstd[i], g = dy[i * H + j] * w[j];
+      mg += g / H;
+      mgx += g * xhat / H;
+      r.dw[j] += dy[i * H + j] * xhat;
+      r.db[j] += dy[i * H + j];
+    }
+    for (int64_t j = 0; j < H; ++j) {
+      const double xhat = (x[i * H + j] - f.mean[i]) * f.rstd[i], g = dy[i * H + j] * w[j];
+      r.dx[i * H + j] = f.rstd[i] * (g - mg - xhat * mgx);
+    }
+  }
+  return r;
+}
+
+TEST_F(CpuOps, LayerNormForwardBackwardAnalyticAndFiniteDifferences) {
   const int64_t M = 7, H = 37;
   const double eps = 1e-5;
-  const Vec x = random_vec(M * H, 9, -2, 3), w = random_vec(H, 10, 0.5, 1.5), b = random_vec(H, 11), g = random_vec(M * H, 12);
-  Tensor X = make(x, {M, H}), W = make(w, {H}), B = make(b, {H});
+  Tensor X = make(random_vec(M * H, 17, -2, 3), {M, H}), W = make(random_vec(H, 18, 0.5, 1.5), {H}),
+         B = make(random_vec(H, 19), {H}), DY = make(random_vec(M * H, 20), {M, H});
+  const Vec x = read(X), w = read(W), b = read(B), dy = read(DY);
   Tensor Y = poisoned({M, H}), mean = poisoned({M}), rstd = poisoned({M});
   be->layernorm_fwd(X, W, B, static_cast<float>(eps), Y, mean, rstd);
-  EXPECT_LE(worst(read(Y), layernorm_ref(x, w, b, M, H, eps), 1e-5, 1e-5), 1.0);
+  const LnRef f = layernorm_ref(x, w, b, M, H, eps);
+  EXPECT_TRUE(close(read(Y), f.y, kFp32));
+  EXPECT_TRUE(close(read(mean), f.mean, kFp32));
+  EXPECT_TRUE(close(read(rstd), f.rstd, kFp32));
+
   Tensor DX = poisoned({M, H}), DW = poisoned({H}), DB = poisoned({H});
-  be->layernorm_bwd(make(g, {M, H}), X, W, mean, rstd, DX, DW, DB);
-  const Vec dx_ref = finite_difference([&](const Vec& xx) { return layernorm_ref(xx, w, b, M, H, eps); }, x, g);
-  const Vec dw_ref = finite_difference([&](const Vec& ww) { return layernorm_ref(x, ww, b, M, H, eps); }, w, g);
-  const Vec db_ref = finite_difference([&](const Vec& bb) { return layernorm_ref(x, w, bb, M, H, eps); }, b, g);
-  EXPECT_LE(worst(read(DX), dx_ref, 1e-5, 1e-4), 1.0);
-  EXPECT_LE(worst(read(DW), dw_ref, 1e-5, 1e-4), 1.0);
-  EXPECT_LE(worst(read(DB), db_ref, 1e-5, 1e-4), 1.0);
+  be->layernorm_bwd(DY, X, W, mean, rstd, DX, DW, DB);
+  const LnGrads an = layernorm_bwd_ref(dy, x, w, M, H, eps);
+  EXPECT_TRUE(close(read(DX), an.dx, kFp32Grad));
+  EXPECT_TRUE(close(read(DW), an.dw, kFp32Grad));
+  EXPECT_TRUE(close(read(DB), an.db, kFp32Grad));
+  auto y_of = [&](const Vec& xx, const Vec& ww, const Vec& bb) { return layernorm_ref(xx, ww, bb, M, H, eps).y; };
+  EXPECT_TRUE(close(read(DX), finite_difference([&](const Vec& v) { return y_of(v, w, b); }, x, dy), kFp32Grad));
+  EXPECT_TRUE(close(read(DW), finite_difference([&](const Vec& v) { return y_of(x, v, b); }, w, dy), kFp32Grad));
+  EXPECT_TRUE(close(read(DB), finite_difference([&](const Vec& v) { return y_of(x, w, v); }, b, dy), kFp32Grad));
 }
 
 TEST_F(CpuOps, LayerNormOnBf16Storage) {
   const int64_t M = 5, H = 29;
-  Tensor X = make(random_vec(M * H, 13, -2, 2), {M, H}, DType::bf16), W = make(random_vec(H, 14, 0.5, 1.5), {H}, DType::bf16),
-         B = make(random_vec(H, 15), {H}, DType::bf16);
-  Tensor Y = poisoned({M, H}, DType::bf16), mean = poisoned({M}), rstd = poisoned({M});
+  const double eps = 1e-5;
+  const DType bf = DType::bf16;
+  Tensor X = make(random_vec(M * H, 21, -2, 2), {M, H}, bf), W = make(random_vec(H, 22, 0.5, 1.5), {H}, bf),
+         B = make(random_vec(H, 23), {H}, bf), DY = make(random_vec(M * H, 24), {M, H}, bf);
+  const Vec x = read(X), w = read(W), b = read(B), dy = read(DY);
+  Tensor Y = poisoned({M, H}, bf), mean = poisoned({M}), rstd = poisoned({M});  // statistics stay fp32
+  be->layernorm_fwd(X, W, B, static_cast<float>(eps), Y, mean, rstd);
+  const LnRef f = layernorm_ref(x, w, b, M, H, eps);
+  EXPECT_TRUE(close(read(Y), f.y, kBf16));
+  EXPECT_TRUE(close(read(mean), f.mean, kFp32));
+  EXPECT_TRUE(close(read(rstd), f.rstd, kFp32));
+  Tensor DX = poisoned({M, H}, bf), DW = poisoned({H}, bf), DB = poisoned({H}, bf);
+  be->layernorm_bwd(DY, X, W, mean, rstd, DX, DW, DB);
+  const LnGrads an = layernorm_bwd_ref(dy, x, w, M, H, eps);
+  EXPECT_TRUE(close(read(DX), an.dx, kBf16));
+  EXPECT_TRUE(close(read(DW), an.dw, kBf16));
+  EXPECT_TRUE(close(read(DB), an.db, kBf16));
+}
+
+TEST_F(CpuOps, LayerNormOnRowViews) {
+  const int64_t M = 4, H = 11;
+  Tensor Xbig = make(random_vec((M + 2) * H, 25), {M + 2, H}), W = make(random_vec(H, 26, 0.5, 1.5), {H}),
+         B = make(random_vec(H, 27), {H});
+  Tensor Ybig = poisoned({M + 1, H}), mean = poisoned({M}), rstd = poisoned({M});
+  Tensor X = Xbig.rows(2, 2 + M), Y = Ybig.rows(1, 1 + M);
   be->layernorm_fwd(X, W, B, 1e-5f, Y, mean, rstd);
-  EXPECT_LE(worst(read(Y), layernorm_ref(rounded(X), rounded(W), rounded(B), M, H, 1e-5), 1e-2, 1.0 / 128), 1.0);
+  EXPECT_TRUE(close(read(Y), layernorm_ref(read(X), read(W), read(B), M, H, 1e-5).y, kFp32));
+  EXPECT_TRUE(std::isnan(read(Ybig)[0]));
+}
+
+TEST_F(CpuOps, LayerNormShapeMismatchThrows) {
+  Tensor X = be->empty({5, 8}, DType::fp32), W = be->empty({8}, DType::fp32), Y = be->empty({5, 8}, DType::fp32);
+  Tensor m = be->empty({5}, DType::fp32), r = be->empty({5}, DType::fp32);
+  EXPECT_THROW(be->layernorm_fwd(X, be->empty({7}, DType::fp32), W, 1e-5f, Y, m, r), InvalidArgument);
+  EXPECT_THROW(be->layernorm_fwd(X, W, W, 1e-5f, Y, be->empty({4}, DType::fp32), r), InvalidArgument);
+  EXPECT_THROW(be->layernorm_fwd(X, W, W, 1e-5f, Y, m, be->empty({5}, DType::bf16)), InvalidArgument);
+  EXPECT_THROW(be->layernorm_bwd(X, X, W, m, r, be->empty({5, 7}, DType::fp32), W, W), InvalidArgument);
 }
 
 // ---- causal softmax -------------------------------------------------------------------
@@ -208,7 +376,7 @@ Vec softmax_ref(const Vec& s, int64_t B, int64_t S) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < S; ++i) {
       const double* row = s.data() + (b * S + i) * S;
-      double mx = -1e300, sum = 0;
+      double mx = -INFINITY, sum = 0;
       for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
       for (int64_t j = 0; j <= i; ++j) sum += std::exp(row[j] - mx);
       for (int64_t j = 0; j <= i; ++j) p[(b * S + i) * S + j] = std::exp(row[j] - mx) / sum;
@@ -216,20 +384,51 @@ Vec softmax_ref(const Vec& s, int64_t B, int64_t S) {
   return p;
 }
 
+// ds = p (dp - sum_{j <= i} p dp), zero above the diagonal.
+Vec softmax_bwd_ref(const Vec& dp, const Vec& p, int64_t B, int64_t S) {
+  Vec ds(p.size(), 0);
+  for (int64_t r = 0; r < B * S; ++r) {
+    const int64_t i = r % S;
+    double dot = 0;
+    for (int64_t j = 0; j <= i; ++j) dot += p[r * S + j] * dp[r * S + j];
+    for (int64_t j = 0; j <= i; ++j) ds[r * S + j] = p[r * S + j] * (dp[r * S + j] - dot);
+  }
+  return ds;
+}
+
 TEST_F(CpuOps, CausalSoftmaxForwardBackward) {
   const int64_t B = 3, S = 13;
-  const Vec s = random_vec(B * S * S, 16, -4, 4), g = random_vec(B * S * S, 17);
-  Tensor Sc = make(s, {B, S, S}), P = poisoned({B, S, S});
+  Tensor Sc = make(random_vec(B * S * S, 28, -4, 4), {B, S, S}), DP = make(random_vec(B * S * S, 29), {B, S, S});
+  const Vec s = read(Sc), dp = read(DP);
+  Tensor P = poisoned({B, S, S});
   be->softmax_causal_fwd(Sc, P);
-  const Vec p = read(P);
-  EXPECT_LE(worst(p, softmax_ref(s, B, S), 1e-7, 1e-5), 1.0);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < S; ++i)
-      for (int64_t j = i + 1; j < S; ++j) ASSERT_EQ(p[(b * S + i) * S + j], 0.0) << "above the diagonal must be exactly 0";
+  const Vec p = read(P), p_ref = softmax_ref(s, B, S);
+  EXPECT_TRUE(close(p, p_ref, kFp32));
+  for (int64_t r = 0; r < B * S; ++r)
+    for (int64_t j = r % S + 1; j < S; ++j) ASSERT_EQ(p[r * S + j], 0.0) << "row " << r << ": above the diagonal must be exactly 0";
   Tensor DS = poisoned({B, S, S});
-  be->softmax_causal_bwd(make(g, {B, S, S}), P, DS);
-  Vec ds_ref = finite_difference([&](const Vec& ss) { return softmax_ref(ss, B, S); }, s, g);
-  EXPECT_LE(worst(read(DS), ds_ref, 1e-5, 1e-4), 1.0);
+  be->softmax_causal_bwd(DP, P, DS);
+  const Vec ds = read(DS);
+  EXPECT_TRUE(close(ds, softmax_bwd_ref(dp, p_ref, B, S), kFp32Grad));
+  EXPECT_TRUE(close(ds, finite_difference([&](const Vec& v) { return softmax_ref(v, B, S); }, s, dp), kFp32Grad));
+  for (int64_t r = 0; r < B * S; ++r)
+    for (int64_t j = r % S + 1; j < S; ++j) ASSERT_EQ(ds[r * S + j], 0.0);
+}
+
+TEST_F(CpuOps, CausalSoftmaxLeadingDimsLargeScoresAndBf16) {
+  // [2, 3, S, S]: B is the product of the leading dims; scores of 1e3 must not overflow.
+  const int64_t S = 6, B = 6;
+  Vec s = random_vec(B * S * S, 30, -3, 3);
+  for (size_t i = 0; i < s.size(); i += 5) s[i] += 1000;
+  Tensor Sc = make(s, {2, 3, S, S}), P = poisoned({2, 3, S, S});
+  be->softmax_causal_fwd(Sc, P);
+  EXPECT_TRUE(close(read(P), softmax_ref(read(Sc), B, S), kFp32));
+  Tensor Sb = make(s, {B, S, S}, DType::bf16), Pb = poisoned({B, S, S}, DType::bf16);
+  be->softmax_causal_fwd(Sb, Pb);
+  EXPECT_TRUE(close(read(Pb), softmax_ref(read(Sb), B, S), kBf16));
+  EXPECT_THROW(be->softmax_causal_fwd(be->empty({2, 4, 5}, DType::fp32), be->empty({2, 4, 5}, DType::fp32)),
+               InvalidArgument);
+  EXPECT_THROW(be->softmax_causal_bwd(be->empty({2, 4, 4}, DType::fp32), P, P), InvalidArgument);
 }
 
 // ---- dropout --------------------------------------------------------------------------
@@ -246,137 +445,243 @@ DropoutSpec flat_spec(int64_t n, float p, uint32_t site = kSiteAttnProbs) {
 
 TEST_F(CpuOps, DropoutIsDeterministicScaledAndKeepsOneMinusP) {
   const int64_t n = 100003;
-  const float p = 0.1f;
-  const Vec x = random_vec(n, 18);
-  Tensor X = make(x, {n}), Y1 = poisoned({n}), Y2 = poisoned({n});
-  Tensor M1 = be->empty({n}, DType::u8), M2 = be->empty({n}, DType::u8);
-  be->dropout_fwd(X, flat_spec(n, p), Y1, M1);
-  be->dropout_fwd(X, flat_spec(n, p), Y2, M2);
-  const Vec y = read(Y1), m = read(M1);
-  EXPECT_EQ(y, read(Y2));
-  EXPECT_EQ(m, read(M2));
-  double kept = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    kept += m[i];
-    ASSERT_NEAR(y[i], m[i] ? x[i] / (1 - p) : 0.0, 1e-6 * (1 + std::fabs(x[i])));
+  for (float p : {0.1f, 0.5f}) {
+    Tensor X = make(random_vec(n, 31), {n});
+    const Vec x = read(X);
+    Tensor Y1 = poisoned({n}), Y2 = poisoned({n}), M1 = mask({n}), M2 = mask({n});
+    const DropoutSpec spec = flat_spec(n, p);
+    be->dropout_fwd(X, spec, Y1, M1);
+    be->dropout_fwd(X, spec, Y2, M2);
+    const Vec y = read(Y1), m = read(M1);
+    EXPECT_EQ(y, read(Y2));
+    EXPECT_EQ(m, read(M2));
+    double kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(m[i], spec.keep(i) ? 1.0 : 0.0) << i;
+      kept += m[i];
+      ASSERT_EQ(y[i], m[i] ? static_cast<double>(static_cast<float>(x[i]) * spec.scale()) : 0.0) << i;
+    }
+    const double sigma = std::sqrt(n * p * (1 - p));
+    EXPECT_NEAR(kept, n * (1 - p), 4 * sigma) << "p=" << p;
+    EXPECT_FLOAT_EQ(spec.scale(), 1 / (1 - p));
+    // Another site, layer or seed gives another mask.
+    DropoutSpec other_site = spec, other_layer = spec, other_seed = spec;
+    other_site.site = kSiteMlpOut;
+    other_layer.layer += 1;
+    other_seed.seed += 1;
+    for (const DropoutSpec& other : {other_site, other_layer, other_seed}) {
+      Tensor M3 = mask({n}), Y3 = poisoned({n});
+      be->dropout_fwd(X, other, Y3, M3);
+      EXPECT_NE(read(M3), m) << "site " << other.site << " layer " << other.layer << " seed " << other.seed;
+    }
   }
-  const double sigma = std::sqrt(n * p * (1 - p));
-  EXPECT_NEAR(kept, n * (1 - p), 4 * sigma);
-  // Another site gives another mask.
-  Tensor M3 = be->empty({n}, DType::u8), Y3 = poisoned({n});
-  be->dropout_fwd(X, flat_spec(n, p, kSiteMlpOut), Y3, M3);
-  EXPECT_NE(read(M3), m);
-  // Backward: dx = mask * dy / (1 - p).
-  const Vec g = random_vec(n, 19);
-  Tensor DX = poisoned({n});
-  be->dropout_bwd(make(g, {n}), M1, p, DX);
-  Vec ref(n);
-  for (int64_t i = 0; i < n; ++i) ref[i] = m[i] ? g[i] / (1 - p) : 0.0;
-  EXPECT_LE(worst(read(DX), ref, 1e-7, 1e-6), 1.0);
+}
+
+TEST_F(CpuOps, DropoutBackwardAnalyticAndFiniteDifferences) {
+  const int64_t M = 9, N = 23;
+  const float p = 0.3f;
+  Tensor X = make(random_vec(M * N, 32), {M, N}), DY = make(random_vec(M * N, 33), {M, N});
+  Tensor Y = poisoned({M, N}), Mk = mask({M, N}), DX = poisoned({M, N});
+  be->dropout_fwd(X, flat_spec(M * N, p), Y, Mk);
+  be->dropout_bwd(DY, Mk, p, DX);
+  const Vec m = read(Mk), dy = read(DY);
+  Vec ref(dy.size());
+  for (size_t i = 0; i < dy.size(); ++i) ref[i] = m[i] ? dy[i] / (1 - p) : 0.0;
+  EXPECT_TRUE(close(read(DX), ref, kFp32));
+  // The forward with its mask fixed, as a function of x.
+  auto fwd = [&](const Vec& v) {
+    Vec y(v.size());
+    for (size_t i = 0; i < v.size(); ++i) y[i] = m[i] ? v[i] / (1 - p) : 0.0;
+    return y;
+  };
+  EXPECT_TRUE(close(read(DX), finite_difference(fwd, read(X), dy), kFp32Grad));
+}
+
+TEST_F(CpuOps, DropoutWithPZeroIsIdentity) {
+  const int64_t n = 101;
+  Tensor X = make(random_vec(n, 34), {n}), Y = poisoned({n}), Mk = mask({n});
+  be->dropout_fwd(X, flat_spec(n, 0.f), Y, Mk);
+  EXPECT_EQ(read(Y), read(X));
+  EXPECT_EQ(read(Mk), Vec(n, 1.0));
+  // p == 0: dx = dy whatever the mask holds.
+  Tensor Zero = be->zeros({n}, DType::u8), DX = poisoned({n});
+  be->dropout_bwd(X, Zero, 0.f, DX);
+  EXPECT_EQ(read(DX), read(X));
 }
 
 TEST_F(CpuOps, DropoutShardIsTheSubBlockOfTheCanonicalMask) {
-  // Canonical [outer 3, mid 8, inner 5]; the shard holds mid rows [4, 6) of every outer.
-  const int64_t outer = 3, mid = 8, inner = 5, off = 4, ml = 2;
+  // Canonical [outer 3, mid 8, inner 5], split into 4 shards of 2 mid rows (sequence parallel).
+  const int64_t outer = 3, mid = 8, inner = 5, shards = 4, ml = mid / shards;
   DropoutSpec full = flat_spec(0, 0.3f);
   full.outer = outer;
   full.mid_local = full.mid_global = mid;
   full.inner = inner;
-  DropoutSpec shard = full;
-  shard.mid_local = ml;
-  shard.mid_offset = off;
-  Tensor Xf = make(Vec(outer * mid * inner, 1.0), {outer * mid * inner}), Yf = poisoned({outer * mid * inner});
-  Tensor Mf = be->empty({outer * mid * inner}, DType::u8);
-  be->dropout_fwd(Xf, full, Yf, Mf);
-  Tensor Xs = make(Vec(outer * ml * inner, 1.0), {outer * ml * inner}), Ys = poisoned({outer * ml * inner});
-  Tensor Ms = be->empty({outer * ml * inner}, DType::u8);
-  be->dropout_fwd(Xs, shard, Ys, Ms);
-  const Vec mf = read(Mf), ms = read(Ms);
+  const int64_t nf = outer * mid * inner, ns = outer * ml * inner;
+  Tensor Yf = poisoned({nf}), Mf = mask({nf});
+  be->dropout_fwd(make(Vec(nf, 1.0), {nf}), full, Yf, Mf);
+  const Vec mf = read(Mf);
   int dropped = 0;
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t m = 0; m < ml; ++m)
-      for (int64_t i = 0; i < inner; ++i) {
-        ASSERT_EQ(ms[(o * ml + m) * inner + i], mf[(o * mid + off + m) * inner + i]);
-        dropped += ms[(o * ml + m) * inner + i] == 0;
-      }
-  EXPECT_GT(dropped, 0);  // the comparison is not between two all-ones masks
+  for (int64_t r = 0; r < shards; ++r) {
+    DropoutSpec shard = full;
+    shard.mid_local = ml;
+    shard.mid_offset = r * ml;
+    Tensor Ys = poisoned({ns}), Ms = mask({ns});
+    be->dropout_fwd(make(Vec(ns, 1.0), {ns}), shard, Ys, Ms);
+    const Vec ms = read(Ms);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t m = 0; m < ml; ++m)
+        for (int64_t i = 0; i < inner; ++i) {
+          ASSERT_EQ(ms[(o * ml + m) * inner + i], mf[(o * mid + r * ml + m) * inner + i])
+              << "shard " << r << " (" << o << ", " << m << ", " << i << ")";
+          dropped += ms[(o * ml + m) * inner + i] == 0;
+        }
+  }
+  EXPECT_GT(dropped, 0);  // the comparison is not between all-ones masks
+}
+
+TEST_F(CpuOps, DropoutShapeMismatchThrows) {
+  Tensor X = be->empty({10}, DType::fp32), Y = be->empty({10}, DType::fp32), Mk = be->empty({10}, DType::u8);
+  EXPECT_THROW(be->dropout_fwd(X, flat_spec(11, 0.1f), Y, Mk), InvalidArgument);         // spec numel
+  EXPECT_THROW(be->dropout_fwd(X, flat_spec(10, 0.1f), Y, Y), InvalidArgument);          // mask not u8
+  EXPECT_THROW(be->dropout_fwd(X, flat_spec(10, 0.1f), be->empty({9}, DType::fp32), Mk), InvalidArgument);
+  EXPECT_THROW(be->dropout_bwd(X, be->empty({9}, DType::u8), 0.1f, Y), InvalidArgument);
 }
 
 // ---- GeLU and the fused residual --------------------------------------------------------
 
+constexpr double kC = 0.044715;
 Vec gelu_ref(const Vec& x) {
+  const double k = std::sqrt(2 / std::numbers::pi);
   Vec y(x.size());
-  for (size_t i = 0; i < x.size(); ++i)
-    y[i] = 0.5 * x[i] * (1 + std::tanh(std::sqrt(2 / M_PI) * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+  for (size_t i = 0; i < x.size(); ++i) y[i] = 0.5 * x[i] * (1 + std::tanh(k * (x[i] + kC * x[i] * x[i] * x[i])));
   return y;
+}
+Vec gelu_bwd_ref(const Vec& dy, const Vec& x) {
+  const double k = std::sqrt(2 / std::numbers::pi);
+  Vec dx(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double t = std::tanh(k * (x[i] + kC * x[i] * x[i] * x[i]));
+    dx[i] = dy[i] * (0.5 * (1 + t) + 0.5 * x[i] * (1 - t * t) * k * (1 + 3 * kC * x[i] * x[i]));
+  }
+  return dx;
 }
 
 TEST_F(CpuOps, GeluForwardBackward) {
   const int64_t n = 211;
-  const Vec x = random_vec(n, 20, -4, 4), g = random_vec(n, 21);
-  Tensor X = make(x, {n}), Y = poisoned({n}), DX = poisoned({n});
+  Tensor X = make(random_vec(n, 35, -5, 5), {n}), DY = make(random_vec(n, 36), {n});
+  const Vec x = read(X), dy = read(DY);
+  Tensor Y = poisoned({n}), DX = poisoned({n});
   be->gelu_fwd(X, Y);
-  EXPECT_LE(worst(read(Y), gelu_ref(x), 1e-6, 1e-5), 1.0);
-  be->gelu_bwd(make(g, {n}), X, DX);
-  EXPECT_LE(worst(read(DX), finite_difference(gelu_ref, x, g), 1e-5, 1e-4), 1.0);
+  EXPECT_TRUE(close(read(Y), gelu_ref(x), kFp32));
+  be->gelu_bwd(DY, X, DX);
+  EXPECT_TRUE(close(read(DX), gelu_bwd_ref(dy, x), kFp32Grad));
+  EXPECT_TRUE(close(read(DX), finite_difference(gelu_ref, x, dy), kFp32Grad));
+  Tensor Xb = make(x, {n}, DType::bf16), Yb = poisoned({n}, DType::bf16);
+  be->gelu_fwd(Xb, Yb);
+  EXPECT_TRUE(close(read(Yb), gelu_ref(read(Xb)), kBf16));
+  EXPECT_THROW(be->gelu_bwd(DY, X, be->empty({n - 1}, DType::fp32)), InvalidArgument);
 }
 
 TEST_F(CpuOps, BiasDropoutResidualUsesTheDropoutMask) {
   const int64_t M = 9, N = 17;
-  const float p = 0.25f;
-  const Vec x = random_vec(M * N, 22), bias = random_vec(N, 23), r = random_vec(M * N, 24);
-  Tensor OUT = poisoned({M, N}), MASK = be->empty({M, N}, DType::u8);
-  be->bias_dropout_residual_fwd(make(x, {M, N}), make(bias, {N}), make(r, {M, N}), flat_spec(M * N, p, kSiteAttnOut), OUT,
-                                MASK);
-  // Same mask as plain dropout with the same spec.
-  Tensor Y = poisoned({M, N}), M2 = be->empty({M, N}, DType::u8);
-  be->dropout_fwd(make(x, {M, N}), flat_spec(M * N, p, kSiteAttnOut), Y, M2);
-  const Vec mask = read(MASK);
-  EXPECT_EQ(mask, read(M2));
-  Vec ref(M * N);
-  for (int64_t i = 0; i < M * N; ++i) ref[i] = r[i] + (mask[i] ? (x[i] + bias[i % N]) / (1 - p) : 0.0);
-  EXPECT_LE(worst(read(OUT), ref, 1e-6, 1e-5), 1.0);
+  for (float p : {0.25f, 0.f}) {
+    Tensor X = make(random_vec(M * N, 37), {M, N}), Bias = make(random_vec(N, 38), {N}), R = make(random_vec(M * N, 39), {M, N});
+    const Vec x = read(X), bias = read(Bias), r = read(R);
+    const DropoutSpec spec = flat_spec(M * N, p, kSiteAttnOut);
+    Tensor OUT = poisoned({M, N}), MASK = mask({M, N});
+    be->bias_dropout_residual_fwd(X, Bias, R, spec, OUT, MASK);
+    Tensor Y = poisoned({M, N}), M2 = mask({M, N});  // same mask as plain dropout with the same spec
+    be->dropout_fwd(X, spec, Y, M2);
+    const Vec m = read(MASK);
+    EXPECT_EQ(m, read(M2));
+    Vec ref(M * N);
+    for (int64_t i = 0; i < M * N; ++i) ref[i] = r[i] + (m[i] ? (x[i] + bias[i % N]) / (1 - p) : 0.0);
+    EXPECT_TRUE(close(read(OUT), ref, kFp32)) << "p=" << p;
+  }
+  Tensor A = be->empty({4, 5}, DType::fp32), Mk = be->empty({4, 5}, DType::u8);
+  EXPECT_THROW(be->bias_dropout_residual_fwd(A, be->empty({4}, DType::fp32), A, flat_spec(20, 0.1f), A, Mk), InvalidArgument);
+  EXPECT_THROW(be->bias_dropout_residual_fwd(A, be->empty({5}, DType::fp32), A, flat_spec(21, 0.1f), A, Mk), InvalidArgument);
 }
 
 // ---- layout and data movement -----------------------------------------------------------
 
 TEST_F(CpuOps, SplitAndMergeHeadsRoundTrip) {
   const int64_t S = 7, B = 3, NH = 5, D = 4, W = 3 * NH * D + 2;
-  const Vec src = random_vec(S * B * W, 25);
-  Tensor Src = make(src, {S, B, W});
-  Tensor Dst = poisoned({B, NH, S, D});
-  const int64_t off = NH * D + 1;
-  be->split_heads(Src, off, Dst);
-  const Vec d = read(Dst);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t s = 0; s < S; ++s)
-        for (int64_t e = 0; e < D; ++e)
-          ASSERT_DOUBLE_EQ(d[((b * NH + h) * S + s) * D + e], rounded(Src)[(s * B + b) * W + off + h * D + e]);
-  Tensor Back = make(Vec(S * B * W, 0.0), {S, B, W});
-  be->merge_heads(Dst, off, Back);
-  const Vec back = read(Back), orig = read(Src);
-  for (int64_t i = 0; i < S * B * W; ++i) {
-    const int64_t col = i % W;
-    ASSERT_DOUBLE_EQ(back[i], col >= off && col < off + NH * D ? orig[i] : 0.0);
+  for (DType dt : {DType::fp32, DType::bf16}) {
+    Tensor Src = make(random_vec(S * B * W, 40), {S, B, W}, dt);
+    const Vec src = read(Src);
+    const int64_t off = NH * D + 1;
+    Tensor Dst = poisoned({B, NH, S, D}, dt);
+    be->split_heads(Src, off, Dst);
+    const Vec d = read(Dst);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < NH; ++h)
+        for (int64_t s = 0; s < S; ++s)
+          for (int64_t e = 0; e < D; ++e)
+            ASSERT_EQ(d[((b * NH + h) * S + s) * D + e], src[(s * B + b) * W + off + h * D + e]);
+    Tensor Back = poisoned({S, B, W}, dt);
+    be->merge_heads(Dst, off, Back);
+    const Vec back = read(Back);
+    for (int64_t i = 0; i < S * B * W; ++i) {
+      const int64_t col = i % W;
+      if (col >= off && col < off + NH * D) {
+        ASSERT_EQ(back[i], src[i]) << i;
+      } else {
+        ASSERT_TRUE(std::isnan(back[i])) << "merge_heads wrote column " << col << " outside its range";
+      }
+    }
+    EXPECT_THROW(be->split_heads(Src, W - 3, Dst), InvalidArgument);
+    EXPECT_THROW(be->merge_heads(Dst, W - 3, Back), InvalidArgument);
+    EXPECT_THROW(be->split_heads(Src, 0, be->empty({B + 1, NH, S, D}, dt)), InvalidArgument);
   }
-  EXPECT_THROW(be->split_heads(Src, W - 3, Dst), InvalidArgument);
+  EXPECT_THROW(be->split_heads(be->empty({S, B, W}, DType::fp32), 0, be->empty({B, NH, S, D}, DType::bf16)),
+               InvalidArgument);
 }
 
 TEST_F(CpuOps, CopyAddInplaceUploadDownload) {
-  const Vec a = random_vec(23, 26), b = random_vec(23, 27);
-  Tensor A = make(a, {23}), B = make(b, {23}), C = poisoned({23});
+  const int64_t n = 23;
+  Tensor A = make(random_vec(n, 41), {n}), B = make(random_vec(n, 42), {n}), C = poisoned({n});
+  const Vec a = read(A), b = read(B);
   be->copy(A, C);
-  EXPECT_EQ(read(C), read(A));
+  EXPECT_EQ(read(C), a);
   be->add_inplace(C, B);
-  Vec sum(23);
-  for (int i = 0; i < 23; ++i) sum[i] = static_cast<float>(a[i]) + static_cast<float>(b[i]);
-  EXPECT_LE(worst(read(C), sum, 1e-7, 1e-6), 1.0);
-  Tensor H = make(a, {23}, DType::bf16);
-  for (int i = 0; i < 23; ++i) EXPECT_EQ(read(H)[i], bf16_to_float(float_to_bf16(static_cast<float>(a[i]))));
-  EXPECT_THROW(be->copy(A, be->empty({22}, DType::fp32)), InvalidArgument);
+  Vec sum(n);
+  for (int64_t i = 0; i < n; ++i) sum[i] = static_cast<float>(a[i] + b[i]);
+  EXPECT_TRUE(close(read(C), sum, kFp32));
+  // Mixed dtypes: fp32 += bf16, then bf16 += fp32 (rounded once).
+  Tensor Hb = make(random_vec(n, 43), {n}, DType::bf16), F = make(a, {n});
+  const Vec hb = read(Hb);
+  be->add_inplace(F, Hb);
+  Vec ref(n);
+  for (int64_t i = 0; i < n; ++i) ref[i] = a[i] + hb[i];
+  EXPECT_TRUE(close(read(F), ref, kFp32));
+  be->add_inplace(Hb, A);
+  const Vec hb2 = read(Hb);
+  for (int64_t i = 0; i < n; ++i)
+    EXPECT_EQ(hb2[i], bf16_to_float(float_to_bf16(static_cast<float>(hb[i]) + static_cast<float>(a[i]))));
+  // Upload rounds to the storage type; download widens exactly.
+  const Vec v = random_vec(n, 44);
+  const Vec vb = read(make(v, {n}, DType::bf16)), vh = read(make(v, {n}, DType::fp16));
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(vb[i], bf16_to_float(float_to_bf16(static_cast<float>(v[i]))));
+    EXPECT_EQ(vh[i], fp16_to_float(float_to_fp16(static_cast<float>(v[i]))));
+  }
+  EXPECT_THROW(be->copy(A, be->empty({n - 1}, DType::fp32)), InvalidArgument);
+  EXPECT_THROW(be->copy(A, be->empty({n}, DType::bf16)), InvalidArgument);
+  EXPECT_THROW(be->add_inplace(A, be->empty({n + 1}, DType::fp32)), InvalidArgument);
   be->fill_zero(C);
-  EXPECT_EQ(read(C), Vec(23, 0.0));
+  EXPECT_EQ(read(C), Vec(n, 0.0));
+  // Copy into a view (row 1 of 3) leaves the other rows alone.
+  Tensor Big = poisoned({3, n});
+  be->copy(A, Big.rows(1, 2).view({n}));
+  const Vec big = read(Big);
+  for (int64_t i = 0; i < 3 * n; ++i) {
+    if (i / n == 1) {
+      EXPECT_EQ(big[i], a[i - n]);
+    } else {
+      EXPECT_TRUE(std::isnan(big[i])) << i;
+    }
+  }
 }
 
 }  // namespace

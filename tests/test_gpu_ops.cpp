@@ -544,3 +544,139 @@ TEST_F(GpuOps, ReservedBytesAgreeWithDeviceMemoryInUse) {
 }
 
 }  // namespace
+
+// ---- fused attention ---------------------------------------------------------------------------
+
+namespace {
+
+// The probabilities [B, S, S] of heads 2 .. 2+B of 7 (one tensor-parallel rank's heads), as the
+// layer describes them: the Philox counter is the canonical index, not the local one.
+DropoutSpec attention_spec(float p, int64_t B, int64_t S) { return make_spec(p, 1, B, 7, 2, S * S, kSiteAttnProbs); }
+
+Tol attention_tol(DType dt) { return dt == DType::fp32 ? Tol{1e-4, 1e-4} : Tol{2e-2, 2e-2}; }
+
+TEST_F(GpuOps, FusedAttentionForwardBackwardMatchCpu) {
+  // S = 1, one ragged tile, several ragged tiles, many; D below, at and at the top of the
+  // padded head dims the kernels are instantiated for.
+  const int64_t B = 3;
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (int64_t S : {1, 37, 200, 1030})
+      for (int64_t D : {8, 64, 128})
+        for (float p : {0.f, 0.1f}) {
+          const std::string what = std::string(dtype_name(dt)) + " B=" + std::to_string(B) + " S=" + std::to_string(S) +
+                                   " D=" + std::to_string(D) + " p=" + std::to_string(p);
+          const Shape shape = {B, S, D};
+          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+          const DropoutSpec spec = attention_spec(p, B, S);
+          Both q = random(shape, dt, -2.f, 2.f), k = random(shape, dt, -2.f, 2.f), v = random(shape, dt);
+          Both out = poisoned(shape, dt), lse = poisoned({B, S}, DType::fp32);
+          gpu_->attention_fwd(q.g, k.g, v.g, scale, spec, out.g, lse.g);
+          cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
+          expect_close(out, attention_tol(dt), "attention_fwd out " + what);
+          expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
+
+          // The backward of both reads the same out and lse (the cpu's).
+          Both out_ref = with_values(shape, dt, get(*cpu_, out.c));
+          Both lse_ref = with_values({B, S}, DType::fp32, get(*cpu_, lse.c));
+          Both dout = random(shape, dt);
+          Both dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(shape, dt);
+          gpu_->attention_bwd(q.g, k.g, v.g, out_ref.g, dout.g, lse_ref.g, scale, spec, dq.g, dk.g, dv.g);
+          cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
+          expect_close(dq, attention_tol(dt), "attention_bwd dq " + what);
+          expect_close(dk, attention_tol(dt), "attention_bwd dk " + what);
+          expect_close(dv, attention_tol(dt), "attention_bwd dv " + what);
+        }
+}
+
+TEST_F(GpuOps, FusedAttentionFp16AndAnyDropoutLayout) {
+  // fp16 storage; and a spec whose canonical offset changes inside one head's [S, S] block
+  // (rows of S elements, every other one canonical), which takes the kernels' general path.
+  const int64_t B = 2, S = 45, D = 20;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const DropoutSpec specs[] = {attention_spec(0.2f, B, S), make_spec(0.2f, B * S, 1, 2, 1, S, kSiteAttnProbs)};
+  for (DType dt : {DType::fp16, DType::fp32})
+    for (const DropoutSpec& spec : specs) {
+      const std::string what = std::string(dtype_name(dt)) + " inner " + std::to_string(spec.inner);
+      const Shape shape = {B, S, D};
+      Both q = random(shape, dt, -2.f, 2.f), k = random(shape, dt, -2.f, 2.f), v = random(shape, dt);
+      Both out = poisoned(shape, dt), lse = poisoned({B, S}, DType::fp32);
+      gpu_->attention_fwd(q.g, k.g, v.g, scale, spec, out.g, lse.g);
+      cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
+      const Tol tol = dt == DType::fp32 ? attention_tol(dt) : Tol{5e-3, 5e-3};
+      expect_close(out, tol, "attention_fwd out " + what);
+      expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
+      Both out_ref = with_values(shape, dt, get(*cpu_, out.c));
+      Both lse_ref = with_values({B, S}, DType::fp32, get(*cpu_, lse.c));
+      Both dout = random(shape, dt);
+      Both dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(shape, dt);
+      gpu_->attention_bwd(q.g, k.g, v.g, out_ref.g, dout.g, lse_ref.g, scale, spec, dq.g, dk.g, dv.g);
+      cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
+      expect_close(dq, tol, "attention_bwd dq " + what);
+      expect_close(dk, tol, "attention_bwd dk " + what);
+      expect_close(dv, tol, "attention_bwd dv " + what);
+    }
+}
+
+TEST_F(GpuOps, FusedAttentionRejectsWhatItCannotRun) {
+  const int64_t B = 2, S = 5;
+  const DropoutSpec spec = attention_spec(0.f, B, S);
+  Tensor big = gpu_->empty({B, S, 129}, DType::fp32), big_out = gpu_->empty({B, S, 129}, DType::fp32);
+  Tensor lse = gpu_->empty({B, S}, DType::fp32);
+  EXPECT_THROW(gpu_->attention_fwd(big, big, big, 1.f, spec, big_out, lse), InvalidArgument) << "D = 129";
+  EXPECT_THROW(gpu_->attention_bwd(big, big, big, big, big, lse, 1.f, spec, big_out, big_out, big_out), InvalidArgument)
+      << "D = 129";
+  Tensor q = gpu_->empty({B, S, 8}, DType::fp32), out = gpu_->empty({B, S, 8}, DType::fp32);
+  Tensor lse16 = gpu_->empty({B, S}, DType::bf16), q16 = gpu_->empty({B, S, 8}, DType::bf16);
+  Tensor host = cpu_->empty({B, S, 8}, DType::fp32), other = gpu_->empty({B, S + 1, 8}, DType::fp32);
+  EXPECT_THROW(gpu_->attention_fwd(q, q, q, 1.f, spec, out, lse16), InvalidArgument) << "bf16 lse";
+  EXPECT_THROW(gpu_->attention_fwd(q, q16, q, 1.f, spec, out, lse), InvalidArgument) << "mixed dtypes";
+  EXPECT_THROW(gpu_->attention_fwd(q, host, q, 1.f, spec, out, lse), InvalidArgument) << "a host tensor";
+  EXPECT_THROW(gpu_->attention_fwd(q, other, q, 1.f, spec, out, lse), InvalidArgument) << "k of another shape";
+  EXPECT_THROW(gpu_->attention_fwd(q, q, q, 1.f, attention_spec(0.f, B, S + 1), out, lse), InvalidArgument)
+      << "a spec of another size";
+  EXPECT_THROW(gpu_->attention_bwd(q, q, q, q, q, lse, 1.f, spec, out, other, out), InvalidArgument)
+      << "dk of another shape";
+}
+
+TEST_F(GpuOps, WholeLayerWithFusedAttentionMatchesCpu) {
+  // Head sizes 6, 14 and 64 (S = 70: two query tiles, a ragged second one).
+  for (const LayerDims& dims : {LayerDims{12, 3, 30, 5}, LayerDims{33, 2, 56, 4}, LayerDims{70, 2, 128, 2}})
+    for (const char* config : {"baseline", "sp", "full", "selective", "selective+sp", "full+sp"}) {
+      ExperimentSpec spec = small_spec(config, DType::fp32, 0.1f, dims);
+      spec.policy.attention = Attention::fused;
+      auto gcomm = device_local(*gpu_);
+      auto ccomm = make_local_communicator();
+      const auto got = run_layer_canonical(*gpu_, *gcomm, spec);
+      const auto ref = run_layer_canonical(*cpu_, *ccomm, spec);
+      expect_same_tensors(got, ref, 1e-4, 1e-4,
+                          std::string("fused layer ") + config + " s=" + std::to_string(dims.s) +
+                              " h=" + std::to_string(dims.h));
+    }
+}
+
+TEST_F(GpuOps, FusedAttentionActivationBytesOnGpuEqualMeta) {
+  auto meta = make_backend("meta");
+  const LayerDims d = find_preset("tiny").dims;
+  for (int t : {1, 2})
+    for (const char* config : {"baseline", "sp", "full", "selective", "selective+sp"}) {
+      ExperimentSpec spec;
+      spec.dims = d;
+      spec.policy = parse_config(config);
+      spec.policy.attention = Attention::fused;
+      spec.dtype = DType::bf16;
+      spec.warmup = 0;
+      spec.iters = 1;
+      auto gcomm = t == 1 ? device_local(*gpu_) : make_backend_emulated_communicator(*gpu_, t);
+      auto mcomm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
+      const ExperimentResult g = run_experiment(*gpu_, *gcomm, spec);
+      const ExperimentResult m = run_experiment(*meta, *mcomm, spec);
+      const std::string what = std::string("fused ") + config + " t=" + std::to_string(t);
+      ASSERT_EQ(g.status, "ok") << what << ": " << g.message;
+      EXPECT_EQ(g.act_bytes, m.act_bytes) << what;
+      EXPECT_EQ(g.act_extra_bytes, m.act_extra_bytes) << what;
+      EXPECT_EQ(g.fwd_retained_bytes, m.fwd_retained_bytes) << what;
+      EXPECT_EQ(g.fwd_retained_bytes, g.act_bytes + g.act_extra_bytes) << what;
+    }
+}
+
+}  // namespace

@@ -334,6 +334,51 @@ class CudaBackend final : public Backend {
                                     cols ? x.numel() / cols : 0, cols, stream_);
   }
 
+  // ---- fused attention (kernels/cuda/attention.cu) ------------------------------------
+  void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
+                     const Tensor& out, const Tensor& lse) override {
+    const char* op = "attention_fwd";
+    require(q.defined(), op, "q is undefined");
+    require(q.ndim() == 3, op, "q must be [B, S, D], got " + shape_str(q.shape()));
+    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
+    for (const Tensor* t : {&k, &v, &out})
+      require(t->shape() == q.shape(), op,
+              "k, v, out must be " + shape_str(q.shape()) + ", got " + shape_str(t->shape()));
+    require(lse.numel() == B * S, op, "lse has " + std::to_string(lse.numel()) + " elements, expected " +
+                                          std::to_string(B * S));
+    require_dtype(op, lse, DType::fp32, "lse");
+    require(spec.numel() == B * S * S, op, "dropout spec does not describe [B, S, S] probabilities");
+    require_device(op, {&q, &k, &v, &out, &lse});
+    const DType dt = common_float_dtype(op, {&q, &k, &v, &out});
+    cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(), B, S, D,
+                        stream_);
+  }
+  void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                     const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
+                     const Tensor& dv) override {
+    const char* op = "attention_bwd";
+    require(q.defined(), op, "q is undefined");
+    require(q.ndim() == 3, op, "q must be [B, S, D], got " + shape_str(q.shape()));
+    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
+    for (const Tensor* t : {&k, &v, &out, &dout, &dq, &dk, &dv})
+      require(t->shape() == q.shape(), op, "all of q k v out dout dq dk dv must be " + shape_str(q.shape()));
+    require(lse.numel() == B * S, op, "lse has " + std::to_string(lse.numel()) + " elements, expected " +
+                                          std::to_string(B * S));
+    require_dtype(op, lse, DType::fp32, "lse");
+    require(spec.numel() == B * S * S, op, "dropout spec does not describe [B, S, S] probabilities");
+    require_device(op, {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
+    const DType dt = common_float_dtype(op, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+    if (D > cuda::kAttentionMaxHeadDim)  // before the workspace is allocated
+      throw InvalidArgument(std::string(op) + ": head dim " + std::to_string(D) + " is larger than " +
+                            std::to_string(cuda::kAttentionMaxHeadDim) + ", the most the cuda kernels support");
+    if (B * S == 0) return;
+    // delta_i = rowsum(dO o O): fp32 scratch from the caching allocator, back to the cache on
+    // return (its next user is ordered after these kernels on stream_).
+    Tensor delta = empty({B * S}, DType::fp32);
+    cuda::attention_bwd(dt, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data_as<float>(), scale, spec,
+                        dq.data(), dk.data(), dv.data(), delta.data_as<float>(), B, S, D, stream_);
+  }
+
   // ---- attention head layout ----------------------------------------------------------
   void split_heads(const Tensor& src, int64_t off, const Tensor& dst) override {
     check_heads("split_heads", dst, off, src);

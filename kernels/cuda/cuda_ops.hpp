@@ -31,6 +31,17 @@ void softmax_causal_bwd(DType dt, const void* dprobs, const void* probs, void* d
 void dropout_fwd(DType dt, const void* x, const DropoutSpec& spec, void* y, uint8_t* mask, cudaStream_t stream);
 void dropout_bwd(DType dt, const void* dy, const uint8_t* mask, float scale, void* dx, int64_t n, cudaStream_t stream);
 
+// ---- attention.cu: fused causal attention (FlashAttention-2 style) ----------------------
+// q, k, v, out, dout, dq, dk, dv [B, S, D] with D <= kAttentionMaxHeadDim (InvalidArgument
+// otherwise); lse [B, S] fp32. Dropout keeps element (b, i, j) iff spec.keep((b*S + i)*S + j),
+// regenerated in every kernel. attention_bwd needs an fp32 workspace `delta` of B*S floats.
+constexpr int64_t kAttentionMaxHeadDim = 128;
+void attention_fwd(DType dt, const void* q, const void* k, const void* v, float scale, const DropoutSpec& spec,
+                   void* out, float* lse, int64_t B, int64_t S, int64_t D, cudaStream_t stream);
+void attention_bwd(DType dt, const void* q, const void* k, const void* v, const void* out, const void* dout,
+                   const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* delta,
+                   int64_t B, int64_t S, int64_t D, cudaStream_t stream);
+
 // ---- gelu.cu ---------------------------------------------------------------------------
 void gelu_fwd(DType dt, const void* x, void* y, int64_t n, cudaStream_t stream);
 void gelu_bwd(DType dt, const void* dy, const void* x, void* dx, int64_t n, cudaStream_t stream);
