@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend_comm.hpp"
@@ -84,6 +85,8 @@ class PeakReporter : public benchmark::ConsoleReporter {
   }
 };
 
+}  // namespace
+
 std::string take_flag(int& argc, char** argv, const char* name, const std::string& def) {
   const std::string prefix = std::string("--") + name + "=";
   std::string value = def;
@@ -98,20 +101,55 @@ std::string take_flag(int& argc, char** argv, const char* name, const std::strin
   return value;
 }
 
-}  // namespace
+size_t parse_memory_limit(const std::string& s) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    throw InvalidArgument("--memory-limit: cannot read memory size '" + s + "'");
+  }
+  const std::string unit = s.substr(pos);
+  static const std::pair<const char*, double> units[] = {
+      {"", 1},         {"B", 1},     {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+      {"KB", 1e3},     {"MB", 1e6},  {"GB", 1e9},     {"TB", 1e12},       {"TiB", 1099511627776.0}};
+  for (const auto& [name, mult] : units)
+    if (unit == name) {
+      if (!(v > 0)) throw InvalidArgument("--memory-limit '" + s + "' must be positive");
+      return static_cast<size_t>(v * mult);
+    }
+  throw InvalidArgument("--memory-limit: unknown unit in '" + s + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+}
 
-int bench_main(int argc, char** argv, const std::function<void()>& register_all) {
+int64_t parse_positive(const char* name, const std::string& value) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (value.empty() || used != value.size() || v < 1)
+    throw InvalidArgument(std::string("--") + name + " must be an integer >= 1 (got '" + value + "')");
+  return static_cast<int64_t>(v);
+}
+
+int bench_main(int argc, char** argv, const std::function<void()>& register_all,
+               const std::function<void(int& argc, char** argv)>& parse_flags) {
   BenchContext& ctx = context();
   int code = 0;
   try {
     ctx.backend_name = take_flag(argc, argv, "backend", "cpu");
     ctx.shape = take_flag(argc, argv, "shape", ctx.backend_name == "cuda" ? "paper" : "small");
     if (ctx.shape != "small" && ctx.shape != "paper") throw InvalidArgument("--shape must be small or paper");
+    const std::string limit = take_flag(argc, argv, "memory-limit", "");
+    const size_t capacity = limit.empty() ? 0 : parse_memory_limit(limit);
+    if (parse_flags) parse_flags(argc, argv);
     if (mpi_launched()) ctx.world = make_mpi_communicator();
     const int world = ctx.world ? ctx.world->size() : 1;
     try {
       if (world > 1) bind_device_for_rank(ctx.backend_name, ctx.world->rank());
-      ctx.backend = make_backend(ctx.backend_name);
+      ctx.backend = make_backend(ctx.backend_name, capacity);
     } catch (const InvalidArgument& e) {
       if (ctx.backend_name != "cuda") throw;
       // No GPU: the cuda benchmarks are registered and skip, so the binary still succeeds.
@@ -120,6 +158,9 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all)
       ctx.backend = make_backend("meta");
     }
     ctx.comm = world > 1 ? make_world_communicator(*ctx.backend) : make_backend_local_communicator(*ctx.backend);
+    benchmark::AddCustomContext("actbench_backend", ctx.skipped ? ctx.backend_name + " (skipped)" : ctx.backend_name);
+    benchmark::AddCustomContext("actbench_shape", ctx.shape);
+    benchmark::AddCustomContext("actbench_device", ctx.skipped ? "none" : ctx.backend->device_name());
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) throw InvalidArgument("unrecognized arguments");
     register_all();

@@ -5,6 +5,7 @@
 // every rank takes the same decisions and runs the same iterations).
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -41,8 +42,18 @@ void set_bandwidth_counters(benchmark::State& state, double bytes);
 // Adds FLOP/TFLOP/s (and % of peak) counters for `flops` per iteration.
 void set_flop_counters(benchmark::State& state, double flops);
 
-// Parses --backend=cpu|cuda|meta and --shape=small|paper (removing them from argv), sets
-// up the context, registers benchmarks through `register_all`, runs them; rank 0 reports.
-int bench_main(int argc, char** argv, const std::function<void()>& register_all);
+// Removes every --NAME=VALUE from argv and returns the last VALUE, or `def` when there is none.
+std::string take_flag(int& argc, char** argv, const char* name, const std::string& def);
+// VALUE of --NAME=VALUE as an integer >= 1; throws InvalidArgument (exit 2) otherwise.
+int64_t parse_positive(const char* name, const std::string& value);
+
+// Parses --backend=cpu|cuda|meta, --shape=small|paper and --memory-limit=SIZE (e.g. 64MiB,
+// 80GB: the allocator emulates a device of that size, OOM past it; removing them from argv), then
+// the binary's own flags through `parse_flags` (after the context's backend and shape are
+// set, before Google Benchmark sees argv; InvalidArgument there exits 2), sets up the
+// context, registers benchmarks through `register_all`, runs them; rank 0 reports. The
+// JSON/console context gets actbench_backend, actbench_shape and actbench_device.
+int bench_main(int argc, char** argv, const std::function<void()>& register_all,
+               const std::function<void(int& argc, char** argv)>& parse_flags = {});
 
 }  // namespace actbench::bench

@@ -27,6 +27,10 @@ struct GemmArgs {
   int64_t batch = 1;
   float alpha = 1.f, beta = 0.f;
 };
+inline GemmArgs gemm_args(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t batch = 1,
+                          float alpha = 1.f, float beta = 0.f) {
+  return GemmArgs{trans_a, trans_b, m, n, k, batch, alpha, beta};
+}
 
 // Where a dropout mask comes from. The local tensor is viewed as [outer, mid_local, inner]
 // and its element (o, m, i) is element ((o * mid_global + mid_offset + m) * inner + i) of

@@ -14,18 +14,6 @@ std::string ph(const char* stage, const char* op) { return std::string(stage) + 
 // Rows of an [s, b, w] tensor as a matrix [s*b, w].
 Tensor mat(const Tensor& t) { return t.view({t.numel() / t.dim(-1), t.dim(-1)}); }
 
-GemmArgs gemm_args(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch = 1, float alpha = 1.f) {
-  GemmArgs g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.batch = batch;
-  g.alpha = alpha;
-  return g;
-}
-
 }  // namespace
 
 TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt)

@@ -137,20 +137,6 @@ Vec gemm_ref(const GemmArgs& g, const Vec& a, const Vec& b, const Vec& c) {
   return out;
 }
 
-GemmArgs gemm_args(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t batch = 1, float alpha = 1.f,
-                   float beta = 0.f) {
-  GemmArgs g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.batch = batch;
-  g.alpha = alpha;
-  g.beta = beta;
-  return g;
-}
-
 TEST_F(CpuOps, GemmAllTransposesBatchedAlphaBeta) {
   const int64_t m = 5, n = 11, k = 13, batch = 3;
   for (bool ta : {false, true})

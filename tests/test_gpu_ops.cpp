@@ -107,6 +107,28 @@ class GpuOps : public ::testing::Test {
                           << " cpu " << (bad < c.size() ? c[bad] : 0.f) << " (atol " << tol.atol << ", rtol "
                           << tol.rtol << ")";
   }
+
+  // Fused attention [B, S, D] on both backends from the same inputs: out and lse of the
+  // forward, then dq, dk, dv of the backward, both fed the cpu's out and lse.
+  void check_fused_attention(DType dt, const Shape& shape, float scale, const DropoutSpec& spec, Tol tol,
+                             const std::string& what) {
+    const Shape rows = {shape[0], shape[1]};
+    Both q = random(shape, dt, -2.f, 2.f), k = random(shape, dt, -2.f, 2.f), v = random(shape, dt);
+    Both out = poisoned(shape, dt), lse = poisoned(rows, DType::fp32);
+    gpu_->attention_fwd(q.g, k.g, v.g, scale, spec, out.g, lse.g);
+    cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
+    expect_close(out, tol, "attention_fwd out " + what);
+    expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
+    Both out_ref = with_values(shape, dt, get(*cpu_, out.c));
+    Both lse_ref = with_values(rows, DType::fp32, get(*cpu_, lse.c));
+    Both dout = random(shape, dt);
+    Both dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(shape, dt);
+    gpu_->attention_bwd(q.g, k.g, v.g, out_ref.g, dout.g, lse_ref.g, scale, spec, dq.g, dk.g, dv.g);
+    cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
+    expect_close(dq, tol, "attention_bwd dq " + what);
+    expect_close(dk, tol, "attention_bwd dk " + what);
+    expect_close(dv, tol, "attention_bwd dv " + what);
+  }
   void expect_equal(const Both& t, const std::string& what) { expect_close(t, {0, 0}, what); }
 
   std::unique_ptr<Backend> gpu_, cpu_;
@@ -310,6 +332,32 @@ TEST_F(GpuOps, CausalSoftmaxRowOf16400) {
   expect_close(dscores, tol_for(DType::fp32), "softmax bwd S=16400");
 }
 
+TEST_F(GpuOps, CausalSoftmaxWithMinusInfinityScores) {
+  // -inf scores below the diagonal (where an additive mask puts them). In the long-row path
+  // (S > 8192) a thread whose first column held -inf folded exp(-inf - (-inf)) = NaN into its
+  // running sum and the whole row came out NaN; S = 300 is the register-cached path.
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (int64_t s : {int64_t{300}, int64_t{8193}}) {
+      const std::string what = std::string(dtype_name(dt)) + " S=" + std::to_string(s);
+      std::vector<float> host = random_values(static_cast<size_t>(s * s), 99, -4.f, 4.f);
+      for (int64_t i = 0; i < s; ++i)
+        for (int64_t j = 0; j < i; ++j)
+          if (j % 5 == 1 || j % 7 == 3) host[static_cast<size_t>(i * s + j)] = -INFINITY;
+      Both scores = with_values({1, s, s}, dt, host), probs = poisoned({1, s, s}, dt);
+      host = {};
+      gpu_->softmax_causal_fwd(scores.g, probs.g);
+      cpu_->softmax_causal_fwd(scores.c, probs.c);
+      scores = Both{};
+      expect_close(probs, tol_for(dt), "softmax fwd with -inf " + what);
+      Both probs_ref = with_values({1, s, s}, dt, get(*cpu_, probs.c));
+      probs = Both{};
+      Both dprobs = random({1, s, s}, dt), dscores = poisoned({1, s, s}, dt);
+      gpu_->softmax_causal_bwd(dprobs.g, probs_ref.g, dscores.g);
+      cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
+      expect_close(dscores, tol_for(dt), "softmax bwd with -inf " + what);
+    }
+}
+
 // ---- dropout -------------------------------------------------------------------------------
 
 DropoutSpec make_spec(float p, int64_t outer, int64_t mid_local, int64_t mid_global, int64_t mid_offset, int64_t inner,
@@ -410,6 +458,145 @@ TEST_F(GpuOps, BiasDropoutResidual) {
           ASSERT_EQ(m[static_cast<size_t>(i)], spec.keep(i) ? 1.f : 0.f) << what << " element " << i;
         expect_close(out, tol_for(dt), "bias_dropout_residual out " + what);
       }
+}
+
+TEST_F(GpuOps, DropoutRejectsWhatTheCpuRejects) {
+  // p outside [0, 1) (dropout_threshold of a negative or NaN p is undefined behaviour) and a
+  // shard that does not fit mid_global: InvalidArgument on both backends.
+  const DropoutSpec bad_shard = make_spec(0.1f, 1, 4, 4, 1, 8, kSiteMlpOut);
+  for (float p : {-0.1f, 1.f, 1.5f, kNaN}) {
+    const DropoutSpec spec = make_spec(p, 1, 4, 4, 0, 8, kSiteMlpOut);
+    for (Backend* be : {gpu_.get(), cpu_.get()}) {
+      const std::string what = std::string(be->name()) + " p " + std::to_string(p);
+      Tensor x = be->zeros({4, 8}, DType::fp32), y = be->empty({4, 8}, DType::fp32);
+      Tensor bias = be->zeros({8}, DType::fp32), mask = be->zeros({4, 8}, DType::u8);
+      EXPECT_THROW(be->dropout_fwd(x, spec, y, mask), InvalidArgument) << what;
+      EXPECT_THROW(be->dropout_bwd(x, mask, p, y), InvalidArgument) << what;
+      EXPECT_THROW(be->bias_dropout_residual_fwd(x, bias, x, spec, y, mask), InvalidArgument) << what;
+      EXPECT_THROW(be->dropout_fwd(x, bad_shard, y, mask), InvalidArgument) << be->name() << " shard";
+    }
+  }
+}
+
+// ---- views at odd offsets and empty tensors --------------------------------------------------
+
+TEST_F(GpuOps, LayerNormAndGemmOnViewsOneElementIntoTheirStorage) {
+  // A view starting one element into its storage: 16-bit rows are only 2-byte aligned and fp32
+  // rows 4-byte aligned although cols % (16 / element size) == 0, so layernorm must take its
+  // scalar path and cuBLASLt be asked for kernels of that alignment (or the cuBLAS fallback).
+  auto offset_view = [&](const Shape& shape, DType dt, const std::vector<float>& values) {
+    const int64_t n = shape_numel(shape);
+    Both base{gpu_->empty({n + 1}, dt), cpu_->empty({n + 1}, dt)};
+    Both v{base.g.rows(1, n + 1).view(shape), base.c.rows(1, n + 1).view(shape)};
+    gpu_->upload(values.data(), v.g);
+    cpu_->upload(values.data(), v.c);
+    return v;
+  };
+  auto offset_random = [&](const Shape& shape, DType dt) {
+    return offset_view(shape, dt, random_values(static_cast<size_t>(shape_numel(shape)), next_seed_++));
+  };
+  auto offset_poisoned = [&](const Shape& shape, DType dt) {
+    return offset_view(shape, dt, std::vector<float>(static_cast<size_t>(shape_numel(shape)), kNaN));
+  };
+  for (DType dt : kFloatTypes) {
+    const int64_t rows = 37, cols = 1000;
+    const std::string what = std::string(dtype_name(dt)) + " offset 1";
+    Both x = offset_random({rows, cols}, dt), y = offset_poisoned({rows, cols}, dt);
+    Both w = random({cols}, dt, 0.5f, 1.5f), b = random({cols}, dt);
+    Both mean = poisoned({rows}, DType::fp32), rstd = poisoned({rows}, DType::fp32);
+    ASSERT_NE(reinterpret_cast<uintptr_t>(x.g.data()) % 16, 0u);
+    gpu_->layernorm_fwd(x.g, w.g, b.g, 1e-5f, y.g, mean.g, rstd.g);
+    cpu_->layernorm_fwd(x.c, w.c, b.c, 1e-5f, y.c, mean.c, rstd.c);
+    expect_close(y, tol_for(dt), "layernorm_fwd y " + what);
+    Both dy = offset_random({rows, cols}, dt), dx = offset_poisoned({rows, cols}, dt);
+    Both dw = poisoned({cols}, dt), db = poisoned({cols}, dt);
+    Both mean_ref = with_values({rows}, DType::fp32, get(*cpu_, mean.c));
+    Both rstd_ref = with_values({rows}, DType::fp32, get(*cpu_, rstd.c));
+    gpu_->layernorm_bwd(dy.g, x.g, w.g, mean_ref.g, rstd_ref.g, dx.g, dw.g, db.g);
+    cpu_->layernorm_bwd(dy.c, x.c, w.c, mean_ref.c, rstd_ref.c, dx.c, dw.c, db.c);
+    const Tol t = dt == DType::fp32 ? Tol{1e-4, 1e-5} : tol_for(dt);
+    expect_close(dx, t, "layernorm_bwd dx " + what);
+    expect_close(dw, t, "layernorm_bwd dweight " + what);
+
+    for (int64_t batch : {1, 3})
+      for (int trans = 0; trans < 4; ++trans) {
+        GemmArgs g;
+        g.trans_a = trans & 1;
+        g.trans_b = trans & 2;
+        g.m = 64;
+        g.n = 48;
+        g.k = 40;
+        g.batch = batch;
+        Both a = offset_random(g.trans_a ? Shape{batch, g.k, g.m} : Shape{batch, g.m, g.k}, dt);
+        Both bm = offset_random(g.trans_b ? Shape{batch, g.n, g.k} : Shape{batch, g.k, g.n}, dt);
+        Both c = offset_poisoned({batch, g.m, g.n}, dt);
+        gpu_->gemm(g, a.g, bm.g, c.g);
+        cpu_->gemm(g, a.c, bm.c, c.c);
+        expect_close(c, dt == DType::fp32 ? Tol{1e-4, 1e-4} : tol_for(dt),
+                     "gemm " + what + " batch " + std::to_string(batch) + " trans " + std::to_string(trans));
+      }
+  }
+}
+
+TEST_F(GpuOps, EmptyTensorsLaunchNothingAndSumsOverNoRowsAreZero) {
+  for (DType dt : kFloatTypes) {
+    const std::string what = dtype_name(dt);
+    const int64_t cols = 45;
+    // rows = 0: no row kernel runs, but dweight, dbias and db are sums over no rows: zeros.
+    Both x = random({0, cols}, dt), w = random({cols}, dt), b = random({cols}, dt);
+    Both y = poisoned({0, cols}, dt), mean = poisoned({0}, DType::fp32), rstd = poisoned({0}, DType::fp32);
+    gpu_->layernorm_fwd(x.g, w.g, b.g, 1e-5f, y.g, mean.g, rstd.g);
+    Both dx = poisoned({0, cols}, dt), dw = poisoned({cols}, dt), db = poisoned({cols}, dt);
+    gpu_->layernorm_bwd(x.g, x.g, w.g, mean.g, rstd.g, dx.g, dw.g, db.g);
+    cpu_->layernorm_bwd(x.c, x.c, w.c, mean.c, rstd.c, dx.c, dw.c, db.c);
+    expect_equal(dw, "layernorm_bwd dweight of no rows " + what);
+    expect_equal(db, "layernorm_bwd dbias of no rows " + what);
+    Both db2 = poisoned({cols}, dt);
+    gpu_->bias_grad(x.g, db2.g);
+    cpu_->bias_grad(x.c, db2.c);
+    expect_equal(db2, "bias_grad of no rows " + what);
+
+    // n = 0 everywhere else: nothing is launched (a zero-block grid would be a launch error).
+    Tensor e = gpu_->empty({0, cols}, dt), bias = gpu_->zeros({cols}, dt), m8 = gpu_->empty({0, cols}, DType::u8);
+    gpu_->add_bias(e, bias);
+    gpu_->add_inplace(e, e);
+    gpu_->gelu_fwd(e, e);
+    gpu_->gelu_bwd(e, e, e);
+    const DropoutSpec none = make_spec(0.1f, 0, 1, 1, 0, cols, kSiteMlpOut);
+    gpu_->dropout_fwd(e, none, e, m8);
+    gpu_->dropout_bwd(e, m8, 0.1f, e);
+    gpu_->bias_dropout_residual_fwd(e, bias, e, none, e, m8);
+    Tensor sq = gpu_->empty({0, 7, 7}, dt);
+    gpu_->softmax_causal_fwd(sq, sq);
+    gpu_->softmax_causal_bwd(sq, sq, sq);
+    Tensor q0 = gpu_->empty({0, 5, 8}, dt), lse0 = gpu_->empty({0, 5}, DType::fp32);
+    gpu_->attention_fwd(q0, q0, q0, 1.f, make_spec(0.1f, 1, 0, 7, 2, 25, kSiteAttnProbs), q0, lse0);
+    gpu_->attention_bwd(q0, q0, q0, q0, q0, lse0, 1.f, make_spec(0.1f, 1, 0, 7, 2, 25, kSiteAttnProbs), q0, q0, q0);
+    Tensor s0 = gpu_->empty({3, 0, 8}, dt), lse_s0 = gpu_->empty({3, 0}, DType::fp32);
+    gpu_->attention_fwd(s0, s0, s0, 1.f, make_spec(0.1f, 1, 3, 7, 2, 0, kSiteAttnProbs), s0, lse_s0);
+    gpu_->attention_bwd(s0, s0, s0, s0, s0, lse_s0, 1.f, make_spec(0.1f, 1, 3, 7, 2, 0, kSiteAttnProbs), s0, s0, s0);
+    Tensor sbw = gpu_->empty({0, 2, 12}, dt), heads = gpu_->empty({2, 3, 0, 4}, dt);
+    gpu_->split_heads(sbw, 0, heads);
+    gpu_->merge_heads(heads, 0, sbw);
+
+    // GEMMs with m = 0 do nothing; with k = 0 they are C = beta C (beta = 0: zeros over NaN).
+    GemmArgs g;
+    g.m = 0;
+    g.n = 4;
+    g.k = 3;
+    gpu_->gemm(g, gpu_->empty({0, 3}, dt), gpu_->empty({3, 4}, dt), gpu_->empty({0, 4}, dt));
+    g.m = 3;
+    g.k = 0;
+    for (float beta : {0.f, 0.5f}) {
+      g.beta = beta;
+      Both c = beta == 0.f ? poisoned({3, 4}, dt) : random({3, 4}, dt);
+      gpu_->gemm(g, gpu_->empty({3, 0}, dt), gpu_->empty({0, 4}, dt), c.g);
+      cpu_->gemm(g, cpu_->empty({3, 0}, dt), cpu_->empty({0, 4}, dt), c.c);
+      expect_close(c, tol_for(dt), "gemm k = 0 beta " + std::to_string(beta) + " " + what);
+    }
+    gpu_->synchronize();
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << what;
+  }
 }
 
 // ---- head layout -----------------------------------------------------------------------------
@@ -568,23 +755,7 @@ TEST_F(GpuOps, FusedAttentionForwardBackwardMatchCpu) {
           const Shape shape = {B, S, D};
           const float scale = 1.0f / std::sqrt(static_cast<float>(D));
           const DropoutSpec spec = attention_spec(p, B, S);
-          Both q = random(shape, dt, -2.f, 2.f), k = random(shape, dt, -2.f, 2.f), v = random(shape, dt);
-          Both out = poisoned(shape, dt), lse = poisoned({B, S}, DType::fp32);
-          gpu_->attention_fwd(q.g, k.g, v.g, scale, spec, out.g, lse.g);
-          cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
-          expect_close(out, attention_tol(dt), "attention_fwd out " + what);
-          expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
-
-          // The backward of both reads the same out and lse (the cpu's).
-          Both out_ref = with_values(shape, dt, get(*cpu_, out.c));
-          Both lse_ref = with_values({B, S}, DType::fp32, get(*cpu_, lse.c));
-          Both dout = random(shape, dt);
-          Both dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(shape, dt);
-          gpu_->attention_bwd(q.g, k.g, v.g, out_ref.g, dout.g, lse_ref.g, scale, spec, dq.g, dk.g, dv.g);
-          cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
-          expect_close(dq, attention_tol(dt), "attention_bwd dq " + what);
-          expect_close(dk, attention_tol(dt), "attention_bwd dk " + what);
-          expect_close(dv, attention_tol(dt), "attention_bwd dv " + what);
+          check_fused_attention(dt, shape, scale, spec, attention_tol(dt), what);
         }
 }
 
@@ -598,23 +769,26 @@ TEST_F(GpuOps, FusedAttentionFp16AndAnyDropoutLayout) {
     for (const DropoutSpec& spec : specs) {
       const std::string what = std::string(dtype_name(dt)) + " inner " + std::to_string(spec.inner);
       const Shape shape = {B, S, D};
-      Both q = random(shape, dt, -2.f, 2.f), k = random(shape, dt, -2.f, 2.f), v = random(shape, dt);
-      Both out = poisoned(shape, dt), lse = poisoned({B, S}, DType::fp32);
-      gpu_->attention_fwd(q.g, k.g, v.g, scale, spec, out.g, lse.g);
-      cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
       const Tol tol = dt == DType::fp32 ? attention_tol(dt) : Tol{5e-3, 5e-3};
-      expect_close(out, tol, "attention_fwd out " + what);
-      expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
-      Both out_ref = with_values(shape, dt, get(*cpu_, out.c));
-      Both lse_ref = with_values({B, S}, DType::fp32, get(*cpu_, lse.c));
-      Both dout = random(shape, dt);
-      Both dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(shape, dt);
-      gpu_->attention_bwd(q.g, k.g, v.g, out_ref.g, dout.g, lse_ref.g, scale, spec, dq.g, dk.g, dv.g);
-      cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
-      expect_close(dq, tol, "attention_bwd dq " + what);
-      expect_close(dk, tol, "attention_bwd dk " + what);
-      expect_close(dv, tol, "attention_bwd dv " + what);
+      check_fused_attention(dt, shape, scale, spec, tol, what);
     }
+}
+
+TEST_F(GpuOps, FusedAttentionHeadDims16And96) {
+  // D = 16 fills the smallest instantiation exactly (one column per lane); D = 96 runs in the
+  // 128 one with 32 zero columns. S = 65 and 130: ragged query tiles of 64 and key tiles of 32.
+  const int64_t B = 2;
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (int64_t S : {65, 130})
+      for (int64_t D : {16, 96})
+        for (float p : {0.f, 0.1f}) {
+          const std::string what = std::string(dtype_name(dt)) + " S=" + std::to_string(S) + " D=" + std::to_string(D) +
+                                   " p=" + std::to_string(p);
+          const Shape shape = {B, S, D};
+          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+          const DropoutSpec spec = attention_spec(p, B, S);
+          check_fused_attention(dt, shape, scale, spec, attention_tol(dt), what);
+        }
 }
 
 TEST_F(GpuOps, FusedAttentionRejectsWhatItCannotRun) {

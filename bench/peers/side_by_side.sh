@@ -14,8 +14,9 @@
 # <device> is the GPU's short name (h100, h200, a100; --device-name or DEVICE overrides).
 # ACTBENCH_BUILD: build folder (default build/; built with scripts/build.sh when layer_run is
 # missing). ACTBENCH_TORCH_PYTHON: the python that has torch with CUDA (default python3).
-# Rows are appended; the table uses the newest row of each configuration. Exit status: 0 ok,
-# 2 bad input or no GPU / no torch, 1 a run failed.
+# ACTBENCH_RESULTS: the folder of the two CSVs (default results/). Rows are appended; the table
+# uses the newest row of each configuration. Exit status: 0 ok, 2 bad input or no GPU / no torch,
+# 1 a run failed.
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -124,7 +125,7 @@ while [[ $# -gt 0 ]]; do
     --warmup) warmup="$2"; shift 2 ;;
     --config) configs="$2"; shift 2 ;;
     --device-name) device="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "side_by_side: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -150,9 +151,10 @@ if [[ ! -x "$lr" ]]; then
   echo "== building actbench (no $lr yet)"
   bash "$root/scripts/build.sh"
 fi
-mkdir -p "$root/results"
-ours_csv="$root/results/table4_${device}.csv"
-peer_csv="$root/results/peer_torch_${device}.csv"
+results="${ACTBENCH_RESULTS:-$root/results}"
+mkdir -p "$results"
+ours_csv="$results/table4_${device}.csv"
+peer_csv="$results/peer_torch_${device}.csv"
 
 echo "== ours: 22B layer, t = 8 emulated, bf16 -> $ours_csv"
 "$lr" --backend cuda --model 22b --tp 8 --emulate-tp --config "$configs" --warmup "$warmup" --iters "$iters" \

@@ -46,6 +46,11 @@ class CudaSource final : public RawMemorySource {
   // Called from the allocator's destructor too, so it never throws; at process exit the
   // runtime may already be unloading, which is not worth a word.
   void release(void* ptr, size_t) override {
+    // A segment goes back only when all its blocks are free, but a freed block may still be
+    // read or written by kernels queued on the stream (the allocator frees on the host, in
+    // stream order). cudaFree only "may" synchronise (CUDA docs), so wait for the device here:
+    // this runs on empty_cache(), the OOM retry and the allocator's destructor, never per op.
+    if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();  // cudaFree reports it
     const cudaError_t err = cudaFree(ptr);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
@@ -88,6 +93,21 @@ DType common_float_dtype(const char* op, std::initializer_list<const Tensor*> ts
 void require_dtype(const char* op, const Tensor& t, DType dt, const char* name) {
   if (t.dtype() != dt)
     throw InvalidArgument(std::string(op) + ": " + name + " must be " + dtype_name(dt) + ", got " + dtype_name(t.dtype()));
+}
+
+// The cpu backend's checks of a dropout probability and spec (a p outside [0, 1) would make
+// dropout_threshold convert a negative or NaN double to uint32_t: undefined behaviour).
+void require_probability(const char* op, float p) {
+  if (!(p >= 0.f && p < 1.f)) throw InvalidArgument(std::string(op) + ": dropout probability must be in [0, 1), got " +
+                                                    std::to_string(p));
+}
+void require_dropout_spec(const char* op, const DropoutSpec& spec) {
+  if (spec.outer < 0 || spec.mid_local < 0 || spec.inner < 0 || spec.mid_offset < 0 ||
+      spec.mid_offset + spec.mid_local > spec.mid_global)
+    throw InvalidArgument(std::string(op) + ": dropout spec shard [" + std::to_string(spec.mid_offset) + ", " +
+                          std::to_string(spec.mid_offset + spec.mid_local) + ") does not fit mid_global " +
+                          std::to_string(spec.mid_global));
+  require_probability(op, spec.p);
 }
 
 std::string cuda_version_string(int v) {  // 12040 -> "12.4"
@@ -290,6 +310,7 @@ class CudaBackend final : public Backend {
     const char* op = "dropout_fwd";
     require_shape(x.numel() == spec.numel() && y.numel() == x.numel() && mask.numel() == x.numel(), op, x, y);
     require_dtype(op, mask, DType::u8, "mask");
+    require_dropout_spec(op, spec);
     require_device(op, {&x, &y, &mask});
     const DType dt = common_float_dtype(op, {&x, &y});
     cuda::dropout_fwd(dt, x.data(), spec, y.data(), mask.data_as<uint8_t>(), stream_);
@@ -298,6 +319,7 @@ class CudaBackend final : public Backend {
     const char* op = "dropout_bwd";
     require_shape(dy.numel() == mask.numel() && dx.numel() == dy.numel(), op, dy, mask);
     require_dtype(op, mask, DType::u8, "mask");
+    require_probability(op, p);
     require_device(op, {&dy, &mask, &dx});
     const DType dt = common_float_dtype(op, {&dy, &dx});
     DropoutSpec scale_of;  // the forward's 1 / (1 - p), computed the same way
@@ -327,6 +349,7 @@ class CudaBackend final : public Backend {
                       x.numel() == spec.numel() && x.dim(-1) == bias.numel(),
                   op, x, r);
     require_dtype(op, mask, DType::u8, "mask");
+    require_dropout_spec(op, spec);
     require_device(op, {&x, &bias, &r, &out, &mask});
     const DType dt = common_float_dtype(op, {&x, &bias, &r, &out});
     const int64_t cols = bias.numel();
@@ -348,6 +371,7 @@ class CudaBackend final : public Backend {
                                           std::to_string(B * S));
     require_dtype(op, lse, DType::fp32, "lse");
     require(spec.numel() == B * S * S, op, "dropout spec does not describe [B, S, S] probabilities");
+    require_dropout_spec(op, spec);
     require_device(op, {&q, &k, &v, &out, &lse});
     const DType dt = common_float_dtype(op, {&q, &k, &v, &out});
     cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(), B, S, D,
@@ -366,6 +390,7 @@ class CudaBackend final : public Backend {
                                           std::to_string(B * S));
     require_dtype(op, lse, DType::fp32, "lse");
     require(spec.numel() == B * S * S, op, "dropout spec does not describe [B, S, S] probabilities");
+    require_dropout_spec(op, spec);
     require_device(op, {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
     const DType dt = common_float_dtype(op, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
     if (D > cuda::kAttentionMaxHeadDim)  // before the workspace is allocated

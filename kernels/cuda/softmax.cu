@@ -5,6 +5,7 @@
 //   longer rows:   an online max/sum pass, then a normalising pass (any S).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/online_softmax.hpp"
 
 namespace actbench::cuda {
 namespace {
@@ -56,17 +57,11 @@ __global__ void __launch_bounds__(kLongThreads)
     T* row_out = out + r * cols;
     // Online: s is the sum of exp(x - m) over this thread's columns for its running max m.
     float m = -INFINITY, s = 0.f;
-    for (int64_t j = threadIdx.x; j <= diag; j += blockDim.x) {
-      const float x = to_float(row_in[j]);
-      if (x > m) {
-        s = s * expf(m - x) + 1.f;
-        m = x;
-      } else {
-        s += expf(x - m);
-      }
-    }
+    for (int64_t j = threadIdx.x; j <= diag; j += blockDim.x) online_max_sum_add(m, s, to_float(row_in[j]));
     const float row_max = block_max(m, scratch);
-    const float total = block_sum(m == -INFINITY ? 0.f : s * expf(m - row_max), scratch);
+    // A thread with no finite score has m = -inf, s = 0 and adds 0 (row_max is finite); NaN in s
+    // (a NaN score) reaches total, so the whole row is NaN as in the cached path and the CPU.
+    const float total = block_sum(s * expf(m - row_max), scratch);
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
       row_out[j] = from_float<T>(j <= diag ? expf(to_float(row_in[j]) - row_max) / total : 0.f);
   }

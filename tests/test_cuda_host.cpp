@@ -1,0 +1,146 @@
+// Host-side checks of what the CUDA kernels share with the CPU or assume about it, so that they
+// run without a GPU (label cpu): the Philox words of one call serving four elements, the
+// index facts the dropout and attention kernels rely on to draw fewer words, 64-bit counters at
+// long-sequence sizes, and the long-row softmax's running max/sum with -inf and NaN scores.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/cuda/online_softmax.hpp"
+#include "kernels/cuda/philox_groups.hpp"
+#include "runtime/philox.hpp"
+
+namespace actbench {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+DropoutSpec spec_of(int64_t outer, int64_t mid_local, int64_t mid_global, int64_t mid_offset, int64_t inner) {
+  DropoutSpec s;
+  s.p = 0.1f;
+  s.seed = 0x1234567890abcdefull;
+  s.layer = 3;
+  s.site = kSiteAttnProbs;
+  s.outer = outer;
+  s.mid_local = mid_local;
+  s.mid_global = mid_global;
+  s.mid_offset = mid_offset;
+  s.inner = inner;
+  return s;
+}
+
+// dropout_common.cuh: one philox_words4 call at counter block gives the words of indices
+// 4*block .. 4*block + 3, bit for bit philox_word's.
+TEST(CudaHost, PhiloxGroupsOfFourAreThePerElementWords) {
+  for (uint64_t block : {0ull, 1ull, 77ull, (1ull << 32) + 5, 0xFFFFFFFFFFull, (1ull << 61) + 3})
+    for (uint32_t site : {kSiteAttnProbs, kSiteAttnOut, kSiteMlpOut}) {
+      const Philox4 w = philox_words4(42, 7, site, block);
+      for (uint32_t k = 0; k < 4; ++k) EXPECT_EQ(w.v[k], philox_word(42, 7, site, 4 * block + k)) << block;
+    }
+}
+
+// dropout_for_each<true> (taken when spec.inner % 4 == 0): the local elements 4g .. 4g+3 are
+// the canonical indices c .. c+3 with c % 4 == 0, and numel % 4 == 0 (no tail is left out).
+TEST(CudaHost, DropoutGroupsOfFourAreFourConsecutiveCanonicalIndices) {
+  const DropoutSpec specs[] = {spec_of(3, 5, 11, 4, 36), spec_of(1, 14, 42, 28, 44), spec_of(2, 3, 40000, 30000, 700000),
+                               spec_of(7, 1, 1, 0, 4), spec_of(2, 8, 16, 8, 32768LL * 32768)};
+  for (const DropoutSpec& s : specs) {
+    ASSERT_EQ(s.inner % 4, 0);
+    ASSERT_EQ(s.numel() % 4, 0);
+    const int64_t groups = s.numel() / 4;
+    // Every group of the small specs; the first, last and some middle ones of the big ones.
+    std::vector<int64_t> gs;
+    if (groups <= 4096) {
+      for (int64_t g = 0; g < groups; ++g) gs.push_back(g);
+    } else {
+      for (int64_t g : {int64_t{0}, int64_t{1}, groups / 3, groups / 2 + 7, groups - 2, groups - 1}) gs.push_back(g);
+    }
+    for (int64_t g : gs) {
+      const int64_t c = s.canonical_index(4 * g);
+      ASSERT_EQ(c % 4, 0) << "group " << g;
+      for (int64_t k = 1; k < 4; ++k) ASSERT_EQ(s.canonical_index(4 * g + k), c + k) << "group " << g;
+    }
+  }
+}
+
+// attention.cu's AttnDropout: when (mid_local * inner) % (S * S) == 0 ("uniform"), the
+// canonical index of every element of head bh's [S, S] block is its local index plus the
+// offset of the block's first element.
+TEST(CudaHost, AttentionUniformDropoutOffsetIsConstantPerHead) {
+  struct Case {
+    DropoutSpec spec;
+    int64_t S;
+  };
+  const Case cases[] = {{spec_of(1, 3, 7, 2, 37 * 37), 37},            // heads 2..5 of 7 (tensor parallel)
+                        {spec_of(4, 2, 8, 6, 5 * 5), 5},               // batch 4, heads 6..8 of 8
+                        {spec_of(2, 1, 3, 1, 2 * 9 * 9), 9}};          // two heads per mid slice
+  for (const Case& c : cases) {
+    const DropoutSpec& s = c.spec;
+    const int64_t S = c.S, heads = s.numel() / (S * S);
+    ASSERT_EQ((s.mid_local * s.inner) % (S * S), 0);
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      const int64_t first = bh * S * S, offset = s.canonical_index(first) - first;
+      for (int64_t e = 0; e < S * S; ++e) ASSERT_EQ(s.canonical_index(first + e), first + e + offset) << bh << " " << e;
+    }
+  }
+}
+
+// At s = 32k the [b*heads, S, S] probabilities have 4*8*32768^2 = 3.4e10 > 2^31 elements: the
+// local index, the canonical index and the Philox counter are 64-bit all the way.
+TEST(CudaHost, LongSequenceIndicesAreSixtyFourBit) {
+  const int64_t S = 32768, b = 4, heads_local = 8, heads = 16, offset = 8;
+  const DropoutSpec s = spec_of(b, heads_local, heads, offset, S * S);
+  EXPECT_EQ(s.numel(), b * heads_local * S * S);
+  EXPECT_GT(s.numel(), int64_t{1} << 34);
+  const int64_t bh = b * heads_local - 1, i = S - 1, j = S - 2;
+  const int64_t local = (bh * S + i) * S + j;  // the attention kernels' index, in int64
+  const int64_t o = bh / heads_local, m = bh % heads_local;
+  EXPECT_EQ(s.canonical_index(local), ((o * heads + offset + m) * S + i) * S + j);
+  // The counter's high word takes part: not the word of the index truncated to 32 bits.
+  const uint64_t c = static_cast<uint64_t>(s.canonical_index(local));
+  ASSERT_GT(c >> 2, uint64_t{0xFFFFFFFF});
+  EXPECT_NE(philox_word(s.seed, s.layer, s.site, c), philox_word(s.seed, s.layer, s.site, c & 0xFFFFFFFFull));
+}
+
+// softmax.cu's long-row path: each thread folds its scores into (m, s) one at a time.
+void fold(const std::vector<float>& xs, float& m, float& s) {
+  m = -kInf;
+  s = 0.f;
+  for (float x : xs) cuda::online_max_sum_add(m, s, x);
+}
+
+TEST(CudaHost, OnlineMaxSumSkipsMinusInfinityAndKeepsNaN) {
+  const std::vector<std::vector<float>> rows = {
+      {1.f, 2.f, 3.f},           {-kInf, 1.f, 2.f},      {-kInf, -kInf, 0.5f, -3.f},
+      {3.f, -kInf, 1.f, -kInf},  {-2.f, 40.f, -kInf, 39.f}, {-kInf, -80.f, -81.f}};
+  for (const auto& xs : rows) {
+    float m, s;
+    fold(xs, m, s);
+    double mx = -INFINITY, ref = 0;
+    for (float x : xs) mx = std::max(mx, static_cast<double>(x));
+    for (float x : xs) ref += std::exp(static_cast<double>(x) - mx);
+    EXPECT_EQ(m, static_cast<float>(mx));
+    ASSERT_FALSE(std::isnan(s)) << "a row starting with -inf must not turn NaN";
+    EXPECT_NEAR(s, ref, 1e-5 * ref);
+  }
+  // Nothing finite: m stays -inf and s 0, which the block reduction adds as 0.
+  float m, s;
+  fold({-kInf, -kInf}, m, s);
+  EXPECT_EQ(m, -kInf);
+  EXPECT_EQ(s, 0.f);
+  fold({}, m, s);
+  EXPECT_EQ(s, 0.f);
+  // A NaN score poisons the sum (the whole row is NaN, as on the CPU), wherever it is.
+  for (const std::vector<float>& xs : {std::vector<float>{std::nanf(""), 1.f}, std::vector<float>{1.f, std::nanf("")},
+                                       std::vector<float>{-kInf, std::nanf(""), -kInf}}) {
+    fold(xs, m, s);
+    EXPECT_TRUE(std::isnan(s));
+  }
+}
+
+}  // namespace
+}  // namespace actbench
