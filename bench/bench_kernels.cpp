@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "bench/bench_common.hpp"
+#include "kernels/cuda/attention_tiles.hpp"
 
 namespace actbench::bench {
 namespace {
@@ -292,11 +293,7 @@ double causal_fwd_flops(const AttnShape& a) {
 }
 double causal_bwd_flops(const AttnShape& a) { return 2.5 * causal_fwd_flops(a); }
 
-// The cuda kernels' tiles (kernels/cuda/attention.cu kFwdRows... ; keep in step with it).
-constexpr int64_t kCudaFwdRows = 64, kCudaFwdKeys = 64, kCudaDqRows = 64, kCudaDqKeys = 32, kCudaDkvKeys = 64,
-                  kCudaDkvRows = 32;
-
-int64_t cuda_padded_head_dim(int64_t d) { return d <= 16 ? 16 : d <= 32 ? 32 : d <= 64 ? 64 : 128; }
+namespace tiles = cuda::attention_tiles;  // the cuda kernels' tiles, shared with them
 
 // Query-key pairs one head's row-major pass visits: blocks of `rows` queries, key tiles of
 // `keys` up to the block's last row (the forward and the dQ pass).
@@ -326,11 +323,11 @@ double executed_flops(AttnPath path, AttnPass pass, const AttnShape& a) {
     return gemms * 2.0 * B * s * s * d;
   }
   if (context().backend_name == "cpu") return (pass == AttnPass::fwd ? 2 : 5) * 2.0 * B * d * s * (s + 1) / 2.0;
-  const double kd = static_cast<double>(cuda_padded_head_dim(a.d));
-  if (pass == AttnPass::fwd) return 2 * 2.0 * B * kd * visited_by_query_blocks(a.s, kCudaFwdRows, kCudaFwdKeys);
+  const double kd = static_cast<double>(tiles::padded_head_dim(a.d));
+  if (pass == AttnPass::fwd) return 2 * 2.0 * B * kd * visited_by_query_blocks(a.s, tiles::kFwdRows, tiles::kFwdKeys);
   return 2.0 * B * kd *
-         (3 * visited_by_query_blocks(a.s, kCudaDqRows, kCudaDqKeys) +
-          4 * visited_by_key_blocks(a.s, kCudaDkvKeys, kCudaDkvRows));
+         (3 * visited_by_query_blocks(a.s, tiles::kDqRows, tiles::kDqKeys) +
+          4 * visited_by_key_blocks(a.s, tiles::kDkvKeys, tiles::kDkvRows));
 }
 
 // ---- the paths, as the layer calls the backend -----------------------------------------------

@@ -25,6 +25,8 @@
 #   sweep_seqlen   runners/sweep.py seqlen --backend cuda (resumable; whatever time is left),
 #   sweep_seqlen_fused   then with --attention fused
 #   cputests       the cpu gtests of the bundle (bin/cpu_tests.tar.xz); not in the default
+#   sanitize_memcheck   compute-sanitizer memcheck / racecheck (shared memory) on test_gpu_ops, the
+#   sanitize_racecheck  kernels at small shapes (the kernels' first runs should have one); not in the default
 # Before them, always: `env` records nvidia-smi, versions, the libraries the binaries resolve.
 #
 # Time: --budget (default 540 s, under the device tool's 600 s a call) is shared by the steps in
@@ -61,15 +63,18 @@ GROUP_peer="peer"
 GROUP_attention="attention_s2048 attention_s8192 attention_s32768 attention_sdpa"
 GROUP_sweep="sweep_seqlen sweep_seqlen_fused"
 GROUP_cputests="cputests"
-ALL_STEPS="$GROUP_tests $GROUP_table4 $GROUP_bench $GROUP_peer $GROUP_attention $GROUP_sweep $GROUP_cputests"
+GROUP_sanitize="sanitize_memcheck sanitize_racecheck"
+ALL_STEPS="$GROUP_tests $GROUP_table4 $GROUP_bench $GROUP_peer $GROUP_attention $GROUP_sweep $GROUP_cputests $GROUP_sanitize"
 DEFAULT_STEPS="$GROUP_tests $GROUP_table4 $GROUP_bench $GROUP_peer $GROUP_attention $GROUP_sweep"
 # cap (s) and minimum (s) of each step's timeout
 declare -A CAP=([tests]=150 [table4]=120 [table4_cupti]=120 [table4_fused]=120 [bench_kernels]=150
                 [bench_layer]=120 [peer]=240 [attention_s2048]=90 [attention_s8192]=90 [attention_s32768]=120
-                [attention_sdpa]=150 [sweep_seqlen]=300 [sweep_seqlen_fused]=300 [cputests]=240)
+                [attention_sdpa]=150 [sweep_seqlen]=300 [sweep_seqlen_fused]=300 [cputests]=240
+                [sanitize_memcheck]=300 [sanitize_racecheck]=240)
 declare -A MIN=([tests]=20 [table4]=30 [table4_cupti]=30 [table4_fused]=30 [bench_kernels]=30
                 [bench_layer]=30 [peer]=60 [attention_s2048]=20 [attention_s8192]=20 [attention_s32768]=20
-                [attention_sdpa]=30 [sweep_seqlen]=60 [sweep_seqlen_fused]=60 [cputests]=30)
+                [attention_sdpa]=30 [sweep_seqlen]=60 [sweep_seqlen_fused]=60 [cputests]=30
+                [sanitize_memcheck]=60 [sanitize_racecheck]=60)
 RESERVE=10   # seconds kept for the last packing
 
 die_usage() { echo "$me: error: $*" >&2; exit 2; }
@@ -198,7 +203,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 if [[ "$mode" == list ]]; then
-  for g in tests table4 bench peer attention sweep cputests; do v="GROUP_$g"; echo "$g: ${!v}"; done
+  for g in tests table4 bench peer attention sweep cputests sanitize; do v="GROUP_$g"; echo "$g: ${!v}"; done
   echo "default: $DEFAULT_STEPS"
   exit 0
 fi
@@ -532,6 +537,22 @@ elif [[ "$selected" == *" cputests "* ]]; then
 else
   record cputests skipped 0 "not selected (--steps)"
 fi
+
+# compute-sanitizer over the GPU tests (not in the default): out-of-bounds and misaligned
+# accesses of every kernel, then shared-memory races of the tiled ones (attention, softmax, LN)
+sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
+for tool in memcheck racecheck; do
+  step="sanitize_$tool"
+  gate "$step" test_gpu_ops || continue
+  if [[ -z "$sanitizer" ]]; then record "$step" skipped 0 "compute-sanitizer not found"; continue; fi
+  # the long-row and whole-layer tests take minutes under the sanitizer; the kernels they run are
+  # covered at smaller shapes by the others
+  filter='-*RowOf16400*:*LargeTensor*:*WholeLayer*'
+  [[ $tool == racecheck ]] && filter='*Attention*:*Softmax*:*LayerNorm*:-*RowOf16400*:*WholeLayer*'
+  b="$(binpath test_gpu_ops)"
+  run "$step" env LD_LIBRARY_PATH="$libpath" "$sanitizer" --tool "$tool" --error-exitcode 1 \
+      --log-file "$RAW/sanitize_$tool.txt" "$b" --gtest_filter="$filter" --gtest_brief=1
+done
 
 # ---------------------------------------------------------------- summary
 do_pack

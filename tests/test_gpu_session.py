@@ -23,7 +23,7 @@ BUNDLE = os.path.join(ROOT, "scripts", "device_bundle.sh")
 BUILD = os.environ.get("ACTBENCH_BUILD", os.path.join(ROOT, "build"))
 ALL_STEPS = ["tests", "table4", "table4_cupti", "table4_fused", "bench_kernels", "bench_layer", "peer",
              "attention_s2048", "attention_s8192", "attention_s32768", "attention_sdpa", "sweep_seqlen",
-             "sweep_seqlen_fused", "cputests"]
+             "sweep_seqlen_fused", "cputests", "sanitize_memcheck", "sanitize_racecheck"]
 
 
 def have_gpu():
@@ -92,6 +92,7 @@ class GpuSession(unittest.TestCase):
         self.assertIn("not in the bundle", rows["table4"]["detail"])
         self.assertIn("no GPU", rows["attention_sdpa"]["detail"])
         self.assertIn("not selected", rows["cputests"]["detail"])
+        self.assertIn("not selected", rows["sanitize_memcheck"]["detail"])  # not in the default
 
     def test_named_bundle_missing(self):
         proc = subprocess.run(["bash", SESSION, os.path.join(self.tmp, "o"), "--bundle",

@@ -21,6 +21,7 @@
 // reads of the 16 lanes fall in 16 different banks.
 #include <type_traits>
 
+#include "kernels/cuda/attention_tiles.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
 
@@ -32,9 +33,8 @@ constexpr int kLanes = 16;        // threads per row group (a half-warp)
 constexpr int kRowsPerThread = 4;  // rows of a tile per row group
 static_assert(kThreads / kLanes * kRowsPerThread == 64, "row groups cover 64 rows");
 
-constexpr int kFwdRows = 64, kFwdKeys = 64;   // forward: query rows per block, keys per tile
-constexpr int kDqRows = 64, kDqKeys = 32;     // dQ pass: query rows per block, keys per tile
-constexpr int kDkvKeys = 64, kDkvRows = 32;   // dK/dV pass: keys per block, query rows per tile
+using attention_tiles::kFwdRows, attention_tiles::kFwdKeys, attention_tiles::kDqRows, attention_tiles::kDqKeys,
+    attention_tiles::kDkvKeys, attention_tiles::kDkvRows;
 
 // The dropout of the probabilities: spec.keep of the local [B, S, S] index, as a multiplier.
 struct AttnDropout {
@@ -495,10 +495,12 @@ void check_head_dim(int64_t D, const char* op) {
 template <class F>
 void with_head_dim(int64_t D, const char* op, F&& f) {
   check_head_dim(D, op);
-  if (D <= 16) f(std::integral_constant<int, 16>{});
-  else if (D <= 32) f(std::integral_constant<int, 32>{});
-  else if (D <= 64) f(std::integral_constant<int, 64>{});
-  else f(std::integral_constant<int, 128>{});
+  switch (attention_tiles::padded_head_dim(D)) {
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    default: f(std::integral_constant<int, 128>{}); break;
+  }
 }
 
 AttnDropout make_dropout(const DropoutSpec& spec, int64_t S) {
