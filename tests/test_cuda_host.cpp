@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "dropout_specs.hpp"
 #include "kernels/cuda/online_softmax.hpp"
 #include "kernels/cuda/philox_groups.hpp"
 #include "runtime/philox.hpp"
@@ -17,21 +18,14 @@
 namespace actbench {
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
+using actbench::testing::make_spec;
 
+// Attention-probability specs at p = 0.1.
 DropoutSpec spec_of(int64_t outer, int64_t mid_local, int64_t mid_global, int64_t mid_offset, int64_t inner) {
-  DropoutSpec s;
-  s.p = 0.1f;
-  s.seed = 0x1234567890abcdefull;
-  s.layer = 3;
-  s.site = kSiteAttnProbs;
-  s.outer = outer;
-  s.mid_local = mid_local;
-  s.mid_global = mid_global;
-  s.mid_offset = mid_offset;
-  s.inner = inner;
-  return s;
+  return make_spec(0.1f, outer, mid_local, mid_global, mid_offset, inner, kSiteAttnProbs);
 }
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // dropout_common.cuh: one philox_words4 call at counter block gives the words of indices
 // 4*block .. 4*block + 3, bit for bit philox_word's.

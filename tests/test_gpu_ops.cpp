@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "dropout_specs.hpp"
 #include "kernels/backend_comm.hpp"
 #include "kernels/cuda/philox_groups.hpp"
 #include "layer_harness.hpp"
@@ -360,20 +361,6 @@ TEST_F(GpuOps, CausalSoftmaxWithMinusInfinityScores) {
 
 // ---- dropout -------------------------------------------------------------------------------
 
-DropoutSpec make_spec(float p, int64_t outer, int64_t mid_local, int64_t mid_global, int64_t mid_offset, int64_t inner,
-                      uint32_t site) {
-  DropoutSpec s;
-  s.p = p;
-  s.seed = 0x1234567890abcdefull;
-  s.layer = 3;
-  s.site = site;
-  s.outer = outer;
-  s.mid_local = mid_local;
-  s.mid_global = mid_global;
-  s.mid_offset = mid_offset;
-  s.inner = inner;
-  return s;
-}
 
 TEST_F(GpuOps, PhiloxGroupsOfFourAreThePerElementWords) {
   for (uint64_t block : {0ull, 1ull, 77ull, (1ull << 32) + 5, 0xFFFFFFFFFFull}) {
