@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -107,6 +108,25 @@ class GpuOps : public ::testing::Test {
     EXPECT_LE(worst, 1.0) << what << ": worst element " << bad << ": gpu " << (bad < g.size() ? g[bad] : 0.f)
                           << " cpu " << (bad < c.size() ? c[bad] : 0.f) << " (atol " << tol.atol << ", rtol "
                           << tol.rtol << ")";
+  }
+
+  // The tiny layer in `config`, bf16, no warm-up, one iteration.
+  static ExperimentSpec tiny_bf16_spec(const char* config, Attention attention) {
+    ExperimentSpec spec;
+    spec.dims = find_preset("tiny").dims;
+    spec.policy = parse_config(config);
+    spec.policy.attention = attention;
+    spec.dtype = DType::bf16;
+    spec.warmup = 0;
+    spec.iters = 1;
+    return spec;
+  }
+  // The same experiment as rank 0 of t on the GPU and on meta: {gpu, meta}.
+  std::pair<ExperimentResult, ExperimentResult> run_on_gpu_and_meta(const ExperimentSpec& spec, int t) {
+    auto meta = make_backend("meta");
+    auto gcomm = t == 1 ? make_backend_local_communicator(*gpu_) : make_backend_emulated_communicator(*gpu_, t);
+    auto mcomm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
+    return {run_experiment(*gpu_, *gcomm, spec), run_experiment(*meta, *mcomm, spec)};
   }
 
   // Fused attention [B, S, D] on both backends from the same inputs: out and lse of the
@@ -659,20 +679,11 @@ theory::Config to_theory(LayerPolicy p) {
 }
 
 TEST_F(GpuOps, ActivationBytesOnGpuEqualMetaAndTable2) {
-  auto meta = make_backend("meta");
   const LayerDims d = find_preset("tiny").dims;
   for (int t : {1, 2, 4})
     for (const char* config : {"baseline", "sp", "full", "selective", "selective+sp"}) {
-      ExperimentSpec spec;
-      spec.dims = d;
-      spec.policy = parse_config(config);
-      spec.dtype = DType::bf16;
-      spec.warmup = 0;
-      spec.iters = 1;
-      auto gcomm = t == 1 ? device_local(*gpu_) : make_backend_emulated_communicator(*gpu_, t);
-      auto mcomm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
-      const ExperimentResult g = run_experiment(*gpu_, *gcomm, spec);
-      const ExperimentResult m = run_experiment(*meta, *mcomm, spec);
+      const ExperimentSpec spec = tiny_bf16_spec(config, Attention::unfused);
+      const auto [g, m] = run_on_gpu_and_meta(spec, t);
       const std::string what = std::string(config) + " t=" + std::to_string(t);
       ASSERT_EQ(g.status, "ok") << what << ": " << g.message;
       EXPECT_EQ(g.act_bytes, m.act_bytes) << what;
@@ -816,21 +827,9 @@ TEST_F(GpuOps, WholeLayerWithFusedAttentionMatchesCpu) {
 }
 
 TEST_F(GpuOps, FusedAttentionActivationBytesOnGpuEqualMeta) {
-  auto meta = make_backend("meta");
-  const LayerDims d = find_preset("tiny").dims;
   for (int t : {1, 2})
     for (const char* config : {"baseline", "sp", "full", "selective", "selective+sp"}) {
-      ExperimentSpec spec;
-      spec.dims = d;
-      spec.policy = parse_config(config);
-      spec.policy.attention = Attention::fused;
-      spec.dtype = DType::bf16;
-      spec.warmup = 0;
-      spec.iters = 1;
-      auto gcomm = t == 1 ? device_local(*gpu_) : make_backend_emulated_communicator(*gpu_, t);
-      auto mcomm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
-      const ExperimentResult g = run_experiment(*gpu_, *gcomm, spec);
-      const ExperimentResult m = run_experiment(*meta, *mcomm, spec);
+      const auto [g, m] = run_on_gpu_and_meta(tiny_bf16_spec(config, Attention::fused), t);
       const std::string what = std::string("fused ") + config + " t=" + std::to_string(t);
       ASSERT_EQ(g.status, "ok") << what << ": " << g.message;
       EXPECT_EQ(g.act_bytes, m.act_bytes) << what;

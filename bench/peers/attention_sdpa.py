@@ -29,12 +29,10 @@ Exit status: 0 every point ran or was unsupported; 2 bad input (one line on stde
 "PyTorch is not installed" and --device cuda without a GPU); 3 a point ran out of memory (its
 row written); 1 anything else. Only the standard library and torch.
 """
-import argparse
 import math
 import os
 import shlex
 import socket
-import statistics
 import sys
 import time
 import traceback
@@ -94,13 +92,8 @@ def tflops(flops, ms):
     return "" if not ms else "%.3f" % (flops / (float(ms) * 1e-3) / 1e12)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        raise BadInput(message)
-
-
 def build_parser():
-    ap = _Parser(prog=PROG, description=__doc__.split("\n")[0])
+    ap = torch_layer.OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     ap.add_argument("--csv", help="append one row per sequence length to this CSV")
     ap.add_argument("--seq", default="2048,8192,32768", help="comma-separated sequence lengths")
     ap.add_argument("--batch", type=int, default=4)
@@ -180,20 +173,9 @@ class Unsupported(Exception):
     """The forced backend cannot run this point (PyTorch's reasons in the message)."""
 
 
-def _is_oom(torch, e):
-    oom = getattr(torch.cuda, "OutOfMemoryError", None)
-    return (oom is not None and isinstance(e, oom)) or "out of memory" in str(e).lower()
-
-
 def _is_unsupported(e):
     text = str(e)
     return "No available kernel" in text or "not supported" in text.lower() or "no kernel" in text.lower()
-
-
-def _mem_now(torch, source):
-    if source == "requested":
-        return torch.cuda.memory_stats().get("requested_bytes.all.current", 0)
-    return torch.cuda.memory_allocated()
 
 
 class _SavedBytes:
@@ -246,7 +228,7 @@ def measure_point(torch, args, seq):
             torch.cuda.synchronize()
             source = "requested" if "requested_bytes.all.current" in torch.cuda.memory_stats() else "allocated"
             torch.cuda.reset_peak_memory_stats()
-            before = _mem_now(torch, source)
+            before = torch_layer.memory_now(torch, source)
             peak_before = torch.cuda.max_memory_allocated()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -254,14 +236,14 @@ def measure_point(torch, args, seq):
                 with probe.hooks():
                     out = forward()
             except RuntimeError as e:
-                if _is_oom(torch, e) or not _is_unsupported(e):
+                if torch_layer.is_oom(torch, e) or not _is_unsupported(e):
                     raise
                 reasons = [one_line(w.message) for w in caught]
                 raise Unsupported("; ".join(reasons + [one_line(str(e).splitlines()[0] if str(e) else repr(e))]))
         res["saved_bytes"] = str(probe.total())
         if cuda:
             torch.cuda.synchronize()
-            after = _mem_now(torch, source)
+            after = torch_layer.memory_now(torch, source)
             res["fwd_delta_bytes"] = str(after - before)
             # max_memory_allocated is allocated bytes; its rise above the start is the forward's peak
             res["fwd_peak_bytes"] = str(torch.cuda.max_memory_allocated() - peak_before)
@@ -342,7 +324,7 @@ def run(args):
             row["status"], row["reason"] = "unsupported", one_line(e)
             msg = "s=%-6d unsupported  %s" % (seq, row["reason"])
         except Exception as e:  # noqa: BLE001
-            if not (args.device == "cuda" and _is_oom(torch, e)):
+            if not (args.device == "cuda" and torch_layer.is_oom(torch, e)):
                 raise
             row["status"], row["reason"] = "oom", one_line(str(e).splitlines()[0] if str(e) else "out of memory")
             msg = "s=%-6d oom          %s" % (seq, row["reason"])

@@ -318,13 +318,14 @@ def summarize(values):
     return f(statistics.median(values)), f(min(values)), f(max(values))
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse would print the usage too)
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are BadInput: one line, exit 2 (argparse would print the usage too)."""
+    def error(self, message):
         raise BadInput(message)
 
 
 def build_parser():
-    ap = _Parser(prog=PROG, add_help=True, description=__doc__.split("\n")[0])
+    ap = OneLineParser(prog=PROG, add_help=True, description=__doc__.split("\n")[0])
     ap.add_argument("--csv", help="append one row per configuration to this CSV")
     ap.add_argument("--config", help="comma-separated list of %s (default: the paper's five; with "
                     "--check-against all six)" % ", ".join(ALL_CONFIGS))
@@ -615,9 +616,10 @@ def run_once(impl, layer, x_base, dy):
 
 # ---- timing mode ------------------------------------------------------------------------
 
-def _is_oom(impl, e):
-    oom = getattr(impl.torch.cuda, "OutOfMemoryError", None)
-    return (oom is not None and isinstance(e, oom)) or "out of memory" in str(e)
+def is_oom(torch, e):
+    """torch.cuda.OutOfMemoryError, or an error that says it ran out of memory."""
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(e, oom)) or "out of memory" in str(e).lower()
 
 
 def measure_config(impl, args, config, P, device):
@@ -644,7 +646,7 @@ def measure_config(impl, args, config, P, device):
             torch.cuda.reset_peak_memory_stats()
             stats = torch.cuda.memory_stats()
             source = "requested" if "requested_bytes.all.current" in stats else "allocated"
-            before = _mem_now(torch, source)
+            before = memory_now(torch, source)
         x = x_base.clone().requires_grad_()  # allocated inside the window: the layer keeps it
         probe = None
         if not cuda and it == 0:  # the saved bytes are the same every iteration
@@ -671,7 +673,7 @@ def measure_config(impl, args, config, P, device):
             out_bytes = y.numel() * y.element_size()
             if source == "allocated":
                 out_bytes = -(-out_bytes // 512) * 512  # the allocator's 512-byte rounding
-            res["act_bytes_measured"] = str(_mem_now(torch, source) - before - out_bytes)
+            res["act_bytes_measured"] = str(memory_now(torch, source) - before - out_bytes)
             res["act_bytes_source"] = source
         torch.autograd.backward(y, dy)
         del y
@@ -694,7 +696,8 @@ def measure_config(impl, args, config, P, device):
     return res
 
 
-def _mem_now(torch, source):
+def memory_now(torch, source):
+    """The caching allocator's requested (or allocated) bytes now."""
     if source == "requested":
         return torch.cuda.memory_stats()["requested_bytes.all.current"]
     return torch.cuda.memory_allocated()
@@ -735,7 +738,7 @@ def run_timing(args):
             if r["act_bytes_measured"]:
                 msg += "  act %.3f MiB (%s)" % (int(r["act_bytes_measured"]) / 2 ** 20, r["act_bytes_source"])
         except Exception as e:  # noqa: BLE001
-            if not (device == "cuda" and _is_oom(impl, e)):
+            if not (device == "cuda" and is_oom(impl.torch, e)):
                 raise
             row["status"] = "oom"
             msg = "%-13s oom   %s" % (config, str(e).splitlines()[0] if str(e) else "out of memory")

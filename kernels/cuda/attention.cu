@@ -84,6 +84,30 @@ __device__ __forceinline__ void load_tile(const T* head, int64_t row0, int64_t S
   }
 }
 
+// acc[rr][cc] = sum over d < kD of a[row rg*kRowsPerThread + rr][d] * b[row lane + kLanes*cc][d]:
+// this thread's share of one tile product a·bᵀ, both tiles in shared memory with rows of kD + 1.
+template <int kD, int kCols>
+__device__ __forceinline__ void tile_dot(const float* __restrict__ a, const float* __restrict__ b, int rg, int lane,
+                                         float (&acc)[kRowsPerThread][kCols]) {
+  constexpr int kLD = kD + 1;
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerThread; ++rr)
+#pragma unroll
+    for (int cc = 0; cc < kCols; ++cc) acc[rr][cc] = 0.f;
+#pragma unroll 8
+  for (int d = 0; d < kD; ++d) {
+    float av[kRowsPerThread], bv[kCols];
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerThread; ++rr) av[rr] = a[(rg * kRowsPerThread + rr) * kLD + d];
+#pragma unroll
+    for (int cc = 0; cc < kCols; ++cc) bv[cc] = b[(lane + kLanes * cc) * kLD + d];
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerThread; ++rr)
+#pragma unroll
+      for (int cc = 0; cc < kCols; ++cc) acc[rr][cc] = fmaf(av[rr], bv[cc], acc[rr][cc]);
+  }
+}
+
 // ---- forward -------------------------------------------------------------------------------
 
 template <int kD>
@@ -131,22 +155,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
 
       float s[kRowsPerThread][kKC];
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerThread; ++rr)
-#pragma unroll
-        for (int cc = 0; cc < kKC; ++cc) s[rr][cc] = 0.f;
-#pragma unroll 8
-      for (int d = 0; d < kD; ++d) {
-        float qv[kRowsPerThread], kv[kKC];
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerThread; ++rr) qv[rr] = sQ[(rg * kRowsPerThread + rr) * kLD + d];
-#pragma unroll
-        for (int cc = 0; cc < kKC; ++cc) kv[cc] = sK[(lane + kLanes * cc) * kLD + d];
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerThread; ++rr)
-#pragma unroll
-          for (int cc = 0; cc < kKC; ++cc) s[rr][cc] = fmaf(qv[rr], kv[cc], s[rr][cc]);
-      }
+      tile_dot<kD>(sQ, sK, rg, lane, s);  // scores q_i · k_j
 
 #pragma unroll
       for (int rr = 0; rr < kRowsPerThread; ++rr) {
@@ -274,31 +283,8 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
 
       float s[kRowsPerThread][kKC], dp[kRowsPerThread][kKC];
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerThread; ++rr)
-#pragma unroll
-        for (int cc = 0; cc < kKC; ++cc) s[rr][cc] = dp[rr][cc] = 0.f;
-#pragma unroll 8
-      for (int d = 0; d < kD; ++d) {
-        float qv[kRowsPerThread], ov[kRowsPerThread], kv[kKC], vv[kKC];
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerThread; ++rr) {
-          qv[rr] = sQ[(rg * kRowsPerThread + rr) * kLD + d];
-          ov[rr] = sdO[(rg * kRowsPerThread + rr) * kLD + d];
-        }
-#pragma unroll
-        for (int cc = 0; cc < kKC; ++cc) {
-          kv[cc] = sK[(lane + kLanes * cc) * kLD + d];
-          vv[cc] = sV[(lane + kLanes * cc) * kLD + d];
-        }
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerThread; ++rr)
-#pragma unroll
-          for (int cc = 0; cc < kKC; ++cc) {
-            s[rr][cc] = fmaf(qv[rr], kv[cc], s[rr][cc]);
-            dp[rr][cc] = fmaf(ov[rr], vv[cc], dp[rr][cc]);
-          }
-      }
+      tile_dot<kD>(sQ, sK, rg, lane, s);    // scores q_i · k_j
+      tile_dot<kD>(sdO, sV, rg, lane, dp);  // dP = dO_i · v_j
 
 #pragma unroll
       for (int rr = 0; rr < kRowsPerThread; ++rr) {
@@ -399,31 +385,8 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
 
       float s[kRowsPerThread][kQC], dp[kRowsPerThread][kQC];  // [key][query]
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerThread; ++rr)
-#pragma unroll
-        for (int cc = 0; cc < kQC; ++cc) s[rr][cc] = dp[rr][cc] = 0.f;
-#pragma unroll 8
-      for (int d = 0; d < kD; ++d) {
-        float kv[kRowsPerThread], vv[kRowsPerThread], qv[kQC], ov[kQC];
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerThread; ++rr) {
-          kv[rr] = sK[(rg * kRowsPerThread + rr) * kLD + d];
-          vv[rr] = sV[(rg * kRowsPerThread + rr) * kLD + d];
-        }
-#pragma unroll
-        for (int cc = 0; cc < kQC; ++cc) {
-          qv[cc] = sQ[(lane + kLanes * cc) * kLD + d];
-          ov[cc] = sdO[(lane + kLanes * cc) * kLD + d];
-        }
-#pragma unroll
-        for (int rr = 0; rr < kRowsPerThread; ++rr)
-#pragma unroll
-          for (int cc = 0; cc < kQC; ++cc) {
-            s[rr][cc] = fmaf(qv[cc], kv[rr], s[rr][cc]);
-            dp[rr][cc] = fmaf(ov[cc], vv[rr], dp[rr][cc]);
-          }
-      }
+      tile_dot<kD>(sK, sQ, rg, lane, s);    // scores k_j · q_i (fmaf's product commutes exactly)
+      tile_dot<kD>(sV, sdO, rg, lane, dp);  // dP = v_j · dO_i
 
 #pragma unroll
       for (int rr = 0; rr < kRowsPerThread; ++rr) {
