@@ -2,8 +2,8 @@
 """sweep.py: run layer_run over a plan of points, resumably, into one CSV.
 
     sweep.py PLAN --csv FILE [--backend cpu|cuda|meta] [--launcher auto|mpi|emulate]
-             [--dry-run] [--retry-failed] [--warmup W] [--iters I] [--dtype D]
-             [--memory-limit 80GiB] [--build DIR] [--extra "ARGS"]
+             [--dry-run] [--retry-failed] [--no-wait] [--warmup W] [--iters I] [--dtype D]
+             [--dropout P] [--memory-limit 80GiB] [--build DIR] [--extra "ARGS"]
 
 PLAN is a built-in plan (table4, seqlen, tp, models, longseq, smoke) or a JSON plan file:
 
@@ -12,24 +12,38 @@ PLAN is a built-in plan (table4, seqlen, tp, models, longseq, smoke) or a JSON p
      "grid":  {"seq": [1024, 2048, 4096], "config": ["baseline", "selective+sp"]}}
 
 Every combination of the grid's values (with the fixed ones) is one point; a point is one
-layer_run process writing one row. Keys of a point: model hidden heads seq batch tp config
-dtype layers (plus the backend and whether t is emulated). A point whose key is already in
-the CSV is skipped, so a sweep killed at any moment is resumed by running it again: rows are
-appended whole by layer_run (one write under a lock), and a point that fails without a row
-(a crash, a bad point) gets a row with status=failed written by this driver, the same way.
-Out-of-memory points are rows with status=oom (layer_run exit status 3) and the sweep goes on.
+layer_run process writing one row. No config means the paper's five; a config given as a list ("baseline,sp" or, in fixed,
+["baseline", "sp"]) is one point per configuration. Keys of a point: model hidden heads seq
+batch tp config attention dtype dropout layers (plus the backend and whether t is emulated);
+a point whose key is already in the CSV is skipped, so a sweep killed at any moment is
+resumed by running it again. Rows are appended whole by layer_run (one write under a lock);
+a point that fails without a row gets a row with status=failed written by this driver, the
+same way. Out-of-memory points are rows with status=oom (layer_run exit status 3) and the
+sweep goes on. Malformed lines already in the CSV (half-written or glued rows, bytes that
+are not UTF-8, runaway fields) are named with their line number; their points run again.
+
+One sweep at a time per CSV: a sweep holds FILE.lock (flock) from start to end, and every
+point's process inherits it, so a second sweep on the same CSV, or a rerun right after a
+sweep was killed while a point was still running, waits for it (--no-wait: exit 2 instead)
+and then runs only the points still missing. Each point's process runs in its own process
+group: SIGINT / SIGTERM to the sweep are passed on to it, and on Linux it is sent SIGTERM
+when the sweep dies, however it dies.
 
 With --launcher mpi (or auto with a cuda/cpu backend and mpirun on PATH and t > 1) a point
-runs under `mpirun -np t`; with emulate (the default for meta, and for auto without mpirun)
-one process plays rank 0 of t (--emulate-tp). Binaries are found in $ACTBENCH_BUILD, --build,
-or the newest build*/ folder of the repository. Only Python's standard library.
+runs under `mpirun -np t` (Open MPI: run-as-root variables set when running as root,
+--oversubscribe when t exceeds the CPUs); with emulate (the default for meta, and for auto
+without mpirun) one process plays rank 0 of t (--emulate-tp). Binaries are found in
+$ACTBENCH_BUILD, --build, or the newest build*/ folder of the repository. Only Python's
+standard library.
 """
 import argparse
-import csv
+import ctypes
 import fcntl
 import io
+import csv
 import itertools
 import json
+import math
 import os
 import shlex
 import shutil
@@ -38,11 +52,15 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import results_csv  # noqa: E402
+
 PAPER_CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp"]
-# The columns that identify a point (as layer_run writes them).
+# The columns that identify a point (as layer_run writes them): every field a plan may vary.
 KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "attention",
-               "dtype", "layers"]
+               "dtype", "dropout", "layers"]
 # Per-rank shapes of the paper's models (PAPER.md Table 3) for filling keys before a run.
 PRESETS = {
     "tiny": dict(seq=32, batch=2, hidden=64, heads=4, tp=1),
@@ -51,6 +69,7 @@ PRESETS = {
     "530b": dict(seq=2048, batch=1, hidden=20480, heads=128, tp=8),
     "1t": dict(seq=2048, batch=1, hidden=25600, heads=160, tp=8),
 }
+DEFAULT_DROPOUT = 0.1  # layer_run's default; always passed so that the key says what ran
 
 BUILTIN_PLANS = {
     # Table 4: one 22B layer, t = 8, all five configurations.
@@ -73,12 +92,28 @@ BUILTIN_PLANS = {
     "smoke": {"fixed": {"model": "tiny", "tp": 2}, "grid": {"seq": [16, 32], "config": PAPER_CONFIGS}},
 }
 
-POINT_FIELDS = {"model", "hidden", "heads", "seq", "batch", "tp", "config", "attention", "dtype", "layers", "dropout"}
+INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers"}
+TEXT_FIELDS = {"model", "config", "attention", "dtype"}
+POINT_FIELDS = INT_FIELDS | TEXT_FIELDS | {"dropout"}
+# layer_run options the sweep sets itself; --extra may not set them (the point key would lie).
+OWN_OPTIONS = {"--backend", "--model", "--hidden", "--heads", "--seq", "--batch", "--tp", "--config", "--attention",
+               "--dtype", "--dropout", "--layers", "--csv", "--emulate-tp", "--warmup", "--iters", "--memory-limit",
+               "--print-csv-header", "--help", "-h"}
+GRACE_S = 10.0  # after passing on a signal (or a timeout), how long a point may take to exit before SIGKILL
+MAX_WARNINGS = 20
+
+PR_SET_PDEATHSIG = 1
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+except OSError:
+    _LIBC = None
 
 
 class SweepError(Exception):
     pass
 
+
+# ---------------------------------------------------------------- plans
 
 def load_plan(name):
     if name in BUILTIN_PLANS:
@@ -88,47 +123,122 @@ def load_plan(name):
     if not os.path.exists(name):
         raise SweepError(f"unknown plan '{name}': not one of {', '.join(BUILTIN_PLANS)} and no such file")
     try:
-        with open(name) as f:
+        with open(name, encoding="utf-8") as f:
             plan = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SweepError(f"cannot read plan file {name}: {e}")
-    if not isinstance(plan, dict) or not isinstance(plan.get("grid", {}), dict):
-        raise SweepError(f"plan file {name}: expected an object with 'grid' (and optional 'fixed')")
+    if not isinstance(plan, dict) or not isinstance(plan.get("grid", {}), dict) \
+            or not isinstance(plan.get("fixed", {}), dict):
+        raise SweepError(f"plan file {name}: expected an object with 'grid' (and optional 'fixed') objects")
     plan.setdefault("name", os.path.splitext(os.path.basename(name))[0])
+    plan["name"] = str(plan["name"])
     return plan
 
 
+def plan_value(plan, k, v):
+    """A plan's value for field k as layer_run takes it; SweepError names what is wrong."""
+    where = f"plan '{plan['name']}': {k}={json.dumps(v)}"
+    if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
+        raise SweepError(f"{where} is not a single value")
+    if k in INT_FIELDS:
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int) or v <= 0:
+            raise SweepError(f"{where} is not a positive integer")
+        return v
+    if k == "dropout":
+        try:
+            v = float(v)
+        except ValueError:
+            raise SweepError(f"{where} is not a number")
+        if not math.isfinite(v):
+            raise SweepError(f"{where} is not a finite number")
+        return v
+    if not isinstance(v, str) or not v.strip():
+        raise SweepError(f"{where} is not a name")
+    return v.strip()
+
+
+def config_list(plan, v):
+    """'baseline,sp' or ['baseline', 'sp'] -> ['baseline', 'sp'] (one point each)."""
+    out = []
+    for item in (v if isinstance(v, list) else [v]):
+        if not isinstance(item, str):
+            raise SweepError(f"plan '{plan['name']}': config={json.dumps(v)}: configurations are names")
+        for c in item.split(","):
+            if not c.strip():
+                raise SweepError(f"plan '{plan['name']}': config={json.dumps(v)} has an empty configuration")
+            if c.strip() not in out:
+                out.append(c.strip())
+    if not out:
+        raise SweepError(f"plan '{plan['name']}': config={json.dumps(v)} is empty")
+    return out
+
+
 def expand(plan, defaults):
-    """All points of a plan: dicts of layer_run settings with every key column filled."""
+    """All points of a plan, each once: dicts of layer_run settings with every key column filled."""
     fixed = dict(plan.get("fixed", {}))
-    grid = plan.get("grid", {})
+    grid = dict(plan.get("grid", {}))
     for k in list(fixed) + list(grid):
         if k not in POINT_FIELDS:
             raise SweepError(f"plan '{plan['name']}': unknown field '{k}' (known: {', '.join(sorted(POINT_FIELDS))})")
-    names = list(grid)
-    for k in names:
-        if not isinstance(grid[k], list) or not grid[k]:
+    for k in set(fixed) & set(grid):
+        raise SweepError(f"plan '{plan['name']}': '{k}' is both fixed and in the grid")
+    if "config" in fixed:  # a fixed list of configurations is a grid dimension
+        grid["config"] = [fixed.pop("config")]
+    grid.setdefault("config", list(PAPER_CONFIGS))  # as layer_run: all five, one point each
+    dims = {}
+    for k, values in grid.items():
+        if not isinstance(values, list) or not values:
             raise SweepError(f"plan '{plan['name']}': grid field '{k}' must be a non-empty list")
-    points = []
-    for values in itertools.product(*(grid[k] for k in names)):
-        p = {"dtype": "bf16", "layers": 1, "attention": "unfused"}
+        if k == "config":
+            dims[k] = [c for v in values for c in config_list(plan, v)]
+        else:
+            dims[k] = [plan_value(plan, k, v) for v in values]
+    for k, v in fixed.items():
+        if isinstance(v, list):
+            raise SweepError(f"plan '{plan['name']}': fixed field '{k}' is a list: put it in 'grid'")
+        fixed[k] = plan_value(plan, k, v)
+    names = list(dims)
+    points, seen = [], set()
+    for values in itertools.product(*(dims[k] for k in names)):
+        p = {"dtype": "bf16", "layers": 1, "attention": "unfused", "dropout": DEFAULT_DROPOUT}
         p.update(defaults)
         p.update(fixed)
         p.update(zip(names, values))
         model = p.get("model", "tiny")
         if model not in PRESETS:
-            raise SweepError(f"plan '{plan['name']}': unknown model '{model}'")
+            raise SweepError(f"plan '{plan['name']}': unknown model '{model}' (known: {', '.join(PRESETS)})")
         for k, v in PRESETS[model].items():
             p.setdefault(k, v)
         p["model"] = model
-        points.append(p)
+        ident = tuple(norm(p[k]) for k in sorted(POINT_FIELDS))
+        if ident not in seen:  # a value listed twice is still one point
+            seen.add(ident)
+            points.append(p)
     return points
+
+
+def norm(v):
+    """One spelling per value, so that 0.1, '0.10' and 1e-1 are the same key."""
+    s = str(v).strip()
+    try:
+        f = float(s)
+    except ValueError:
+        return s
+    if not math.isfinite(f):
+        return s
+    return str(int(f)) if f.is_integer() and abs(f) < 2 ** 63 else repr(f)
 
 
 def point_key(p, backend, emulated):
     values = dict(p, backend=backend, emulated=1 if emulated else 0)
-    return tuple(str(values[c]) for c in KEY_COLUMNS)
+    return tuple(norm(values[c]) for c in KEY_COLUMNS)
 
+
+# ---------------------------------------------------------------- the CSV
 
 def find_layer_run(build):
     candidates = []
@@ -153,35 +263,41 @@ def read_header(layer_run):
 
 
 def done_keys(path, header, retry_failed):
-    """Keys of the points already in the CSV (a failed point counts unless retry_failed)."""
+    """(keys of the points already in the CSV, malformed lines as 'FILE:LINE: why').
+
+    A failed point counts as done unless retry_failed. A malformed line is no result: its
+    point runs again."""
     if not os.path.exists(path) or os.path.getsize(path) == 0:
-        return set()
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        got = next(reader, None)
-        if got != header:
-            raise SweepError(f"{path} has a different header than this layer_run writes: use another --csv")
-        idx = [header.index(c) for c in KEY_COLUMNS]
-        status = header.index("status")
-        keys = set()
-        for row in reader:
-            if len(row) != len(header):
-                continue  # cannot happen with whole-row appends; ignore rather than guess
-            if retry_failed and row[status] == "failed":
-                continue
-            keys.add(tuple(row[i] for i in idx))
-        return keys
+        return set(), []
+    try:
+        got, rows, problems = results_csv.read(path)
+    except results_csv.BadFile as e:
+        raise SweepError(f"{path}: {e}")
+    if got != header:
+        raise SweepError(f"{path} has a different header than this layer_run writes: use another --csv")
+    idx = [header.index(c) for c in KEY_COLUMNS]
+    status = header.index("status")
+    keys = set()
+    for _, row in rows:
+        if retry_failed and row[status] == "failed":
+            continue
+        keys.add(tuple(norm(row[i]) for i in idx))
+    return keys, results_csv.summarize(path, problems, MAX_WARNINGS)
 
 
 def append_row(path, header, row):
-    """One row with one write() under an exclusive lock: the same discipline as layer_run."""
+    """One row with one write() under an exclusive lock, on a line of its own: the same
+    discipline as layer_run (a half-written last line is ended first, never glued onto)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if os.fstat(fd).st_size == 0:
+        size = os.fstat(fd).st_size
+        if size == 0:
             writer.writerow(header)
+        elif os.pread(fd, 1, size - 1) != b"\n":
+            buf.write("\n")
         writer.writerow(row)
         os.write(fd, buf.getvalue().encode())
     finally:
@@ -198,12 +314,90 @@ def failed_row(header, p, backend, emulated, status, message, command):
     return [values[c] for c in header]
 
 
-def command_for(p, args, layer_run, emulated, mpirun):
+class SweepLock:
+    """FILE.lock beside the CSV, flock'd for the whole sweep and inherited by each point's
+    process: whoever holds it may run points into the CSV. It names its holder."""
+
+    def __init__(self, csv_path):
+        self.path = os.path.realpath(csv_path) + ".lock"
+        self.fd = None
+        self.writable = True
+
+    def holder(self):
+        try:
+            with open(self.path) as f:
+                info = json.load(f)
+            pid = int(info["sweep_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another sweep"
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+        point = info.get("point")
+        if alive:
+            return f"sweep pid {pid}" + (f" (running {point})" if point else "")
+        return f"a point left running by sweep pid {pid}, which has exited" + (f" ({point})" if point else "")
+
+    def acquire(self, wait, stopped):
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            self.fd = os.open(self.path, os.O_RDONLY)
+            self.writable = False
+        told = False
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            if not wait:
+                raise SweepError(f"{self.path[:-5]} is in use by {self.holder()} (without --no-wait: wait for it)")
+            if not told:
+                print(f"sweep: {self.path[:-5]} is in use by {self.holder()}; waiting for it to end "
+                      f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
+                told = True
+            if stopped():
+                return False
+            time.sleep(0.2)  # polled, so that a signal is answered at once
+        self.note(None)
+        return True
+
+    def note(self, point):
+        if self.writable:
+            text = json.dumps({"sweep_pid": os.getpid(), "point": point}) + "\n"
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, text.encode(), 0)
+
+
+# ---------------------------------------------------------------- running points
+
+def mpirun_flavor(mpirun):
+    if not mpirun:
+        return None
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "other"
+    return "openmpi" if "Open MPI" in out.stdout + out.stderr or "OpenRTE" in out.stdout + out.stderr else "other"
+
+
+def cpu_count():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
     cmd = [layer_run, "--backend", args.backend, "--model", p["model"], "--hidden", str(p["hidden"]),
            "--heads", str(p["heads"]), "--seq", str(p["seq"]), "--batch", str(p["batch"]), "--tp", str(p["tp"]),
-           "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"], "--layers", str(p["layers"]), "--csv", args.csv]
-    if "dropout" in p:
-        cmd += ["--dropout", str(p["dropout"])]
+           "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"],
+           "--dropout", norm(p["dropout"]), "--layers", str(p["layers"]), "--csv", args.csv]
     if args.warmup is not None:
         cmd += ["--warmup", str(args.warmup)]
     if args.iters is not None:
@@ -215,9 +409,109 @@ def command_for(p, args, layer_run, emulated, mpirun):
     if emulated:
         cmd.append("--emulate-tp")
     elif int(p["tp"]) > 1:
-        cmd = [mpirun, "-np", str(p["tp"]), *cmd]
+        launcher = [mpirun, "-np", str(p["tp"])]
+        if flavor == "openmpi" and int(p["tp"]) > cpu_count():
+            launcher.append("--oversubscribe")
+        cmd = [*launcher, *cmd]
     return cmd
 
+
+def launcher_env(flavor):
+    """What our own launcher needs: Open MPI refuses root without these two variables."""
+    env = dict(os.environ)
+    if flavor == "openmpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def error_line(stderr, code):
+    """The line that says why a point failed: not mpirun's boxed banners around it."""
+    outside, boxed, in_box = [], [], False
+    for line in stderr.splitlines():
+        s = line.strip()
+        if s and set(s) <= set("-="):
+            in_box = not in_box
+            continue
+        if s:
+            (boxed if in_box else outside).append(s)
+    for s in reversed(outside):
+        if "error" in s.lower():
+            return s
+    if outside:
+        return outside[-1]
+    if boxed:
+        return boxed[0]
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _child_setup(parent_pid):
+    """In the child before exec: die with the sweep (SIGTERM when it dies, however it dies)."""
+    def setup():
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGTERM), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                        ctypes.c_ulong(0))
+        if os.getppid() != parent_pid:  # the sweep died before the death signal was armed
+            os._exit(1)
+    return setup
+
+
+class Runner:
+    """Runs one point at a time in its own process group and passes SIGINT / SIGTERM on to it."""
+
+    def __init__(self):
+        self.child = None
+        self.stop = None      # the signal that asked us to stop
+        self.kill_at = None
+
+    def on_signal(self, signum, frame):
+        if self.stop is None:
+            self.stop = signum
+        if self.child is not None:
+            self._signal_group(signum)
+            if self.kill_at is None:
+                self.kill_at = time.monotonic() + GRACE_S
+
+    def _signal_group(self, signum):
+        try:
+            os.killpg(self.child.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def run(self, cmd, env, timeout, keep_fds):
+        """(exit status, stderr, timed_out)."""
+        self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      errors="replace", env=env, start_new_session=True,
+                                      preexec_fn=_child_setup(os.getpid()), pass_fds=keep_fds)
+        if self.stop is not None:
+            self._signal_group(self.stop)
+            self.kill_at = time.monotonic() + GRACE_S
+        deadline = time.monotonic() + timeout
+        timed_out = False
+        while True:
+            try:
+                _, err = self.child.communicate(timeout=0.25)
+                break
+            except subprocess.TimeoutExpired:
+                now = time.monotonic()
+                if not timed_out and now > deadline:
+                    timed_out = True
+                    self._signal_group(signal.SIGTERM)
+                    self.kill_at = now + GRACE_S
+                if self.kill_at is not None and now > self.kill_at:
+                    self._signal_group(signal.SIGKILL)
+        self._signal_group(signal.SIGKILL)  # ranks or helpers the launcher left behind
+        code = self.child.returncode
+        self.child, self.kill_at = None, None
+        return code, err or "", timed_out
+
+
+# ---------------------------------------------------------------- main
 
 def gpu_count():
     try:
@@ -245,36 +539,71 @@ def fmt_time(sec):
     return f"{sec // 3600}:{sec // 60 % 60:02d}:{sec % 60:02d}"
 
 
+def check_args(args):
+    folder = os.path.dirname(os.path.abspath(args.csv))
+    if os.path.isdir(args.csv):
+        raise SweepError(f"--csv {args.csv} is a folder")
+    if not os.path.isdir(folder):
+        raise SweepError(f"--csv {args.csv}: folder {folder} does not exist")
+    if args.extra:
+        try:
+            words = shlex.split(args.extra)
+        except ValueError as e:
+            raise SweepError(f"--extra: {e}")
+        own = sorted({w.split("=")[0] for w in words if w.split("=")[0] in OWN_OPTIONS})
+        if own:
+            raise SweepError(f"--extra may not set {', '.join(own)}: the sweep sets it (put it in the plan "
+                             f"or use the sweep's own option)")
+    if args.timeout <= 0 or not math.isfinite(args.timeout):
+        raise SweepError("--timeout must be a positive number of seconds")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan", help="table4 | seqlen | tp | models | longseq | smoke | PLAN.json")
-    ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable)")
+    ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable; FILE.lock beside it)")
     ap.add_argument("--backend", default="meta", choices=["cpu", "cuda", "meta"])
     ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--attention", default="unfused", choices=["unfused", "fused"],
+                    help="default for points whose plan does not set it")
+    ap.add_argument("--dropout", type=float, default=DEFAULT_DROPOUT,
                     help="default for points whose plan does not set it")
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--iters", type=int)
     ap.add_argument("--memory-limit", help="e.g. 80GiB: points past it are recorded as oom")
     ap.add_argument("--build", help="build folder holding runners/layer_run")
-    ap.add_argument("--extra", help="more layer_run arguments, one string")
+    ap.add_argument("--extra", help="more layer_run arguments, one string (not the ones the sweep sets)")
     ap.add_argument("--dry-run", action="store_true", help="list the points and what would run; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run points recorded as failed again")
+    ap.add_argument("--no-wait", action="store_true",
+                    help="exit 2 at once when another sweep holds the CSV, instead of waiting for it")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per point before it is failed")
     args = ap.parse_args(argv)
 
+    runner = Runner()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, runner.on_signal)
+
+    lock = SweepLock(args.csv)
     try:
+        check_args(args)
         plan = load_plan(args.plan)
-        points = expand(plan, {"dtype": args.dtype, "layers": args.layers, "attention": args.attention})
+        points = expand(plan, {"dtype": args.dtype, "layers": args.layers, "attention": args.attention,
+                               "dropout": plan_value({"name": "--dropout"}, "dropout", args.dropout)})
         layer_run = find_layer_run(args.build)
         header = read_header(layer_run)
-        done = done_keys(args.csv, header, args.retry_failed)
+        if not args.dry_run and not lock.acquire(not args.no_wait, lambda: runner.stop is not None):
+            print("sweep: stopped while waiting; nothing ran", file=sys.stderr)
+            return 128 + runner.stop
+        done, warnings = done_keys(args.csv, header, args.retry_failed)
     except (SweepError, subprocess.CalledProcessError, OSError) as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
+    for w in warnings:
+        print(f"sweep: warning: {w}; not a result, its point runs again", file=sys.stderr)
     mpirun = shutil.which("mpirun")
     gpus = gpu_count() if args.backend == "cuda" else 0
 
@@ -286,58 +615,73 @@ def main(argv=None):
             print(f"sweep: error: {e}", file=sys.stderr)
             return 2
         key = point_key(p, args.backend, emulated)
-        todo.append((p, emulated, key in done))
-    n_skip = sum(1 for t in todo if t[2])
+        todo.append((p, emulated, key, key in done))
+    flavor = mpirun_flavor(mpirun) if any(not e and int(p["tp"]) > 1 for p, e, _, _ in todo) else None
+    env = launcher_env(flavor)
+    n_skip = sum(1 for t in todo if t[3])
     print(f"sweep {plan['name']}: {len(points)} points, {n_skip} already in {args.csv}, "
           f"{len(points) - n_skip} to run ({args.backend})", file=sys.stderr)
     if args.dry_run:
-        for p, emulated, skip in todo:
-            cmd = command_for(p, args, layer_run, emulated, mpirun)
+        for p, emulated, _, skip in todo:
+            cmd = command_for(p, args, layer_run, emulated, mpirun, flavor)
             print(("skip  " if skip else "run   ") + shlex.join(cmd))
         return 0
 
     start = time.time()
     ran = failures = ooms = 0
-    remaining = [t for t in todo if not t[2]]
-    try:
-        for i, (p, emulated, _) in enumerate(remaining):
-            cmd = command_for(p, args, layer_run, emulated, mpirun)
-            label = f"{p['model']} s={p['seq']} b={p['batch']} t={p['tp']} {p['config']}"
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                code, err = proc.returncode, proc.stderr.strip()
-            except subprocess.TimeoutExpired:
-                code, err = -1, f"timed out after {args.timeout:g} s"
-            ran += 1
-            if code == 3:
-                ooms += 1
-                state = "oom"
-            elif code != 0:
-                failures += 1
-                state = "failed"
-                msg = err.splitlines()[-1] if err else f"exit status {code}"
-                append_row(args.csv, header, failed_row(header, p, args.backend, emulated,
-                                                        "failed", msg, shlex.join(cmd)))
-            else:
-                state = "ok"
-            elapsed = time.time() - start
-            eta = elapsed / (i + 1) * (len(remaining) - i - 1)
-            print(f"[{n_skip + i + 1}/{len(points)}] {label}: {state}  elapsed {fmt_time(elapsed)}  "
-                  f"eta {fmt_time(eta)}" + (f"  ({err.splitlines()[-1]})" if state == "failed" and err else ""),
-                  file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        print(f"sweep: interrupted after {ran} points; finished rows are in {args.csv}, run again to resume",
-              file=sys.stderr)
-        return 130
+    remaining = [t for t in todo if not t[3]]
+    for i, (p, emulated, key, _) in enumerate(remaining):
+        if runner.stop is not None:
+            break
+        cmd = command_for(p, args, layer_run, emulated, mpirun, flavor)
+        label = (f"{p['model']} s={p['seq']} b={p['batch']} t={p['tp']} {p['config']}"
+                 + (f" {p['attention']}" if p["attention"] != "unfused" else "")
+                 + (f" p={norm(p['dropout'])}" if norm(p["dropout"]) != norm(DEFAULT_DROPOUT) else ""))
+        lock.note(label)
+        code, err, timed_out = runner.run(cmd, env, args.timeout, (lock.fd,))
+        if flavor == "openmpi" and code != 0 and "not enough slots" in err and "--oversubscribe" not in cmd:
+            cmd.insert(3, "--oversubscribe")  # more ranks than Open MPI counts cores: run them anyway
+            code, err, timed_out = runner.run(cmd, env, args.timeout, (lock.fd,))
+        lock.note(None)
+        if runner.stop is not None and code != 0 and not timed_out:
+            break  # stopped mid-point: no result, the point runs again next time
+        # Whatever the exit status, the point has a row exactly when its process wrote one.
+        try:
+            written = point_key(p, args.backend, emulated) in done_keys(args.csv, header, False)[0]
+        except SweepError as e:
+            print(f"sweep: error: {e}", file=sys.stderr)
+            return 2
+        ran += 1
+        message = None
+        if timed_out:
+            message = f"timed out after {args.timeout:g} s"
+        elif code not in (0, 3):
+            message = error_line(err, code)
+        elif not written:
+            message = f"layer_run exited with status {code} but wrote no row"
+        if message is not None and not written:
+            failures += 1
+            state = "failed"
+            append_row(args.csv, header, failed_row(header, p, args.backend, emulated, "failed", message,
+                                                    shlex.join(cmd)))
+        elif message is not None:
+            failures += 1
+            state = "failed (its row was written)"
+        else:
+            state = "oom" if code == 3 else "ok"
+            ooms += code == 3
+        elapsed = time.time() - start
+        eta = elapsed / (i + 1) * (len(remaining) - i - 1)
+        print(f"[{n_skip + i + 1}/{len(points)}] {label}: {state}  elapsed {fmt_time(elapsed)}  "
+              f"eta {fmt_time(eta)}" + (f"  ({message})" if message else ""), file=sys.stderr, flush=True)
+    if runner.stop is not None:
+        print(f"sweep: stopped by {signal.Signals(runner.stop).name} after {ran} points; finished rows are in "
+              f"{args.csv}, run again to resume", file=sys.stderr)
+        return 128 + runner.stop
     print(f"sweep {plan['name']}: ran {ran} ({ooms} oom, {failures} failed) in {fmt_time(time.time() - start)}; "
           f"results in {args.csv}", file=sys.stderr)
     return 1 if failures else 0
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt  # a kill is handled like Ctrl-C: say where the rows are, exit
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _terminate)
     sys.exit(main())

@@ -53,8 +53,9 @@ class PlanExpansion(unittest.TestCase):
             with open(path, "w") as f:
                 json.dump({"fixed": {"model": "tiny"}, "grid": {"seq": [8, 16, 24], "batch": [1, 3]}}, f)
             pts = sweep.expand(sweep.load_plan(path), {"dtype": "fp32", "layers": 2})
-            self.assertEqual(len(pts), 6)
-            self.assertEqual({(p["seq"], p["batch"]) for p in pts}, {(s, b) for s in (8, 16, 24) for b in (1, 3)})
+            self.assertEqual(len(pts), 6 * 5)  # no config: the paper's five, one point each
+            self.assertEqual({(p["seq"], p["batch"], p["config"]) for p in pts},
+                             {(s, b, c) for s in (8, 16, 24) for b in (1, 3) for c in sweep.PAPER_CONFIGS})
             self.assertTrue(all(p["layers"] == 2 and p["dtype"] == "fp32" and p["hidden"] == 64 for p in pts))
             with open(path, "w") as f:
                 json.dump({"grid": {"sequence": [1]}}, f)
