@@ -14,6 +14,8 @@ import csv
 
 MAX_FIELD_CHARS = 131072  # layer_run's longest field (the command line) is far shorter
 MAX_RECORD_LINES = 64     # how far a quoted field may run over newlines before the line is malformed
+# Let csv hand over long fields whole: they are named below, not fatal to the whole file.
+csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
 
 
 class BadFile(Exception):

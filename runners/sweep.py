@@ -304,6 +304,20 @@ def append_row(path, header, row):
         os.close(fd)
 
 
+def end_last_line(path):
+    """Ends a half-written last line, so that the next row (ours or layer_run's) is not glued onto it."""
+    if not os.path.exists(path):
+        return
+    fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            os.write(fd, b"\n")
+    finally:
+        os.close(fd)
+
+
 def failed_row(header, p, backend, emulated, status, message, command):
     values = {c: "" for c in header}
     values.update({k: str(v) for k, v in p.items() if k in values})
@@ -599,6 +613,8 @@ def main(argv=None):
             print("sweep: stopped while waiting; nothing ran", file=sys.stderr)
             return 128 + runner.stop
         done, warnings = done_keys(args.csv, header, args.retry_failed)
+        if not args.dry_run:
+            end_last_line(args.csv)
     except (SweepError, subprocess.CalledProcessError, OSError) as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2

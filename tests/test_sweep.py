@@ -1,8 +1,10 @@
 """runners/sweep.py: plans expand as documented, a killed sweep resumes without losing or
 duplicating rows, failures and OOMs are recorded and the sweep goes on, concurrent sweeps
-never interleave rows. Needs ACTBENCH_BUILD (the build folder) for layer_run.
+never interleave rows and run each point once, killing the sweep ends its point, malformed
+CSV lines are named. Needs ACTBENCH_BUILD (the build folder) for layer_run.
 """
 import csv
+import fcntl
 import json
 import os
 import shutil
@@ -16,9 +18,34 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNERS = os.path.join(HERE, "..", "runners")
 sys.path.insert(0, RUNNERS)
+import results_csv  # noqa: E402
 import sweep  # noqa: E402
 
 SWEEP = os.path.join(RUNNERS, "sweep.py")
+MPIRUN = shutil.which("mpirun")
+
+
+def processes_with(text):
+    """pids of live processes whose command line holds text (the test's unique CSV path)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and "sweep.py" not in cmd and state != "Z":
+            pids.append(int(d))
+    return pids
+
+
+def keys_of(path):
+    header, rows, problems = results_csv.read(path)
+    return [tuple(sweep.norm(row[header.index(c)]) for c in sweep.KEY_COLUMNS) for _, row in rows], problems
 
 
 def read_rows(path):
@@ -63,8 +90,46 @@ class PlanExpansion(unittest.TestCase):
                 sweep.expand(sweep.load_plan(path), {})
             with self.assertRaises(sweep.SweepError):
                 sweep.load_plan("no_such_plan")
+            for bad in ({"grid": {"seq": [16, "x"]}}, {"grid": {"seq": [0]}}, {"fixed": {"seq": [8, 16]}},
+                        {"grid": {"config": ["baseline,,sp"]}}, {"grid": {"dropout": ["nan"]}},
+                        {"fixed": {"seq": 8}, "grid": {"seq": [16]}}, {"grid": {"batch": [True]}}):
+                with open(path, "w") as f:
+                    json.dump(bad, f)
+                with self.assertRaises(sweep.SweepError, msg=bad):
+                    sweep.expand(sweep.load_plan(path), {})
         finally:
             shutil.rmtree(tmp)
+
+    def test_every_varied_field_is_in_the_key_and_config_lists_split(self):
+        for field in sweep.POINT_FIELDS:
+            self.assertIn(field, sweep.KEY_COLUMNS)
+        tmp = tempfile.mkdtemp()
+        try:
+            path = os.path.join(tmp, "p.json")
+            with open(path, "w") as f:  # a config list in fixed, repeated values: each point once
+                json.dump({"fixed": {"model": "tiny", "config": "baseline,sp,baseline"},
+                           "grid": {"dropout": [0.0, 0.1, "0.10", 0.2], "seq": [16, 16.0]}}, f)
+            pts = sweep.expand(sweep.load_plan(path), {})
+            self.assertEqual(sorted((p["config"], p["dropout"]) for p in pts),
+                             sorted((c, d) for c in ("baseline", "sp") for d in (0.0, 0.1, 0.2)))
+            keys = {sweep.point_key(p, "meta", False) for p in pts}
+            self.assertEqual(len(keys), 6)
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_error_line_is_not_mpiruns_banner(self):
+        dashes = "-" * 74
+        banner = (f"{dashes}\nmpirun has detected an attempt to run as root.\n\nRunning as root is *strongly* "
+                  f"discouraged\n{dashes}\n")
+        failed = (f"layer_run: error: hidden 64 is not divisible by heads 5\n{dashes}\nPrimary job  terminated "
+                  f"normally, but 1 process returned\na non-zero exit code.\n{dashes}\n{dashes}\nmpirun detected "
+                  f"that one or more processes exited with non-zero status\n\n  Exit code:    2\n{dashes}\n")
+        self.assertEqual(sweep.error_line(failed, 2), "layer_run: error: hidden 64 is not divisible by heads 5")
+        self.assertEqual(sweep.error_line(banner + failed, 2),
+                         "layer_run: error: hidden 64 is not divisible by heads 5")
+        self.assertEqual(sweep.error_line(banner, 1), "mpirun has detected an attempt to run as root.")
+        self.assertEqual(sweep.error_line("", -9), "killed by SIGKILL")
+        self.assertEqual(sweep.error_line("", 7), "exit status 7")
 
 
 class SweepRuns(unittest.TestCase):
@@ -168,6 +233,164 @@ class SweepRuns(unittest.TestCase):
         header_cols, rows = read_rows(self.csv)
         self.assertEqual(len(rows), 60)
         self.assertTrue(all(len(row) == len(header_cols) for row in rows))
+
+    def slow_args(self, plan, iters):
+        # cpu points of about 0.2 s per 300 iterations
+        return [sys.executable, SWEEP, plan, "--backend", "cpu", "--launcher", "emulate", "--dtype", "fp32",
+                "--iters", str(iters), "--warmup", "0", "--csv", self.csv]
+
+    def wait_for_point(self, proc, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None:
+            pids = processes_with(self.csv)
+            if pids:
+                return pids
+            time.sleep(0.02)
+        self.fail("no point started")
+
+    def assert_gone(self, text, timeout=3):
+        deadline = time.time() + timeout
+        while processes_with(text) and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(processes_with(text), [], "a point outlived its sweep")
+
+    def assert_each_point_once(self, n):
+        keys, problems = keys_of(self.csv)
+        self.assertEqual(problems, [])
+        self.assertEqual(len(keys), n)
+        self.assertEqual(len(set(keys)), n)
+
+    def test_killing_only_the_sweep_ends_its_point_and_a_rerun_runs_each_point_once(self):
+        plan = self.plan({"seq": [8, 16], "config": ["baseline", "full"]}, fixed={"model": "tiny", "tp": 2})
+        for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            with self.subTest(signal=sig.name):
+                # Points of several seconds: one still running 3 s after its sweep died is caught.
+                proc = subprocess.Popen(self.slow_args(plan, 30000), stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True)
+                self.wait_for_point(proc)
+                proc.send_signal(sig)  # the sweep alone, not its process group
+                _, err = proc.communicate(timeout=60)
+                if sig != signal.SIGKILL:
+                    self.assertEqual(proc.returncode, 128 + sig, err)
+                    self.assertIn("run again to resume", err)
+                self.assert_gone(self.csv)
+                if os.path.exists(self.csv):
+                    header, rows = read_rows(self.csv)  # an interrupted point is no failure
+                    self.assertEqual([r for r in rows if r[header.index("status")] != "ok"], [])
+        # The same points (iterations are not part of a point), quickly.
+        r = subprocess.run(self.slow_args(plan, 30), capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assert_each_point_once(4)
+
+    def test_a_sweep_waits_for_the_one_holding_the_csv(self):
+        plan = self.plan({"seq": [8, 16], "config": ["baseline"]})
+        # A point left running by a sweep that has exited holds FILE.lock, as its process inherits it.
+        fd = os.open(self.csv + ".lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"sweep_pid": 2 ** 22 + 12345, "point": "tiny s=8"}).encode())
+        try:
+            r = self.sweep(plan, "--no-wait")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("in use by a point left running by sweep pid", r.stderr)
+            self.assertFalse(os.path.exists(self.csv))
+            proc = subprocess.Popen([sys.executable, SWEEP, plan, "--csv", self.csv], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+            time.sleep(1.0)
+            self.assertIsNone(proc.poll(), "the sweep did not wait")
+            self.assertFalse(os.path.exists(self.csv))
+        finally:
+            os.close(fd)
+        _, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertIn("waiting for it to end", err)
+        self.assert_each_point_once(2)
+
+    def test_two_sweeps_of_one_plan_run_each_point_once(self):
+        plan = self.plan({"seq": [8, 16, 24, 32], "config": sweep.PAPER_CONFIGS, "dropout": [0.0, 0.1]})
+        procs = [subprocess.Popen([sys.executable, SWEEP, plan, "--backend", "meta", "--csv", self.csv],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        for p in procs:
+            _, err = p.communicate(timeout=600)
+            self.assertEqual(p.returncode, 0, err)
+        self.assert_each_point_once(40)
+        header, rows = read_rows(self.csv)
+        self.assertEqual(sorted({r[header.index("dropout")] for r in rows}, key=float), ["0", "0.1"]
+                         if rows[0][header.index("dropout")] in ("0", "0.1") else sorted(
+                             {r[header.index("dropout")] for r in rows}, key=float))
+        self.assertEqual({float(r[header.index("dropout")]) for r in rows}, {0.0, 0.1})
+        r = self.sweep(plan)
+        self.assertIn("40 already in", r.stderr)
+
+    def test_config_list_plan_resumes(self):
+        plan = self.plan({"seq": [8, 16]}, fixed={"model": "tiny", "config": "baseline,selective+sp"})
+        r = self.sweep(plan)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assert_each_point_once(4)
+        self.assertIn("4 already in", self.sweep(plan).stderr)
+
+    def test_malformed_lines_are_named_and_rows_start_on_a_fresh_line(self):
+        plan = self.plan({"seq": [8, 16, 24]}, fixed={"model": "tiny", "config": "baseline"})
+        self.assertEqual(self.sweep(plan).returncode, 0)
+        with open(self.csv, "rb") as f:
+            lines = f.read().splitlines(keepends=True)
+        good = lines[1]
+        # Line 2 glued to line 3 (its point is lost), a non-UTF-8 line, a huge field, and a last
+        # row cut in half without its line end.
+        body = [lines[0], lines[1].rstrip(b"\n") + lines[2], b"x,\xff\xfe," + good[6:],
+                good.replace(b",ok,", b",ok," + b"y" * 200000 + b","), lines[3][:40]]
+        with open(self.csv, "wb") as f:
+            f.write(b"".join(body))
+        r = self.sweep(plan)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        name = os.path.basename(self.csv)
+        for line, why in ((2, "glued"), (3, "not UTF-8"), (4, "characters long"), (5, "half-written")):
+            self.assertRegex(r.stderr, rf"warning: .*{name}:{line}: .*{why}")
+        self.assertIn("0 already in", r.stderr)  # every point's row is malformed: all run again
+        keys, problems = keys_of(self.csv)
+        self.assertEqual([line for line, _ in problems], [2, 3, 4, 5])  # the fragment kept its own line
+        self.assertEqual(sorted(keys), sorted(set(keys)))
+        self.assertEqual(len(keys), 3)
+        # A header that is not UTF-8: one line, exit 2, nothing run.
+        with open(self.csv, "wb") as f:
+            f.write(b"backend,\xff\n")
+        r = self.sweep(plan)
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn("not UTF-8", r.stderr)
+
+    def test_bad_arguments_exit_2(self):
+        for args in (["smoke", "--extra=--dropout 0.3"], ["smoke", "--extra=--csv=x.csv"],
+                     ["smoke", "--timeout", "0"], ["smoke", "--dropout", "nan"]):
+            r = self.sweep(*args)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        r = self.sweep("smoke", csv_path=os.path.join(self.tmp, "missing", "x.csv"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("does not exist", r.stderr)
+        r = self.sweep("smoke", csv_path=self.tmp)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("is a folder", r.stderr)
+
+    @unittest.skipUnless(MPIRUN, "mpirun not on PATH")
+    def test_mpi_points_without_open_mpis_root_variables(self):
+        # As root Open MPI refuses to start without two variables: the sweep sets them for its
+        # own launcher. A failed point's message is layer_run's error, not mpirun's banner.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_")}
+        plan = self.plan({"heads": [4, 5]}, fixed={"model": "tiny", "tp": 2, "seq": 8, "config": "baseline"})
+        r = subprocess.run([sys.executable, SWEEP, plan, "--backend", "cpu", "--launcher", "mpi", "--iters", "1",
+                            "--warmup", "0", "--timeout", "120", "--csv", self.csv],
+                           capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        header, rows = read_rows(self.csv)
+        got = {row[header.index("heads")]: row for row in rows}
+        self.assertEqual(len(rows), 2)
+        self.assertEqual(got["4"][header.index("status")], "ok", got["4"])
+        self.assertEqual(got["4"][header.index("emulated")], "0")
+        failed = got["5"]
+        self.assertEqual(failed[header.index("status")], "failed")
+        self.assertIn("divisible", failed[header.index("message")])
+        self.assertNotIn("mpirun", failed[header.index("message")])
+        self.assertTrue(failed[header.index("command")].startswith(MPIRUN))
 
 
 if __name__ == "__main__":
