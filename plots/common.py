@@ -3,11 +3,18 @@
 Every plot reads CSVs only: layer_run results (any *.csv in RESULTS_DIR with layer_run's
 header), CUPTI phase breakdowns (columns config, phase, gpu_ms), and the tables that
 `theory --out DIR` writes (which carry the paper's numbers in their paper_* columns).
+Malformed lines (wrong field count, glued or half-written rows, bytes that are not UTF-8,
+runaway fields), values that are not numbers, status=ok rows without their measurements and
+CSVs meant as results but missing a required column are each named (file and line), left
+out of every plot, and make the run end with status 2; the figures the rest allows are made.
 """
-import csv
 import glob
+import math
 import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runners"))
+import results_csv  # noqa: E402  (the line-by-line CSV reader shared with sweep.py)
 
 
 def ensure_matplotlib():
@@ -70,28 +77,43 @@ def figure(height_in=2.4, width_in=HALF_PAGE_WIDTH_IN):
     return plt.subplots(figsize=(width_in, height_in), constrained_layout=True)
 
 
+class OutputError(Exception):
+    """An output file cannot be written (its path is a folder, the folder is a file, ...)."""
+
+
+def _replace_atomically(out_dir, name, write):
+    """write(tmp) then rename onto OUT/name: a reader never sees half a file; no temporary is left."""
+    path = os.path.join(out_dir, name)
+    tmp = os.path.join(out_dir, f".{name}.tmp.{os.getpid()}")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if os.path.isdir(path):
+            raise IsADirectoryError(21, "is a folder", path)
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.lexists(tmp) and not os.path.isdir(tmp):
+            os.unlink(tmp)
+        raise OutputError(f"cannot write {e.filename or path}: {e.strerror or e}")
+    return path
+
+
 def save(fig, out_dir, name):
     """Writes OUT/name.png (and .pdf) atomically; returns the PNG path."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    for ext in ("png", "pdf"):
-        path = os.path.join(out_dir, f"{name}.{ext}")
-        tmp = os.path.join(out_dir, f".{name}.tmp.{os.getpid()}.{ext}")
-        fig.savefig(tmp, bbox_inches="tight")
-        os.replace(tmp, path)
-        paths.append(path)
-    plt.close(fig)
+    try:
+        paths = [_replace_atomically(out_dir, f"{name}.{ext}",
+                                     lambda tmp, ext=ext: fig.savefig(tmp, bbox_inches="tight", format=ext))
+                 for ext in ("png", "pdf")]
+    finally:
+        plt.close(fig)
     return paths[0]
 
 
 def write_text(out_dir, name, text):
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, name)
-    tmp = os.path.join(out_dir, f".{name}.tmp.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    return _replace_atomically(out_dir, name, write)
 
 
 def markdown_table(header, rows):
@@ -103,51 +125,124 @@ def markdown_table(header, rows):
 
 # ---------------------------------------------------------------- reading
 
+# The columns a layer_run CSV must have for the plots, and the ones only layer_run writes
+# (a CSV holding one of those is meant to be a layer_run CSV, so a missing column is an error).
+LAYER_RUN_MARKERS = {"status", "act_bytes_formula", "peak_allocated_bytes"}
+CUPTI_MARKERS = {"phase", "gpu_ms"}
+# Columns that are numbers in every layer_run row that has them, and the ones an ok row must fill.
+SHAPE_COLUMNS = ["hidden", "heads", "seq", "batch", "tp"]
+OK_ROW_NEEDS = SHAPE_COLUMNS + ["act_bytes", "act_bytes_formula"]
+
+
+def is_number_column(name):
+    return name in SHAPE_COLUMNS or name in ("layers", "iters", "warmup", "dropout") or \
+        name.endswith(("_ms", "_bytes", "_gbps"))
+
+
+class Inputs:
+    """Every CSV read, once, and every problem found in them as 'FILE[:LINE]: what'."""
+
+    def __init__(self):
+        self.cache = {}
+        self.problems = []   # errors: malformed lines, missing columns, unreadable files
+        self.ignored = []    # CSVs in RESULTS_DIR that are neither layer_run nor CUPTI ones
+
+    def read(self, path):
+        """(header, rows as dicts with _file and _line) or (None, []) when the file is unusable."""
+        if path not in self.cache:
+            try:
+                header, rows, problems = results_csv.read(path)
+            except results_csv.BadFile as e:
+                self.problems.append(f"{path}: {e}")
+                self.cache[path] = (None, [])
+            else:
+                self.problems += results_csv.summarize(path, problems)
+                name = os.path.basename(path)
+                self.cache[path] = (header, [dict(zip(header, row), _file=name, _line=line) for line, row in rows])
+        return self.cache[path]
+
+    def bad_values(self, path, rows, check):
+        """Rows for which check(row) gives no complaint; each complaint is a problem."""
+        good, bad = [], []
+        for r in rows:
+            why = check(r)
+            (bad if why else good).append((r["_line"], why) if why else r)
+        self.problems += results_csv.summarize(path, bad)
+        return good
+
+
+INPUTS = Inputs()
+
+
 def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def csv_header(path):
-    try:
-        with open(path, newline="") as f:
-            return next(csv.reader(f), [])
-    except (OSError, UnicodeDecodeError):
-        return []
+    return INPUTS.read(path)[1]
 
 
 def num(v):
-    """float of a CSV cell, None for an empty or unreadable one."""
+    """float of a CSV cell, None for an empty, unreadable or non-finite one."""
     if v is None or v == "":
         return None
     try:
-        return float(v)
+        f = float(v)
     except ValueError:
         return None
+    return f if math.isfinite(f) else None
+
+
+def layer_run_row_problem(r):
+    for c, v in r.items():
+        if not c.startswith("_") and v != "" and is_number_column(c) and num(v) is None:
+            return f"{c} is '{v[:40]}', not a finite number"
+    if r.get("status") == "ok":
+        for c in OK_ROW_NEEDS:
+            if num(r.get(c)) is None:
+                return f"{c} is empty in a status=ok row"
+    return None
+
+
+def cupti_row_problem(r):
+    if num(r.get("gpu_ms")) is None:
+        return f"gpu_ms is '{(r.get('gpu_ms') or '')[:40]}', not a finite number"
+    return None
 
 
 def csv_files(results_dir):
     return sorted(glob.glob(os.path.join(results_dir, "*.csv")))
 
 
-def load_layer_runs(results_dir):
-    """All rows of every layer_run CSV in results_dir (other CSVs are skipped)."""
-    rows = []
-    for path in csv_files(results_dir):
-        if LAYER_RUN_COLUMNS <= set(csv_header(path)):
-            for r in read_csv(path):
-                r["_file"] = os.path.basename(path)
-                rows.append(r)
-    return rows
+def classify(path, header):
+    """'layer_run', 'cupti' or None; a CSV meant as one of them but missing columns is a problem."""
+    cols = set(header)
+    if LAYER_RUN_COLUMNS <= cols:
+        return "layer_run"
+    if CUPTI_COLUMNS <= cols and not cols & LAYER_RUN_MARKERS:
+        return "cupti"
+    for kind, needed, markers, most in (("layer_run", LAYER_RUN_COLUMNS, LAYER_RUN_MARKERS, 12),
+                                        ("CUPTI", CUPTI_COLUMNS, CUPTI_MARKERS, 3)):
+        if cols & markers or len(cols & needed) >= most:
+            missing = ", ".join(sorted(needed - cols))
+            INPUTS.problems.append(f"{path}: a {kind} CSV without the required column(s) {missing}: not read")
+            return None
+    INPUTS.ignored.append(f"{os.path.basename(path)} (neither a layer_run nor a CUPTI CSV)")
+    return None
 
 
-def load_cupti(results_dir):
-    rows = []
+def load_results(results_dir):
+    """(layer_run rows, CUPTI rows) of every CSV in results_dir; what is wrong goes to INPUTS."""
+    runs, cupti = [], []
     for path in csv_files(results_dir):
-        header = set(csv_header(path))
-        if CUPTI_COLUMNS <= header and not LAYER_RUN_COLUMNS <= header:
-            rows.extend(read_csv(path))
-    return rows
+        if os.path.isdir(path):
+            INPUTS.ignored.append(f"{os.path.basename(path)} (a folder)")
+            continue
+        header, rows = INPUTS.read(path)
+        if header is None:
+            continue
+        kind = classify(path, header)
+        if kind == "layer_run":
+            runs += INPUTS.bad_values(path, rows, layer_run_row_problem)
+        elif kind == "cupti":
+            cupti += INPUTS.bad_values(path, rows, cupti_row_problem)
+    return runs, cupti
 
 
 class Theory:
@@ -170,8 +265,8 @@ class Context:
         self.results_dir = results_dir
         self.out_dir = out_dir
         self.theory = Theory(theory_dir)
-        self.runs = load_layer_runs(results_dir) if results_dir else []
-        self.cupti = load_cupti(results_dir) if results_dir else []
+        self.runs, self.cupti = load_results(results_dir) if results_dir else ([], [])
+        self.inputs = INPUTS
 
     def ok_runs(self):
         """Rows of the paper's layer (unfused attention; older CSVs have no attention column)."""
@@ -206,22 +301,37 @@ def latest_by_config(rows):
     return out
 
 
+def report(prog, inputs, out=sys.stderr):
+    """Prints each input problem as one line; returns the exit status (2 when there was one)."""
+    for p in inputs.problems:
+        print(f"{prog}: error: {p}", file=out)
+    return 2 if inputs.problems else 0
+
+
 def main_for(make, description):
     """CLI of a single plot script: RESULTS_DIR OUT_DIR [--theory DIR]."""
     import argparse
+    prog = os.path.basename(sys.argv[0])
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("results_dir", help="folder of layer_run / CUPTI CSVs (may be empty)")
     ap.add_argument("out_dir", help="where the figure and table go")
     ap.add_argument("--theory", default=None, help="folder written by `theory --out` (default: RESULTS_DIR/theory)")
     args = ap.parse_args()
     if not os.path.isdir(args.results_dir):
-        print(f"plots: error: {args.results_dir} is not a folder", file=sys.stderr)
+        print(f"{prog}: error: {args.results_dir} is not a folder", file=sys.stderr)
+        return 2
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        print(f"{prog}: error: OUT_DIR {args.out_dir} is a file, not a folder", file=sys.stderr)
         return 2
     theory_dir = args.theory or os.path.join(args.results_dir, "theory")
     ctx = Context(args.results_dir, args.out_dir, theory_dir)
+    status = 0
     try:
         for path in make(ctx):
             print(path)
     except Skip as e:
         print(f"skipped: {e}")
-    return 0
+    except OutputError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        status = 2
+    return report(prog, ctx.inputs) or status

@@ -27,7 +27,13 @@ def _parse(text):
     try:
         rows = list(csv.reader([text], strict=True))
     except csv.Error as e:
-        return None, "open quote" if "unexpected end of data" in str(e) else f"not CSV ({e})"
+        if "unexpected end of data" in str(e):
+            return None, "open quote"
+        if "new-line character" in str(e):
+            return None, "a line break (carriage return) inside an unquoted field"
+        if "expected after" in str(e):
+            return None, "text right after a closing quote (two rows glued together?)"
+        return None, f"not CSV ({e})"
     return (rows[0] if rows else []), None
 
 

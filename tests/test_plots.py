@@ -7,6 +7,7 @@ snapshot tests/fixtures/theory/ stands in and the runner's own tests are skipped
 """
 import csv
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -122,6 +123,86 @@ class MakeAll(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("skipped: Figure 1", p.stdout)
         self.assertIn("made: table4_layer_times.png", p.stdout)  # needs only measured rows
+
+    def bad_results(self):
+        """The fixtures plus one of each bad input, every bad row a copy of a good one (so that
+        every figure can still be made from the rest)."""
+        bad = os.path.join(self.tmp, "bad")
+        shutil.copytree(RESULTS, bad)
+        with open(os.path.join(RESULTS, "layer_runs.csv"), "rb") as f:
+            lines = f.read().splitlines(keepends=True)
+        header = lines[0].decode().rstrip("\n").split(",")
+        cols = lines[1].decode().rstrip("\n").split(",")
+
+        def with_value(col, value):
+            row = list(cols)
+            row[header.index(col)] = value
+            return ",".join(row).encode() + b"\n"
+
+        tail = [with_value("act_bytes_formula", ""),                       # line 65
+                with_value("message", "x" * 300000),                       # line 66: a huge field
+                with_value("hostname", "host") .replace(b"host", b"h\xffst"),  # line 67: not UTF-8
+                lines[2].rstrip(b"\r\n") + lines[3],                      # line 68: two rows glued
+                with_value("fwd_ms", "fast"),                              # line 69: not a number
+                lines[4][:50]]                                             # line 70: half-written
+        with open(os.path.join(bad, "layer_runs.csv"), "ab") as f:
+            f.write(b"".join(tail))
+        # A layer_run CSV without a required column, and a CUPTI one with a bad gpu_ms.
+        drop = header.index("act_bytes_formula")
+        with open(os.path.join(bad, "old.csv"), "w") as f:
+            for line in lines[:3]:
+                fields = line.decode().rstrip("\n").split(",")
+                f.write(",".join(fields[:drop] + fields[drop + 1:]) + "\n")
+        with open(os.path.join(RESULTS, "cupti_22b.csv")) as f:
+            cupti = f.read().splitlines(keepends=True)
+        with open(os.path.join(bad, "cupti_bad.csv"), "w") as f:
+            f.write(cupti[0] + cupti[1].replace(",0.08000,", ",abc,"))
+        return bad
+
+    def test_bad_inputs_are_named_and_the_other_figures_made(self):
+        with open(os.path.join(RESULTS, "layer_runs.csv")) as f:
+            header = f.readline().strip().split(",")
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(os.path.join(out, "fig1_memory.png"))  # an output path that is a folder
+        p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), self.bad_results(), out, "--theory", THEORY_SNAPSHOT])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        errors = p.stderr.strip().splitlines()
+        expected = [r"layer_runs\.csv:65: act_bytes_formula is empty", rf"layer_runs\.csv:66: field {header.index('message') + 1} is 300000",
+                    r"layer_runs\.csv:67: bytes that are not UTF-8", r"layer_runs\.csv:68: .*glued",
+                    r"layer_runs\.csv:69: fwd_ms is 'fast'", r"layer_runs\.csv:70: .* half-written",
+                    r"old\.csv: a layer_run CSV without the required column\(s\) act_bytes_formula",
+                    r"cupti_bad\.csv:2: gpu_ms is 'abc'", r"Figure 1 .*cannot write .*fig1_memory\.png: is a folder"]
+        for pattern in expected:
+            self.assertEqual(len([e for e in errors if re.search(pattern, e)]), 1, f"{pattern}\n{p.stderr}")
+        self.assertEqual(len(errors), len(expected), p.stderr)
+        self.assertTrue(all(e.startswith("make_all: error: ") for e in errors), p.stderr)
+        # The good rows are all read (95 CUPTI rows: the bad file's one row is left out) and every
+        # figure but the unwritable one is made.
+        self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
+        self.assertIn("8 made, 0 skipped, 1 failed", p.stdout)
+        self.assertIn("ignored: notes.csv", p.stdout)
+        for name in ALL_FIGURES[1:]:
+            self.assertTrue(os.path.exists(os.path.join(out, name + ".png")), name)
+        with open(os.path.join(out, "index.md")) as f:
+            self.assertIn("layer_runs.csv:68", f.read())
+        self.assertEqual([n for n in os.listdir(out) if ".tmp." in n], [])
+        # A single script says the same about its inputs, and still makes its figure.
+        p = run([PYTHON, os.path.join(PLOTS, "table4.py"), self.tmp + "/bad", self.tmp + "/one",
+                 "--theory", THEORY_SNAPSHOT])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("layer_runs.csv:68", p.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "one", "table4_layer_times.png")))
+
+    def test_out_dir_that_is_a_file(self):
+        path = os.path.join(self.tmp, "file")
+        with open(path, "w") as f:
+            f.write("x")
+        for script in ("make_all.py", "fig7.py"):
+            p = run([PYTHON, os.path.join(PLOTS, script), RESULTS, path, "--theory", THEORY_SNAPSHOT])
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
+            self.assertIn("is a file", p.stderr)
 
     def test_bad_arguments(self):
         p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), os.path.join(self.tmp, "missing"), self.tmp])
