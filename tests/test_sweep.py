@@ -375,7 +375,8 @@ class SweepRuns(unittest.TestCase):
     def test_mpi_points_without_open_mpis_root_variables(self):
         # As root Open MPI refuses to start without two variables: the sweep sets them for its
         # own launcher. A failed point's message is layer_run's error, not mpirun's banner.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+        env.pop("OMPI_MCA_rmaps_base_oversubscribe", None)  # the sweep adds --oversubscribe itself when needed
         plan = self.plan({"heads": [4, 5]}, fixed={"model": "tiny", "tp": 2, "seq": 8, "config": "baseline"})
         r = subprocess.run([sys.executable, SWEEP, plan, "--backend", "cpu", "--launcher", "mpi", "--iters", "1",
                             "--warmup", "0", "--timeout", "120", "--csv", self.csv],
