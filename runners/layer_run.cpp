@@ -62,6 +62,7 @@ struct Options {
   uint64_t seed = 1234;
   double link_gbps = 450.0;
   uint64_t memory_limit = 0;  // 0: none
+  std::string print_only;     // --help or --print-csv-header: print this, run nothing
 };
 
 // Each option as a canonical string: ranks compare these (0.1 and 0.10 are the same value).
@@ -74,7 +75,8 @@ std::vector<std::pair<std::string, std::string>> normalized(const Options& o) {
   };
   std::string configs;
   for (const std::string& c : o.configs) configs += (configs.empty() ? "" : ",") + c;
-  return {{"--backend", o.backend},
+  return {{"--help/--print-csv-header", o.print_only},
+          {"--backend", o.backend},
           {"--model", o.model},
           {"--hidden", given(o.hidden)},
           {"--heads", given(o.heads)},
@@ -119,9 +121,8 @@ theory::Config theory_config(LayerPolicy p) {
   return c;
 }
 
-// Parses the command line. Returns false when there is nothing to run (--help,
-// --print-csv-header, printed by the first rank only).
-bool parse_options(int argc, char** argv, Options& o) {
+// Parses the command line into `o` (o.print_only set for --help and --print-csv-header).
+void parse_options(int argc, char** argv, Options& o) {
   CLI::App app{"layer_run: time and measure one transformer layer in the paper's configurations"};
   Args a;
   std::vector<std::pair<std::string, CLI::Option*>> given;
@@ -155,18 +156,17 @@ bool parse_options(int argc, char** argv, Options& o) {
         false);
   value("--memory-limit", a.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)", false);
   value("--link-gbps", a.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s", true);
-  const bool first_rank = mpi_world_rank_from_env() <= 0;
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    if (first_rank) app.exit(e);
-    return false;
+  } catch (const CLI::CallForHelp&) {
+    o.print_only = app.help();
+    return;
   } catch (const CLI::ParseError& e) {
     throw InvalidArgument(e.what());
   }
   if (print_header) {
-    if (first_rank) std::printf("%s", csv_line(kCsvHeader).c_str());
-    return false;
+    o.print_only = csv_line(kCsvHeader);
+    return;
   }
   // An empty value is refused, never read as "use the preset" (--seq '', --dump '').
   for (const auto& [name, opt] : given)
@@ -205,7 +205,6 @@ bool parse_options(int argc, char** argv, Options& o) {
   o.link_gbps = parse_real_option("--link-gbps", a.link_gbps);
   if (!(o.link_gbps > 0)) throw InvalidArgument("--link-gbps must be positive, got " + a.link_gbps);
   if (is_given("--memory-limit")) o.memory_limit = parse_memory_size("--memory-limit", a.memory_limit);
-  return true;
 }
 
 // How a failure is reported: its exit status and its one line.
@@ -300,6 +299,26 @@ class Verdicts {
       }
   }
 
+  // Out of memory is recorded in the row when every rank ran out at the same point (the
+  // ranks are alike, so they do). A rank that ran out alone has left peers waiting in a
+  // collective: it offers its verdict for a few seconds, then ends the job.
+  void same_status(ExperimentResult& r) {
+    if (!world_) return;
+    const bool oom = r.status == "oom";
+    int64_t slots[kAgreeSlots] = {};
+    slots[1] = oom ? world_->size() - world_->rank() : 0;  // the lowest rank out of memory
+    if (!agree(*world_, {}, slots, oom ? 3.0 : -1)) {
+      say({3, "layer_run: out of memory on rank " + std::to_string(world_->rank()) +
+                  " alone (the other ranks cannot go on): " + r.message});
+      mpi_abort_if_initialized(3);
+    }
+    if (slots[1] && !oom) {
+      r = ExperimentResult{};
+      r.status = "oom";
+      r.message = "out of memory on rank " + std::to_string(world_->size() - slots[1]);
+    }
+  }
+
   // The run's exit status, the same on every rank.
   int exit_code(int mine) {
     if (!world_) return mine;
@@ -317,7 +336,7 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
   Options o;
   std::exception_ptr parse_error;
   try {
-    if (!parse_options(argc, argv, o)) return 0;
+    parse_options(argc, argv, o);
   } catch (...) {
     parse_error = std::current_exception();
   }
@@ -330,6 +349,10 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     if (parse_error) std::rethrow_exception(parse_error);
   });
   verdicts.same_arguments(normalized(o));
+  if (!o.print_only.empty()) {
+    if (!world_comm || world_comm->rank() == 0) std::printf("%s", o.print_only.c_str());
+    return verdicts.exit_code(0);
+  }
 
   const int world = world_comm ? world_comm->size() : 1;
   const int world_rank = world_comm ? world_comm->rank() : 0;
@@ -419,6 +442,7 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     spec.link_gbps = o.link_gbps;
     spec.profiler = profiler.get();
     ExperimentResult r = run_experiment(*be, *comm, spec);
+    verdicts.same_status(r);
     if (r.status == "oom") exit_code = 3;
     if (!o.dump.empty() && r.status == "ok") dump_layer(*be, *comm, spec, dump_dir(policy));
 

@@ -80,7 +80,5 @@ void mpi_abort_if_initialized(int code);
 constexpr int kAgreeSlots = 64;
 bool mpi_agree_max(int64_t* values, double timeout_s = -1);
 int mpi_world_size_from_env();
-// This process's rank as the launcher announced it; -1 when not launched by one.
-int mpi_world_rank_from_env();
 
 }  // namespace actbench

@@ -349,6 +349,18 @@ class LayerRunTest(unittest.TestCase):
         self.assertEqual(len(self.rows()), 1)
 
     @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_out_of_memory_on_every_rank_is_a_row(self):
+        r, elapsed = self.run_mpi((2, ["--backend", "cpu", "--tp", "2", "--memory-limit", "1MiB", "--config",
+                                       "baseline,sp", "--csv", self.csv]))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertEqual([(row["config"], row["status"]) for row in self.rows()], [("baseline", "oom"), ("sp", "oom")])
+
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_help_on_one_rank_only_is_refused(self):
+        r, _ = self.run_mpi((1, ["--help"]), (1, ["--backend", "meta", "--tp", "2", "--csv", self.csv]))
+        self.assert_bad_input(r, "--help on rank 0 only", needle="--help")
+
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
     def test_mpi_failure_on_one_rank_mid_run_ends_the_job(self):
         # Rank 0 alone writes the dump; a file it cannot write fails it while rank 1 waits.
         dump = os.path.join(self.tmp, "dump")
