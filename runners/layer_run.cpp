@@ -199,11 +199,13 @@ void parse_options(int argc, char** argv, Options& o) {
   o.iters = static_cast<int>(parse_int_option("--iters", a.iters, 1, kMaxIterations));
   o.warmup_given = is_given("--warmup");
   o.iters_given = is_given("--iters");
-  o.dropout = static_cast<float>(parse_real_option("--dropout", a.dropout));
+  o.dropout = static_cast<float>(parse_real_option("--dropout", a.dropout)) + 0.0f;  // -0 is 0
   if (!(o.dropout >= 0.f && o.dropout < 1.f)) throw InvalidArgument("--dropout must be in [0, 1), got " + a.dropout);
   o.seed = parse_uint64_option("--seed", a.seed);
   o.link_gbps = parse_real_option("--link-gbps", a.link_gbps);
-  if (!(o.link_gbps > 0)) throw InvalidArgument("--link-gbps must be positive, got " + a.link_gbps);
+  // Outside this a modeled time is no longer a number a row can carry.
+  if (!(o.link_gbps >= 1e-3 && o.link_gbps <= 1e6))
+    throw InvalidArgument("--link-gbps must be in 0.001..1000000 (GB/s), got " + a.link_gbps);
   if (is_given("--memory-limit")) o.memory_limit = parse_memory_size("--memory-limit", a.memory_limit);
 }
 
@@ -418,7 +420,9 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     if (!be->computes()) {  // meta: timing means nothing; one iteration gives the memory schedule
       if (!o.warmup_given) o.warmup = 0;
       if (!o.iters_given) o.iters = 1;
+      if (!o.dump.empty()) throw InvalidArgument("--dump writes tensor values: it needs --backend cpu or cuda, not meta");
     }
+    if (o.backend == "cpu") check_host_memory(dims, o.tp, o.layers, dtype, o.memory_limit);
     if (!o.cupti.empty()) profiler = CuptiProfiler::create();
   });
   std::unique_ptr<Communicator> comm;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -144,6 +145,23 @@ void check_layer_extent(const LayerDims& d, int64_t layers) {
                   4, layer_bytes, all);
   checked_mul(per_layer, layers, "bytes of the stack (--layers x one layer)",
               "--layers " + std::to_string(layers) + ", " + std::to_string(per_layer) + " bytes per layer");
+}
+
+void check_host_memory(const LayerDims& d, int t, int64_t layers, DType dtype, uint64_t memory_limit) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: nothing to compare with
+  const long double host = static_cast<long double>(pages) * page;
+  if (memory_limit > 0 && memory_limit < host) return;  // the emulated device runs out first
+  const long double params = (12.0L * d.h * d.h + 13.0L * d.h) / t;
+  const long double bytes = params * 2 * static_cast<long double>(dtype_size(dtype)) * layers;
+  if (bytes > host) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "the cpu backend would hold %.3Lg GB of parameters and gradients per rank (--layers %lld), more than "
+                  "this machine's %.3Lg GB of memory; use --backend meta, fewer layers or a --memory-limit",
+                  bytes / 1e9L, static_cast<long long>(layers), host / 1e9L);
+    refuse(msg);
+  }
 }
 
 void check_output_dir(const std::string& option, const std::string& dir) {

@@ -132,7 +132,7 @@ class LayerRunTest(unittest.TestCase):
         cases = [["--batch", "0"], ["--seq", "0"], ["--hidden", "0"], ["--heads", "0"], ["--tp", "0"],
                  ["--tp", "0", "--emulate-tp"], ["--layers", "0"], ["--warmup", "-1"], ["--iters", "-3"],
                  ["--seq", "32 "], ["--seq", " 32"], ["--seq", "32x"], ["--seq", "3.0"], ["--dropout", "0.1x"],
-                 ["--dropout", "nan"], ["--dropout", "-0.1"], ["--link-gbps", "inf"], ["--link-gbps", "0"],
+                 ["--dropout", "nan"], ["--dropout", "-0.1"], ["--link-gbps", "inf"], ["--link-gbps", "0"], ["--link-gbps", "1e-300"],
                  ["--seed", "-1"], ["--seed", "18446744073709551616"], ["--seed", "1e3"], ["--seed", "+5"]]
         for opt in ["--batch", "--seq", "--hidden", "--heads", "--tp", "--dropout", "--warmup", "--iters",
                     "--layers", "--seed", "--dump", "--cupti", "--memory-limit", "--config", "--model", "--backend",
@@ -186,6 +186,22 @@ class LayerRunTest(unittest.TestCase):
                 r = self.run_layer("--backend", "meta", *args)
                 self.assertLess(time.monotonic() - start, 5.0)
                 self.assert_bad_input(r, " ".join(args), needle=args[0])
+
+    def test_cpu_stack_larger_than_the_machine_is_refused_not_killed(self):
+        start = time.monotonic()
+        r = self.run_layer("--backend", "cpu", "--model", "1t", "--layers", "1024", "--config", "baseline")
+        self.assert_bad_input(r, "1t x 1024 layers on cpu", needle="--layers 1024")
+        # with an emulated device smaller than the machine it is an out-of-memory row instead
+        r = self.run_layer("--backend", "cpu", "--model", "1t", "--layers", "1024", "--config", "baseline",
+                           "--memory-limit", "1GiB")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertEqual([row["status"] for row in self.rows()], ["oom"])
+        self.assertLess(time.monotonic() - start, 20)
+
+    def test_dump_needs_a_backend_that_computes(self):
+        r = self.run_layer("--backend", "meta", "--config", "baseline", "--dump", os.path.join(self.tmp, "d"))
+        self.assert_bad_input(r, "--dump on meta", needle="--dump")
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "d")))
 
     def test_config_list_without_empty_or_repeated_entries(self):
         for text in ["baseline,,sp", "baseline,baseline", ",baseline", "baseline,", ",", "sp,full,sp"]:
