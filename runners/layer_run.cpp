@@ -3,16 +3,18 @@
 // status=oom), 1 any other failure.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <iostream>
+#include <exception>
+#include <limits>
 #include <memory>
-#include <sstream>
 
 #include "kernels/backend.hpp"
 #include "kernels/backend_comm.hpp"
 #include "runners/experiment.hpp"
 #include "runners/presets.hpp"
+#include "runners/run_args.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/csv.hpp"
 #include "runtime/cupti_profiler.hpp"
@@ -39,49 +41,62 @@ const std::vector<std::string> kCuptiHeader = {
     "backend", "device", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "dtype", "dropout",
     "layers", "iters", "phase", "stage", "kernels", "gpu_ms", "git_sha", "timestamp"};
 
-struct Options {
-  std::string backend = "cpu", model = "tiny", configs = kAllPaperConfigs, dtype = "bf16", csv, dump, cupti;
-  std::string memory_limit, attention = "unfused";
-  int64_t hidden = 0, heads = 0, seq = 0, batch = 0;
-  int tp = 0, layers = 1, warmup = 2, iters = 10;
+// What the command line says, each value as given (a value option counts when given).
+struct Args {
+  std::string backend = "cpu", model = "tiny", configs = kAllPaperConfigs, attention = "unfused", dtype = "bf16";
+  std::string hidden, heads, seq, batch, tp, layers = "1", warmup = "2", iters = "10", dropout = "0.1",
+                                                seed = "1234", link_gbps = "450";
+  std::string csv, dump, cupti, memory_limit;
   bool emulate_tp = false;
+};
+
+// The arguments taken strictly (run_args.hpp): a given value is used or refused.
+struct Options {
+  std::string backend, model, attention, dtype, csv, dump, cupti;
+  std::vector<std::string> configs;
+  int64_t hidden = 0, heads = 0, seq = 0, batch = 0;  // 0: not given, the preset's
+  int tp = 0;                                          // 0: not given
+  int layers = 1, warmup = 2, iters = 10;
+  bool warmup_given = false, iters_given = false, emulate_tp = false;
   float dropout = 0.1f;
   uint64_t seed = 1234;
   double link_gbps = 450.0;
+  uint64_t memory_limit = 0;  // 0: none
+  std::string print_only;     // --help or --print-csv-header: print this, run nothing
 };
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-// "80GiB", "80GB", "512MiB", "1e9" -> bytes.
-size_t parse_bytes(const std::string& s) {
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (...) {
-    throw InvalidArgument("cannot read memory size '" + s + "'");
-  }
-  std::string unit = s.substr(pos);
-  double mult = 1;
-  if (unit == "" || unit == "B") mult = 1;
-  else if (unit == "KiB") mult = 1024.0;
-  else if (unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else if (unit == "TB") mult = 1e12;
-  else throw InvalidArgument("unknown unit in memory size '" + s + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
-  if (!(v > 0)) throw InvalidArgument("memory size '" + s + "' must be positive");
-  return static_cast<size_t>(v * mult);
+// Each option as a canonical string: ranks compare these (0.1 and 0.10 are the same value).
+std::vector<std::pair<std::string, std::string>> normalized(const Options& o) {
+  auto given = [](int64_t v) { return v ? std::to_string(v) : std::string("preset"); };
+  auto real = [](double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%a", v);
+    return std::string(buf);
+  };
+  std::string configs;
+  for (const std::string& c : o.configs) configs += (configs.empty() ? "" : ",") + c;
+  return {{"--help/--print-csv-header", o.print_only},
+          {"--backend", o.backend},
+          {"--model", o.model},
+          {"--hidden", given(o.hidden)},
+          {"--heads", given(o.heads)},
+          {"--seq", given(o.seq)},
+          {"--batch", given(o.batch)},
+          {"--tp", given(o.tp)},
+          {"--emulate-tp", o.emulate_tp ? "1" : "0"},
+          {"--config", configs},
+          {"--attention", o.attention},
+          {"--dtype", o.dtype},
+          {"--dropout", real(o.dropout)},
+          {"--layers", std::to_string(o.layers)},
+          {"--warmup", o.warmup_given ? std::to_string(o.warmup) : "default"},
+          {"--iters", o.iters_given ? std::to_string(o.iters) : "default"},
+          {"--seed", std::to_string(o.seed)},
+          {"--link-gbps", real(o.link_gbps)},
+          {"--memory-limit", std::to_string(o.memory_limit)},
+          {"--csv", o.csv},
+          {"--dump", o.dump},
+          {"--cupti", o.cupti}};
 }
 
 std::string fmt_ms(double v, bool have) {
@@ -106,115 +121,314 @@ theory::Config theory_config(LayerPolicy p) {
   return c;
 }
 
-int run(int argc, char** argv) {
+// Parses the command line into `o` (o.print_only set for --help and --print-csv-header).
+void parse_options(int argc, char** argv, Options& o) {
   CLI::App app{"layer_run: time and measure one transformer layer in the paper's configurations"};
-  Options o;
-  app.add_option("--backend", o.backend, "cpu | cuda | meta")->capture_default_str();
-  app.add_option("--model", o.model, "tiny | 22b | 175b | 530b | 1t")->capture_default_str();
-  app.add_option("--hidden", o.hidden, "override the preset's hidden size h");
-  app.add_option("--heads", o.heads, "override the preset's attention heads a");
-  app.add_option("--seq", o.seq, "override the preset's sequence length s");
-  app.add_option("--batch", o.batch, "override the preset's microbatch b");
-  app.add_option("--tp", o.tp, "tensor-parallel size (default: MPI world size; with --emulate-tp the preset's t)");
-  app.add_flag("--emulate-tp", o.emulate_tp, "one process plays rank 0 of --tp ranks; communication modeled");
-  app.add_option("--config", o.configs, "comma-separated: baseline,sp,full,selective,selective+sp[,full+sp]")
-      ->capture_default_str();
-  app.add_option("--attention", o.attention,
-                 "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)")
-      ->capture_default_str();
-  app.add_option("--dtype", o.dtype, "bf16 | fp16 | fp32")->capture_default_str();
-  app.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str();
-  app.add_option("--layers", o.layers, "layers in the stack (times and bytes are reported per layer)")
-      ->capture_default_str();
-  auto* warmup_opt = app.add_option("--warmup", o.warmup, "untimed iterations")->capture_default_str();
-  auto* iters_opt = app.add_option("--iters", o.iters, "timed iterations")->capture_default_str();
-  app.add_option("--seed", o.seed, "seed of parameters, inputs and dropout masks")->capture_default_str();
-  app.add_option("--csv", o.csv, "results CSV to append to (required)");
+  Args a;
+  std::vector<std::pair<std::string, CLI::Option*>> given;
+  auto value = [&](const char* name, std::string& field, const char* help, bool show_default) {
+    CLI::Option* opt = app.add_option(name, field, help);
+    if (show_default) opt->capture_default_str();
+    given.emplace_back(name, opt);
+  };
+  value("--backend", a.backend, "cpu | cuda | meta", true);
+  value("--model", a.model, "tiny | 22b | 175b | 530b | 1t", true);
+  value("--hidden", a.hidden, "override the preset's hidden size h", false);
+  value("--heads", a.heads, "override the preset's attention heads a", false);
+  value("--seq", a.seq, "override the preset's sequence length s", false);
+  value("--batch", a.batch, "override the preset's microbatch b", false);
+  value("--tp", a.tp, "tensor-parallel size (default: MPI world size; with --emulate-tp the preset's t)", false);
+  app.add_flag("--emulate-tp", a.emulate_tp, "one process plays rank 0 of --tp ranks; communication modeled");
+  value("--config", a.configs, "comma-separated: baseline,sp,full,selective,selective+sp[,full+sp]", true);
+  value("--attention", a.attention,
+        "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)", true);
+  value("--dtype", a.dtype, "bf16 | fp16 | fp32", true);
+  value("--dropout", a.dropout, "dropout probability", true);
+  value("--layers", a.layers, "layers in the stack, 1..1024 (times and bytes are reported per layer)", true);
+  value("--warmup", a.warmup, "untimed iterations (meta: 0)", true);
+  value("--iters", a.iters, "timed iterations (meta: 1)", true);
+  value("--seed", a.seed, "seed of parameters, inputs and dropout masks (0..2^64-1)", true);
+  value("--csv", a.csv, "results CSV to append to (required)", false);
   bool print_header = false;
   app.add_flag("--print-csv-header", print_header, "print the CSV header line and exit (for sweep drivers)");
-  app.add_option("--dump", o.dump, "write canonical .npy tensors of one layer here (rank 0)");
-  app.add_option("--cupti", o.cupti,
-                 "write GPU kernel time per phase (CUPTI) to this CSV (cuda backend; Figure 8's split)");
-  app.add_option("--memory-limit", o.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)");
-  app.add_option("--link-gbps", o.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s")
-      ->capture_default_str();
+  value("--dump", a.dump, "write canonical .npy tensors of one layer here (rank 0)", false);
+  value("--cupti", a.cupti, "write GPU kernel time per phase (CUPTI) to this CSV (cuda backend; Figure 8's split)",
+        false);
+  value("--memory-limit", a.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)", false);
+  value("--link-gbps", a.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s", true);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+  } catch (const CLI::CallForHelp&) {
+    o.print_only = app.help();
+    return;
   } catch (const CLI::ParseError& e) {
-    std::string what = e.what();
-    throw InvalidArgument(what);
+    throw InvalidArgument(e.what());
   }
   if (print_header) {
-    std::printf("%s", csv_line(kCsvHeader).c_str());
-    return 0;
+    o.print_only = csv_line(kCsvHeader);
+    return;
   }
-  if (o.csv.empty()) throw InvalidArgument("--csv FILE is required");
+  // An empty value is refused, never read as "use the preset" (--seq '', --dump '').
+  for (const auto& [name, opt] : given)
+    if (opt->count() && opt->as<std::string>().empty())
+      throw InvalidArgument(name + " needs a value (got an empty string)");
+  if (a.csv.empty()) throw InvalidArgument("--csv FILE is required");
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  constexpr int64_t kMaxDim = std::numeric_limits<int64_t>::max();
+  auto is_given = [&](const char* name) {
+    for (const auto& [n, opt] : given)
+      if (n == name) return opt->count() > 0;
+    return false;
+  };
+  o.backend = a.backend;
+  o.model = a.model;
+  o.attention = a.attention;
+  o.dtype = a.dtype;
+  o.csv = a.csv;
+  o.dump = a.dump;
+  o.cupti = a.cupti;
+  o.configs = parse_config_list("--config", a.configs);
+  if (is_given("--hidden")) o.hidden = parse_int_option("--hidden", a.hidden, 1, kMaxDim);
+  if (is_given("--heads")) o.heads = parse_int_option("--heads", a.heads, 1, kMaxDim);
+  if (is_given("--seq")) o.seq = parse_int_option("--seq", a.seq, 1, kMaxDim);
+  if (is_given("--batch")) o.batch = parse_int_option("--batch", a.batch, 1, kMaxDim);
+  if (is_given("--tp")) o.tp = static_cast<int>(parse_int_option("--tp", a.tp, 1, kMaxInt));
+  o.emulate_tp = a.emulate_tp;
+  o.layers = static_cast<int>(parse_int_option("--layers", a.layers, 1, kMaxLayers));
+  o.warmup = static_cast<int>(parse_int_option("--warmup", a.warmup, 0, kMaxIterations));
+  o.iters = static_cast<int>(parse_int_option("--iters", a.iters, 1, kMaxIterations));
+  o.warmup_given = is_given("--warmup");
+  o.iters_given = is_given("--iters");
+  o.dropout = static_cast<float>(parse_real_option("--dropout", a.dropout)) + 0.0f;  // -0 is 0
+  if (!(o.dropout >= 0.f && o.dropout < 1.f)) throw InvalidArgument("--dropout must be in [0, 1), got " + a.dropout);
+  o.seed = parse_uint64_option("--seed", a.seed);
+  o.link_gbps = parse_real_option("--link-gbps", a.link_gbps);
+  // Outside this a modeled time is no longer a number a row can carry.
+  if (!(o.link_gbps >= 1e-3 && o.link_gbps <= 1e6))
+    throw InvalidArgument("--link-gbps must be in 0.001..1000000 (GB/s), got " + a.link_gbps);
+  if (is_given("--memory-limit")) o.memory_limit = parse_memory_size("--memory-limit", a.memory_limit);
+}
 
-  // ---- where we run: real ranks, or one process emulating rank 0 of t ----
-  // Under mpirun the MPI world exists first (rank, size; host-side agreement); the run's
-  // tensor-parallel group is made once the backend exists (NCCL on its stream for cuda).
-  std::unique_ptr<Communicator> world_comm;
+// How a failure is reported: its exit status and its one line.
+struct Failure {
+  int code = 0;  // 0: none
+  std::string line;
+};
+
+Failure current_failure() {
+  auto one_line = [](std::string s) {
+    for (char& c : s)
+      if (c == '\n' || c == '\r') c = ' ';
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s;
+  };
+  try {
+    throw;
+  } catch (const InvalidArgument& e) {
+    return {2, "layer_run: error: " + one_line(e.what())};
+  } catch (const OutOfMemory& e) {
+    return {3, "layer_run: out of memory outside a measurement: " + one_line(e.what())};
+  } catch (const std::exception& e) {
+    return {1, "layer_run: failure: " + one_line(e.what())};
+  } catch (...) {
+    return {1, "layer_run: failure: unknown exception"};
+  }
+}
+
+void say(const Failure& f) {
+  std::fprintf(stderr, "%s\n", f.line.c_str());
+  std::fflush(stderr);
+}
+
+// Every rank has agreed to stop with this status; the one line is already printed.
+struct AgreedExit {
+  int code;
+};
+
+// Offers this rank's failure (if any) to every rank; slot 0 of `slots` carries the verdict,
+// the rest any payload. When some rank failed, the lowest failing rank prints its line and
+// every rank throws AgreedExit with that rank's status. Returns false (nothing thrown) when
+// the peers did not all join within timeout_s (< 0: wait).
+bool agree(Communicator& world, const Failure& mine, int64_t* slots, double timeout_s = -1) {
+  const int64_t n = world.size(), rank = world.rank();
+  // The max picks the lowest failing rank; its status rides in the low byte.
+  slots[0] = mine.code ? ((n - rank) << 8) | mine.code : 0;
+  if (!mpi_agree_max(slots, timeout_s)) return false;
+  if (slots[0] == 0) return true;
+  const int64_t speaker = n - (slots[0] >> 8);
+  if (speaker == rank) say(mine);
+  throw AgreedExit{static_cast<int>(slots[0] & 0xff)};
+}
+
+// The verdicts of one run: under mpirun every check is collective, so that ranks stop
+// together, with one line, whatever rank found the problem. One process: checks just run.
+class Verdicts {
+ public:
+  explicit Verdicts(Communicator* world) : world_(world) {}
+
+  // Runs `check` on this rank, then every rank learns whether it failed anywhere.
+  template <class F>
+  void check(F&& check) {
+    if (!world_) return check();
+    Failure mine;
+    try {
+      check();
+    } catch (...) {
+      mine = current_failure();
+    }
+    int64_t slots[kAgreeSlots] = {};
+    agree(*world_, mine, slots);
+  }
+
+  // Ranks given different arguments would run different collectives and wait for each
+  // other forever: compare every option, name the first that differs.
+  void same_arguments(const std::vector<std::pair<std::string, std::string>>& options) {
+    if (!world_) return;
+    if (1 + 2 * options.size() > static_cast<size_t>(kAgreeSlots)) throw RuntimeFailure("too many options to compare");
+    int64_t slots[kAgreeSlots] = {};
+    for (size_t i = 0; i < options.size(); ++i) {
+      const int64_t h = argument_hash(options[i].second);
+      slots[1 + 2 * i] = h;
+      slots[2 + 2 * i] = -h;
+    }
+    agree(*world_, {}, slots);
+    for (size_t i = 0; i < options.size(); ++i)
+      if (slots[1 + 2 * i] != -slots[2 + 2 * i]) {
+        if (world_->rank() == 0)
+          say({2, "layer_run: error: the ranks were given different " + options[i].first +
+                      " (every rank must get the same arguments)"});
+        throw AgreedExit{2};
+      }
+  }
+
+  // Out of memory is recorded in the row when every rank ran out at the same point (the
+  // ranks are alike, so they do). A rank that ran out alone has left peers waiting in a
+  // collective: it offers its verdict for a few seconds, then ends the job.
+  void same_status(ExperimentResult& r) {
+    if (!world_) return;
+    const bool oom = r.status == "oom";
+    int64_t slots[kAgreeSlots] = {};
+    slots[1] = oom ? world_->size() - world_->rank() : 0;  // the lowest rank out of memory
+    if (!agree(*world_, {}, slots, oom ? 3.0 : -1)) {
+      say({3, "layer_run: out of memory on rank " + std::to_string(world_->rank()) +
+                  " alone (the other ranks cannot go on): " + r.message});
+      mpi_abort_if_initialized(3);
+    }
+    if (slots[1] && !oom) {
+      r = ExperimentResult{};
+      r.status = "oom";
+      r.message = "out of memory on rank " + std::to_string(world_->size() - slots[1]);
+    }
+  }
+
+  // The run's exit status, the same on every rank.
+  int exit_code(int mine) {
+    if (!world_) return mine;
+    int64_t slots[kAgreeSlots] = {};
+    slots[1] = mine;
+    agree(*world_, {}, slots);
+    return static_cast<int>(slots[1]);
+  }
+
+ private:
+  Communicator* world_;
+};
+
+int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
+  Options o;
+  std::exception_ptr parse_error;
+  try {
+    parse_options(argc, argv, o);
+  } catch (...) {
+    parse_error = std::current_exception();
+  }
+  // Under mpirun the MPI world exists first, so that every check below is agreed by all
+  // ranks; the run's tensor-parallel group is made once the backend exists (NCCL on its
+  // stream for cuda).
   if (mpi_launched()) world_comm = make_mpi_communicator();
+  Verdicts verdicts(world_comm.get());
+  verdicts.check([&] {
+    if (parse_error) std::rethrow_exception(parse_error);
+  });
+  verdicts.same_arguments(normalized(o));
+  if (!o.print_only.empty()) {
+    if (!world_comm || world_comm->rank() == 0) std::printf("%s", o.print_only.c_str());
+    return verdicts.exit_code(0);
+  }
+
   const int world = world_comm ? world_comm->size() : 1;
   const int world_rank = world_comm ? world_comm->rank() : 0;
   const bool rank0 = world_rank == 0;
-  const ModelPreset& preset = find_preset(o.model);
-  if (o.emulate_tp) {
-    if (world > 1) throw InvalidArgument("--emulate-tp runs in one process; do not launch it with mpirun -np > 1");
-    if (!o.dump.empty()) throw InvalidArgument("--dump cannot be combined with --emulate-tp (emulated values are not the layer's)");
-    if (o.tp == 0) o.tp = preset.tp;
-    if (o.tp < 1) throw InvalidArgument("--tp must be >= 1");
-  } else {
-    if (o.tp == 0) o.tp = world;
-    if (o.tp != world)
-      throw InvalidArgument("--tp " + std::to_string(o.tp) + " but the MPI world has " + std::to_string(world) +
-                            " rank(s): run under mpirun -np " + std::to_string(o.tp) + " or add --emulate-tp");
-  }
-
-  // ---- what we run ----
-  LayerDims dims = preset.dims;
-  if (o.hidden) dims.h = o.hidden;
-  if (o.heads) dims.a = o.heads;
-  if (o.seq) dims.s = o.seq;
-  if (o.batch) dims.b = o.batch;
+  LayerDims dims;
   std::vector<LayerPolicy> policies;
-  const Attention attention = parse_attention(o.attention);
-  for (const std::string& name : split_list(o.configs)) {
-    policies.push_back(parse_config(name));
-    policies.back().attention = attention;
-  }
-  if (policies.empty()) throw InvalidArgument("--config lists no configuration");
-  for (LayerPolicy p : policies) validate_layer(dims, o.tp, p);
-  const DType dtype = parse_dtype(o.dtype);
-  if (o.layers < 1) throw InvalidArgument("--layers must be >= 1");
-  if (!(o.dropout >= 0.f && o.dropout < 1.f)) throw InvalidArgument("--dropout must be in [0, 1)");
-  if (!o.dump.empty() && o.layers != 1) throw InvalidArgument("--dump writes one layer: use --layers 1");
-  if (!(o.link_gbps > 0)) throw InvalidArgument("--link-gbps must be positive");
-  const size_t limit = o.memory_limit.empty() ? 0 : parse_bytes(o.memory_limit);
-  if (world > 1) bind_device_for_rank(o.backend, world_rank);  // one GPU per rank, before the backend
-  std::unique_ptr<Backend> be = make_backend(o.backend, limit);
+  DType dtype = DType::bf16;
+  CsvAppender csv(o.csv, kCsvHeader);
+  std::unique_ptr<CsvAppender> cupti_csv;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<CuptiProfiler> profiler;
+  auto dump_dir = [&](LayerPolicy p) { return policies.size() == 1 ? o.dump : o.dump + "/" + config_name(p); };
+  // Everything that can be refused is refused here, on every rank, before the first row.
+  verdicts.check([&] {
+    const ModelPreset& preset = find_preset(o.model);
+    if (o.emulate_tp) {
+      if (world > 1) throw InvalidArgument("--emulate-tp runs in one process; do not launch it with mpirun -np > 1");
+      if (!o.dump.empty())
+        throw InvalidArgument("--dump cannot be combined with --emulate-tp (emulated values are not the layer's)");
+      if (o.tp == 0) o.tp = preset.tp;
+    } else {
+      if (o.tp == 0) o.tp = world;
+      if (o.tp != world)
+        throw InvalidArgument("--tp " + std::to_string(o.tp) + " but the MPI world has " + std::to_string(world) +
+                              " rank(s): run under mpirun -np " + std::to_string(o.tp) + " or add --emulate-tp");
+    }
+    dims = preset.dims;
+    if (o.hidden) dims.h = o.hidden;
+    if (o.heads) dims.a = o.heads;
+    if (o.seq) dims.s = o.seq;
+    if (o.batch) dims.b = o.batch;
+    const Attention attention = parse_attention(o.attention);
+    for (const std::string& name : o.configs) {
+      policies.push_back(parse_config(name));
+      policies.back().attention = attention;
+    }
+    for (LayerPolicy p : policies) validate_layer(dims, o.tp, p);
+    check_layer_extent(dims, o.layers);
+    dtype = parse_dtype(o.dtype);
+    if (!o.dump.empty() && o.layers != 1) throw InvalidArgument("--dump writes one layer: use --layers 1");
+    if (!o.cupti.empty() && o.backend != "cuda")
+      throw InvalidArgument("--cupti records GPU kernels: it needs --backend cuda");
+    if (world > 1 && o.backend == "cpu") {
+      // Host collectives carry one tensor per MPI message, whose count is an int.
+      const int64_t widest = std::max(dims.s * dims.b * dims.h, 4 * dims.h * dims.h / o.tp);
+      if (widest > std::numeric_limits<int>::max())
+        throw InvalidArgument("a tensor of " + std::to_string(widest) +
+                              " elements exceeds one MPI message (2^31 - 1) on the cpu backend; use a smaller shape");
+    }
+    // Every output, before anything runs (rank 0 writes them all).
+    if (rank0) {
+      csv.check();
+      if (!o.cupti.empty()) {
+        if (o.cupti == o.csv) throw InvalidArgument("--cupti '" + o.cupti + "' is the --csv file; give it its own");
+        cupti_csv = std::make_unique<CsvAppender>(o.cupti, kCuptiHeader);
+        cupti_csv->check();
+      }
+      if (!o.dump.empty())
+        for (LayerPolicy p : policies) check_output_dir("--dump", dump_dir(p));
+    }
+    if (world > 1) bind_device_for_rank(o.backend, world_rank);  // one GPU per rank, before the backend
+    be = make_backend(o.backend, static_cast<size_t>(o.memory_limit));
+    if (!be->computes()) {  // meta: timing means nothing; one iteration gives the memory schedule
+      if (!o.warmup_given) o.warmup = 0;
+      if (!o.iters_given) o.iters = 1;
+      if (!o.dump.empty()) throw InvalidArgument("--dump writes tensor values: it needs --backend cpu or cuda, not meta");
+    }
+    if (o.backend == "cpu") check_host_memory(dims, o.tp, o.layers, dtype, o.memory_limit);
+    if (!o.cupti.empty()) profiler = CuptiProfiler::create();
+  });
   std::unique_ptr<Communicator> comm;
   if (o.emulate_tp) comm = make_backend_emulated_communicator(*be, o.tp);
   else if (world > 1) comm = make_world_communicator(*be);
   else comm = make_backend_local_communicator(*be);
-  if (!be->computes()) {  // meta: timing means nothing; one iteration gives the memory schedule
-    if (!warmup_opt->count()) o.warmup = 0;
-    if (!iters_opt->count()) o.iters = 1;
-  }
-  if (o.iters < 1) throw InvalidArgument("--iters must be >= 1");
-  if (o.warmup < 0) throw InvalidArgument("--warmup must be >= 0");
-  CsvAppender csv(o.csv, kCsvHeader);
-  if (rank0) csv.check();
-  std::unique_ptr<CuptiProfiler> profiler;
-  std::unique_ptr<CsvAppender> cupti_csv;
-  if (!o.cupti.empty()) {
-    if (o.backend != "cuda") throw InvalidArgument("--cupti records GPU kernels: it needs --backend cuda");
-    profiler = CuptiProfiler::create();
-    cupti_csv = std::make_unique<CsvAppender>(o.cupti, kCuptiHeader);
-    if (rank0) cupti_csv->check();
-  }
 
   const std::string command = joined_command_line(argc, argv);
   const Backend::Versions versions = be->versions();
@@ -232,9 +446,9 @@ int run(int argc, char** argv) {
     spec.link_gbps = o.link_gbps;
     spec.profiler = profiler.get();
     ExperimentResult r = run_experiment(*be, *comm, spec);
+    verdicts.same_status(r);
     if (r.status == "oom") exit_code = 3;
-    if (!o.dump.empty() && r.status == "ok")
-      dump_layer(*be, *comm, spec, policies.size() == 1 ? o.dump : o.dump + "/" + config_name(policy));
+    if (!o.dump.empty() && r.status == "ok") dump_layer(*be, *comm, spec, dump_dir(policy));
 
     theory::Dims td{static_cast<double>(dims.s), static_cast<double>(dims.b), static_cast<double>(dims.h),
                     static_cast<double>(dims.a), static_cast<double>(o.tp)};
@@ -251,23 +465,25 @@ int run(int argc, char** argv) {
         fmt_ms(r.fwd_ms.min, have_time), fmt_ms(r.fwd_ms.max, have_time), fmt_ms(r.bwd_ms.min, have_time),
         fmt_ms(r.bwd_ms.max, have_time), ok ? std::to_string(r.act_bytes) : "",
         ok ? std::to_string(r.act_extra_bytes) : "", fmt_num(formula), ok ? std::to_string(r.fwd_retained_bytes) : "",
-        std::to_string(r.peak_allocated_bytes), std::to_string(r.peak_reserved_bytes), std::to_string(limit),
+        std::to_string(r.peak_allocated_bytes), std::to_string(r.peak_reserved_bytes), std::to_string(o.memory_limit),
         comm_mode_name(comm->mode()), ok ? fmt_num(r.comm_bytes) : "", fmt_num(o.link_gbps, "%g"),
         ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, r.message, std::to_string(o.seed), build_git_sha(), versions.driver, versions.cuda_runtime,
         versions.cublas, versions.nccl, hostname(),
         utc_timestamp(), command};
-    if (rank0 && cupti_csv && r.status == "ok") {
-      // Per layer and timed iteration, so that it reads like fwd_ms/bwd_ms.
-      const double per = static_cast<double>(o.iters) * o.layers;
-      for (const PhaseTime& p : r.kernel_phases)
-        cupti_csv->append({be->name(), be->device_name(), o.model, std::to_string(dims.h), std::to_string(dims.a),
-                           std::to_string(dims.s), std::to_string(dims.b), std::to_string(o.tp),
-                           o.emulate_tp ? "1" : "0", config_name(policy), dtype_name(dtype), fmt_num(o.dropout, "%g"),
-                           std::to_string(o.layers), std::to_string(o.iters), p.phase,
-                           p.phase.substr(0, p.phase.find('.')), fmt_num(static_cast<double>(p.kernels) / per, "%.2f"),
-                           fmt_num(p.gpu_ms / per, "%.5f"), build_git_sha(), utc_timestamp()});
-    }
-    if (rank0) {
+    // Rank 0 writes; every rank learns whether that worked before the next configuration.
+    verdicts.check([&] {
+      if (!rank0) return;
+      if (cupti_csv && r.status == "ok") {
+        // Per layer and timed iteration, so that it reads like fwd_ms/bwd_ms.
+        const double per = static_cast<double>(o.iters) * o.layers;
+        for (const PhaseTime& p : r.kernel_phases)
+          cupti_csv->append({be->name(), be->device_name(), o.model, std::to_string(dims.h), std::to_string(dims.a),
+                             std::to_string(dims.s), std::to_string(dims.b), std::to_string(o.tp),
+                             o.emulate_tp ? "1" : "0", config_name(policy), dtype_name(dtype), fmt_num(o.dropout, "%g"),
+                             std::to_string(o.layers), std::to_string(o.iters), p.phase,
+                             p.phase.substr(0, p.phase.find('.')), fmt_num(static_cast<double>(p.kernels) / per, "%.2f"),
+                             fmt_num(p.gpu_ms / per, "%.5f"), build_git_sha(), utc_timestamp()});
+      }
       csv.append(row);
       std::printf("%-13s %-5s act %s (formula %s)%s%s\n", config_name(policy).c_str(), r.status.c_str(),
                   format_bytes(r.act_bytes).c_str(), format_bytes(static_cast<int64_t>(formula)).c_str(),
@@ -275,32 +491,45 @@ int run(int argc, char** argv) {
                                " ms").c_str()
                             : "",
                   ok ? "" : (" " + r.message).c_str());
-    }
+    });
   }
-  return exit_code;
+  return verdicts.exit_code(exit_code);
+}
+
+// A failure outside an agreed check: under mpirun the peers may be waiting in a collective
+// for this rank. Offer the verdict for a few seconds (peers that failed at the same point,
+// or are at their next check, take it and all stop cleanly); else end every rank.
+int fail(Communicator* world) {
+  const Failure mine = current_failure();
+  if (world && world->size() > 1) {
+    int64_t slots[kAgreeSlots] = {};
+    try {
+      if (agree(*world, mine, slots, 3.0)) return mine.code;  // cannot happen: mine.code != 0 throws
+    } catch (const AgreedExit& e) {
+      return e.code;
+    }
+    say(mine);
+    mpi_abort_if_initialized(mine.code);
+    return mine.code;
+  }
+  say(mine);
+  return mine.code;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::unique_ptr<Communicator> world;
   int code = 1;
-  bool rank0 = true;
-  if (const char* r = std::getenv("OMPI_COMM_WORLD_RANK")) rank0 = std::atoi(r) == 0;
   try {
-    code = run(argc, argv);
-  } catch (const InvalidArgument& e) {
-    if (rank0) std::fprintf(stderr, "layer_run: error: %s\n", e.what());
-    code = 2;
-  } catch (const OutOfMemory& e) {
-    if (rank0) std::fprintf(stderr, "layer_run: out of memory outside a measurement: %s\n", e.what());
-    code = 3;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "layer_run: failure: %s\n", e.what());
-    std::fflush(stderr);
-    mpi_abort_if_initialized(1);
-    code = 1;
+    code = run(argc, argv, world);
+  } catch (const AgreedExit& e) {
+    code = e.code;
+  } catch (...) {
+    code = fail(world.get());
   }
   std::fflush(stdout);
+  world.reset();
   mpi_finalize_if_initialized();
   return code;
 }

@@ -1,8 +1,11 @@
 // The MPI communicator: real processes under mpirun, host tensors. 16-bit data is reduced
 // in fp32 (widened, reduced, rounded once), as the CPU reference does all its math.
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "runtime/communicator.hpp"
 #include "runtime/error.hpp"
@@ -41,6 +44,16 @@ bool mpi_available() { return true; }
 
 namespace {
 
+MPI_Comm g_agree_comm = MPI_COMM_NULL;  // verdicts only (mpi_agree_max)
+
+// MPI counts are int: a larger message would be silently truncated.
+int mpi_count(int64_t n, const char* what) {
+  if (n < 0 || n > INT32_MAX)
+    throw InvalidArgument(std::string(what) + " of " + std::to_string(n) +
+                          " elements exceeds MPI's count limit (2^31 - 1); use a smaller shape or the cuda backend");
+  return static_cast<int>(n);
+}
+
 std::vector<float> widen(const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < v.size(); ++i) v[i] = load_as_float(t.data(), t.dtype(), i);
@@ -64,11 +77,11 @@ class MpiCommunicator final : public Communicator {
     count_all_reduce(t);
     if (t.is_meta() || !t.numel()) return;
     if (t.dtype() == DType::fp32) {
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.data(), static_cast<int>(t.numel()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.data(), mpi_count(t.numel(), "all-reduce"), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
       return;
     }
     std::vector<float> v = widen(t);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), mpi_count(static_cast<int64_t>(v.size()), "all-reduce"), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
     narrow(v, t);
   }
 
@@ -76,15 +89,15 @@ class MpiCommunicator final : public Communicator {
     check_gather_shapes(in, out, size_, "all_gather");
     count_all_gather(out);
     if (in.is_meta() || !in.bytes()) return;
-    MPI_CHECK(MPI_Allgather(in.data(), static_cast<int>(in.bytes()), MPI_BYTE, out.data(), static_cast<int>(in.bytes()),
-                            MPI_BYTE, MPI_COMM_WORLD));
+    const int bytes = mpi_count(static_cast<int64_t>(in.bytes()), "all-gather (bytes)");
+    MPI_CHECK(MPI_Allgather(in.data(), bytes, MPI_BYTE, out.data(), bytes, MPI_BYTE, MPI_COMM_WORLD));
   }
 
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather_shapes(out, in, size_, "reduce_scatter");
     count_reduce_scatter(in);
     if (in.is_meta() || !out.numel()) return;
-    int count = static_cast<int>(out.numel());
+    const int count = mpi_count(out.numel(), "reduce-scatter");
     if (in.dtype() == DType::fp32) {
       MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
       return;
@@ -103,8 +116,8 @@ class MpiCommunicator final : public Communicator {
 
   std::vector<float> gather_host(const std::vector<float>& local) override {
     std::vector<float> all(local.size() * static_cast<size_t>(size_));
-    MPI_CHECK(MPI_Allgather(local.data(), static_cast<int>(local.size()), MPI_FLOAT, all.data(),
-                            static_cast<int>(local.size()), MPI_FLOAT, MPI_COMM_WORLD));
+    const int count = mpi_count(static_cast<int64_t>(local.size()), "host gather");
+    MPI_CHECK(MPI_Allgather(local.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, MPI_COMM_WORLD));
     return all;
   }
 
@@ -118,14 +131,36 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
   int initialized = 0;
   MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) MPI_CHECK(MPI_Init(nullptr, nullptr));
+  if (g_agree_comm == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_agree_comm));
   return std::make_unique<MpiCommunicator>();
+}
+
+bool mpi_agree_max(int64_t* values, double timeout_s) {
+  if (g_agree_comm == MPI_COMM_NULL) return true;
+  // The buffer outlives a timed-out request: the caller aborts with it still posted.
+  static int64_t buffer[kAgreeSlots];
+  std::memcpy(buffer, values, sizeof buffer);
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer, kAgreeSlots, MPI_INT64_T, MPI_MAX, g_agree_comm, &request));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (timeout_s >= 0 && std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::memcpy(values, buffer, sizeof buffer);
+  return true;
 }
 
 void mpi_finalize_if_initialized() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Finalize();
+  if (!initialized || finalized) return;
+  if (g_agree_comm != MPI_COMM_NULL) MPI_Comm_free(&g_agree_comm);
+  MPI_Finalize();
 }
 
 void mpi_abort_if_initialized(int code) {
@@ -145,6 +180,7 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
 }
 void mpi_finalize_if_initialized() {}
 void mpi_abort_if_initialized(int) {}
+bool mpi_agree_max(int64_t*, double) { return true; }
 
 #endif
 

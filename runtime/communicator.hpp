@@ -69,6 +69,16 @@ std::unique_ptr<Communicator> make_mpi_communicator();
 void mpi_finalize_if_initialized();
 // A rank that fails alone would leave the others waiting in a collective forever: abort all.
 void mpi_abort_if_initialized(int code);
+
+// Verdicts among all MPI ranks (is every check passed? were all given the same arguments?).
+// They travel on a communicator of their own, duplicated when MPI starts, so an agreement
+// never matches a data collective: a rank that fails mid-run can offer its verdict while a
+// peer sits in an all-reduce. Every rank offers kAgreeSlots values and gets the element-wise
+// max. timeout_s < 0 waits for every rank; otherwise returns false when not every rank has
+// joined by then (a peer is stuck elsewhere; the caller then aborts). Without MPI (or before
+// make_mpi_communicator) the values come back as they are.
+constexpr int kAgreeSlots = 64;
+bool mpi_agree_max(int64_t* values, double timeout_s = -1);
 int mpi_world_size_from_env();
 
 }  // namespace actbench

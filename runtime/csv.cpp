@@ -66,6 +66,15 @@ class LockedFile {
     }
     return line;
   }
+  // Whether the file ends inside a line (a killed writer, a truncated copy, a header
+  // written without its newline): the next row must then start on a fresh line.
+  bool ends_mid_line() const {
+    const off_t n = size();
+    if (n == 0) return false;
+    char last = '\n';
+    if (::pread(fd_, &last, 1, n - 1) != 1) throw RuntimeFailure("cannot read CSV '" + path_ + "': " + std::strerror(errno));
+    return last != '\n';
+  }
   off_t size() const {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) throw RuntimeFailure("cannot stat CSV '" + path_ + "'");
@@ -96,11 +105,13 @@ void CsvAppender::check() const {
     // Not there yet: the directory must exist and be writable.
     std::string dir = ".";
     if (const size_t slash = path_.rfind('/'); slash != std::string::npos) dir = slash == 0 ? "/" : path_.substr(0, slash);
-    if (::access(dir.c_str(), W_OK) != 0)
-      throw InvalidArgument("cannot write CSV '" + path_ + "': directory '" + dir + "' is not writable or missing");
+    struct stat dst {};
+    if (::stat(dir.c_str(), &dst) != 0 || !S_ISDIR(dst.st_mode) || ::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw InvalidArgument("cannot write CSV '" + path_ + "': '" + dir + "' is not a writable directory");
     return;
   }
   if (!S_ISREG(st.st_mode)) throw InvalidArgument("CSV '" + path_ + "' is not a regular file");
+  if (::access(path_.c_str(), W_OK) != 0) throw InvalidArgument("CSV '" + path_ + "' is not writable");
   LockedFile f(path_, O_RDONLY);
   std::string first = f.first_line();
   std::string expected = csv_line(header_);
@@ -119,6 +130,8 @@ void CsvAppender::append(const std::vector<std::string>& row) const {
     data = expected;
   } else if (f.first_line() + "\n" != expected) {
     throw InvalidArgument("CSV '" + path_ + "' has a different header (written by another version?); use a new file");
+  } else if (f.ends_mid_line()) {
+    data = "\n";  // never glue the row onto a fragment; readers report the fragment
   }
   data += csv_line(row);
   f.write_all(data);

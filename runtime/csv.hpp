@@ -1,7 +1,9 @@
 #pragma once
 // Results CSV: the header is written once, every row is appended whole with one write()
 // under an exclusive lock, so concurrent writers never interleave and a killed run never
-// leaves half a row. Appending to a file whose header differs is an InvalidArgument.
+// leaves half a row. Appending to a file whose header differs is an InvalidArgument. A file
+// that ends mid-line (a writer killed by something else, a truncated copy, a header without
+// its newline) gets a newline first: a row always starts on a line of its own.
 #include <string>
 #include <vector>
 

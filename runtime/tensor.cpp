@@ -8,7 +8,9 @@ namespace actbench {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw InvalidArgument("tensor of shape " + shape_str(s) + " has more elements than 64 bits can count");
   return n;
 }
 
@@ -27,6 +29,9 @@ void* Storage::data() const { return CachingAllocator::block_ptr(block_); }
 Tensor::Tensor(CachingAllocator& alloc, Shape shape, DType dtype) : shape_(std::move(shape)), dtype_(dtype), defined_(true) {
   for (int64_t d : shape_)
     if (d < 0) throw InvalidArgument("negative tensor dimension in " + shape_str(shape_));
+  int64_t bytes_signed = 0;
+  if (__builtin_mul_overflow(numel(), static_cast<int64_t>(element_size()), &bytes_signed))
+    throw InvalidArgument("tensor of shape " + shape_str(shape_) + " has more bytes than 64 bits can count");
   size_t n = bytes();
   if (n > 0) storage_ = std::make_shared<Storage>(&alloc, n);
 }

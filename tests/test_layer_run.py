@@ -6,6 +6,7 @@ Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXE
 import csv
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,34 @@ class LayerRunTest(unittest.TestCase):
             cmd = [MPIEXEC, "-np", str(mpi_np), *cmd]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
+    def assert_bad_input(self, r, what, csv_path=None, needle=None):
+        """Exit 2, exactly one line on stderr (layer_run's), no CSV row."""
+        self.assertEqual(r.returncode, 2, "%s: rc %s: %s" % (what, r.returncode, r.stderr))
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        self.assertEqual(len(lines), 1, what + ": " + r.stderr)
+        self.assertTrue(lines[0].startswith("layer_run: error:"), what + ": " + lines[0])
+        if needle:
+            self.assertIn(needle, lines[0], what)
+        self.assertEqual(self.rows(csv_path), [], what + " wrote a row")
+
+    def run_mpi(self, *groups, quiet=True, timeout=30):
+        """mpirun with one or more rank groups (MPMD: each group is (np, args)). A hang past
+        `timeout` kills the whole process group and fails the test instead of hanging CI."""
+        cmd = [MPIEXEC] + (["-q"] if quiet else [])
+        for i, (np_, args) in enumerate(groups):
+            if i:
+                cmd.append(":")
+            cmd += ["-np", str(np_), LAYER_RUN, *args]
+        start = time.monotonic()
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            self.fail("mpirun hung for %d s: %s" % (timeout, " ".join(cmd)))
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err), time.monotonic() - start
+
     def rows(self, path=None):
         path = path or self.csv
         if not os.path.exists(path):
@@ -98,6 +127,128 @@ class LayerRunTest(unittest.TestCase):
         r = self.run_layer("--backend", "cuda")
         self.assertEqual(r.returncode, 2)
         self.assertIn("cuda", r.stderr.lower())
+
+    def test_given_values_are_used_or_refused_never_replaced_by_the_preset(self):
+        cases = [["--batch", "0"], ["--seq", "0"], ["--hidden", "0"], ["--heads", "0"], ["--tp", "0"],
+                 ["--tp", "0", "--emulate-tp"], ["--layers", "0"], ["--warmup", "-1"], ["--iters", "-3"],
+                 ["--seq", "32 "], ["--seq", " 32"], ["--seq", "32x"], ["--seq", "3.0"], ["--dropout", "0.1x"],
+                 ["--dropout", "nan"], ["--dropout", "-0.1"], ["--link-gbps", "inf"], ["--link-gbps", "0"], ["--link-gbps", "1e-300"],
+                 ["--seed", "-1"], ["--seed", "18446744073709551616"], ["--seed", "1e3"], ["--seed", "+5"]]
+        for opt in ["--batch", "--seq", "--hidden", "--heads", "--tp", "--dropout", "--warmup", "--iters",
+                    "--layers", "--seed", "--dump", "--cupti", "--memory-limit", "--config", "--model", "--backend",
+                    "--dtype", "--attention", "--link-gbps"]:
+            cases.append([opt, ""])
+        for args in cases:
+            what = " ".join(repr(a) for a in args)
+            with self.subTest(what):
+                r = self.run_layer("--backend", "meta", *args)
+                self.assert_bad_input(r, what, needle=args[0])
+        r = self.run_layer("--backend", "meta", "--csv", "", csv_path=False)
+        self.assert_bad_input(r, "--csv ''", needle="--csv")
+
+    def test_given_values_reach_the_row(self):
+        r = self.run_layer("--backend", "meta", "--config", "baseline", "--seq", "16", "--batch", "1", "--hidden",
+                           "32", "--heads", "2", "--seed", "18446744073709551615", "--dropout", "0",
+                           "--memory-limit", "1.5GiB")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        (row,) = self.rows()
+        self.assertEqual([row[k] for k in ("seq", "batch", "hidden", "heads", "seed", "dropout", "memory_limit_bytes")],
+                         ["16", "1", "32", "2", "18446744073709551615", "0", str(3 << 29)])
+
+    def test_overflowing_shapes_are_refused_naming_the_quantity(self):
+        cases = {
+            "tokens (seq x batch)": ["--seq", "4294967296", "--batch", "4294967296"],
+            "parameter": ["--hidden", "4294967296", "--heads", "4"],
+            "tokens (seq x batch) ": ["--batch", "9223372036854775807"],
+            "attention scores": ["--seq", "2147483648", "--heads", "4", "--batch", "2"],
+        }
+        for needle, args in cases.items():
+            with self.subTest(" ".join(args)):
+                r = self.run_layer("--backend", "meta", *args)
+                self.assert_bad_input(r, " ".join(args), needle=needle.strip())
+                self.assertIn("overflow", r.stderr)
+
+    def test_memory_limit_must_be_1_to_2_63_bytes(self):
+        for text in ["0.5", "1e-12GiB", "inf", "nan", "1e30", "-1", "0", "1 GiB", " 1GiB", "1GiBx", "0x10",
+                     "9223372036854775809000"]:
+            with self.subTest(text):
+                r = self.run_layer("--backend", "meta", "--memory-limit", text)
+                self.assert_bad_input(r, text, needle="--memory-limit")
+        r = self.run_layer("--backend", "meta", "--config", "baseline", "--memory-limit", "8EiB")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.rows()[0]["memory_limit_bytes"], str(1 << 63))
+
+    def test_work_is_bounded_before_anything_is_allocated(self):
+        for args in (["--layers", "2147483647"], ["--layers", "1025"], ["--iters", "2147483647"],
+                     ["--warmup", "2147483647"]):
+            with self.subTest(" ".join(args)):
+                start = time.monotonic()
+                r = self.run_layer("--backend", "meta", *args)
+                self.assertLess(time.monotonic() - start, 5.0)
+                self.assert_bad_input(r, " ".join(args), needle=args[0])
+
+    def test_cpu_stack_larger_than_the_machine_is_refused_not_killed(self):
+        start = time.monotonic()
+        r = self.run_layer("--backend", "cpu", "--model", "1t", "--layers", "1024", "--config", "baseline")
+        self.assert_bad_input(r, "1t x 1024 layers on cpu", needle="--layers 1024")
+        # with an emulated device smaller than the machine it is an out-of-memory row instead
+        r = self.run_layer("--backend", "cpu", "--model", "1t", "--layers", "1024", "--config", "baseline",
+                           "--memory-limit", "1GiB")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertEqual([row["status"] for row in self.rows()], ["oom"])
+        self.assertLess(time.monotonic() - start, 20)
+
+    def test_dump_needs_a_backend_that_computes(self):
+        r = self.run_layer("--backend", "meta", "--config", "baseline", "--dump", os.path.join(self.tmp, "d"))
+        self.assert_bad_input(r, "--dump on meta", needle="--dump")
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "d")))
+
+    def test_config_list_without_empty_or_repeated_entries(self):
+        for text in ["baseline,,sp", "baseline,baseline", ",baseline", "baseline,", ",", "sp,full,sp"]:
+            with self.subTest(text):
+                r = self.run_layer("--backend", "meta", "--config", text)
+                self.assert_bad_input(r, text, needle="--config")
+
+    def test_every_output_is_checked_before_the_first_row(self):
+        dump = os.path.join(self.tmp, "dump")
+        os.makedirs(dump)
+        with open(os.path.join(dump, "full"), "w") as f:
+            f.write("a file where the second config's folder goes\n")
+        r = self.run_layer("--backend", "cpu", "--dropout", "0", "--config", "baseline,full", "--dump", dump)
+        self.assert_bad_input(r, "dump subfolder is a file", needle=os.path.join(dump, "full"))
+        self.assertFalse(os.path.exists(os.path.join(dump, "baseline")))
+        afile = os.path.join(self.tmp, "afile")
+        open(afile, "w").close()
+        for args in (["--backend", "cpu", "--dump", os.path.join(afile, "d")], ["--backend", "cpu", "--dump", afile],
+                     ["--backend", "cuda", "--cupti", os.path.join(self.tmp, "missing", "k.csv")],
+                     ["--backend", "cuda", "--cupti", self.csv]):
+            with self.subTest(" ".join(args)):
+                r = self.run_layer("--config", "baseline", *args)
+                self.assert_bad_input(r, " ".join(args), needle=args[-1])
+        for path in (os.path.join(afile, "out.csv"), os.path.join(self.tmp, "missing", "out.csv"), self.tmp):
+            with self.subTest(path):
+                r = self.run_layer("--backend", "meta", csv_path=path)
+                self.assert_bad_input(r, path, csv_path=path if path != self.tmp else None, needle=path)
+
+    def test_row_starts_on_a_fresh_line_after_a_fragment(self):
+        r = self.run_layer("--backend", "meta", "--config", "baseline")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(self.csv) as f:
+            header, first = f.read().splitlines()
+        with open(self.csv, "w") as f:  # a killed writer: half a row, no newline
+            f.write(header + "\n" + first + "\n" + first[:40])
+        r = self.run_layer("--backend", "meta", "--config", "sp")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(self.csv) as f:
+            lines = f.read().splitlines()
+        self.assertEqual(lines[:3], [header, first, first[:40]])
+        self.assertEqual(len(lines), 4)
+        self.assertEqual(next(csv.reader([lines[3]]))[9], "sp")
+        with open(self.csv, "w") as f:  # a header without its newline
+            f.write(header)
+        r = self.run_layer("--backend", "meta", "--config", "full")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([row["config"] for row in self.rows()], ["full"])
 
     # ---- the issue's "done when": 530B on meta, Table 2's bytes, in under a second ----
     def test_meta_530b_all_configs_match_table2(self):
@@ -175,6 +326,70 @@ class LayerRunTest(unittest.TestCase):
         self.assertIn("layer_run: error: --tp 4 but the MPI world has 2 rank(s)", r.stderr)
         self.assertEqual(r.stderr.count("layer_run: error"), 1)  # rank 0 speaks
         self.assertFalse(os.path.exists(self.csv))
+
+    # ---- MPI: every check collective, every failure ends all ranks with one line ----
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_bad_csv_ends_all_ranks_with_one_line(self):
+        bad = os.path.join(self.tmp, "bad.csv")
+        with open(bad, "w") as f:
+            f.write("a,b,c\n")
+        for path in (bad, os.path.join(self.tmp, "missing", "out.csv")):
+            with self.subTest(path):
+                args = ["--backend", "cpu", "--model", "tiny", "--tp", "2", "--iters", "1", "--csv", path]
+                r, elapsed = self.run_mpi((2, args))
+                self.assert_bad_input(r, path, csv_path=path, needle=path)
+                self.assertLess(elapsed, 30)
+        with open(bad) as f:
+            self.assertEqual(f.read(), "a,b,c\n")
+
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_without_quiet_layer_run_speaks_once(self):
+        r, _ = self.run_mpi((2, ["--backend", "meta", "--tp", "2", "--dropout", "2", "--csv", self.csv]), quiet=False)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual([l for l in r.stderr.splitlines() if l.startswith("layer_run")],
+                         ["layer_run: error: --dropout must be in [0, 1), got 2"])
+
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_ranks_with_different_arguments_are_refused(self):
+        base = ["--backend", "cpu", "--model", "tiny", "--tp", "2", "--iters", "1", "--csv", self.csv]
+        for opt, v0, v1 in (("--dropout", "0.1", "2"), ("--dropout", "0.1", "0.2"), ("--seq", "32", "16"),
+                            ("--config", "baseline", "sp"), ("--config", "baseline,sp", "sp,baseline")):
+            with self.subTest(opt + " " + v0 + " / " + v1):
+                r, elapsed = self.run_mpi((1, base + [opt, v0]), (1, base + [opt, v1]))
+                self.assert_bad_input(r, opt, needle=opt)
+                self.assertLess(elapsed, 30)
+        # the same values spelled differently are the same arguments
+        r, _ = self.run_mpi((1, base + ["--dropout", "0.1", "--config", "baseline"]),
+                            (1, base + ["--dropout=0.10", "--config", "baseline"]))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(self.rows()), 1)
+
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_out_of_memory_on_every_rank_is_a_row(self):
+        r, elapsed = self.run_mpi((2, ["--backend", "cpu", "--tp", "2", "--memory-limit", "1MiB", "--config",
+                                       "baseline,sp", "--csv", self.csv]))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertEqual([(row["config"], row["status"]) for row in self.rows()], [("baseline", "oom"), ("sp", "oom")])
+
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_help_on_one_rank_only_is_refused(self):
+        r, _ = self.run_mpi((1, ["--help"]), (1, ["--backend", "meta", "--tp", "2", "--csv", self.csv]))
+        self.assert_bad_input(r, "--help on rank 0 only", needle="--help")
+
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_failure_on_one_rank_mid_run_ends_the_job(self):
+        # Rank 0 alone writes the dump; a file it cannot write fails it while rank 1 waits.
+        dump = os.path.join(self.tmp, "dump")
+        os.makedirs(os.path.join(dump, "x.npy.tmp"))
+        args = ["--backend", "cpu", "--model", "tiny", "--tp", "2", "--iters", "1", "--config", "baseline",
+                "--dropout", "0", "--dump", dump, "--csv", self.csv]
+        r, elapsed = self.run_mpi((2, args))
+        self.assertLess(elapsed, 30)
+        self.assertNotEqual(r.returncode, 0, r.stderr)
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertTrue(lines[0].startswith("layer_run: ") and "x.npy" in lines[0], lines[0])
+        self.assertEqual(self.rows(), [])
 
     # ---- --dump against NumPy ----
     def check_dump(self, dump):

@@ -112,6 +112,26 @@ TEST(Csv, EscapesAndWritesHeaderOnce) {
   EXPECT_THROW(CsvAppender("/nonexistent-dir/x.csv", {"a"}).check(), InvalidArgument);
 }
 
+TEST(Csv, RowStartsOnAFreshLineAfterAFragment) {
+  std::string path = temp_path("fragment.csv");
+  std::remove(path.c_str());
+  CsvAppender csv(path, {"a", "b_ms"});
+  {
+    std::ofstream f(path);
+    f << "a,b_ms";  // a header written without its newline
+  }
+  csv.check();
+  csv.append({"1", "2"});
+  EXPECT_EQ(read_lines(path), (std::vector<std::string>{"a,b_ms", "1,2"}));
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "3,";  // a writer killed mid-row
+  }
+  csv.append({"4", "5"});
+  csv.append({"6", "7"});
+  EXPECT_EQ(read_lines(path), (std::vector<std::string>{"a,b_ms", "1,2", "3,", "4,5", "6,7"}));
+}
+
 TEST(Csv, ConcurrentWritersNeverInterleave) {
   std::string path = temp_path("concurrent.csv");
   std::remove(path.c_str());

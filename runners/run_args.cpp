@@ -1,0 +1,197 @@
+#include "runners/run_args.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "runtime/error.hpp"
+
+namespace actbench {
+namespace {
+
+[[noreturn]] void refuse(const std::string& what) { throw InvalidArgument(what); }
+
+void require_text(const std::string& option, const std::string& text) {
+  if (text.empty()) refuse(option + " needs a value (got an empty string)");
+}
+
+std::string quoted(const std::string& text) { return "'" + text + "'"; }
+
+int64_t checked_mul(int64_t a, int64_t b, const std::string& quantity, const std::string& operands) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) refuse(quantity + " overflows 64 bits (" + operands + ")");
+  return r;
+}
+
+int64_t checked_add(int64_t a, int64_t b, const std::string& quantity, const std::string& operands) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) refuse(quantity + " overflows 64 bits (" + operands + ")");
+  return r;
+}
+
+}  // namespace
+
+int64_t parse_int_option(const std::string& option, const std::string& text, int64_t min, int64_t max) {
+  require_text(option, text);
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  const std::string range = max == std::numeric_limits<int64_t>::max()
+                                ? ">= " + std::to_string(min)
+                                : "in " + std::to_string(min) + ".." + std::to_string(max);
+  if (ec == std::errc::result_out_of_range && ptr == end)
+    refuse(option + " must be " + range + ", got " + text);
+  if (ec != std::errc() || ptr != end) refuse(option + " expects a whole number, got " + quoted(text));
+  if (v < min || v > max) refuse(option + " must be " + range + ", got " + text);
+  return v;
+}
+
+uint64_t parse_uint64_option(const std::string& option, const std::string& text) {
+  require_text(option, text);
+  uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || ptr != end)
+    refuse(option + " expects a whole number in 0.." + std::to_string(std::numeric_limits<uint64_t>::max()) +
+           ", got " + quoted(text));
+  return v;
+}
+
+double parse_real_option(const std::string& option, const std::string& text) {
+  require_text(option, text);
+  double v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || ptr != end || !std::isfinite(v))
+    refuse(option + " expects a finite number, got " + quoted(text));
+  return v;
+}
+
+uint64_t parse_memory_size(const std::string& option, const std::string& text) {
+  require_text(option, text);
+  double v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if ((ec != std::errc() && ec != std::errc::result_out_of_range) || ptr == text.data())
+    refuse(option + " expects a size such as 80GiB, got " + quoted(text));
+  const std::string unit(ptr, end);
+  static const std::pair<const char*, long double> kUnits[] = {
+      {"", 1.0L},          {"B", 1.0L},          {"KiB", 0x1p10L},   {"MiB", 0x1p20L}, {"GiB", 0x1p30L},
+      {"TiB", 0x1p40L},    {"PiB", 0x1p50L},     {"EiB", 0x1p60L},   {"KB", 1e3L},     {"MB", 1e6L},
+      {"GB", 1e9L},        {"TB", 1e12L},        {"PB", 1e15L},      {"EB", 1e18L}};
+  long double mult = 0;
+  for (const auto& [name, m] : kUnits)
+    if (unit == name) mult = m;
+  if (mult == 0)
+    refuse(option + " has an unknown unit in " + quoted(text) + " (use B, KiB, MiB, GiB, TiB, PiB, EiB, KB, MB, GB, TB, PB, EB)");
+  const long double bytes = static_cast<long double>(v) * mult;
+  // inf, nan, 0.5 bytes and 1e30 bytes alike: a limit is a whole count of bytes in 1..2^63.
+  if (ec != std::errc() || !std::isfinite(v) || !(bytes >= 1.0L) || bytes > 0x1p63L)
+    refuse(option + " must be between 1 byte and 8EiB (2^63 bytes), got " + quoted(text));
+  return static_cast<uint64_t>(std::floor(bytes));
+}
+
+std::vector<std::string> parse_config_list(const std::string& option, const std::string& text) {
+  require_text(option, text);
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    const std::string name = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (name.empty()) refuse(option + " " + quoted(text) + " has an empty entry");
+    parse_config(name);  // a known name, else InvalidArgument
+    if (!seen.insert(name).second) refuse(option + " " + quoted(text) + " lists " + name + " twice");
+    names.push_back(name);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return names;
+}
+
+void check_layer_extent(const LayerDims& d, int64_t layers) {
+  const std::string sb = "seq " + std::to_string(d.s) + ", batch " + std::to_string(d.b);
+  const std::string sbh = sb + ", hidden " + std::to_string(d.h);
+  const int64_t tokens = checked_mul(d.s, d.b, "tokens (seq x batch)", sb);
+  const int64_t act = checked_mul(tokens, d.h, "activation elements (seq x batch x hidden)", sbh);
+  checked_mul(act, 4 * 4, "MLP activation bytes (seq x batch x 4 hidden, fp32)", sbh);
+  const std::string bas = "batch " + std::to_string(d.b) + ", heads " + std::to_string(d.a) + ", seq " +
+                          std::to_string(d.s);
+  const int64_t scores = checked_mul(checked_mul(checked_mul(d.b, d.a, "attention scores (batch x heads x seq x seq)", bas),
+                                                 d.s, "attention scores (batch x heads x seq x seq)", bas),
+                                     d.s, "attention scores (batch x heads x seq x seq)", bas);
+  checked_mul(scores, 4, "attention score bytes (batch x heads x seq x seq, fp32)", bas);
+  const std::string h = "hidden " + std::to_string(d.h);
+  const int64_t params = checked_add(
+      checked_mul(checked_mul(d.h, d.h, "parameter elements (12 hidden^2 + 13 hidden)", h), 12,
+                  "parameter elements (12 hidden^2 + 13 hidden)", h),
+      checked_mul(d.h, 13, "parameter elements (12 hidden^2 + 13 hidden)", h), "parameter elements (12 hidden^2 + 13 hidden)",
+      h);
+  // One layer at its fullest: parameters and gradients, the paper's 34 sbh + 5 as^2b of
+  // activations with room for transients, all counted in fp32.
+  const std::string all = sbh + ", heads " + std::to_string(d.a);
+  const char* layer_bytes = "bytes of one layer (parameters, gradients and activations)";
+  const int64_t per_layer =
+      checked_mul(checked_add(checked_add(checked_mul(params, 2, layer_bytes, all), checked_mul(act, 40, layer_bytes, all),
+                                          layer_bytes, all),
+                              checked_mul(scores, 6, layer_bytes, all), layer_bytes, all),
+                  4, layer_bytes, all);
+  checked_mul(per_layer, layers, "bytes of the stack (--layers x one layer)",
+              "--layers " + std::to_string(layers) + ", " + std::to_string(per_layer) + " bytes per layer");
+}
+
+void check_host_memory(const LayerDims& d, int t, int64_t layers, DType dtype, uint64_t memory_limit) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: nothing to compare with
+  const long double host = static_cast<long double>(pages) * page;
+  if (memory_limit > 0 && memory_limit < host) return;  // the emulated device runs out first
+  const long double params = (12.0L * d.h * d.h + 13.0L * d.h) / t;
+  const long double bytes = params * 2 * static_cast<long double>(dtype_size(dtype)) * layers;
+  if (bytes > host) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "the cpu backend would hold %.3Lg GB of parameters and gradients per rank (--layers %lld), more than "
+                  "this machine's %.3Lg GB of memory; use --backend meta, fewer layers or a --memory-limit",
+                  bytes / 1e9L, static_cast<long long>(layers), host / 1e9L);
+    refuse(msg);
+  }
+}
+
+void check_output_dir(const std::string& option, const std::string& dir) {
+  require_text(option, dir);
+  auto writable_dir = [&](const std::string& path, const struct stat& st) {
+    if (!S_ISDIR(st.st_mode))
+      refuse(option + " " + quoted(dir) + ": " + quoted(path) + " exists and is not a directory");
+    if (::access(path.c_str(), W_OK | X_OK) != 0) refuse(option + " " + quoted(dir) + ": " + quoted(path) + " is not writable");
+  };
+  // From the path up to its nearest existing ancestor, which must be a writable directory.
+  std::string path = dir;
+  for (;;) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) return writable_dir(path, st);
+    if ((errno != ENOENT && errno != ENOTDIR) || path == "." || path == "/")
+      refuse(option + " " + quoted(dir) + ": cannot inspect " + quoted(path) + ": " + std::strerror(errno));
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    const size_t slash = path.rfind('/');
+    if (slash == std::string::npos) path = std::string(".");
+    else path.resize(slash == 0 ? 1 : slash);  // the parent ("/" for "/x")
+  }
+}
+
+int64_t argument_hash(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return static_cast<int64_t>(h >> 2);
+}
+
+}  // namespace actbench
