@@ -240,6 +240,11 @@ void say(const Failure& f) {
   std::fflush(stderr);
 }
 
+// How long a rank that failed alone waits for its peers to take its verdict before it ends
+// the job: peers that failed at the same point arrive within moments (an allocation that
+// fails on one rank fails on all, perhaps one operation later on a slower rank).
+constexpr double kFailureWaitSeconds = 3.0, kOutOfMemoryWaitSeconds = 10.0;
+
 // Every rank has agreed to stop with this status; the one line is already printed.
 struct AgreedExit {
   int code;
@@ -309,7 +314,7 @@ class Verdicts {
     const bool oom = r.status == "oom";
     int64_t slots[kAgreeSlots] = {};
     slots[1] = oom ? world_->size() - world_->rank() : 0;  // the lowest rank out of memory
-    if (!agree(*world_, {}, slots, oom ? 3.0 : -1)) {
+    if (!agree(*world_, {}, slots, oom ? kOutOfMemoryWaitSeconds : -1)) {
       say({3, "layer_run: out of memory on rank " + std::to_string(world_->rank()) +
                   " alone (the other ranks cannot go on): " + r.message});
       mpi_abort_if_initialized(3);
@@ -504,9 +509,10 @@ int fail(Communicator* world) {
   if (world && world->size() > 1) {
     int64_t slots[kAgreeSlots] = {};
     try {
-      if (agree(*world, mine, slots, 3.0)) return mine.code;  // cannot happen: mine.code != 0 throws
+      if (agree(*world, mine, slots, kFailureWaitSeconds)) return mine.code;  // not reached: a failure throws
     } catch (const AgreedExit& e) {
       return e.code;
+    } catch (...) {  // MPI itself failed: nothing left to agree with
     }
     say(mine);
     mpi_abort_if_initialized(mine.code);
