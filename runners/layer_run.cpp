@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <memory>
 
@@ -109,6 +110,11 @@ std::string fmt_num(double v, const char* f = "%.0f") {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
+}
+
+theory::Dims theory_dims(const LayerDims& d, int tp) {
+  return {static_cast<double>(d.s), static_cast<double>(d.b), static_cast<double>(d.h), static_cast<double>(d.a),
+          static_cast<double>(tp)};
 }
 
 theory::Config theory_config(LayerPolicy p) {
@@ -412,13 +418,23 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     // Every output, before anything runs (rank 0 writes them all).
     if (rank0) {
       csv.check();
+      auto same_path = [](const std::string& a, const std::string& b) {
+        std::error_code ea, eb;
+        const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
+        return a == b || (!ea && !eb && ca == cb);
+      };
       if (!o.cupti.empty()) {
-        if (o.cupti == o.csv) throw InvalidArgument("--cupti '" + o.cupti + "' is the --csv file; give it its own");
+        if (same_path(o.cupti, o.csv)) throw InvalidArgument("--cupti '" + o.cupti + "' is the --csv file; give it its own");
         cupti_csv = std::make_unique<CsvAppender>(o.cupti, kCuptiHeader);
         cupti_csv->check();
       }
       if (!o.dump.empty())
-        for (LayerPolicy p : policies) check_output_dir("--dump", dump_dir(p));
+        for (LayerPolicy p : policies) {
+          check_output_dir("--dump", dump_dir(p));
+          for (const std::string& file : {o.csv, o.cupti})
+            if (!file.empty() && same_path(file, dump_dir(p)))
+              throw InvalidArgument("--dump folder '" + dump_dir(p) + "' is the file '" + file + "'");
+        }
     }
     if (world > 1) bind_device_for_rank(o.backend, world_rank);  // one GPU per rank, before the backend
     be = make_backend(o.backend, static_cast<size_t>(o.memory_limit));
@@ -427,7 +443,13 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
       if (!o.iters_given) o.iters = 1;
       if (!o.dump.empty()) throw InvalidArgument("--dump writes tensor values: it needs --backend cpu or cuda, not meta");
     }
-    if (o.backend == "cpu") check_host_memory(dims, o.tp, o.layers, dtype, o.memory_limit);
+    if (o.backend == "cpu") {
+      double activations = 0;  // per layer and rank, the largest configuration's
+      for (LayerPolicy p : policies)
+        activations = std::max(activations, theory::activation_bytes(theory_dims(dims, o.tp), theory_config(p),
+                                                                     {static_cast<double>(dtype_size(dtype)), 1.0}));
+      check_host_memory(dims, o.tp, o.layers, dtype, activations, o.memory_limit);
+    }
     if (!o.cupti.empty()) profiler = CuptiProfiler::create();
   });
   std::unique_ptr<Communicator> comm;
@@ -455,10 +477,8 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     if (r.status == "oom") exit_code = 3;
     if (!o.dump.empty() && r.status == "ok") dump_layer(*be, *comm, spec, dump_dir(policy));
 
-    theory::Dims td{static_cast<double>(dims.s), static_cast<double>(dims.b), static_cast<double>(dims.h),
-                    static_cast<double>(dims.a), static_cast<double>(o.tp)};
-    const double formula =
-        theory::activation_bytes(td, theory_config(policy), {static_cast<double>(dtype_size(dtype)), 1.0});
+    const double formula = theory::activation_bytes(theory_dims(dims, o.tp), theory_config(policy),
+                                                    {static_cast<double>(dtype_size(dtype)), 1.0});
     const bool have_time = be->computes() && r.status == "ok";
     const bool ok = r.status == "ok";
     std::vector<std::string> row = {
