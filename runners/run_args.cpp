@@ -5,12 +5,13 @@
 
 #include <cerrno>
 #include <charconv>
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
 
+#include "runtime/allocator.hpp"
 #include "runtime/error.hpp"
 
 namespace actbench {
@@ -157,13 +158,10 @@ void check_host_memory(const LayerDims& d, int t, int64_t layers, DType dtype, d
   const long double bytes =
       (params * 2 * static_cast<long double>(dtype_size(dtype)) + activation_bytes_per_layer) * layers;
   if (bytes > host) {
-    char msg[320];
-    std::snprintf(msg, sizeof msg,
-                  "the cpu backend would hold %.3Lg GB of parameters, gradients and activations per rank (--layers "
-                  "%lld), more than this machine's %.3Lg GB of memory; use --backend meta, a smaller shape or a "
-                  "--memory-limit",
-                  bytes / 1e9L, static_cast<long long>(layers), host / 1e9L);
-    refuse(msg);
+    auto text = [](long double b) { return format_bytes(static_cast<int64_t>(std::min(b, 0x1p62L))); };
+    refuse("the cpu backend would hold " + text(bytes) + " of parameters, gradients and activations per rank (--layers " +
+           std::to_string(layers) + "), more than this machine's " + text(host) +
+           " of memory; use --backend meta, a smaller shape or a --memory-limit");
   }
 }
 
