@@ -76,7 +76,8 @@ std::vector<std::pair<std::string, std::string>> normalized(const Options& o) {
   };
   std::string configs;
   for (const std::string& c : o.configs) configs += (configs.empty() ? "" : ",") + c;
-  return {{"--help/--print-csv-header", o.print_only},
+  return {{"layer_run build (git sha)", build_git_sha()},
+          {"--help/--print-csv-header", o.print_only},
           {"--backend", o.backend},
           {"--model", o.model},
           {"--hidden", given(o.hidden)},
