@@ -1,6 +1,7 @@
 // layer_run: one experiment -> one CSV row per configuration (DESIGN.md, "Contracts").
 // Exit status: 0 ok, 2 bad input (one line on stderr, no row), 3 out of memory (row with
-// status=oom), 1 any other failure.
+// status=oom), 1 any other failure. Under mpirun every check is agreed by all ranks (see
+// Verdicts), so that all stop together with one line and the same status.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
