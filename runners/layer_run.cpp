@@ -1,12 +1,14 @@
 // layer_run: one experiment -> one CSV row per configuration (DESIGN.md, "Contracts").
 // Exit status: 0 ok, 2 bad input (one line on stderr, no row), 3 out of memory (row with
-// status=oom), 1 any other failure.
+// status=oom), 1 any other failure. Under mpirun every check is agreed by all ranks (see
+// Verdicts), so that all stop together with one line and the same status.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <memory>
 
@@ -75,7 +77,8 @@ std::vector<std::pair<std::string, std::string>> normalized(const Options& o) {
   };
   std::string configs;
   for (const std::string& c : o.configs) configs += (configs.empty() ? "" : ",") + c;
-  return {{"--help/--print-csv-header", o.print_only},
+  return {{"layer_run build (git sha)", build_git_sha()},
+          {"--help/--print-csv-header", o.print_only},
           {"--backend", o.backend},
           {"--model", o.model},
           {"--hidden", given(o.hidden)},
@@ -109,6 +112,11 @@ std::string fmt_num(double v, const char* f = "%.0f") {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
+}
+
+theory::Dims theory_dims(const LayerDims& d, int tp) {
+  return {static_cast<double>(d.s), static_cast<double>(d.b), static_cast<double>(d.h), static_cast<double>(d.a),
+          static_cast<double>(tp)};
 }
 
 theory::Config theory_config(LayerPolicy p) {
@@ -240,6 +248,11 @@ void say(const Failure& f) {
   std::fflush(stderr);
 }
 
+// How long a rank that failed alone waits for its peers to take its verdict before it ends
+// the job: peers that failed at the same point arrive within moments (an allocation that
+// fails on one rank fails on all, perhaps one operation later on a slower rank).
+constexpr double kFailureWaitSeconds = 3.0, kOutOfMemoryWaitSeconds = 10.0;
+
 // Every rank has agreed to stop with this status; the one line is already printed.
 struct AgreedExit {
   int code;
@@ -309,7 +322,7 @@ class Verdicts {
     const bool oom = r.status == "oom";
     int64_t slots[kAgreeSlots] = {};
     slots[1] = oom ? world_->size() - world_->rank() : 0;  // the lowest rank out of memory
-    if (!agree(*world_, {}, slots, oom ? 3.0 : -1)) {
+    if (!agree(*world_, {}, slots, oom ? kOutOfMemoryWaitSeconds : -1)) {
       say({3, "layer_run: out of memory on rank " + std::to_string(world_->rank()) +
                   " alone (the other ranks cannot go on): " + r.message});
       mpi_abort_if_initialized(3);
@@ -407,13 +420,23 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     // Every output, before anything runs (rank 0 writes them all).
     if (rank0) {
       csv.check();
+      auto same_path = [](const std::string& a, const std::string& b) {
+        std::error_code ea, eb;
+        const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
+        return a == b || (!ea && !eb && ca == cb);
+      };
       if (!o.cupti.empty()) {
-        if (o.cupti == o.csv) throw InvalidArgument("--cupti '" + o.cupti + "' is the --csv file; give it its own");
+        if (same_path(o.cupti, o.csv)) throw InvalidArgument("--cupti '" + o.cupti + "' is the --csv file; give it its own");
         cupti_csv = std::make_unique<CsvAppender>(o.cupti, kCuptiHeader);
         cupti_csv->check();
       }
       if (!o.dump.empty())
-        for (LayerPolicy p : policies) check_output_dir("--dump", dump_dir(p));
+        for (LayerPolicy p : policies) {
+          check_output_dir("--dump", dump_dir(p));
+          for (const std::string& file : {o.csv, o.cupti})
+            if (!file.empty() && same_path(file, dump_dir(p)))
+              throw InvalidArgument("--dump folder '" + dump_dir(p) + "' is the file '" + file + "'");
+        }
     }
     if (world > 1) bind_device_for_rank(o.backend, world_rank);  // one GPU per rank, before the backend
     be = make_backend(o.backend, static_cast<size_t>(o.memory_limit));
@@ -422,7 +445,13 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
       if (!o.iters_given) o.iters = 1;
       if (!o.dump.empty()) throw InvalidArgument("--dump writes tensor values: it needs --backend cpu or cuda, not meta");
     }
-    if (o.backend == "cpu") check_host_memory(dims, o.tp, o.layers, dtype, o.memory_limit);
+    if (o.backend == "cpu") {
+      double activations = 0;  // per layer and rank, the largest configuration's
+      for (LayerPolicy p : policies)
+        activations = std::max(activations, theory::activation_bytes(theory_dims(dims, o.tp), theory_config(p),
+                                                                     {static_cast<double>(dtype_size(dtype)), 1.0}));
+      check_host_memory(dims, o.tp, o.layers, dtype, activations, o.memory_limit);
+    }
     if (!o.cupti.empty()) profiler = CuptiProfiler::create();
   });
   std::unique_ptr<Communicator> comm;
@@ -450,10 +479,8 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     if (r.status == "oom") exit_code = 3;
     if (!o.dump.empty() && r.status == "ok") dump_layer(*be, *comm, spec, dump_dir(policy));
 
-    theory::Dims td{static_cast<double>(dims.s), static_cast<double>(dims.b), static_cast<double>(dims.h),
-                    static_cast<double>(dims.a), static_cast<double>(o.tp)};
-    const double formula =
-        theory::activation_bytes(td, theory_config(policy), {static_cast<double>(dtype_size(dtype)), 1.0});
+    const double formula = theory::activation_bytes(theory_dims(dims, o.tp), theory_config(policy),
+                                                    {static_cast<double>(dtype_size(dtype)), 1.0});
     const bool have_time = be->computes() && r.status == "ok";
     const bool ok = r.status == "ok";
     std::vector<std::string> row = {
@@ -504,9 +531,10 @@ int fail(Communicator* world) {
   if (world && world->size() > 1) {
     int64_t slots[kAgreeSlots] = {};
     try {
-      if (agree(*world, mine, slots, 3.0)) return mine.code;  // cannot happen: mine.code != 0 throws
+      if (agree(*world, mine, slots, kFailureWaitSeconds)) return mine.code;  // not reached: a failure throws
     } catch (const AgreedExit& e) {
       return e.code;
+    } catch (...) {  // MPI itself failed: nothing left to agree with
     }
     say(mine);
     mpi_abort_if_initialized(mine.code);

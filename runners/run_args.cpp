@@ -5,12 +5,13 @@
 
 #include <cerrno>
 #include <charconv>
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
 
+#include "runtime/allocator.hpp"
 #include "runtime/error.hpp"
 
 namespace actbench {
@@ -147,20 +148,20 @@ void check_layer_extent(const LayerDims& d, int64_t layers) {
               "--layers " + std::to_string(layers) + ", " + std::to_string(per_layer) + " bytes per layer");
 }
 
-void check_host_memory(const LayerDims& d, int t, int64_t layers, DType dtype, uint64_t memory_limit) {
+void check_host_memory(const LayerDims& d, int t, int64_t layers, DType dtype, double activation_bytes_per_layer,
+                       uint64_t memory_limit) {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return;  // unknown: nothing to compare with
   const long double host = static_cast<long double>(pages) * page;
   if (memory_limit > 0 && memory_limit < host) return;  // the emulated device runs out first
   const long double params = (12.0L * d.h * d.h + 13.0L * d.h) / t;
-  const long double bytes = params * 2 * static_cast<long double>(dtype_size(dtype)) * layers;
+  const long double bytes =
+      (params * 2 * static_cast<long double>(dtype_size(dtype)) + activation_bytes_per_layer) * layers;
   if (bytes > host) {
-    char msg[256];
-    std::snprintf(msg, sizeof msg,
-                  "the cpu backend would hold %.3Lg GB of parameters and gradients per rank (--layers %lld), more than "
-                  "this machine's %.3Lg GB of memory; use --backend meta, fewer layers or a --memory-limit",
-                  bytes / 1e9L, static_cast<long long>(layers), host / 1e9L);
-    refuse(msg);
+    auto text = [](long double b) { return format_bytes(static_cast<int64_t>(std::min(b, 0x1p62L))); };
+    refuse("the cpu backend would hold " + text(bytes) + " of parameters, gradients and activations per rank (--layers " +
+           std::to_string(layers) + "), more than this machine's " + text(host) +
+           " of memory; use --backend meta, a smaller shape or a --memory-limit");
   }
 }
 

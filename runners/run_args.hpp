@@ -33,11 +33,13 @@ constexpr int64_t kMaxIterations = 1000000;
 // otherwise InvalidArgument naming the quantity.
 void check_layer_extent(const LayerDims& d, int64_t layers);
 
-// The cpu backend holds its parameters and gradients in host memory: a stack whose share of
-// them on this rank (12 h^2 / t per layer, each twice, in `dtype`) exceeds the machine's
-// memory would be killed by the system part-way rather than report out of memory, so it is
-// refused, unless a --memory-limit below the machine's memory makes it an out-of-memory row.
-void check_host_memory(const LayerDims& d, int t, int64_t layers, DType dtype, uint64_t memory_limit);
+// The cpu backend holds everything in host memory: a stack whose parameters and gradients
+// (12 h^2 / t per layer, each twice, in `dtype`) and saved activations (per layer, as given)
+// exceed the machine's memory would be killed by the system part-way rather than report out
+// of memory, so it is refused, unless a --memory-limit below the machine's memory makes it
+// an out-of-memory row.
+void check_host_memory(const LayerDims& d, int t, int64_t layers, DType dtype, double activation_bytes_per_layer,
+                       uint64_t memory_limit);
 
 // `dir` is a writable directory or can be created (its nearest existing ancestor is a
 // writable directory); otherwise InvalidArgument naming `option` and the path.

@@ -197,6 +197,9 @@ class LayerRunTest(unittest.TestCase):
         self.assertEqual(r.returncode, 3, r.stderr)
         self.assertEqual([row["status"] for row in self.rows()], ["oom"])
         self.assertLess(time.monotonic() - start, 20)
+        # activations count too: tiny's attention scores at a million tokens
+        r = self.run_layer("--backend", "cpu", "--seq", "1000000", "--config", "baseline", csv_path=self.csv + "2")
+        self.assert_bad_input(r, "seq 1e6 on cpu", csv_path=self.csv + "2", needle="activations")
 
     def test_dump_needs_a_backend_that_computes(self):
         r = self.run_layer("--backend", "meta", "--config", "baseline", "--dump", os.path.join(self.tmp, "d"))
@@ -221,7 +224,9 @@ class LayerRunTest(unittest.TestCase):
         open(afile, "w").close()
         for args in (["--backend", "cpu", "--dump", os.path.join(afile, "d")], ["--backend", "cpu", "--dump", afile],
                      ["--backend", "cuda", "--cupti", os.path.join(self.tmp, "missing", "k.csv")],
-                     ["--backend", "cuda", "--cupti", self.csv]):
+                     ["--backend", "cuda", "--cupti", self.csv],
+                     ["--backend", "cuda", "--cupti", os.path.join(self.tmp, ".", "out.csv")],
+                     ["--backend", "cpu", "--dump", self.csv]):
             with self.subTest(" ".join(args)):
                 r = self.run_layer("--config", "baseline", *args)
                 self.assert_bad_input(r, " ".join(args), needle=args[-1])
