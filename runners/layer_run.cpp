@@ -12,6 +12,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/backend_comm.hpp"
 #include "runners/experiment.hpp"
+#include "runners/hf_config.hpp"
 #include "runners/presets.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/csv.hpp"
@@ -19,6 +20,7 @@
 #include "runtime/error.hpp"
 #include "runtime/provenance.hpp"
 #include "theory/activation_memory.hpp"
+#include "theory/llama_memory.hpp"
 
 using namespace actbench;
 
@@ -32,7 +34,7 @@ const std::vector<std::string> kCsvHeader = {
     "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max", "act_bytes", "act_extra_bytes", "act_bytes_formula",
     "fwd_retained_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "memory_limit_bytes", "comm_mode",
     "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "message", "seed", "git_sha", "driver_version", "cuda_runtime_version", "cublas_version",
-    "nccl_version", "hostname", "timestamp", "command"};
+    "nccl_version", "hostname", "timestamp", "command", "arch", "kv_heads", "ffn_hidden"};
 
 // layer_run --cupti FILE: GPU kernel time per phase, per layer and timed iteration.
 const std::vector<std::string> kCuptiHeader = {
@@ -48,7 +50,54 @@ struct Options {
   float dropout = 0.1f;
   uint64_t seed = 1234;
   double link_gbps = 450.0;
+  // --arch llama and its shape (0: the preset's or the config's)
+  std::string arch, hf_config;
+  int64_t kv_heads = 0, ffn_hidden = 0;
+  double rope_theta = 0;
+  float norm_eps = 0;
 };
+
+// The layer family's flags on top of the preset: --hf-config, --arch, --kv-heads, --ffn-hidden,
+// --rope-theta, --norm-eps. Dropout defaults to 0 for llama (which has none).
+void apply_arch_options(Options& o, LayerDims& dims, bool dropout_given, bool seq_given) {
+  if (!o.hf_config.empty()) {
+    const HfModelConfig c = read_hf_config(o.hf_config);
+    dims.arch = Arch::llama;
+    dims.h = c.hidden;
+    dims.a = c.heads;
+    dims.kv_heads = c.kv_heads;
+    dims.ffn_hidden = c.ffn_hidden;
+    dims.rope_theta = c.rope_theta;
+    dims.norm_eps = static_cast<float>(c.rms_norm_eps);
+    if (!seq_given) dims.s = c.max_positions;
+    dims.b = 1;
+    o.model = c.name;
+  }
+  if (!o.arch.empty()) {
+    const Arch a = parse_arch(o.arch);
+    if (a == Arch::gpt && dims.arch == Arch::llama)
+      throw InvalidArgument("--arch gpt with a llama model (" + o.model + ")");
+    dims.arch = a;
+  }
+  if (dims.arch == Arch::gpt) {
+    if (o.kv_heads || o.ffn_hidden || o.rope_theta != 0 || o.norm_eps != 0)
+      throw InvalidArgument("--kv-heads, --ffn-hidden, --rope-theta and --norm-eps need --arch llama");
+    return;
+  }
+  if (o.kv_heads < 0 || o.ffn_hidden < 0) throw InvalidArgument("--kv-heads and --ffn-hidden must be >= 1");
+  if (o.kv_heads) dims.kv_heads = o.kv_heads;
+  if (o.ffn_hidden) dims.ffn_hidden = o.ffn_hidden;
+  if (o.rope_theta != 0) {
+    if (!(o.rope_theta > 0)) throw InvalidArgument("--rope-theta must be positive");
+    dims.rope_theta = o.rope_theta;
+  }
+  if (o.norm_eps != 0) {
+    if (!(o.norm_eps > 0)) throw InvalidArgument("--norm-eps must be positive");
+    dims.norm_eps = o.norm_eps;
+  }
+  if (!dropout_given) o.dropout = 0.f;
+  if (o.dropout != 0.f) throw InvalidArgument("--arch llama has no dropout: --dropout must be 0");
+}
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
@@ -123,7 +172,7 @@ int run(int argc, char** argv) {
                  "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)")
       ->capture_default_str();
   app.add_option("--dtype", o.dtype, "bf16 | fp16 | fp32")->capture_default_str();
-  app.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str();
+  auto* dropout_opt = app.add_option("--dropout", o.dropout, "dropout probability (gpt)")->capture_default_str();
   app.add_option("--layers", o.layers, "layers in the stack (times and bytes are reported per layer)")
       ->capture_default_str();
   auto* warmup_opt = app.add_option("--warmup", o.warmup, "untimed iterations")->capture_default_str();
@@ -136,6 +185,12 @@ int run(int argc, char** argv) {
   app.add_option("--cupti", o.cupti,
                  "write GPU kernel time per phase (CUPTI) to this CSV (cuda backend; Figure 8's split)");
   app.add_option("--memory-limit", o.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)");
+  app.add_option("--arch", o.arch, "gpt (the paper's layer) | llama (RMSNorm, GQA, RoPE, SwiGLU; default: the preset's)");
+  app.add_option("--kv-heads", o.kv_heads, "llama: key/value heads g (1 <= g <= heads, dividing heads; default heads)");
+  app.add_option("--ffn-hidden", o.ffn_hidden, "llama: SwiGLU width F (fc1 has 2F outputs; default 4 x hidden)");
+  app.add_option("--rope-theta", o.rope_theta, "llama: RoPE base theta (default 10000, the preset's or the config's)");
+  app.add_option("--norm-eps", o.norm_eps, "llama: RMSNorm epsilon (default 1e-5 or the config's)");
+  app.add_option("--hf-config", o.hf_config, "a Hugging Face config.json of a LLaMA-style model (sets --arch llama)");
   app.add_option("--link-gbps", o.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s")
       ->capture_default_str();
   try {
@@ -175,6 +230,7 @@ int run(int argc, char** argv) {
 
   // ---- what we run ----
   LayerDims dims = preset.dims;
+  apply_arch_options(o, dims, dropout_opt->count() > 0, o.seq != 0);
   if (o.hidden) dims.h = o.hidden;
   if (o.heads) dims.a = o.heads;
   if (o.seq) dims.s = o.seq;
@@ -238,8 +294,13 @@ int run(int argc, char** argv) {
 
     theory::Dims td{static_cast<double>(dims.s), static_cast<double>(dims.b), static_cast<double>(dims.h),
                     static_cast<double>(dims.a), static_cast<double>(o.tp)};
+    const theory::Precision precision{static_cast<double>(dtype_size(dtype)), 1.0};
     const double formula =
-        theory::activation_bytes(td, theory_config(policy), {static_cast<double>(dtype_size(dtype)), 1.0});
+        dims.arch == Arch::llama
+            ? theory::llama_activation_bytes({td.s, td.b, td.h, td.a, static_cast<double>(dims.groups()),
+                                              static_cast<double>(dims.ffn()), td.t},
+                                             theory_config(policy), precision)
+            : theory::activation_bytes(td, theory_config(policy), precision);
     const bool have_time = be->computes() && r.status == "ok";
     const bool ok = r.status == "ok";
     std::vector<std::string> row = {
@@ -255,7 +316,8 @@ int run(int argc, char** argv) {
         comm_mode_name(comm->mode()), ok ? fmt_num(r.comm_bytes) : "", fmt_num(o.link_gbps, "%g"),
         ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, r.message, std::to_string(o.seed), build_git_sha(), versions.driver, versions.cuda_runtime,
         versions.cublas, versions.nccl, hostname(),
-        utc_timestamp(), command};
+        utc_timestamp(), command, arch_name(dims.arch),
+        dims.arch == Arch::llama ? std::to_string(dims.groups()) : "", dims.arch == Arch::llama ? std::to_string(dims.ffn()) : ""};
     if (rank0 && cupti_csv && r.status == "ok") {
       // Per layer and timed iteration, so that it reads like fwd_ms/bwd_ms.
       const double per = static_cast<double>(o.iters) * o.layers;
