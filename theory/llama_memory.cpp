@@ -35,12 +35,14 @@ double llama_activation_bytes(const LlamaDims& d, Config c, Precision p) {
 }
 
 double llama_closed_form(const LlamaDims& d, Config c) {
-  const double sbh = d.s * d.b * d.h, t = d.t, r = c.sequence_parallel ? t : 1.0;
+  // sbh·(8/r + (4 + 4g/a + 6F/h + 2as/h)/t), each term multiplied out before dividing so that
+  // integer shapes give exact integers: sbh·g/a = sb·g·(h/a), sbh·F/h = sbF, sbh·as/h = as²b.
+  const double sb = d.s * d.b, sbh = sb * d.h, t = d.t, r = c.sequence_parallel ? t : 1.0;
   if (c.recompute == Recompute::full) return 2 * sbh / r;
-  double per_t = 4 + 4 * d.groups() / d.a + 6 * d.ffn() / d.h;
-  if (c.fused_attention) per_t += 4 * d.a / d.h;
-  else if (c.recompute == Recompute::none) per_t += 2 * d.a * d.s / d.h;
-  return sbh * (8 / r + per_t / t);
+  double per_t = 4 * sbh + 4 * sb * d.groups() * (d.h / d.a) + 6 * sb * d.ffn();
+  if (c.fused_attention) per_t += 4 * d.a * sb;
+  else if (c.recompute == Recompute::none) per_t += 2 * d.a * d.s * sb;
+  return 8 * sbh / r + per_t / t;
 }
 
 double llama_norm_stats_bytes(const LlamaDims& d, Config c) {
