@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 
 LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build", "runners", "layer_run"))
 MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
+THEORY = os.environ.get("ACTBENCH_THEORY", os.path.join(HERE, "..", "build", "runners", "theory"))
 CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp", "full+sp"]
 
 try:
@@ -206,6 +207,93 @@ class LlamaCliTest(unittest.TestCase):
             for config in ["sp", "selective+sp", "full"]:
                 with self.subTest(attention=attention, config=config):
                     self.check_dump(os.path.join(dump, config), 8, 2)
+
+
+class TheoryLlamaTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_llama_theory_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def theory(self, *args):
+        return subprocess.run([THEORY, *args], capture_output=True, text=True, timeout=300)
+
+    def test_plan_llama3_70b_on_64_h100_at_8k(self):
+        out = os.path.join(self.tmp, "plan.csv")
+        r = self.theory("plan", "--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--seq", "8192",
+                        "--global-batch", "128", "--csv", out, "--top", "3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertIn("llama3-70b on 64 x H100", lines[0])
+        self.assertEqual(len(lines), 2 + 3)  # title, header, three plans
+        with open(out, newline="") as f:
+            rows = list(csv.DictReader(f))
+        fits = [row for row in rows if row["fits"] == "1"]
+        self.assertTrue(fits)
+        for row in rows:
+            parts = sum(int(row[k]) for k in ["weight_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
+                                             "extra_bytes", "working_set_bytes", "headroom_bytes"])
+            self.assertLessEqual(abs(parts - int(row["total_bytes"])), 7, row)  # each rounded to a byte
+            self.assertEqual(int(row["tp"]) * int(row["pp"]) * int(row["dp"]), 64)
+        times = [float(row["iteration_s"]) for row in fits]
+        self.assertEqual(times, sorted(times))
+
+    def test_plan_from_hf_config_equals_the_preset(self):
+        folder = os.path.join(self.tmp, "Meta-Llama-3-8B")
+        os.makedirs(folder)
+        path = os.path.join(folder, "config.json")
+        with open(path, "w") as f:
+            json.dump(LLAMA3_8B, f)
+        a = os.path.join(self.tmp, "a.csv")
+        b = os.path.join(self.tmp, "b.csv")
+        common = ["--gpu", "b200", "--gpus", "16", "--seq", "8192", "--global-batch", "64", "--distributed-optimizer"]
+        self.assertEqual(self.theory("plan", "--hf-config", path, *common, "--csv", a).returncode, 0)
+        self.assertEqual(self.theory("plan", "--model", "llama3-8b", *common, "--csv", b).returncode, 0)
+        strip = lambda rows: [{k: v for k, v in row.items() if k != "model"} for row in rows]
+        with open(a) as fa, open(b) as fb:
+            self.assertEqual(strip(csv.DictReader(fa)), strip(csv.DictReader(fb)))
+
+    def test_llama_table_prints_the_categories(self):
+        r = self.theory("llama-table", "--model", "llama3-8b", "--seq", "4096")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        total = next(l for l in r.stdout.splitlines() if l.startswith("total")).split()[1:]
+        closed = next(l for l in r.stdout.splitlines() if l.startswith("closed form")).split()[2:]
+        self.assertEqual(total, closed)
+        self.assertEqual(int(total[0]), llama_bytes(4096, 1, 4096, 32, 8, 14336, 1, "baseline"))
+
+    def test_out_writes_the_llama_tables(self):
+        r = self.theory("--out", self.tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.tmp, "llama_table2.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+        shapes = {"llama3-8b": (4096, 32, 8, 14336, 1), "llama3-70b": (8192, 64, 8, 28672, 8),
+                  "llama3-405b": (16384, 128, 8, 53248, 8)}
+        self.assertEqual(len(rows), 3 * 2 * len(CONFIGS))
+        for row in rows:
+            h, a, g, F, t = shapes[row["model"]]
+            self.assertEqual(int(row["bytes"]), llama_bytes(8192, 1, h, a, g, F, t, row["config"], row["attention"]))
+            self.assertEqual(row["bytes"], row["closed_form_bytes"])
+        with open(os.path.join(self.tmp, "llama_seqlen.csv"), newline="") as f:
+            seq = list(csv.DictReader(f))
+        self.assertEqual({row["kv_heads"] for row in seq}, {"8", "64"})
+
+    def test_bad_inputs_exit_2(self):
+        cases = {
+            "no global batch": ["plan", "--model", "llama3-8b", "--gpus", "8"],
+            "unknown gpu": ["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--gpu", "v100"],
+            "no layout": ["plan", "--model", "llama3-8b", "--gpus", "7", "--global-batch", "5"],
+            "model and config": ["plan", "--model", "llama3-8b", "--hf-config", "x.json", "--gpus", "8"],
+            "missing config": ["plan", "--hf-config", os.path.join(self.tmp, "none.json"), "--gpus", "8",
+                               "--global-batch", "8"],
+            "gpt in llama-table": ["llama-table", "--model", "175b"],
+            "tp not dividing kv heads": ["llama-table", "--model", "llama3-8b", "--tp", "16"],
+        }
+        for what, args in cases.items():
+            with self.subTest(what):
+                r = self.theory(*args)
+                self.assertEqual(r.returncode, 2, what + ": " + r.stdout + r.stderr)
+                self.assertTrue(r.stderr.startswith("theory: error:"), r.stderr)
 
 
 if __name__ == "__main__":
