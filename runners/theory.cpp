@@ -270,7 +270,7 @@ Table totals(const Precision& prec, const std::string& dtype) {
            "layers_in_flight_first_stage", "interleave_factor", "first_stage_activation_bytes",
            "first_stage_activation_gib", "extras_bytes", "extras_closed_form_bytes", "extras_percent",
            "eq5_first_stage_bytes", "eq6_first_stage_bytes", "full_recompute_bytes",
-           "full_recompute_distributed_bytes"},
+           "full_recompute_distributed_bytes", "first_chunk_microbatches", "token_ids_bytes"},
           {}};
   for (const auto& m : paper_models())
     for (const auto& name : config_names()) {
@@ -282,7 +282,8 @@ Table totals(const Precision& prec, const std::string& dtype) {
              fmt(interleave_factor(m.p, m.m), "%.6f"), fmt_bytes(act), fmt_gib(act), fmt_bytes(extra),
              fmt_bytes(extras_closed_form(m)), fmt_pct(100 * extra / act), fmt_bytes(eq5_first_stage_bytes(m)),
              fmt_bytes(eq6_first_stage_bytes(m)), fmt_bytes(full_recompute_total_bytes(m, false, prec)),
-             fmt_bytes(full_recompute_total_bytes(m, true, prec))});
+             fmt_bytes(full_recompute_total_bytes(m, true, prec)), fmt(first_chunk_microbatches(m)),
+             fmt_bytes(token_id_bytes(m))});
     }
   return t;
 }
@@ -530,7 +531,9 @@ Table table5(const std::vector<MeasuredLayer>& measured) {
     for (const auto& src : sources) {
       std::vector<std::string> r = {
           m.name, fmt(m.dp), fmt(m.gpus()), fmt(m.t), fmt(m.p), fmt(m.m), fmt(m.B), fmt(m.b), fmt(m.microbatches()),
-          fmt(f_model, "%.6e"), fmt(f_eq8, "%.6e"), fmt(f_exact, "%.6e"), fmt(f_full, "%.6e"), fmt(f_causal, "%.6e"),
+          decimal(flops_exact(m, FlopFormula::eq7)), decimal(flops_exact(m, FlopFormula::eq8)),
+          decimal(flops_exact(m, FlopFormula::selective_exact)), decimal(flops_exact(m, FlopFormula::full_recompute)),
+          decimal(flops_exact(m, FlopFormula::model_causal)),
           fmt_opt(row.full_recompute_s), fmt(row.present_s), fmt_opt(row.throughput_gain_percent),
           fmt(row.mfu_percent), fmt_opt(row.hfu_percent), fmt_opt(row.mfu_full_percent),
           util(f_model, row.present_s), util(f_eq8, row.present_s), util(f_exact, row.present_s),

@@ -40,17 +40,6 @@ const Gpu& plan_gpu(const std::string& name) {
   throw std::invalid_argument("unknown GPU '" + name + "' (expected a100, h100, h200 or b200)");
 }
 
-int first_chunk_microbatches_in_flight(int p, int microbatches, int m) {
-  const auto order = pipeline_order(p, microbatches, m);
-  int live = 0, peak = 0;
-  for (const PipelineOp& op : order[0]) {
-    if (op.chunk != 0) continue;
-    live += op.forward ? 1 : -1;
-    peak = std::max(peak, live);
-  }
-  return peak;
-}
-
 namespace {
 
 // Parameters of one layer on one tensor-parallel rank (replicated ones whole).

@@ -25,6 +25,7 @@
 
 #include "theory/activation_memory.hpp"
 #include "theory/models.hpp"
+#include "theory/pipeline.hpp"  // first_chunk_microbatches_in_flight
 
 namespace actbench::theory {
 
@@ -70,10 +71,5 @@ struct PlanCandidate {
 // Every candidate, the fitting ones first, fastest first; then those that do not fit.
 // Throws std::invalid_argument for requests no layout can satisfy the shape of.
 std::vector<PlanCandidate> plan_search(const PlanRequest& r);
-
-// Micro-batches chunk 0 of stage 0 holds at its peak in the schedule (p, N, m): the ones whose
-// embedding output and token ids are alive, counted on the simulated order (1F1B: min(p, N);
-// interleaved: more, since chunk 0 runs ahead during the warm-up).
-int first_chunk_microbatches_in_flight(int p, int microbatches, int m);
 
 }  // namespace actbench::theory
