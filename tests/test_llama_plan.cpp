@@ -106,3 +106,28 @@ TEST(LlamaPlanner, BadRequestsAreInvalidArguments) {
   EXPECT_THROW(plan_model("llama2-7b"), std::invalid_argument);
   EXPECT_THROW(plan_gpu("v100"), std::invalid_argument);
 }
+
+TEST(LlamaPlanner, ThePapersGptModelsPlanToo) {
+  PlanRequest r;
+  r.model = plan_model("175b");
+  ASSERT_FALSE(r.model.llama);
+  r.gpu = plan_gpu("a100");
+  r.gpus = 64;
+  r.seq = 2048;
+  r.global_batch = 64;
+  r.fused_attention = false;
+  const auto plans = plan_search(r);
+  ASSERT_FALSE(plans.empty());
+  EXPECT_TRUE(plans.front().fits);
+  bool seen_selective = false;
+  for (const PlanCandidate& k : plans) {
+    Config c = config_from_name(k.config);
+    seen_selective |= c.recompute == Recompute::selective;
+    EXPECT_EQ(k.per_layer_activation_bytes, activation_bytes({2048, k.b, 12288, 96, static_cast<double>(k.t)}, c));
+    // 12 h² + 7h split over t, 6h replicated per layer; word embedding /t, positions whole.
+    const double h = 12288, layer = (12 * h * h + 7 * h) / k.t + 6 * h;
+    const double first = 96.0 / k.p * layer + 51200 * h / k.t + 2048 * h + (k.p == 1 ? 2 * h : 0);
+    EXPECT_DOUBLE_EQ(k.params_per_gpu, first) << k.t << " " << k.p;
+  }
+  EXPECT_TRUE(seen_selective) << "unfused attention: selective recompute is searched";
+}
