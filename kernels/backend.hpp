@@ -139,6 +139,9 @@ class Backend {
   // on the probabilities uses `spec` exactly as dropout_fwd on the [B, S, S] probabilities
   // would (same Philox counters, so the same mask as the unfused path), regenerated in
   // backward instead of stored. dq, dk, dv written.
+  // Grouped-query attention: k, v (and dk, dv) may hold B/r batches for r = B / k.dim(0)
+  // query batches per key/value batch; query batch i reads key/value batch i / r, and dk, dv
+  // sum over the r queries of their group (r = 1 is multi-head attention).
   virtual void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
                              const Tensor& out, const Tensor& lse) {
     throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
@@ -149,6 +152,28 @@ class Backend {
     throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
   }
 
+  // ---- the llama family (--arch llama). Not pure virtual: a backend without them says so. ----
+  // RMSNorm over the last dim: x [M, H], weight [H], rstd [M] fp32 = 1 / sqrt(mean(x²) + eps);
+  // y = x * rstd * weight.
+  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd) {
+    not_implemented("rmsnorm_fwd");
+  }
+  // dx written; dweight written (not accumulated).
+  virtual void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                           const Tensor& dx, const Tensor& dweight) {
+    not_implemented("rmsnorm_bwd");
+  }
+  // Rotary embedding, rotate-half convention, on x [B, NH, S, D] (D even): for position p
+  // (0..S-1) and i < D/2, angle = p * theta^(-2i/D);
+  //   y[i] = x[i] cos - x[i + D/2] sin,  y[i + D/2] = x[i + D/2] cos + x[i] sin.
+  // y may be x (in place). Backward is the rotation by -angle (dx may be dy).
+  virtual void rope_fwd(const Tensor& x, double theta, const Tensor& y) { not_implemented("rope_fwd"); }
+  virtual void rope_bwd(const Tensor& dy, double theta, const Tensor& dx) { not_implemented("rope_bwd"); }
+  // SwiGLU: x [M, 2N] is [gate | up] per row; y [M, N] = silu(gate) * up.
+  virtual void swiglu_fwd(const Tensor& x, const Tensor& y) { not_implemented("swiglu_fwd"); }
+  // dx [M, 2N] = [d gate | d up].
+  virtual void swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) { not_implemented("swiglu_bwd"); }
+
   // ---- attention head layout ----------------------------------------------------------
   // src [S, B, W]; dst [B, NH, S, D] = columns [col_offset, col_offset + NH*D) of src,
   // head-major (head j at columns col_offset + j*D ...).
@@ -157,6 +182,9 @@ class Backend {
   virtual void merge_heads(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
 
  protected:
+  [[noreturn]] void not_implemented(const char* op) const {
+    throw InvalidArgument(std::string(op) + " (--arch llama) is not implemented on the " + name() + " backend yet");
+  }
   explicit Backend(std::unique_ptr<CachingAllocator> alloc) : allocator_(std::move(alloc)) {}
   std::unique_ptr<CachingAllocator> allocator_;
 };

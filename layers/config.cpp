@@ -37,6 +37,14 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 
+const char* arch_name(Arch a) { return a == Arch::llama ? "llama" : "gpt"; }
+
+Arch parse_arch(const std::string& name) {
+  if (name == "gpt") return Arch::gpt;
+  if (name == "llama") return Arch::llama;
+  throw InvalidArgument("unknown arch '" + name + "' (expected gpt or llama)");
+}
+
 const char* attention_name(Attention a) { return a == Attention::fused ? "fused" : "unfused"; }
 
 Attention parse_attention(const std::string& name) {
@@ -55,6 +63,20 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
     fail("heads " + std::to_string(d.a) + " are not divisible by tp " + std::to_string(t) +
          " (each rank needs whole heads)");
   if (d.h % t != 0) fail("hidden " + std::to_string(d.h) + " is not divisible by tp " + std::to_string(t));
+  if (d.arch == Arch::llama) {
+    const int64_t g = d.groups();
+    if (g < 1 || g > d.a || d.a % g != 0)
+      fail("kv-heads " + std::to_string(g) + " must be between 1 and heads " + std::to_string(d.a) + " and divide it");
+    if (g % t != 0)
+      fail("kv-heads " + std::to_string(g) + " are not divisible by tp " + std::to_string(t) +
+           " (each rank needs whole key/value groups)");
+    if (d.ffn() < 1 || d.ffn() % t != 0)
+      fail("ffn-hidden " + std::to_string(d.ffn()) + " must be >= 1 and divisible by tp " + std::to_string(t));
+    if ((d.h / d.a) % 2 != 0)
+      fail("head size " + std::to_string(d.h / d.a) + " must be even for RoPE (pairs i and i + d/2)");
+    if (!(d.rope_theta > 0)) fail("rope-theta must be positive");
+    if (!(d.norm_eps > 0)) fail("the RMSNorm epsilon must be positive");
+  }
   if (p.sequence_parallel && d.s % t != 0)
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");

@@ -8,8 +8,22 @@
 
 namespace actbench {
 
+// gpt: the paper's layer (LayerNorm, MHA, GeLU MLP, biases, dropout).
+// llama: RMSNorm, grouped-query attention with RoPE, SwiGLU MLP, no biases, no dropout.
+enum class Arch { gpt, llama };
+const char* arch_name(Arch a);
+Arch parse_arch(const std::string& name);  // "gpt" | "llama"; throws InvalidArgument
+
 struct LayerDims {
   int64_t s = 0, b = 0, h = 0, a = 0;  // sequence, microbatch, hidden, heads (whole model)
+  // The family and its own shape; gpt ignores the rest.
+  Arch arch = Arch::gpt;
+  int64_t kv_heads = 0;    // g, key/value heads (0: g = a)
+  int64_t ffn_hidden = 0;  // F, SwiGLU width: fc1 has 2F outputs, fc2 F inputs (0: 4h)
+  double rope_theta = 10000.0;
+  float norm_eps = 1e-5f;  // RMSNorm epsilon
+  int64_t groups() const { return kv_heads > 0 ? kv_heads : a; }
+  int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * h; }
 };
 
 enum class Recompute { none, selective, full };

@@ -10,7 +10,7 @@
 namespace actbench {
 
 int64_t ShardSpec::local_rows() const {
-  return (kind == ShardKind::rows || kind == ShardKind::qkv_rows) ? rows / t : rows;
+  return (kind == ShardKind::rows || kind == ShardKind::qkv_rows || kind == ShardKind::stacked_rows) ? rows / t : rows;
 }
 int64_t ShardSpec::local_cols() const { return kind == ShardKind::cols ? cols / t : cols; }
 
@@ -25,6 +25,16 @@ int64_t ShardSpec::canonical_index(int64_t local_flat) const {
       const int64_t h = rows / 3, hl = h / t;  // rows of one of Q, K, V on one rank
       const int64_t part = r / hl, within = r % hl;
       return (part * h + rank * hl + within) * cols + c;
+    }
+    case ShardKind::stacked_rows: {
+      int64_t before = 0, local_before = 0;  // canonical and local rows of the earlier parts
+      for (int64_t part_rows : parts) {
+        const int64_t local = part_rows / t;
+        if (r < local_before + local) return (before + rank * local + (r - local_before)) * cols + c;
+        before += part_rows;
+        local_before += local;
+      }
+      return local_flat;  // not reached for a row inside the shard
     }
   }
   return local_flat;
@@ -48,9 +58,25 @@ std::vector<ParamInfo> layer_param_table(int64_t h) {
   };
 }
 
+std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
+  if (d.arch == Arch::gpt) return layer_param_table(d.h);
+  using L = LayerParams;
+  const int64_t h = d.h, hd = d.h / d.a, q_rows = d.a * hd, kv_rows = d.groups() * hd, F = d.ffn();
+  return {
+      {"ln1.weight", &L::ln1_weight, {h}, ShardKind::replicated, true, 0},
+      {"qkv.weight", &L::qkv_weight, {q_rows + 2 * kv_rows, h}, ShardKind::stacked_rows, false, 2,
+       {q_rows, kv_rows, kv_rows}},
+      {"proj.weight", &L::proj_weight, {h, q_rows}, ShardKind::cols, false, 4},
+      {"ln2.weight", &L::ln2_weight, {h}, ShardKind::replicated, true, 6},
+      {"fc1.weight", &L::fc1_weight, {2 * F, h}, ShardKind::stacked_rows, false, 8, {F, F}},
+      {"fc2.weight", &L::fc2_weight, {h, F}, ShardKind::cols, false, 10},
+  };
+}
+
 ShardSpec param_shard(const ParamInfo& p, int t, int rank) {
   ShardSpec s;
   s.kind = p.kind;
+  s.parts = p.parts;
   s.rows = p.canonical_shape[0];
   s.cols = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
   s.t = t;

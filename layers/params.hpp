@@ -27,12 +27,14 @@ enum class ShardKind {
   rows,        // contiguous block of rows (column-parallel weights, sequence shards)
   cols,        // contiguous block of columns (row-parallel weights)
   qkv_rows,    // rank r holds its heads' rows of each of Q, K and V
+  stacked_rows,  // rows are parts stacked (llama Q; K; V, gate; up): rank r holds its block of each
 };
 
 struct ShardSpec {
   ShardKind kind = ShardKind::replicated;
   int64_t rows = 1, cols = 1;  // canonical 2-D view
   int t = 1, rank = 0;
+  std::vector<int64_t> parts;  // stacked_rows: canonical rows of each part, in order
   int64_t local_rows() const;
   int64_t local_cols() const;
   int64_t local_numel() const { return local_rows() * local_cols(); }
@@ -46,10 +48,15 @@ struct ParamInfo {
   ShardKind kind;
   bool sequence_parallel_allreduce;  // gradient summed over the TP group under SP
   uint32_t init_id;                  // Philox init stream
+  std::vector<int64_t> parts = {};   // stacked_rows only: rows of each stacked part
 };
 
 // The twelve parameters of a layer with hidden h.
 std::vector<ParamInfo> layer_param_table(int64_t h);
+// The parameters of the layer family d.arch: the twelve above for gpt; for llama the six of
+// the --dump contract (ln1.weight [h], qkv.weight [(a+2g)·d, h] = Q; K; V head-major,
+// proj.weight [h, h], ln2.weight [h], fc1.weight [2F, h] = gate; up, fc2.weight [h, F]).
+std::vector<ParamInfo> layer_param_table(const LayerDims& d);
 ShardSpec param_shard(const ParamInfo& p, int t, int rank);
 // The local shape of a parameter on `rank` of `t`.
 Shape local_param_shape(const ParamInfo& p, int t);

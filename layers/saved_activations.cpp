@@ -18,6 +18,7 @@ std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const 
           {"ln2_input", &ln2_input},
           {"fc1_input", &fc1_input},
           {"gelu_input", &gelu_input},
+          {"swiglu_input", &swiglu_input},
           {"fc2_input", &fc2_input},
           {"mlp_residual_mask", &mlp_residual_mask}};
 }

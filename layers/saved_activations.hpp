@@ -13,7 +13,7 @@ namespace actbench {
 struct SavedActivations {
   Tensor layer_input;         // full recompute: the only thing stored
   Tensor ln1_input;           // the layer input x
-  Tensor ln1_mean, ln1_rstd;  // fp32, not in the paper's count
+  Tensor ln1_mean, ln1_rstd;  // fp32, not in the paper's count (llama's RMSNorm: rstd only)
   Tensor qkv_input;           // LN1 output; its local sequence shard under SP
   Tensor q, k, v;             // [b, a/t, s, h/a]
   Tensor softmax_out;         // [b, a/t, s, s]
@@ -26,6 +26,7 @@ struct SavedActivations {
   Tensor ln2_mean, ln2_rstd;
   Tensor fc1_input;           // LN2 output; local shard under SP
   Tensor gelu_input;          // [s, b, 4h/t]
+  Tensor swiglu_input;        // llama: the fc1 output [s, b, 2F/t] = gate | up
   Tensor fc2_input;           // GeLU output
   Tensor mlp_residual_mask;   // u8
 

@@ -10,6 +10,7 @@
 
 #include "kernels/backend.hpp"
 #include "layers/config.hpp"
+#include "layers/layer.hpp"
 #include "layers/parallel.hpp"
 #include "layers/params.hpp"
 #include "layers/saved_activations.hpp"
@@ -18,27 +19,27 @@
 
 namespace actbench {
 
-class TransformerLayer {
+class TransformerLayer final : public Layer {
  public:
   // Allocates parameters and gradients (uninitialised: call init_parameters()).
   TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt);
 
   // Parameters from the seed, canonical layout then sharded (so any t gets the same layer).
-  void init_parameters();
+  void init_parameters() override;
 
   // x: [s_local, b, h] with s_local = s/t under SP, else s. Keeps what the policy says in
   // saved(); returns y, the same shape as x.
-  Tensor forward(const Tensor& x);
+  Tensor forward(const Tensor& x) override;
   // dy: like y. Recomputes what the policy did not keep, writes grads(), releases saved(),
   // returns dx.
-  Tensor backward(const Tensor& dy);
+  Tensor backward(const Tensor& dy) override;
 
-  const SavedActivations& saved() const { return saved_; }
-  LayerParams& params() { return params_; }
-  LayerParams& grads() { return grads_; }
+  const SavedActivations& saved() const override { return saved_; }
+  LayerParams& params() override { return params_; }
+  LayerParams& grads() override { return grads_; }
   const LayerOptions& options() const { return opt_; }
   int64_t local_seq() const { return opt_.policy.sequence_parallel ? opt_.dims.s / t_ : opt_.dims.s; }
-  void set_phase_log(PhaseLog* log) { log_ = log; }
+  void set_phase_log(PhaseLog* log) override { log_ = log; }
 
  private:
   enum class Keep { input_only, all_but_core_attn, all };

@@ -28,6 +28,7 @@ import common  # noqa: E402  (re-executes under /usr/bin/python3 when matplotlib
 import fig1  # noqa: E402
 import fig7  # noqa: E402
 import fig8  # noqa: E402
+import llama  # noqa: E402
 import longseq  # noqa: E402
 import memory_vs_predicted  # noqa: E402
 import seqlen  # noqa: E402
@@ -45,6 +46,7 @@ PLOTS = [
     ("Memory vs sequence length", seqlen),
     ("Measured vs predicted memory", memory_vs_predicted),
     ("Long sequences: paper's vs fused attention", longseq),
+    ("The llama family: bytes by category, GQA vs MHA", llama),
 ]
 
 

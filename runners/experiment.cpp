@@ -1,12 +1,13 @@
 #include "runners/experiment.hpp"
 
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 
 #include "layers/params.hpp"
-#include "layers/transformer_layer.hpp"
+#include "layers/layer.hpp"
 #include "runtime/error.hpp"
 #include "runtime/npy.hpp"
 
@@ -28,7 +29,7 @@ LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& sp
     opt.dropout = spec.dropout;
     opt.seed = spec.seed;
     opt.layer_index = static_cast<uint32_t>(i);
-    stack.push_back(std::make_unique<TransformerLayer>(be, comm, opt));
+    stack.push_back(make_layer(be, comm, opt));
     stack.back()->init_parameters();
   }
   return stack;
@@ -178,7 +179,7 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   check_spec(spec, comm);
   if (!be.computes()) throw InvalidArgument("tensor values need a backend that computes (cpu or cuda), not meta");
   LayerStack stack = build_stack(be, comm, spec);
-  TransformerLayer& layer = *stack.front();
+  Layer& layer = *stack.front();
   Tensor x = make_activation(be, comm, spec, kStreamX);
   Tensor dy = make_activation(be, comm, spec, kStreamDy);
   Tensor y = layer.forward(x);
@@ -192,7 +193,7 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   out.push_back({"y", act_shape, gather_canonical(be, comm, y, act)});
   out.push_back({"dy", act_shape, gather_canonical(be, comm, dy, act)});
   out.push_back({"dx", act_shape, gather_canonical(be, comm, dx, act)});
-  for (const ParamInfo& p : layer_param_table(d.h)) {
+  for (const ParamInfo& p : layer_param_table(d)) {
     const ShardSpec shard = param_shard(p, comm.size(), comm.rank());
     out.push_back({p.name, p.canonical_shape, gather_canonical(be, comm, layer.params().*p.member, shard)});
     out.push_back({std::string("grad.") + p.name, p.canonical_shape,
@@ -222,8 +223,17 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
     meta << "{\"seq\": " << d.s << ", \"batch\": " << d.b << ", \"hidden\": " << d.h << ", \"heads\": " << d.a
          << ", \"tp\": " << comm.size() << ", \"config\": \"" << config_name(spec.policy) << "\", \"attention\": \""
          << attention_name(spec.policy.attention) << "\", \"dtype\": \""
-         << dtype_name(spec.dtype) << "\", \"dropout\": " << spec.dropout << ", \"seed\": " << spec.seed
-         << ", \"ln_eps\": 1e-05, \"gelu\": \"tanh\"}\n";
+         << dtype_name(spec.dtype) << "\", \"dropout\": " << spec.dropout << ", \"seed\": " << spec.seed;
+    if (d.arch == Arch::llama) {
+      char num[64];
+      std::snprintf(num, sizeof num, "%.17g", d.rope_theta);
+      meta << ", \"arch\": \"llama\", \"kv_heads\": " << d.groups() << ", \"ffn_hidden\": " << d.ffn()
+           << ", \"rope_theta\": " << num;
+      std::snprintf(num, sizeof num, "%.9g", static_cast<double>(d.norm_eps));
+      meta << ", \"norm_eps\": " << num << ", \"activation\": \"silu\"}\n";
+    } else {
+      meta << ", \"arch\": \"gpt\", \"ln_eps\": 1e-05, \"gelu\": \"tanh\"}\n";
+    }
   }
   comm.barrier();
 }

@@ -47,8 +47,8 @@ struct ExperimentResult {
 
 ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec);
 
-class TransformerLayer;
-using LayerStack = std::vector<std::unique_ptr<TransformerLayer>>;
+class Layer;
+using LayerStack = std::vector<std::unique_ptr<Layer>>;
 
 // One configuration's stack of layers with its upstream gradient: the unit that layer_run
 // and bench/ time, so both measure the same thing the same way (Backend::mark on the

@@ -15,6 +15,7 @@
 #include "kernels/backend.hpp"
 #include "kernels/backend_comm.hpp"
 #include "runners/experiment.hpp"
+#include "runners/hf_config.hpp"
 #include "runners/presets.hpp"
 #include "runners/run_args.hpp"
 #include "runtime/communicator.hpp"
@@ -23,6 +24,7 @@
 #include "runtime/error.hpp"
 #include "runtime/provenance.hpp"
 #include "theory/activation_memory.hpp"
+#include "theory/llama_memory.hpp"
 
 using namespace actbench;
 
@@ -36,7 +38,7 @@ const std::vector<std::string> kCsvHeader = {
     "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max", "act_bytes", "act_extra_bytes", "act_bytes_formula",
     "fwd_retained_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "memory_limit_bytes", "comm_mode",
     "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "message", "seed", "git_sha", "driver_version", "cuda_runtime_version", "cublas_version",
-    "nccl_version", "hostname", "timestamp", "command"};
+    "nccl_version", "hostname", "timestamp", "command", "arch", "kv_heads", "ffn_hidden"};
 
 // layer_run --cupti FILE: GPU kernel time per phase, per layer and timed iteration.
 const std::vector<std::string> kCuptiHeader = {
@@ -49,6 +51,7 @@ struct Args {
   std::string hidden, heads, seq, batch, tp, layers = "1", warmup = "2", iters = "10", dropout = "0.1",
                                                 seed = "1234", link_gbps = "450";
   std::string csv, dump, cupti, memory_limit;
+  std::string arch, kv_heads, ffn_hidden, rope_theta, norm_eps, hf_config;
   bool emulate_tp = false;
 };
 
@@ -65,7 +68,48 @@ struct Options {
   double link_gbps = 450.0;
   uint64_t memory_limit = 0;  // 0: none
   std::string print_only;     // --help or --print-csv-header: print this, run nothing
+  // --arch llama and its shape (0 or empty: the preset's or the config's)
+  std::string arch, hf_config;
+  int64_t kv_heads = 0, ffn_hidden = 0;
+  double rope_theta = 0;
+  float norm_eps = 0;
+  bool dropout_given = false;
 };
+
+// The layer family's flags on top of the preset: --hf-config, --arch, --kv-heads, --ffn-hidden,
+// --rope-theta, --norm-eps. Dropout defaults to 0 for llama (which has none).
+void apply_arch_options(Options& o, LayerDims& dims, bool seq_given) {
+  if (!o.hf_config.empty()) {
+    const HfModelConfig c = read_hf_config(o.hf_config);
+    dims.arch = Arch::llama;
+    dims.h = c.hidden;
+    dims.a = c.heads;
+    dims.kv_heads = c.kv_heads;
+    dims.ffn_hidden = c.ffn_hidden;
+    dims.rope_theta = c.rope_theta;
+    dims.norm_eps = static_cast<float>(c.rms_norm_eps);
+    if (!seq_given) dims.s = c.max_positions;
+    dims.b = 1;
+    o.model = c.name;
+  }
+  if (!o.arch.empty()) {
+    const Arch a = parse_arch(o.arch);
+    if (a == Arch::gpt && dims.arch == Arch::llama)
+      throw InvalidArgument("--arch gpt with a llama model (" + o.model + ")");
+    dims.arch = a;
+  }
+  if (dims.arch == Arch::gpt) {
+    if (o.kv_heads || o.ffn_hidden || o.rope_theta != 0 || o.norm_eps != 0)
+      throw InvalidArgument("--kv-heads, --ffn-hidden, --rope-theta and --norm-eps need --arch llama");
+    return;
+  }
+  if (o.kv_heads) dims.kv_heads = o.kv_heads;
+  if (o.ffn_hidden) dims.ffn_hidden = o.ffn_hidden;
+  if (o.rope_theta != 0) dims.rope_theta = o.rope_theta;
+  if (o.norm_eps != 0) dims.norm_eps = o.norm_eps;
+  if (!o.dropout_given) o.dropout = 0.f;
+  if (o.dropout != 0.f) throw InvalidArgument("--arch llama has no dropout: --dropout must be 0");
+}
 
 // Each option as a canonical string: ranks compare these (0.1 and 0.10 are the same value).
 std::vector<std::pair<std::string, std::string>> normalized(const Options& o) {
@@ -99,7 +143,13 @@ std::vector<std::pair<std::string, std::string>> normalized(const Options& o) {
           {"--memory-limit", std::to_string(o.memory_limit)},
           {"--csv", o.csv},
           {"--dump", o.dump},
-          {"--cupti", o.cupti}};
+          {"--cupti", o.cupti},
+          {"--arch", o.arch},
+          {"--kv-heads", given(o.kv_heads)},
+          {"--ffn-hidden", given(o.ffn_hidden)},
+          {"--rope-theta", real(o.rope_theta)},
+          {"--norm-eps", real(o.norm_eps)},
+          {"--hf-config", o.hf_config}};
 }
 
 std::string fmt_ms(double v, bool have) {
@@ -117,6 +167,19 @@ std::string fmt_num(double v, const char* f = "%.0f") {
 theory::Dims theory_dims(const LayerDims& d, int tp) {
   return {static_cast<double>(d.s), static_cast<double>(d.b), static_cast<double>(d.h), static_cast<double>(d.a),
           static_cast<double>(tp)};
+}
+
+theory::Config theory_config(LayerPolicy p);
+
+// Table 2's bytes (or the llama family's closed form) for this layer and configuration.
+double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype) {
+  const theory::Dims td = theory_dims(d, tp);
+  const theory::Precision precision{static_cast<double>(dtype_size(dtype)), 1.0};
+  if (d.arch == Arch::llama)
+    return theory::llama_activation_bytes(
+        {td.s, td.b, td.h, td.a, static_cast<double>(d.groups()), static_cast<double>(d.ffn()), td.t},
+        theory_config(p), precision);
+  return theory::activation_bytes(td, theory_config(p), precision);
 }
 
 theory::Config theory_config(LayerPolicy p) {
@@ -151,7 +214,7 @@ void parse_options(int argc, char** argv, Options& o) {
   value("--attention", a.attention,
         "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)", true);
   value("--dtype", a.dtype, "bf16 | fp16 | fp32", true);
-  value("--dropout", a.dropout, "dropout probability", true);
+  value("--dropout", a.dropout, "dropout probability (gpt; llama has none)", true);
   value("--layers", a.layers, "layers in the stack, 1..1024 (times and bytes are reported per layer)", true);
   value("--warmup", a.warmup, "untimed iterations (meta: 0)", true);
   value("--iters", a.iters, "timed iterations (meta: 1)", true);
@@ -164,6 +227,13 @@ void parse_options(int argc, char** argv, Options& o) {
         false);
   value("--memory-limit", a.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)", false);
   value("--link-gbps", a.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s", true);
+  value("--arch", a.arch, "gpt (the paper's layer) | llama (RMSNorm, GQA, RoPE, SwiGLU; default: the preset's)",
+        false);
+  value("--kv-heads", a.kv_heads, "llama: key/value heads g (1 <= g <= heads, dividing heads; default heads)", false);
+  value("--ffn-hidden", a.ffn_hidden, "llama: SwiGLU width F (fc1 has 2F outputs; default 4 x hidden)", false);
+  value("--rope-theta", a.rope_theta, "llama: RoPE base theta (default 10000, the preset's or the config's)", false);
+  value("--norm-eps", a.norm_eps, "llama: RMSNorm epsilon (default 1e-5 or the config's)", false);
+  value("--hf-config", a.hf_config, "a Hugging Face config.json of a LLaMA-style model (sets --arch llama)", false);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -215,6 +285,20 @@ void parse_options(int argc, char** argv, Options& o) {
   if (!(o.link_gbps >= 1e-3 && o.link_gbps <= 1e6))
     throw InvalidArgument("--link-gbps must be in 0.001..1000000 (GB/s), got " + a.link_gbps);
   if (is_given("--memory-limit")) o.memory_limit = parse_memory_size("--memory-limit", a.memory_limit);
+  o.dropout_given = is_given("--dropout");
+  o.arch = a.arch;
+  o.hf_config = a.hf_config;
+  if (is_given("--kv-heads")) o.kv_heads = parse_int_option("--kv-heads", a.kv_heads, 1, kMaxDim);
+  if (is_given("--ffn-hidden")) o.ffn_hidden = parse_int_option("--ffn-hidden", a.ffn_hidden, 1, kMaxDim);
+  if (is_given("--rope-theta")) {
+    o.rope_theta = parse_real_option("--rope-theta", a.rope_theta);
+    if (!(o.rope_theta > 0)) throw InvalidArgument("--rope-theta must be positive, got " + a.rope_theta);
+  }
+  if (is_given("--norm-eps")) {
+    o.norm_eps = static_cast<float>(parse_real_option("--norm-eps", a.norm_eps));
+    if (!(o.norm_eps > 0 && std::isfinite(o.norm_eps)))
+      throw InvalidArgument("--norm-eps must be a positive float, got " + a.norm_eps);
+  }
 }
 
 // How a failure is reported: its exit status and its one line.
@@ -399,6 +483,7 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     if (o.heads) dims.a = o.heads;
     if (o.seq) dims.s = o.seq;
     if (o.batch) dims.b = o.batch;
+    apply_arch_options(o, dims, o.seq != 0);
     const Attention attention = parse_attention(o.attention);
     for (const std::string& name : o.configs) {
       policies.push_back(parse_config(name));
@@ -448,8 +533,7 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     if (o.backend == "cpu") {
       double activations = 0;  // per layer and rank, the largest configuration's
       for (LayerPolicy p : policies)
-        activations = std::max(activations, theory::activation_bytes(theory_dims(dims, o.tp), theory_config(p),
-                                                                     {static_cast<double>(dtype_size(dtype)), 1.0}));
+        activations = std::max(activations, formula_bytes(dims, o.tp, p, dtype));
       check_host_memory(dims, o.tp, o.layers, dtype, activations, o.memory_limit);
     }
     if (!o.cupti.empty()) profiler = CuptiProfiler::create();
@@ -479,8 +563,7 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     if (r.status == "oom") exit_code = 3;
     if (!o.dump.empty() && r.status == "ok") dump_layer(*be, *comm, spec, dump_dir(policy));
 
-    const double formula = theory::activation_bytes(theory_dims(dims, o.tp), theory_config(policy),
-                                                    {static_cast<double>(dtype_size(dtype)), 1.0});
+    const double formula = formula_bytes(dims, o.tp, policy, dtype);
     const bool have_time = be->computes() && r.status == "ok";
     const bool ok = r.status == "ok";
     std::vector<std::string> row = {
@@ -496,7 +579,9 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
         comm_mode_name(comm->mode()), ok ? fmt_num(r.comm_bytes) : "", fmt_num(o.link_gbps, "%g"),
         ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, r.message, std::to_string(o.seed), build_git_sha(), versions.driver, versions.cuda_runtime,
         versions.cublas, versions.nccl, hostname(),
-        utc_timestamp(), command};
+        utc_timestamp(), command, arch_name(dims.arch),
+        dims.arch == Arch::llama ? std::to_string(dims.groups()) : "",
+        dims.arch == Arch::llama ? std::to_string(dims.ffn()) : ""};
     // Rank 0 writes; every rank learns whether that worked before the next configuration.
     verdicts.check([&] {
       if (!rank0) return;

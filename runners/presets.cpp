@@ -12,6 +12,10 @@ const std::vector<ModelPreset>& model_presets() {
       {"175b", {2048, 1, 12288, 96}, 8, 96, 8},
       {"530b", {2048, 1, 20480, 128}, 8, 105, 35},
       {"1t", {2048, 1, 25600, 160}, 8, 128, 64},
+      // The llama family (--arch llama): {s, b, h, a, arch, g, F}, t, L, p, vocab at s = 8192.
+      {"llama3-8b", {8192, 1, 4096, 32, Arch::llama, 8, 14336, 500000.0}, 1, 32, 1, 128256},
+      {"llama3-70b", {8192, 1, 8192, 64, Arch::llama, 8, 28672, 500000.0}, 8, 80, 4, 128256},
+      {"llama3-405b", {8192, 1, 16384, 128, Arch::llama, 8, 53248, 500000.0}, 8, 126, 9, 128256},
   };
   return presets;
 }
@@ -19,7 +23,9 @@ const std::vector<ModelPreset>& model_presets() {
 const ModelPreset& find_preset(const std::string& name) {
   for (const auto& p : model_presets())
     if (p.name == name) return p;
-  throw InvalidArgument("unknown model '" + name + "' (expected tiny, 22b, 175b, 530b or 1t)");
+  std::string names;
+  for (const auto& p : model_presets()) names += (names.empty() ? "" : ", ") + p.name;
+  throw InvalidArgument("unknown model '" + name + "' (expected one of " + names + ")");
 }
 
 }  // namespace actbench

@@ -35,6 +35,10 @@
 #include "theory/paper_values.hpp"
 #include "theory/pipeline.hpp"
 #include "theory/planner.hpp"
+#include "theory/llama_memory.hpp"
+#include "theory/llama_planner.hpp"
+#include "runners/hf_config.hpp"
+#include "runtime/error.hpp"
 
 namespace fs = std::filesystem;
 using namespace actbench::theory;
@@ -266,7 +270,7 @@ Table totals(const Precision& prec, const std::string& dtype) {
            "layers_in_flight_first_stage", "interleave_factor", "first_stage_activation_bytes",
            "first_stage_activation_gib", "extras_bytes", "extras_closed_form_bytes", "extras_percent",
            "eq5_first_stage_bytes", "eq6_first_stage_bytes", "full_recompute_bytes",
-           "full_recompute_distributed_bytes"},
+           "full_recompute_distributed_bytes", "first_chunk_microbatches", "token_ids_bytes"},
           {}};
   for (const auto& m : paper_models())
     for (const auto& name : config_names()) {
@@ -278,7 +282,8 @@ Table totals(const Precision& prec, const std::string& dtype) {
              fmt(interleave_factor(m.p, m.m), "%.6f"), fmt_bytes(act), fmt_gib(act), fmt_bytes(extra),
              fmt_bytes(extras_closed_form(m)), fmt_pct(100 * extra / act), fmt_bytes(eq5_first_stage_bytes(m)),
              fmt_bytes(eq6_first_stage_bytes(m)), fmt_bytes(full_recompute_total_bytes(m, false, prec)),
-             fmt_bytes(full_recompute_total_bytes(m, true, prec))});
+             fmt_bytes(full_recompute_total_bytes(m, true, prec)), fmt(first_chunk_microbatches(m)),
+             fmt_bytes(token_id_bytes(m))});
     }
   return t;
 }
@@ -526,7 +531,9 @@ Table table5(const std::vector<MeasuredLayer>& measured) {
     for (const auto& src : sources) {
       std::vector<std::string> r = {
           m.name, fmt(m.dp), fmt(m.gpus()), fmt(m.t), fmt(m.p), fmt(m.m), fmt(m.B), fmt(m.b), fmt(m.microbatches()),
-          fmt(f_model, "%.6e"), fmt(f_eq8, "%.6e"), fmt(f_exact, "%.6e"), fmt(f_full, "%.6e"), fmt(f_causal, "%.6e"),
+          decimal(flops_exact(m, FlopFormula::eq7)), decimal(flops_exact(m, FlopFormula::eq8)),
+          decimal(flops_exact(m, FlopFormula::selective_exact)), decimal(flops_exact(m, FlopFormula::full_recompute)),
+          decimal(flops_exact(m, FlopFormula::model_causal)),
           fmt_opt(row.full_recompute_s), fmt(row.present_s), fmt_opt(row.throughput_gain_percent),
           fmt(row.mfu_percent), fmt_opt(row.hfu_percent), fmt_opt(row.mfu_full_percent),
           util(f_model, row.present_s), util(f_eq8, row.present_s), util(f_exact, row.present_s),
@@ -603,6 +610,203 @@ double parse_bytes(const std::string& s) {
   return v * it->second;
 }
 
+// ---------------------------------------------------------------- the llama family
+
+// The LLaMA-3 presets at their tensor-parallel size (layer_run's presets), s = 8192, b = 1.
+struct LlamaRow {
+  PlanModel model;
+  int t;
+};
+std::vector<LlamaRow> llama_rows() {
+  std::vector<LlamaRow> rows;
+  for (const PlanModel& m : llama_plan_models()) rows.push_back({m, m.name == "llama3-8b" ? 1 : 8});
+  return rows;
+}
+
+LlamaDims llama_dims(const PlanModel& m, double s, double b, double t) { return {s, b, m.h, m.a, m.g, m.F, t}; }
+
+// Table 2 for the llama family: bytes per layer and rank by configuration, unfused and fused.
+Table llama_table2() {
+  Table t{{"model", "tp", "seq", "kv_heads", "ffn_hidden", "config", "attention", "bytes", "closed_form_bytes",
+           "norm_stats_bytes", "gib"},
+          {}};
+  for (const auto& [m, tp] : llama_rows())
+    for (bool fused : {false, true})
+      for (const auto& name : config_names()) {
+        Config c = config_from_name(name);
+        c.fused_attention = fused;
+        const LlamaDims d = llama_dims(m, m.s, 1, tp);
+        const double bytes = llama_activation_bytes(d, c);
+        t.add({m.name, fmt(tp), fmt(m.s), fmt(m.g), fmt(m.F), name, fused ? "fused" : "unfused", fmt_bytes(bytes),
+               fmt_bytes(llama_closed_form(d, c)), fmt_bytes(llama_norm_stats_bytes(d, c)), fmt_gib(bytes)});
+      }
+  return t;
+}
+
+Table llama_table2_categories() {
+  Table t{{"model", "tp", "config", "attention", "category", "bytes"}, {}};
+  for (const auto& [m, tp] : llama_rows())
+    for (bool fused : {false, true})
+      for (const auto& name : config_names()) {
+        Config c = config_from_name(name);
+        c.fused_attention = fused;
+        for (const auto& [cat, bytes] : llama_activation_bytes_by_category(llama_dims(m, m.s, 1, tp), c))
+          t.add({m.name, fmt(tp), name, fused ? "fused" : "unfused", cat, fmt_bytes(bytes)});
+      }
+  return t;
+}
+
+// Memory vs sequence length for llama3-70b at t = 8 with its 8 key/value heads and with
+// multi-head attention (g = a): what grouped-query attention saves, by configuration.
+Table llama_seqlen() {
+  Table t{{"model", "tp", "kv_heads", "seq", "config", "attention", "bytes", "gib"}, {}};
+  const PlanModel m = plan_model("llama3-70b");
+  for (double g : {m.g, m.a})
+    for (double s = 1024; s <= 131072; s *= 2)
+      for (bool fused : {false, true})
+        for (const char* name : {"baseline", "selective+sp", "full"}) {
+          Config c = config_from_name(name);
+          c.fused_attention = fused;
+          LlamaDims d = llama_dims(m, s, 1, 8);
+          d.g = g;
+          const double bytes = llama_activation_bytes(d, c);
+          t.add({m.name, "8", fmt(g), fmt(s), name, fused ? "fused" : "unfused", fmt_bytes(bytes), fmt_gib(bytes)});
+        }
+  return t;
+}
+
+// A model from --model (a llama preset or a paper GPT model) or --hf-config.
+PlanModel model_of(const std::string& name, const std::string& hf_config) {
+  if (!hf_config.empty()) {
+    if (!name.empty()) throw UsageError("give --model or --hf-config, not both");
+    try {
+      const actbench::HfModelConfig c = actbench::read_hf_config(hf_config);
+      return {c.name, true, static_cast<double>(c.max_positions), static_cast<double>(c.hidden),
+              static_cast<double>(c.heads), static_cast<double>(c.kv_heads), static_cast<double>(c.ffn_hidden),
+              static_cast<double>(c.layers), static_cast<double>(c.vocab)};
+    } catch (const actbench::InvalidArgument& e) {
+      throw UsageError(e.what());
+    }
+  }
+  if (name.empty()) throw UsageError("--model or --hf-config is required");
+  return plan_model(name);
+}
+
+struct LlamaTableArgs {
+  std::string model, hf_config;
+  int tp = 1;
+  double seq = 0, batch = 1;
+};
+
+// theory llama-table: the category table of one model, like Table 2, for every configuration.
+int run_llama_table(const LlamaTableArgs& a) {
+  const PlanModel m = model_of(a.model, a.hf_config);
+  if (!m.llama) throw UsageError(m.name + " is a GPT model: its table is table2.csv");
+  const double s = a.seq > 0 ? a.seq : m.s;
+  if (a.tp < 1 || std::fmod(m.a, a.tp) != 0 || std::fmod(m.g > 0 ? m.g : m.a, a.tp) != 0)
+    throw UsageError("--tp must divide the heads and the key/value heads");
+  const LlamaDims d = llama_dims(m, s, a.batch, a.tp);
+  std::printf("%s: s=%g b=%g h=%g a=%g g=%g F=%g t=%d, bytes per layer and rank (bf16)\n", m.name.c_str(), s,
+              a.batch, m.h, m.a, d.groups(), d.ffn(), a.tp);
+  std::vector<std::pair<std::string, Config>> cols;
+  for (bool fused : {false, true})
+    for (const auto& name : config_names()) {
+      Config c = config_from_name(name);
+      c.fused_attention = fused;
+      cols.push_back({name + (fused ? "/fused" : ""), c});
+    }
+  std::printf("%-14s", "category");
+  for (const auto& [label, c] : cols) std::printf(" %18s", label.c_str());
+  std::printf("\n");
+  for (const char* cat : {"layer_input", "ln1_input", "qkv_input", "q", "k", "softmax_out", "attn_lse", "v",
+                          "proj_input", "ln2_input", "fc1_input", "swiglu_input", "fc2_input"}) {
+    std::printf("%-14s", cat);
+    for (const auto& [label, c] : cols) {
+      double bytes = 0;
+      for (const auto& [name, b] : llama_activation_bytes_by_category(d, c))
+        if (name == cat) bytes = b;
+      std::printf(" %18s", bytes ? fmt_bytes(bytes).c_str() : "-");
+    }
+    std::printf("\n");
+  }
+  std::printf("%-14s", "total");
+  for (const auto& [label, c] : cols) std::printf(" %18s", fmt_bytes(llama_activation_bytes(d, c)).c_str());
+  std::printf("\n%-14s", "closed form");
+  for (const auto& [label, c] : cols) std::printf(" %18s", fmt_bytes(llama_closed_form(d, c)).c_str());
+  std::printf("\n%-14s", "rstd (extra)");
+  for (const auto& [label, c] : cols) std::printf(" %18s", fmt_bytes(llama_norm_stats_bytes(d, c)).c_str());
+  std::printf("\n");
+  return 0;
+}
+
+struct SearchArgs {
+  std::string hf_config, attention = "fused", top = "10";
+  int gpus = 0;
+  double global_batch = 0, efficiency = 0.5;
+  bool distributed_optimizer = false;
+};
+
+// theory plan --gpus N: the search over layouts and configurations (llama_planner.hpp).
+int run_plan_search(const std::string& model_name, const SearchArgs& a, const std::string& gpu_name, double seq,
+                    const std::string& headroom, const std::string& csv) {
+  PlanRequest r;
+  r.model = model_of(model_name, a.hf_config);
+  r.gpu = plan_gpu(gpu_name);
+  r.gpus = a.gpus;
+  r.seq = seq;
+  if (a.global_batch <= 0) throw UsageError("--global-batch B (sequences per iteration) is required with --gpus");
+  r.global_batch = a.global_batch;
+  r.distributed_optimizer = a.distributed_optimizer;
+  if (a.attention != "fused" && a.attention != "unfused") throw UsageError("--attention must be fused or unfused");
+  r.fused_attention = a.attention == "fused";
+  r.headroom_bytes = parse_bytes(headroom);
+  r.efficiency = a.efficiency;
+  int top = 0;
+  try {
+    top = std::stoi(a.top);
+  } catch (...) {
+    throw UsageError("--top must be a number");
+  }
+  if (top < 1) throw UsageError("--top must be >= 1");
+  const std::vector<PlanCandidate> plans = plan_search(r);
+  const double s = seq > 0 ? seq : r.model.s;
+  std::printf("%s on %d x %s (%.1f GiB), s=%g, global batch %g sequences, %s attention, %s optimizer, "
+              "%.0f%% of peak FLOP/s\n",
+              r.model.name.c_str(), r.gpus, r.gpu.label.c_str(), r.gpu.memory_bytes / kGiB, s, r.global_batch,
+              a.attention.c_str(), r.distributed_optimizer ? "distributed" : "replicated", 100 * r.efficiency);
+  std::printf("%3s %3s %2s %4s %2s %-13s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s\n", "t", "p", "m", "dp", "b",
+              "config", "weights", "grads", "optim", "activ.", "extras", "recomp", "total", "iter_s", "tokens/s",
+              "MFU%");
+  int shown = 0;
+  for (const PlanCandidate& k : plans) {
+    if (!k.fits || shown == top) break;
+    ++shown;
+    std::printf("%3d %3d %2d %4d %2g %-13s %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f\n",
+                k.t, k.p, k.m, k.dp, k.b, k.config.c_str(), k.weight_bytes / kGiB, k.grad_bytes / kGiB,
+                k.optimizer_bytes / kGiB, k.activation_bytes / kGiB, k.extra_bytes / kGiB, k.working_set_bytes / kGiB,
+                k.total_bytes / kGiB, k.iteration_s, k.tokens_per_s, k.mfu_percent);
+  }
+  if (shown == 0) std::printf("nothing fits: more GPUs, a shorter sequence or a GPU with more memory\n");
+  if (!csv.empty()) {
+    Table t{{"model", "gpu", "gpus", "seq", "global_batch", "attention", "distributed_optimizer", "tp", "pp",
+             "interleave", "dp", "microbatch", "microbatches", "config", "params_per_gpu", "weight_bytes",
+             "grad_bytes", "optimizer_bytes", "per_layer_activation_bytes", "layers_in_flight", "activation_bytes",
+             "extra_bytes", "working_set_bytes", "headroom_bytes", "total_bytes", "fits", "iteration_s",
+             "tokens_per_s", "mfu_percent"},
+            {}};
+    for (const PlanCandidate& k : plans)
+      t.add({r.model.name, r.gpu.name, fmt(r.gpus), fmt(s), fmt(r.global_batch), a.attention,
+             r.distributed_optimizer ? "1" : "0", fmt(k.t), fmt(k.p), fmt(k.m), fmt(k.dp), fmt(k.b),
+             fmt(k.microbatches), k.config, fmt_bytes(k.params_per_gpu), fmt_bytes(k.weight_bytes),
+             fmt_bytes(k.grad_bytes), fmt_bytes(k.optimizer_bytes), fmt_bytes(k.per_layer_activation_bytes),
+             fmt(k.layers_in_flight), fmt_bytes(k.activation_bytes), fmt_bytes(k.extra_bytes),
+             fmt_bytes(k.working_set_bytes), fmt_bytes(k.headroom_bytes), fmt_bytes(k.total_bytes),
+             k.fits ? "1" : "0", fmt(k.iteration_s, "%.6g"), fmt(k.tokens_per_s, "%.6g"), fmt(k.mfu_percent, "%.4g")});
+    write_atomic(csv, t);
+  }
+  return 0;
+}
+
 struct PlanArgs {
   std::string model, gpu_memory, gpu = "a100", headroom = "0", csv;
   int tp = 0, pp = 0, interleave = 0, dp = 1;
@@ -665,9 +869,28 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   PlanArgs plan;
   CLI::App* plan_cmd = app.add_subcommand("plan", "which configurations fit a GPU, and the cheapest that does");
-  plan_cmd->add_option("--model", plan.model, "22b | 175b | 530b | 1t")->required();
+  plan_cmd->add_option("--model", plan.model,
+                       "22b | 175b | 530b | 1t; with --gpus also llama3-8b | llama3-70b | llama3-405b");
+  SearchArgs search;
+  plan_cmd->add_option("--hf-config", search.hf_config, "a Hugging Face config.json of a LLaMA-style model (with --gpus)");
+  plan_cmd->add_option("--gpus", search.gpus,
+                       "search every layout of this many GPUs (t, p, interleaving, micro-batch, recompute, SP)");
+  plan_cmd->add_option("--global-batch", search.global_batch, "with --gpus: sequences per iteration");
+  plan_cmd->add_flag("--distributed-optimizer", search.distributed_optimizer,
+                     "with --gpus: Adam state sharded over data-parallel ranks");
+  plan_cmd->add_option("--attention", search.attention, "with --gpus: fused | unfused")->capture_default_str();
+  plan_cmd->add_option("--efficiency", search.efficiency, "with --gpus: achieved fraction of peak FLOP/s")
+      ->capture_default_str();
+  plan_cmd->add_option("--top", search.top, "with --gpus: plans to print")->capture_default_str();
+  LlamaTableArgs ltable;
+  CLI::App* ltable_cmd = app.add_subcommand("llama-table", "the llama family's Table 2: bytes per category and configuration");
+  ltable_cmd->add_option("--model", ltable.model, "llama3-8b | llama3-70b | llama3-405b");
+  ltable_cmd->add_option("--hf-config", ltable.hf_config, "a Hugging Face config.json of a LLaMA-style model");
+  ltable_cmd->add_option("--tp", ltable.tp, "tensor-parallel size")->capture_default_str();
+  ltable_cmd->add_option("--seq", ltable.seq, "sequence length (default: the model's)");
+  ltable_cmd->add_option("--batch", ltable.batch, "micro-batch")->capture_default_str();
   plan_cmd->add_option("--gpu-memory", plan.gpu_memory, "device memory, e.g. 80GiB (default: the --gpu's)");
-  plan_cmd->add_option("--gpu", plan.gpu, "a100 | h100 | h200")->capture_default_str();
+  plan_cmd->add_option("--gpu", plan.gpu, "a100 | h100 | h200 (| b200 with --gpus)")->capture_default_str();
   plan_cmd->add_option("--tp", plan.tp, "tensor-parallel size (default: Table 3's)");
   plan_cmd->add_option("--pp", plan.pp, "pipeline-parallel size (default: Table 3's)");
   plan_cmd->add_option("--interleave", plan.interleave, "model chunks per stage m (default: Table 3's)");
@@ -688,7 +911,13 @@ int run(int argc, char** argv) {
   }
   const Precision prec = precision_of(dtype);
   const double bytes_per_param = bytes_per_parameter(optimizer_precision_from_name(optimizer));
+  if (ltable_cmd->parsed()) return run_llama_table(ltable);
+  if (plan_cmd->parsed() && (search.gpus != 0 || !search.hf_config.empty())) {
+    if (search.gpus < 1) throw UsageError("--gpus N (>= 1) is required to plan a --hf-config model");
+    return run_plan_search(plan.model, search, plan.gpu, plan.seq, plan.headroom, plan.csv);
+  }
   if (plan_cmd->parsed()) {
+    if (plan.model.empty()) throw UsageError("--model is required");
     gpu(plan.gpu);  // validate the name
     return run_plan(plan, bytes_per_param, prec);
   }
@@ -713,6 +942,9 @@ int run(int argc, char** argv) {
       {"plan.csv", plan_table(bytes_per_param, prec)},
       {"paper_table4.csv", paper_table4()},
       {"paper_fig8.csv", paper_fig8()},
+      {"llama_table2.csv", llama_table2()},
+      {"llama_table2_categories.csv", llama_table2_categories()},
+      {"llama_seqlen.csv", llama_seqlen()},
   };
   for (const auto& [name, table] : tables) write_atomic(dir / name, table);
   std::printf("theory: wrote %zu tables to %s (%zu measured layer rows used)\n", tables.size(), out.c_str(),

@@ -7,6 +7,7 @@
 
 #include "layer_harness.hpp"
 #include "theory/activation_memory.hpp"
+#include "theory/llama_memory.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
@@ -75,6 +76,47 @@ TEST_P(MpiLayer, FusedAttentionEqualsTheSingleRankPapersLayer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiLayer,
+                         ::testing::Values("baseline", "sp", "full", "selective", "selective+sp", "full+sp"),
+                         [](const auto& param_info) {
+                           std::string c = param_info.param;
+                           for (char& ch : c)
+                             if (ch == '+') ch = '_';
+                           return c;
+                         });
+
+// The llama family under real ranks: GQA with 8 query heads in 4 key/value groups (so t = 2
+// and t = 4 both split whole groups), RoPE, SwiGLU; every tensor equals the single-rank layer
+// and the bytes per rank equal the closed forms, unfused and fused.
+class MpiLlama : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiLlama, EveryTensorAndBytesEqualTheSingleRankLayer) {
+  LayerDims d{24, 2, 96, 8};
+  d.arch = Arch::llama;
+  d.kv_heads = 4;
+  d.ffn_hidden = 80;
+  auto be = make_cpu_backend();
+  auto local = make_local_communicator();
+  const auto ref = run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.f, d));
+  for (Attention att : {Attention::unfused, Attention::fused}) {
+    const std::string what = GetParam() + " " + attention_name(att) + " t=" + std::to_string(g_comm->size());
+    ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.f, d);
+    spec.policy.attention = att;
+    expect_same_tensors(run_layer_canonical(*be, *g_comm, spec), ref, 1e-5, 1e-4, what);
+    spec.dtype = DType::bf16;
+    spec.warmup = 0;
+    spec.iters = 1;
+    const ExperimentResult r = run_experiment(*be, *g_comm, spec);
+    ASSERT_EQ(r.status, "ok") << what;
+    theory::Config c = to_theory(spec.policy);
+    c.fused_attention = att == Attention::fused;
+    const theory::LlamaDims td{24, 2, 96, 8, 4, 80, static_cast<double>(g_comm->size())};
+    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::llama_closed_form(td, c)) << what;
+    EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::llama_norm_stats_bytes(td, c)) << what;
+    EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, MpiLlama,
                          ::testing::Values("baseline", "sp", "full", "selective", "selective+sp", "full+sp"),
                          [](const auto& param_info) {
                            std::string c = param_info.param;

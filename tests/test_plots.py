@@ -27,10 +27,11 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 
 ALL_FIGURES = ["table2_activation_bytes", "table4_layer_times", "table5_iteration_time", "fig1_memory",
                "fig7_percent_of_baseline", "fig8_time_breakdown", "seqlen_memory", "seqlen_terms_175b",
-               "memory_measured_vs_predicted", "longseq_memory", "longseq_fit"]
+               "memory_measured_vs_predicted", "longseq_memory", "longseq_fit", "llama_activation_bytes",
+               "llama_seqlen_memory"]
 ALL_TABLES = ["table2_activation_bytes.md", "table4_layer_times.md", "table5_iteration_time.md", "fig1_memory.md",
               "fig7_percent_of_baseline.md", "fig8_time_breakdown.md", "seqlen_memory.md",
-              "memory_measured_vs_predicted.md", "longseq_memory.md"]
+              "memory_measured_vs_predicted.md", "longseq_memory.md", "llama_activation_bytes.md"]
 
 
 def png_size(path):
@@ -66,7 +67,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(RESULTS, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("9 made, 0 skipped", p.stdout)
+        self.assertIn("10 made, 0 skipped", p.stdout)
         # notes.csv is not a layer_run CSV: skipped; 63 layer_run rows and the CUPTI file read.
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
         for name in ALL_FIGURES:
@@ -110,7 +111,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(empty, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("6 made, 3 skipped", p.stdout)
+        self.assertIn("7 made, 3 skipped", p.stdout)
         for what in ("skipped: Table 4", "skipped: Figure 8", "skipped: Measured vs predicted"):
             self.assertIn(what, p.stdout)
         self.assertTrue(os.path.exists(os.path.join(out, "fig1_memory.png")))

@@ -142,9 +142,41 @@ TEST(Totals, EmbeddingAndOutputExtrasAreAboutHalfAPercentFor22B) {
   EXPECT_NEAR(100 * extras_closed_form(m) / eq5_first_stage_bytes(m), 0.55, 0.05);
   // With SP and 16-bit, the term-by-term count equals the closed form.
   EXPECT_NEAR(embedding_output_extra_bytes(m, kSelectiveSp) / extras_closed_form(m), 1.0, 1e-12);
-  // p > 1: only the embedding dropout mask, sbhp/t.
+  // p > 1: only the embedding dropout mask, of every micro-batch chunk 0 of stage 0 holds: with
+  // the interleaved schedule (175B: p 8, m 3) that is 2p = 16 at the peak, not p.
   const ModelSpec gpt3 = paper_model("175b");
-  EXPECT_DOUBLE_EQ(embedding_output_extra_bytes(gpt3, kSelectiveSp), 2048.0 * 12288 * 8 / 8);
+  EXPECT_EQ(first_chunk_microbatches(gpt3), 16);
+  EXPECT_DOUBLE_EQ(embedding_output_extra_bytes(gpt3, kSelectiveSp), 2048.0 * 12288 * 16 / 8);
+  // The first stage's peak with selective + SP: 34sbh/t × 124 layers in flight + the masks.
+  EXPECT_DOUBLE_EQ(first_stage_activation_bytes(gpt3, kSelectiveSp) + embedding_output_extra_bytes(gpt3, kSelectiveSp),
+                   13312720896.0);
+  EXPECT_DOUBLE_EQ(token_id_bytes(gpt3), 8.0 * 2048 * 16);
+  // 1F1B with fewer micro-batches than stages holds only those.
+  ModelSpec few = paper_model("1t");  // p 64, m 1
+  few.B = 8;
+  EXPECT_EQ(first_chunk_microbatches(few), 8);
+  EXPECT_EQ(first_chunk_microbatches(paper_model("1t")), 64);
+}
+
+TEST(Totals, FirstStageParametersKeepReplicatedNormsAndBiasesWhole) {
+  const ModelSpec m = paper_model("175b");  // 12 layers per stage, t 8
+  const double h = 12288;
+  EXPECT_DOUBLE_EQ(first_stage_parameters_per_gpu(m),
+                   12 * ((12 * h * h + 7 * h) / 8 + 6 * h) + 51200 * h / 8 + 2048 * h);
+}
+
+TEST(Flops, ExactIntegersEqualTheClosedForms) {
+  for (const ModelSpec& m : paper_models()) {
+    EXPECT_NEAR(static_cast<double>(flops_exact(m, FlopFormula::eq7)), model_flops_eq7(m), 1e-12 * model_flops_eq7(m));
+    EXPECT_NEAR(static_cast<double>(flops_exact(m, FlopFormula::eq8)), hardware_flops_eq8(m),
+                1e-12 * hardware_flops_eq8(m));
+    EXPECT_NEAR(static_cast<double>(flops_exact(m, FlopFormula::full_recompute)), hardware_flops_full_recompute(m),
+                1e-12 * hardware_flops_full_recompute(m));
+  }
+  // 22B (B 4, L 48, s 2048, h 6144, v 51200), Eq. 7 multiplied out by hand:
+  // 72·4·48·2048·6144² + 12·4·48·2048²·6144 + 6·4·2048·6144·51200.
+  EXPECT_EQ(decimal(flops_exact(paper_model("22b"), FlopFormula::eq7)), "1143560812363776");
+  EXPECT_EQ(decimal(0), "0");
 }
 
 // ---------------------------------------------------------------- Figure 1

@@ -1,5 +1,11 @@
 #include "theory/flops.hpp"
 
+#include <string>
+
+#include <stdexcept>
+
+#include <cmath>
+
 namespace actbench::theory {
 
 double core_attention_forward_flops(double batch, double s, double h, Attention att) {
@@ -67,6 +73,34 @@ double hardware_flops(const ModelSpec& m, Recompute r, FlopAccounting acc) {
 
 double utilization_percent(double flops, double seconds, int gpus, double peak_flops_per_gpu) {
   return 100.0 * flops / (seconds * gpus * peak_flops_per_gpu);
+}
+
+uint128 flops_exact(const ModelSpec& m, FlopFormula f) {
+  using u128 = uint128;
+  auto whole = [](double x) {
+    if (!(x >= 0) || std::floor(x) != x || x > 9.0e15) throw std::invalid_argument("FLOPs need whole-number shapes");
+    return static_cast<u128>(static_cast<unsigned long long>(x));
+  };
+  const u128 B = whole(m.B), L = whole(m.L), s = whole(m.s), h = whole(m.h), v = whole(m.v);
+  const u128 gemm = B * L * s * h * h, attn = B * L * s * s * h, logits = 6 * B * s * h * v;
+  switch (f) {
+    case FlopFormula::eq7: return 72 * gemm + 12 * attn + logits;
+    case FlopFormula::eq8: return 72 * gemm + 24 * attn + logits;
+    case FlopFormula::selective_exact: return 72 * gemm + 16 * attn + logits;
+    case FlopFormula::full_recompute: return 96 * gemm + 16 * attn + logits;
+    case FlopFormula::model_causal: return 72 * gemm + 6 * attn + logits;
+  }
+  return 0;
+}
+
+std::string decimal(uint128 v) {
+  if (v == 0) return "0";
+  std::string out;
+  while (v > 0) {
+    out.insert(out.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  }
+  return out;
 }
 
 }  // namespace actbench::theory

@@ -1,6 +1,8 @@
 #pragma once
 // FLOPs per training iteration (PAPER.md "FLOPs", paper Appendix A) and utilization.
 // A multiply-add is 2 FLOPs. B is the global batch: everything is per iteration, all GPUs.
+#include <string>
+
 #include "theory/activation_memory.hpp"
 #include "theory/models.hpp"
 
@@ -47,5 +49,14 @@ double hardware_flops(const ModelSpec& m, Recompute r, FlopAccounting acc = Flop
 
 // 100 · flops / (seconds · gpus · peak): MFU with model FLOPs, HFU with hardware FLOPs.
 double utilization_percent(double flops, double seconds, int gpus, double peak_flops_per_gpu);
+
+// ---- exact integers (table5.csv): every closed form above multiplied out, in 128-bit ----
+// Eq. 7 = 72BLsh² + 12BLs²h + 6Bshv; Eq. 8 = 72BLsh² + 24BLs²h + 6Bshv; selective exact =
+// 72BLsh² + 16BLs²h + 6Bshv; full = 96BLsh² + 16BLs²h + 6Bshv; causal = 72BLsh² + 6BLs²h + 6Bshv.
+enum class FlopFormula { eq7, eq8, selective_exact, full_recompute, model_causal };
+__extension__ typedef unsigned __int128 uint128;  // GCC and Clang: 1T's FLOPs exceed 2^64
+// Throws std::invalid_argument when B, L, s, h or v is not a whole number.
+uint128 flops_exact(const ModelSpec& m, FlopFormula f);
+std::string decimal(uint128 v);
 
 }  // namespace actbench::theory

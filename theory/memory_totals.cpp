@@ -1,5 +1,7 @@
 #include "theory/memory_totals.hpp"
 
+#include "theory/pipeline.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -33,9 +35,17 @@ double full_recompute_total_bytes(const ModelSpec& m, bool distributed, Precisio
   return first_stage_activation_bytes(m, {Recompute::full, distributed}, p);
 }
 
+int first_chunk_microbatches(const ModelSpec& m) {
+  return first_chunk_microbatches_in_flight(m.p, static_cast<int>(m.microbatches()), m.m);
+}
+
+double token_id_bytes(const ModelSpec& m) { return 8 * m.s * m.b * first_chunk_microbatches(m); }
+
 double embedding_output_extra_bytes(const ModelSpec& m, Config c, Precision p) {
   const double sbh = m.s * m.b * m.h, split = c.sequence_parallel ? m.t : 1.0;
-  double bytes = p.mask * sbh * m.p / split;  // embedding dropout mask, p microbatches in flight
+  // The embedding dropout mask of each micro-batch chunk 0 of stage 0 holds: p for 1F1B with
+  // N >= p, fewer when N < p, 2p interleaved (the simulated schedule's count).
+  double bytes = p.mask * sbh * first_chunk_microbatches(m) / split;
   if (m.p == 1) {
     bytes += p.elem * sbh / split;            // final LayerNorm input
     bytes += p.elem * sbh / split;            // output layer input (SP: its local shard)
@@ -58,7 +68,9 @@ double model_parameters(const ModelSpec& m) {
 double average_parameters_per_gpu(const ModelSpec& m) { return model_parameters(m) / (m.t * m.p); }
 
 double first_stage_parameters_per_gpu(const ModelSpec& m) {
-  return (m.L / m.p) * (12 * m.h * m.h + 13 * m.h) / m.t + m.v * m.h / m.t + m.s * m.h;
+  // Per layer: QKV, proj, fc1, fc2 weights and the QKV and fc1 biases split over t (12h² + 7h);
+  // the two LayerNorms (4h) and the proj and fc2 biases (2h) replicated on every rank.
+  return (m.L / m.p) * ((12 * m.h * m.h + 7 * m.h) / m.t + 6 * m.h) + m.v * m.h / m.t + m.s * m.h;
 }
 
 double bytes_per_parameter(OptimizerPrecision o) {

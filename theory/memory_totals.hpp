@@ -30,8 +30,14 @@ double first_stage_activation_bytes(const ModelSpec& m, Config c, Precision p = 
 // --distribute-saved-activations (or SP) splits it over t.
 double full_recompute_total_bytes(const ModelSpec& m, bool distributed, Precision p = {});
 
+// Micro-batches whose embedding output is alive on chunk 0 of stage 0 at the peak, from the
+// simulated schedule (pipeline.hpp): min(p, N) for 1F1B, 2p interleaved (N >= 2p).
+int first_chunk_microbatches(const ModelSpec& m);
+// Token ids (int64, 8 bytes per token) of those micro-batches: not in the paper's extras.
+double token_id_bytes(const ModelSpec& m);
 // The terms outside the transformer layers (PAPER.md "Extras"): embedding dropout mask for
-// the p microbatches in flight; with p = 1 also the final LayerNorm input, the output
+// the microbatches in flight on chunk 0 of stage 0 (first_chunk_microbatches: the paper's p
+// for 1F1B with N >= p); with p = 1 also the final LayerNorm input, the output
 // layer's input and the fp32 logits. With SP the 16-bit terms are split over t, as in the
 // paper's (sbhL/t)(p/L + δ(p=1)·(4/L)(1 + v/h)); without SP only the logits are.
 double embedding_output_extra_bytes(const ModelSpec& m, Config c, Precision p = {});
@@ -48,8 +54,9 @@ double model_parameters(const ModelSpec& m);
 // The model's parameters spread evenly over the t·p model-parallel GPUs: what Figure 1
 // draws (it matches all four bars within 0.1 GiB; see the README of results/).
 double average_parameters_per_gpu(const ModelSpec& m);
-// The first stage exactly: its L/p layers (12h² + 13h each) split over t, the word
-// embedding split over t (vocab-parallel) and the position embedding on every rank.
+// The first stage exactly: its L/p layers (12h² + 7h each split over t, the LayerNorms and
+// the row-parallel biases, 6h, replicated), the word embedding split over t (vocab-parallel)
+// and the position embedding on every rank.
 double first_stage_parameters_per_gpu(const ModelSpec& m);
 
 // Bytes per parameter of weights + gradients + optimizer state.

@@ -131,4 +131,15 @@ PipelineResult simulate_pipeline(int p, int microbatches, int m, const PipelineC
   return r;
 }
 
+int first_chunk_microbatches_in_flight(int p, int microbatches, int m) {
+  const auto order = pipeline_order(p, microbatches, m);
+  int live = 0, peak = 0;
+  for (const PipelineOp& op : order[0]) {
+    if (op.chunk != 0) continue;
+    live += op.forward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
 }  // namespace actbench::theory

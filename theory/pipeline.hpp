@@ -24,6 +24,12 @@ std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int
 // p·m + p − 1, i.e. (1 + (p−1)/(p·m)) × p·m chunks of L/(p·m) layers.
 std::vector<int> max_in_flight(const std::vector<std::vector<PipelineOp>>& order);
 
+// Micro-batches chunk 0 of stage 0 holds at its peak (forwards whose backward has not run):
+// the ones whose embedding output, embedding dropout mask and token ids are alive. 1F1B:
+// min(p, N); interleaved (m > 1): 2p once N >= 2p, since chunk 0 runs p·(m−1) + 2(p−1)
+// warm-up forwards ahead of the first backward. Counted on pipeline_order, not assumed.
+int first_chunk_microbatches_in_flight(int p, int microbatches, int m = 1);
+
 struct PipelineCosts {
   // Duration of one microbatch's forward / backward on each virtual stage (size p·m,
   // index chunk·p + stage): the layers of that chunk plus, on the last virtual stage, the

@@ -4,8 +4,9 @@
     python3 tools/numpy_layer.py DUMP_DIR [--rtol 1e-4]
 
 Recomputes y, dx and every parameter gradient from the dumped x, dy and parameters (the
-layer of PAPER.md: pre-LN, causal softmax attention, tanh GeLU, LayerNorm eps 1e-5) and
-compares. Dropout must be 0 in the dump (masks come from Philox, not reproduced here).
+layer of PAPER.md: pre-LN, causal softmax attention, tanh GeLU, LayerNorm eps 1e-5; or, for a
+dump of --arch llama, RMSNorm, grouped-query attention with rotate-half RoPE and SwiGLU, no
+biases) and compares. Dropout must be 0 in the dump (masks come from Philox, not reproduced here).
 Exit status 0 when every tensor matches, 1 otherwise (one line per tensor either way).
 """
 import argparse
@@ -93,6 +94,93 @@ def layer(P, x, dy, a, eps):
     return y, dx1 + dln1, G
 
 
+def rmsnorm_fwd(x, w, eps):
+    rstd = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return x * rstd * w, (x * rstd, rstd)
+
+
+def rmsnorm_bwd(dy, w, cache):
+    xhat, rstd = cache
+    g = dy * w
+    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))
+    return dx, (dy * xhat).reshape(-1, w.size).sum(0)
+
+
+def rope_tables(s, d, theta):
+    """cos, sin [s, d/2]: angle = position * theta^(-2i/d), positions 0..s-1."""
+    inv_freq = theta ** (-2.0 * np.arange(d // 2) / d)
+    angle = np.arange(s)[:, None] * inv_freq[None, :]
+    return np.cos(angle), np.sin(angle)
+
+
+def rope(t, cos, sin):
+    """Rotate-half: pairs (i, i + d/2) of t [..., s, d] rotated by the angle of their position."""
+    half = t.shape[-1] // 2
+    lo, hi = t[..., :half], t[..., half:]
+    return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def llama_layer(P, x, dy, a, g, F, eps, theta):
+    """The llama family: GQA (a query heads, g key/value heads, head j reads group j // (a/g)),
+    RoPE on q and k, SwiGLU; forward and backward in float64."""
+    s, b, h = x.shape
+    d = h // a
+    r = a // g
+    scale = 1.0 / np.sqrt(d)
+    heads = lambda t, n: t.reshape(s, b, n, d).transpose(1, 2, 0, 3)     # [s,b,n*d] -> [b,n,s,d]
+    merge = lambda t: t.transpose(2, 0, 1, 3).reshape(s, b, -1)          # [b,n,s,d] -> [s,b,n*d]
+    expand = lambda t: np.repeat(t, r, axis=1)                           # [b,g,s,d] -> [b,a,s,d]
+    fold = lambda t: t.reshape(b, g, r, s, d).sum(2)                     # gradient of expand
+    causal = np.triu(np.ones((s, s), dtype=bool), 1)
+    cos, sin = rope_tables(s, d, theta)
+
+    n1, c1 = rmsnorm_fwd(x, P["ln1.weight"], eps)
+    qkv = n1 @ P["qkv.weight"].T
+    q_raw, k_raw = heads(qkv[..., :a * d], a), heads(qkv[..., a * d:(a + g) * d], g)
+    v = heads(qkv[..., (a + g) * d:], g)
+    q, k = rope(q_raw, cos, sin), rope(k_raw, cos, sin)
+    ke, ve = expand(k), expand(v)
+    scores = np.where(causal, -np.inf, q @ ke.transpose(0, 1, 3, 2) * scale)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ctx = merge(probs @ ve)
+    x1 = x + ctx @ P["proj.weight"].T
+    n2, c2 = rmsnorm_fwd(x1, P["ln2.weight"], eps)
+    f1 = n2 @ P["fc1.weight"].T
+    gate, up = f1[..., :F], f1[..., F:]
+    act = gate * sigmoid(gate) * up
+    y = x1 + act @ P["fc2.weight"].T
+
+    G = {}
+    flat = lambda t: t.reshape(-1, t.shape[-1])
+    G["fc2.weight"] = flat(dy).T @ flat(act)
+    dact = dy @ P["fc2.weight"]
+    sg = sigmoid(gate)
+    df1 = np.concatenate([dact * up * sg * (1 + gate * (1 - sg)), dact * gate * sg], axis=-1)
+    G["fc1.weight"] = flat(df1).T @ flat(n2)
+    dn2, G["ln2.weight"] = rmsnorm_bwd(df1 @ P["fc1.weight"], P["ln2.weight"], c2)
+    dx1 = dy + dn2
+    G["proj.weight"] = flat(dx1).T @ flat(ctx)
+    dctx = heads(dx1 @ P["proj.weight"], a)
+    dprobs = dctx @ ve.transpose(0, 1, 3, 2)
+    dv = fold(probs.transpose(0, 1, 3, 2) @ dctx)
+    dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True))
+    dq = dscores @ ke * scale
+    dk = fold(dscores.transpose(0, 1, 3, 2) @ q * scale)
+    dq, dk = rope(dq, cos, -sin), rope(dk, cos, -sin)                   # the inverse rotation
+    dqkv = np.concatenate([merge(dq), merge(dk), merge(dv)], axis=-1)
+    G["qkv.weight"] = flat(dqkv).T @ flat(n1)
+    dn1, G["ln1.weight"] = rmsnorm_bwd(dqkv @ P["qkv.weight"], P["ln1.weight"], c1)
+    return y, dx1 + dn1, G
+
+
+LLAMA_PARAMS = ["ln1.weight", "qkv.weight", "proj.weight", "ln2.weight", "fc1.weight", "fc2.weight"]
+
+
 PARAMS = ["ln1.weight", "ln1.bias", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
           "ln2.weight", "ln2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 
@@ -104,10 +192,17 @@ def check(dump, rtol=1e-4):
     if meta["dropout"] != 0:
         raise ValueError("the dump has dropout %g; the NumPy reference needs --dropout 0" % meta["dropout"])
     load = lambda n: np.load(os.path.join(dump, n + ".npy")).astype(np.float64)
-    P = {n: load(n) for n in PARAMS}
-    y, dx, G = layer(P, load("x"), load("dy"), meta["heads"], meta["ln_eps"])
+    if meta.get("arch", "gpt") == "llama":
+        names = LLAMA_PARAMS
+        P = {n: load(n) for n in names}
+        y, dx, G = llama_layer(P, load("x"), load("dy"), meta["heads"], meta["kv_heads"], meta["ffn_hidden"],
+                               meta["norm_eps"], meta["rope_theta"])
+    else:
+        names = PARAMS
+        P = {n: load(n) for n in names}
+        y, dx, G = layer(P, load("x"), load("dy"), meta["heads"], meta["ln_eps"])
     results = []
-    for name, ref in [("y", y), ("dx", dx)] + [("grad." + n, G[n]) for n in PARAMS]:
+    for name, ref in [("y", y), ("dx", dx)] + [("grad." + n, G[n]) for n in names]:
         got = load(name)
         err = float(np.max(np.abs(got - ref))) if got.shape == ref.shape else float("inf")
         scale = float(np.max(np.abs(ref))) or 1.0

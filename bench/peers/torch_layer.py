@@ -377,6 +377,16 @@ def parse_args(argv):
     if args.check_against:
         if not os.path.isdir(args.check_against):
             raise BadInput("dump folder '%s' does not exist" % args.check_against)
+        root = args.check_against
+        for folder in [root] + [os.path.join(root, d) for d in sorted(os.listdir(root))]:
+            try:
+                with open(os.path.join(folder, "layer.json")) as f:
+                    arch = json.load(f).get("arch", "gpt")
+            except (OSError, ValueError, AttributeError):
+                continue  # not a dump folder: run_check reports it
+            if arch != "gpt":
+                raise BadInput("the dump in '%s' is an --arch %s layer; this peer has the paper's GPT layer only"
+                               % (folder, arch))
         return args
     validate_layer(args.hidden, args.heads, args.seq, args.batch, args.tp, args.configs)
     if not args.self_check:

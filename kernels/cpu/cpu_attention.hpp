@@ -12,12 +12,13 @@ namespace actbench::cpu {
 
 constexpr int64_t kAttentionTile = 16;  // keys per tile: small, so tests cross many tiles
 
-// q, k, v, out: [B, S, D] row-major float; lse: [B, S].
+// q, out: [B, S, D] row-major float; lse: [B, S]. k, v: [B / group, S, D]: query batch i
+// reads key/value batch i / group (grouped-query attention; group 1 is multi-head).
 void attention_fwd(const float* q, const float* k, const float* v, int64_t B, int64_t S, int64_t D, float scale,
-                   const DropoutSpec& spec, float* out, float* lse);
-// dq, dk, dv written.
+                   const DropoutSpec& spec, float* out, float* lse, int64_t group = 1);
+// dq written; dk, dv [B / group, S, D] written, each the sum over the group's query batches.
 void attention_bwd(const float* q, const float* k, const float* v, const float* out, const float* dout,
                    const float* lse, int64_t B, int64_t S, int64_t D, float scale, const DropoutSpec& spec, float* dq,
-                   float* dk, float* dv);
+                   float* dk, float* dv, int64_t group = 1);
 
 }  // namespace actbench::cpu

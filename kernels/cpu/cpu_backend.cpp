@@ -485,14 +485,14 @@ class CpuBackend final : public Backend {
     require_defined(op, "q", q);
     if (q.ndim() != 3) fail(op, "q must be [B, S, D], got " + shape_str(q.shape()));
     const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
-    for (const Tensor* t : {&k, &v, &out})
-      if (t->shape() != q.shape()) fail(op, "k, v, out must be " + shape_str(q.shape()) + ", got " + shape_str(t->shape()));
+    if (out.shape() != q.shape()) fail(op, "out must be " + shape_str(q.shape()) + ", got " + shape_str(out.shape()));
+    const int64_t group = kv_group(op, q, k, v);
     require_numel(op, "lse", lse, B * S);
     require_dtype(op, "lse", lse, DType::fp32);
     if (spec.numel() != B * S * S) fail(op, "dropout spec does not describe [B, S, S] probabilities");
     const FloatIn qv(q), kv(k), vv(v);
     FloatOut ov(out);
-    cpu::attention_fwd(qv.data(), kv.data(), vv.data(), B, S, D, scale, spec, ov.data(), lse.data_as<float>());
+    cpu::attention_fwd(qv.data(), kv.data(), vv.data(), B, S, D, scale, spec, ov.data(), lse.data_as<float>(), group);
     ov.commit();
   }
 
@@ -503,17 +503,112 @@ class CpuBackend final : public Backend {
     require_defined(op, "q", q);
     if (q.ndim() != 3) fail(op, "q must be [B, S, D], got " + shape_str(q.shape()));
     const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
-    for (const Tensor* t : {&k, &v, &out, &dout, &dq, &dk, &dv})
-      if (t->shape() != q.shape()) fail(op, "all of q k v out dout dq dk dv must be " + shape_str(q.shape()));
+    for (const Tensor* t : {&out, &dout, &dq})
+      if (t->shape() != q.shape()) fail(op, "all of q out dout dq must be " + shape_str(q.shape()));
+    const int64_t group = kv_group(op, q, k, v);
+    for (const Tensor* t : {&dk, &dv})
+      if (t->shape() != k.shape()) fail(op, "dk and dv must be " + shape_str(k.shape()) + ", like k and v");
     require_numel(op, "lse", lse, B * S);
     if (spec.numel() != B * S * S) fail(op, "dropout spec does not describe [B, S, S] probabilities");
     const FloatIn qv(q), kv(k), vv(v), ov(out), gv(dout), lv(lse);
     FloatOut dqo(dq), dko(dk), dvo(dv);
     cpu::attention_bwd(qv.data(), kv.data(), vv.data(), ov.data(), gv.data(), lv.data(), B, S, D, scale, spec,
-                       dqo.data(), dko.data(), dvo.data());
+                       dqo.data(), dko.data(), dvo.data(), group);
     dqo.commit();
     dko.commit();
     dvo.commit();
+  }
+
+  // ---- the llama family ----
+  void rmsnorm_fwd(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd) override {
+    const char* op = "rmsnorm_fwd";
+    const int64_t H = require_last_dim(op, "x", x, "weight", weight);
+    const int64_t M = x.numel() / H;
+    require_numel(op, "y", y, x.numel());
+    require_numel(op, "rstd", rstd, M);
+    require_floats(op, {{"x", &x}, {"weight", &weight}, {"y", &y}});
+    require_dtype(op, "rstd", rstd, DType::fp32);
+    if (!(eps > 0.f)) fail(op, "eps must be positive");
+    const FloatIn xv(x), w(weight);
+    FloatOut yv(y);
+    float* rp = rstd.data_as<float>();
+    for (int64_t r = 0; r < M; ++r) {
+      const float* row = xv.data() + r * H;
+      double sq = 0;
+      for (int64_t j = 0; j < H; ++j) sq += static_cast<double>(row[j]) * row[j];
+      const float rs = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(H) + eps));
+      for (int64_t j = 0; j < H; ++j) yv[r * H + j] = row[j] * rs * w[j];
+      rp[r] = rs;
+    }
+    yv.commit();
+  }
+
+  void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+                   const Tensor& dweight) override {
+    const char* op = "rmsnorm_bwd";
+    const int64_t H = require_last_dim(op, "x", x, "weight", weight);
+    const int64_t M = x.numel() / H;
+    require_numel(op, "dy", dy, x.numel());
+    require_numel(op, "dx", dx, x.numel());
+    require_numel(op, "rstd", rstd, M);
+    require_numel(op, "dweight", dweight, H);
+    require_floats(op, {{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"dx", &dx}, {"dweight", &dweight}});
+    require_dtype(op, "rstd", rstd, DType::fp32);
+    const FloatIn g(dy), xv(x), w(weight);
+    const float* rp = rstd.data_as<const float>();
+    FloatOut dxo(dx);
+    std::vector<double> dw(static_cast<size_t>(H), 0.0);
+    for (int64_t r = 0; r < M; ++r) {
+      const float rs = rp[r];
+      const float* xr = xv.data() + r * H;
+      const float* gr = g.data() + r * H;
+      // y = xhat * w, xhat = x * rstd: dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w.
+      double sum_gx = 0;
+      for (int64_t j = 0; j < H; ++j) {
+        const float xhat = xr[j] * rs;
+        sum_gx += static_cast<double>(gr[j]) * w[j] * xhat;
+        dw[static_cast<size_t>(j)] += static_cast<double>(gr[j]) * xhat;
+      }
+      const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(H));
+      for (int64_t j = 0; j < H; ++j) dxo[r * H + j] = rs * (gr[j] * w[j] - xr[j] * rs * mean_gx);
+    }
+    dxo.commit();
+    store_doubles(dw, dweight);
+  }
+
+  void rope_fwd(const Tensor& x, double theta, const Tensor& y) override { rope("rope_fwd", x, theta, 1.0, y); }
+  void rope_bwd(const Tensor& dy, double theta, const Tensor& dx) override { rope("rope_bwd", dy, theta, -1.0, dx); }
+
+  void swiglu_fwd(const Tensor& x, const Tensor& y) override {
+    const char* op = "swiglu_fwd";
+    const int64_t N = swiglu_width(op, x, y);
+    const int64_t M = y.numel() / N;
+    const FloatIn xv(x);
+    FloatOut yv(y);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < N; ++j) {
+        const float gate = xv[r * 2 * N + j], up = xv[r * 2 * N + N + j];
+        yv[r * N + j] = gate / (1.f + std::exp(-gate)) * up;
+      }
+    yv.commit();
+  }
+
+  void swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
+    const char* op = "swiglu_bwd";
+    const int64_t N = swiglu_width(op, x, dy);
+    require_numel(op, "dx", dx, x.numel());
+    require_float(op, "dx", dx);
+    const int64_t M = dy.numel() / N;
+    const FloatIn g(dy), xv(x);
+    FloatOut out(dx);  // row r of dx is written after row r of x is read: dx may alias x
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < N; ++j) {
+        const float gate = xv[r * 2 * N + j], up = xv[r * 2 * N + N + j], gr = g[r * N + j];
+        const float sig = 1.f / (1.f + std::exp(-gate));
+        out[r * 2 * N + j] = gr * up * sig * (1.f + gate * (1.f - sig));  // d silu = sig (1 + gate (1 - sig))
+        out[r * 2 * N + N + j] = gr * gate * sig;
+      }
+    out.commit();
   }
 
   // ---- head layout: byte copies of D-element runs, so any dtype round-trips exactly ----
@@ -546,6 +641,60 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // k, v [B / r, S, D] for q [B, S, D]: returns r, the query batches per key/value batch.
+  static int64_t kv_group(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+    require_defined(op, "k", k);
+    require_defined(op, "v", v);
+    if (k.shape() != v.shape() || k.ndim() != 3 || k.dim(1) != q.dim(1) || k.dim(2) != q.dim(2) || k.dim(0) < 1 ||
+        q.dim(0) % k.dim(0) != 0)
+      fail(op, "k and v must be [B / r, S, D] with r dividing B for q " + shape_str(q.shape()) + ", got " +
+                   shape_str(k.shape()) + " and " + shape_str(v.shape()));
+    return q.dim(0) / k.dim(0);
+  }
+
+  // y = rotation of x by sign * angle, pairs (i, i + D/2) of each row of x [B, NH, S, D].
+  static void rope(const char* op, const Tensor& x, double theta, double sign, const Tensor& y) {
+    require_defined(op, "x", x);
+    if (x.ndim() != 4 || x.dim(3) % 2 != 0) fail(op, "x must be [B, NH, S, D] with D even, got " + shape_str(x.shape()));
+    require_numel(op, "y", y, x.numel());
+    require_float(op, "x", x);
+    require_float(op, "y", y);
+    if (!(theta > 0)) fail(op, "theta must be positive");
+    const int64_t S = x.dim(2), D = x.dim(3), half = D / 2, rows = x.numel() / D;
+    std::vector<float> cosines(static_cast<size_t>(S * half)), sines(static_cast<size_t>(S * half));
+    for (int64_t p = 0; p < S; ++p)
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+        cosines[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
+        sines[static_cast<size_t>(p * half + i)] = static_cast<float>(sign * std::sin(angle));
+      }
+    const FloatIn xv(x);
+    FloatOut yv(y);  // each pair is read before it is written: y may be x
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = r % S;
+      for (int64_t i = 0; i < half; ++i) {
+        const float c = cosines[static_cast<size_t>(p * half + i)], sn = sines[static_cast<size_t>(p * half + i)];
+        const float lo = xv[r * D + i], hi = xv[r * D + half + i];
+        yv[r * D + i] = lo * c - hi * sn;
+        yv[r * D + half + i] = hi * c + lo * sn;
+      }
+    }
+    yv.commit();
+  }
+
+  // x [..., 2N] and y [..., N] with the same rows: returns N.
+  static int64_t swiglu_width(const char* op, const Tensor& x, const Tensor& y) {
+    require_defined(op, "x", x);
+    require_defined(op, "y", y);
+    if (x.ndim() < 1 || y.ndim() < 1 || x.dim(-1) != 2 * y.dim(-1) || y.dim(-1) < 1 ||
+        x.numel() / x.dim(-1) != y.numel() / y.dim(-1))
+      fail(op, "x must be [..., 2N] = [gate | up] for [..., N], got " + shape_str(x.shape()) + " and " +
+                   shape_str(y.shape()));
+    require_float(op, "x", x);
+    require_float(op, "y", y);
+    return y.dim(-1);
+  }
+
   // [..., S, S]: returns S.
   static int64_t square_last_dims(const char* op, const char* name, const Tensor& t) {
     require_defined(op, name, t);

@@ -119,7 +119,7 @@ template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     attention_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                          T* __restrict__ out, float* __restrict__ lse, int64_t B, int64_t S, int D, float scale,
-                         AttnDropout dr) {
+                         AttnDropout dr, int64_t group) {
   constexpr int kLD = kD + 1, kPLD = kFwdKeys + 1, kDC = kD / kLanes, kKC = kFwdKeys / kLanes;
   extern __shared__ float smem[];
   float* sQ = smem;                   // [kFwdRows][kLD]
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t n_kb = (row_end - 1) / kFwdKeys + 1;        // key tiles up to the diagonal
 
   for (int64_t bh = blockIdx.y; bh < B; bh += gridDim.y) {
-    const int64_t base = bh * S * D;
+    const int64_t base = bh * S * D, kv_base = (bh / group) * S * D;  // GQA: the group's keys and values
     const int64_t drop_offset = dr.head_offset(bh, S);
     __syncthreads();  // the previous head is done with shared memory
     load_tile<kFwdRows, kD>(q + base, q0, S, D, sQ);
@@ -150,8 +150,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t kb = 0; kb < n_kb; ++kb) {
       const int64_t j0 = kb * kFwdKeys;
       __syncthreads();  // sK, sV, sP of the previous tile are no longer read
-      load_tile<kFwdKeys, kD>(k + base, j0, S, D, sK);
-      load_tile<kFwdKeys, kD>(v + base, j0, S, D, sV);
+      load_tile<kFwdKeys, kD>(k + kv_base, j0, S, D, sK);
+      load_tile<kFwdKeys, kD>(v + kv_base, j0, S, D, sV);
       __syncthreads();
 
       float s[kRowsPerThread][kKC];
@@ -245,7 +245,8 @@ template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                         const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-                        T* __restrict__ dq, int64_t B, int64_t S, int D, float scale, AttnDropout dr) {
+                        T* __restrict__ dq, int64_t B, int64_t S, int D, float scale, AttnDropout dr,
+                        int64_t group) {
   constexpr int kLD = kD + 1, kSLD = kDqKeys + 1, kDC = kD / kLanes, kKC = kDqKeys / kLanes;
   extern __shared__ float smem[];
   float* sQ = smem;                    // [kDqRows][kLD]
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t n_kb = (row_end - 1) / kDqKeys + 1;
 
   for (int64_t bh = blockIdx.y; bh < B; bh += gridDim.y) {
-    const int64_t base = bh * S * D;
+    const int64_t base = bh * S * D, kv_base = (bh / group) * S * D;
     const int64_t drop_offset = dr.head_offset(bh, S);
     __syncthreads();
     load_tile<kDqRows, kD>(q + base, q0, S, D, sQ);
@@ -278,8 +279,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t kb = 0; kb < n_kb; ++kb) {
       const int64_t j0 = kb * kDqKeys;
       __syncthreads();
-      load_tile<kDqKeys, kD>(k + base, j0, S, D, sK);
-      load_tile<kDqKeys, kD>(v + base, j0, S, D, sV);
+      load_tile<kDqKeys, kD>(k + kv_base, j0, S, D, sK);
+      load_tile<kDqKeys, kD>(v + kv_base, j0, S, D, sV);
       __syncthreads();
 
       float s[kRowsPerThread][kKC], dp[kRowsPerThread][kKC];
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_dkdv_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                           const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
                           T* __restrict__ dk, T* __restrict__ dv, int64_t B, int64_t S, int D, float scale,
-                          AttnDropout dr) {
+                          AttnDropout dr, int64_t group) {
   constexpr int kLD = kD + 1, kSLD = kDkvRows + 1, kDC = kD / kLanes, kQC = kDkvRows / kLanes;
   extern __shared__ float smem[];
   float* sK = smem;                      // [kDkvKeys][kLD]
@@ -360,19 +361,23 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t qt0 = j0 / kDkvRows;                                 // the query tile holding row j0
   const int64_t n_qt = (S + kDkvRows - 1) / kDkvRows;
 
-  for (int64_t bh = blockIdx.y; bh < B; bh += gridDim.y) {
-    const int64_t base = bh * S * D;
-    const int64_t drop_offset = dr.head_offset(bh, S);
+  // One key/value head per y: its gradients sum over the `group` query heads that read it (GQA).
+  for (int64_t kvh = blockIdx.y; kvh < B / group; kvh += gridDim.y) {
+    const int64_t kv_base = kvh * S * D;
     __syncthreads();
-    load_tile<kDkvKeys, kD>(k + base, j0, S, D, sK);
-    load_tile<kDkvKeys, kD>(v + base, j0, S, D, sV);
+    load_tile<kDkvKeys, kD>(k + kv_base, j0, S, D, sK);
+    load_tile<kDkvKeys, kD>(v + kv_base, j0, S, D, sV);
     float acc_k[kRowsPerThread][kDC], acc_v[kRowsPerThread][kDC];
 #pragma unroll
     for (int rr = 0; rr < kRowsPerThread; ++rr)
 #pragma unroll
       for (int dc = 0; dc < kDC; ++dc) acc_k[rr][dc] = acc_v[rr][dc] = 0.f;
 
-    for (int64_t qt = qt0; qt < n_qt; ++qt) {
+    // Every query tile at or below the keys, of each query head of the group in turn.
+    for (int64_t step = 0; step < group * (n_qt - qt0); ++step) {
+      const int64_t bh = kvh * group + step / (n_qt - qt0), qt = qt0 + step % (n_qt - qt0);
+      const int64_t base = bh * S * D;
+      const int64_t drop_offset = dr.head_offset(bh, S);
       const int64_t i0 = qt * kDkvRows;
       __syncthreads();  // sQ, sdO, sP, sdS of the previous tile are no longer read
       load_tile<kDkvRows, kD>(q + base, i0, S, D, sQ);
@@ -438,8 +443,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int dc = 0; dc < kDC; ++dc) {
         const int d = lane + kLanes * dc;
         if (d < D) {
-          dk[base + j * D + d] = from_float<T>(scale * acc_k[rr][dc]);
-          dv[base + j * D + d] = from_float<T>(acc_v[rr][dc]);
+          dk[kv_base + j * D + d] = from_float<T>(scale * acc_k[rr][dc]);
+          dv[kv_base + j * D + d] = from_float<T>(acc_v[rr][dc]);
         }
       }
     }
@@ -489,14 +494,14 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 template <class T>
 void fwd(const T* q, const T* k, const T* v, float scale, const DropoutSpec& spec, T* out, float* lse, int64_t B,
-         int64_t S, int64_t D, cudaStream_t stream) {
+         int64_t S, int64_t D, cudaStream_t stream, int64_t group) {
   const AttnDropout dr = make_dropout(spec, S);
   with_head_dim(D, "attention_fwd", [&](auto kd) {
     constexpr int kD = decltype(kd)::value;
     constexpr size_t smem = fwd_smem_bytes<kD>();
     allow_smem(attention_fwd_kernel<T, kD>, smem);
     attention_fwd_kernel<T, kD><<<attention_grid((S + kFwdRows - 1) / kFwdRows, B), kThreads, smem, stream>>>(
-        q, k, v, out, lse, B, S, static_cast<int>(D), scale, dr);
+        q, k, v, out, lse, B, S, static_cast<int>(D), scale, dr, group);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -504,7 +509,7 @@ void fwd(const T* q, const T* k, const T* v, float scale, const DropoutSpec& spe
 template <class T>
 void bwd(const T* q, const T* k, const T* v, const T* out, const T* dout, const float* lse, float scale,
          const DropoutSpec& spec, T* dq, T* dk, T* dv, float* delta, int64_t B, int64_t S, int64_t D,
-         cudaStream_t stream) {
+         cudaStream_t stream, int64_t group) {
   const AttnDropout dr = make_dropout(spec, S);
   with_head_dim(D, "attention_bwd", [&](auto kd) {
     constexpr int kD = decltype(kd)::value;
@@ -515,13 +520,14 @@ void bwd(const T* q, const T* k, const T* v, const T* out, const T* dout, const 
     constexpr size_t dq_smem = dq_smem_bytes<kD>();
     allow_smem(attention_dq_kernel<T, kD>, dq_smem);
     attention_dq_kernel<T, kD><<<attention_grid((S + kDqRows - 1) / kDqRows, B), kThreads, dq_smem, stream>>>(
-        q, k, v, dout, lse, delta, dq, B, S, static_cast<int>(D), scale, dr);
+        q, k, v, dout, lse, delta, dq, B, S, static_cast<int>(D), scale, dr, group);
     CUDA_CHECK_LAUNCH();
 
     constexpr size_t dkdv_smem = dkdv_smem_bytes<kD>();
     allow_smem(attention_dkdv_kernel<T, kD>, dkdv_smem);
-    attention_dkdv_kernel<T, kD><<<attention_grid((S + kDkvKeys - 1) / kDkvKeys, B), kThreads, dkdv_smem, stream>>>(
-        q, k, v, dout, lse, delta, dk, dv, B, S, static_cast<int>(D), scale, dr);
+    attention_dkdv_kernel<T, kD><<<attention_grid((S + kDkvKeys - 1) / kDkvKeys, B / group), kThreads, dkdv_smem,
+                                   stream>>>(q, k, v, dout, lse, delta, dk, dv, B, S, static_cast<int>(D), scale, dr,
+                                             group);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -529,24 +535,26 @@ void bwd(const T* q, const T* k, const T* v, const T* out, const T* dout, const 
 }  // namespace
 
 void attention_fwd(DType dt, const void* q, const void* k, const void* v, float scale, const DropoutSpec& spec,
-                   void* out, float* lse, int64_t B, int64_t S, int64_t D, cudaStream_t stream) {
+                   void* out, float* lse, int64_t B, int64_t S, int64_t D, cudaStream_t stream, int64_t group) {
   check_head_dim(D, "attention_fwd");
+  if (group < 1 || B % group != 0) throw InvalidArgument("attention_fwd: group must divide the query batches");
   if (B == 0 || S == 0) return;
   ACTBENCH_DISPATCH_FLOAT(dt, "attention_fwd", T,
                           fwd<T>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), scale,
-                                 spec, static_cast<T*>(out), lse, B, S, D, stream));
+                                 spec, static_cast<T*>(out), lse, B, S, D, stream, group));
 }
 
 void attention_bwd(DType dt, const void* q, const void* k, const void* v, const void* out, const void* dout,
                    const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* delta,
-                   int64_t B, int64_t S, int64_t D, cudaStream_t stream) {
+                   int64_t B, int64_t S, int64_t D, cudaStream_t stream, int64_t group) {
   check_head_dim(D, "attention_bwd");
+  if (group < 1 || B % group != 0) throw InvalidArgument("attention_bwd: group must divide the query batches");
   if (B == 0 || S == 0) return;
   ACTBENCH_DISPATCH_FLOAT(dt, "attention_bwd", T,
                           bwd<T>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
                                  static_cast<const T*>(out), static_cast<const T*>(dout), lse, scale, spec,
                                  static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), delta, B, S, D,
-                                 stream));
+                                 stream, group));
 }
 
 }  // namespace actbench::cuda

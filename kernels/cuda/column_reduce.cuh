@@ -25,7 +25,8 @@ inline ColumnChunks column_chunks(int64_t rows) {
 }
 
 // sum_dy[chunk, c] = sum of dy[r, c]; with kXhat also sum_dy_xhat[chunk, c] = sum of dy * xhat,
-// xhat = (x - mean[r]) * rstd[r] exactly as the forward computed it.
+// xhat = (x - mean[r]) * rstd[r] exactly as the forward computed it (mean == nullptr: RMSNorm's
+// xhat = x * rstd[r]).
 template <class T, bool kXhat>
 __global__ void __launch_bounds__(kColTile* kRowLanes)
     column_partials(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean,
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(kColTile* kRowLanes)
     for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
       const float g = to_float(dy[r * cols + c]);
       acc += g;
-      if constexpr (kXhat) acc_x += g * ((to_float(x[r * cols + c]) - mean[r]) * rstd[r]);
+      if constexpr (kXhat) acc_x += g * ((to_float(x[r * cols + c]) - (mean ? mean[r] : 0.f)) * rstd[r]);
     }
   }
   s_dy[ty][tx] = acc;
@@ -68,7 +69,8 @@ __global__ void column_finish(const float* __restrict__ partial, int64_t chunks,
   }
 }
 
-// Launches both stages; workspace holds (kXhat ? 2 : 1) * chunks * cols floats.
+// Launches both stages; workspace holds (kXhat ? 2 : 1) * chunks * cols floats. out_dy may be
+// nullptr when only the xhat sums are wanted (RMSNorm has no bias).
 template <class T, bool kXhat>
 void column_sums(const T* dy, const T* x, const float* mean, const float* rstd, T* out_dy, T* out_dy_xhat,
                  float* workspace, int64_t rows, int64_t cols, cudaStream_t stream) {
@@ -80,8 +82,10 @@ void column_sums(const T* dy, const T* x, const float* mean, const float* rstd, 
   column_partials<T, kXhat><<<grid, block, 0, stream>>>(dy, x, mean, rstd, part_dy, part_dyx, rows, cols,
                                                         cc.rows_per_chunk);
   CUDA_CHECK_LAUNCH();
-  column_finish<T><<<elementwise_blocks(cols), kElementwiseThreads, 0, stream>>>(part_dy, cc.chunks, cols, out_dy);
-  CUDA_CHECK_LAUNCH();
+  if (out_dy) {
+    column_finish<T><<<elementwise_blocks(cols), kElementwiseThreads, 0, stream>>>(part_dy, cc.chunks, cols, out_dy);
+    CUDA_CHECK_LAUNCH();
+  }
   if constexpr (kXhat) {
     column_finish<T><<<elementwise_blocks(cols), kElementwiseThreads, 0, stream>>>(part_dyx, cc.chunks, cols,
                                                                                   out_dy_xhat);

@@ -364,9 +364,8 @@ class CudaBackend final : public Backend {
     require(q.defined(), op, "q is undefined");
     require(q.ndim() == 3, op, "q must be [B, S, D], got " + shape_str(q.shape()));
     const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
-    for (const Tensor* t : {&k, &v, &out})
-      require(t->shape() == q.shape(), op,
-              "k, v, out must be " + shape_str(q.shape()) + ", got " + shape_str(t->shape()));
+    require(out.shape() == q.shape(), op, "out must be " + shape_str(q.shape()) + ", got " + shape_str(out.shape()));
+    const int64_t group = kv_group(op, q, k, v);
     require(lse.numel() == B * S, op, "lse has " + std::to_string(lse.numel()) + " elements, expected " +
                                           std::to_string(B * S));
     require_dtype(op, lse, DType::fp32, "lse");
@@ -375,7 +374,7 @@ class CudaBackend final : public Backend {
     require_device(op, {&q, &k, &v, &out, &lse});
     const DType dt = common_float_dtype(op, {&q, &k, &v, &out});
     cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(), B, S, D,
-                        stream_);
+                        stream_, group);
   }
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                      const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
@@ -384,8 +383,11 @@ class CudaBackend final : public Backend {
     require(q.defined(), op, "q is undefined");
     require(q.ndim() == 3, op, "q must be [B, S, D], got " + shape_str(q.shape()));
     const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
-    for (const Tensor* t : {&k, &v, &out, &dout, &dq, &dk, &dv})
-      require(t->shape() == q.shape(), op, "all of q k v out dout dq dk dv must be " + shape_str(q.shape()));
+    for (const Tensor* t : {&out, &dout, &dq})
+      require(t->shape() == q.shape(), op, "all of q out dout dq must be " + shape_str(q.shape()));
+    const int64_t group = kv_group(op, q, k, v);
+    for (const Tensor* t : {&dk, &dv})
+      require(t->shape() == k.shape(), op, "dk and dv must be " + shape_str(k.shape()) + ", like k and v");
     require(lse.numel() == B * S, op, "lse has " + std::to_string(lse.numel()) + " elements, expected " +
                                           std::to_string(B * S));
     require_dtype(op, lse, DType::fp32, "lse");
@@ -401,7 +403,55 @@ class CudaBackend final : public Backend {
     // return (its next user is ordered after these kernels on stream_).
     Tensor delta = empty({B * S}, DType::fp32);
     cuda::attention_bwd(dt, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data_as<float>(), scale, spec,
-                        dq.data(), dk.data(), dv.data(), delta.data_as<float>(), B, S, D, stream_);
+                        dq.data(), dk.data(), dv.data(), delta.data_as<float>(), B, S, D, stream_, group);
+  }
+
+  // ---- the llama family -------------------------------------------------------------------
+  void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
+    const char* op = "rmsnorm_fwd";
+    require_shape(x.ndim() >= 1 && x.numel() == y.numel() && x.dim(-1) == w.numel(), op, x, y);
+    const int64_t cols = x.dim(-1), rows = cols ? x.numel() / cols : 0;
+    require_shape(rstd.numel() == rows, op, x, rstd);
+    require_dtype(op, rstd, DType::fp32, "rstd");
+    require(eps > 0.f, op, "eps must be positive");
+    require_device(op, {&x, &w, &y, &rstd});
+    const DType dt = common_float_dtype(op, {&x, &w, &y});
+    cuda::rmsnorm_fwd(dt, x.data(), w.data(), eps, y.data(), rstd.data_as<float>(), rows, cols, stream_);
+  }
+  void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                   const Tensor& dw) override {
+    const char* op = "rmsnorm_bwd";
+    require_shape(x.ndim() >= 1 && dy.numel() == x.numel() && dx.numel() == x.numel(), op, dy, x);
+    const int64_t cols = x.dim(-1), rows = cols ? x.numel() / cols : 0;
+    require_shape(w.numel() == cols && dw.numel() == cols && rstd.numel() == rows, op, x, w);
+    require_dtype(op, rstd, DType::fp32, "rstd");
+    require_device(op, {&dy, &x, &w, &rstd, &dx, &dw});
+    const DType dt = common_float_dtype(op, {&dy, &x, &w, &dx, &dw});
+    if (!cols) return;
+    Tensor ws = empty({cuda::rmsnorm_bwd_workspace_floats(rows, cols)}, DType::fp32);
+    cuda::rmsnorm_bwd(dt, dy.data(), x.data(), w.data(), rstd.data_as<float>(), dx.data(), dw.data(),
+                      ws.data_as<float>(), rows, cols, stream_);
+  }
+  void rope_fwd(const Tensor& x, double theta, const Tensor& y) override { rope("rope_fwd", x, theta, false, y); }
+  void rope_bwd(const Tensor& dy, double theta, const Tensor& dx) override { rope("rope_bwd", dy, theta, true, dx); }
+  void swiglu_fwd(const Tensor& x, const Tensor& y) override {
+    const char* op = "swiglu_fwd";
+    require_shape(x.ndim() >= 1 && y.ndim() >= 1 && x.dim(-1) == 2 * y.dim(-1) && x.numel() == 2 * y.numel(), op, x,
+                  y);
+    require_device(op, {&x, &y});
+    const DType dt = common_float_dtype(op, {&x, &y});
+    const int64_t N = y.dim(-1);
+    cuda::swiglu_fwd(dt, x.data(), y.data(), N ? y.numel() / N : 0, N, stream_);
+  }
+  void swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
+    const char* op = "swiglu_bwd";
+    require_shape(x.ndim() >= 1 && dy.ndim() >= 1 && x.dim(-1) == 2 * dy.dim(-1) && x.numel() == 2 * dy.numel() &&
+                      dx.numel() == x.numel(),
+                  op, dy, x);
+    require_device(op, {&dy, &x, &dx});
+    const DType dt = common_float_dtype(op, {&dy, &x, &dx});
+    const int64_t N = dy.dim(-1);
+    cuda::swiglu_bwd(dt, dy.data(), x.data(), dx.data(), N ? dy.numel() / N : 0, N, stream_);
   }
 
   // ---- attention head layout ----------------------------------------------------------
@@ -417,6 +467,26 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // k, v [B / r, S, D] for q [B, S, D]: r query batches per key/value batch (GQA).
+  static int64_t kv_group(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+    require(k.defined() && v.defined(), op, "k or v is undefined");
+    require(k.shape() == v.shape() && k.ndim() == 3 && k.dim(1) == q.dim(1) && k.dim(2) == q.dim(2) && k.dim(0) >= 1 &&
+                q.dim(0) % k.dim(0) == 0,
+            op, "k and v must be [B / r, S, D] with r dividing B for q " + shape_str(q.shape()) + ", got " +
+                    shape_str(k.shape()) + " and " + shape_str(v.shape()));
+    return q.dim(0) / k.dim(0);
+  }
+  void rope(const char* op, const Tensor& x, double theta, bool inverse, const Tensor& y) {
+    require(x.defined() && x.ndim() == 4 && x.dim(3) % 2 == 0, op,
+            "x must be [B, NH, S, D] with D even, got " + shape_str(x.shape()));
+    require_shape(y.numel() == x.numel(), op, x, y);
+    require(theta > 0, op, "theta must be positive");
+    require_device(op, {&x, &y});
+    const DType dt = common_float_dtype(op, {&x, &y});
+    const int64_t D = x.dim(3);
+    cuda::rope(dt, x.data(), y.data(), D ? x.numel() / D : 0, x.dim(2), D, theta, inverse, stream_);
+  }
+
   // heads [B, NH, S, D] are columns [off, off + NH*D) of sbw [S, B, W].
   static void check_heads(const char* op, const Tensor& heads, int64_t off, const Tensor& sbw) {
     require_shape(heads.ndim() == 4 && sbw.ndim() == 3 && off >= 0 && off + heads.dim(1) * heads.dim(3) <= sbw.dim(2) &&

@@ -35,12 +35,14 @@ void dropout_bwd(DType dt, const void* dy, const uint8_t* mask, float scale, voi
 // q, k, v, out, dout, dq, dk, dv [B, S, D] with D <= kAttentionMaxHeadDim (InvalidArgument
 // otherwise); lse [B, S] fp32. Dropout keeps element (b, i, j) iff spec.keep((b*S + i)*S + j),
 // regenerated in every kernel. attention_bwd needs an fp32 workspace `delta` of B*S floats.
+// Grouped-query attention: k, v, dk, dv hold B / group batches; query batch i reads key/value
+// batch i / group, and dk, dv sum over the group's query batches.
 constexpr int64_t kAttentionMaxHeadDim = 128;
 void attention_fwd(DType dt, const void* q, const void* k, const void* v, float scale, const DropoutSpec& spec,
-                   void* out, float* lse, int64_t B, int64_t S, int64_t D, cudaStream_t stream);
+                   void* out, float* lse, int64_t B, int64_t S, int64_t D, cudaStream_t stream, int64_t group = 1);
 void attention_bwd(DType dt, const void* q, const void* k, const void* v, const void* out, const void* dout,
                    const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* delta,
-                   int64_t B, int64_t S, int64_t D, cudaStream_t stream);
+                   int64_t B, int64_t S, int64_t D, cudaStream_t stream, int64_t group = 1);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
 void gelu_fwd(DType dt, const void* x, void* y, int64_t n, cudaStream_t stream);
@@ -56,6 +58,21 @@ void bias_grad(DType dt, const void* dy, void* db, float* workspace, int64_t row
 void add_inplace(DType dt, void* dst, const void* src, int64_t n, cudaStream_t stream);
 // c *= beta (beta == 0 writes zeros, whatever c held): GEMMs with k == 0.
 void scale_inplace(DType dt, void* c, float beta, int64_t n, cudaStream_t stream);
+
+// ---- llama.cu: the llama family (--arch llama) ---------------------------------------
+// RMSNorm over rows of x [rows, cols]: rstd fp32 [rows]; dweight written (not accumulated).
+void rmsnorm_fwd(DType dt, const void* x, const void* weight, float eps, void* y, float* rstd, int64_t rows,
+                 int64_t cols, cudaStream_t stream);
+int64_t rmsnorm_bwd_workspace_floats(int64_t rows, int64_t cols);
+void rmsnorm_bwd(DType dt, const void* dy, const void* x, const void* weight, const float* rstd, void* dx,
+                 void* dweight, float* workspace, int64_t rows, int64_t cols, cudaStream_t stream);
+// Rotate-half RoPE on rows of x [rows, D], row r at position r % S; inverse: the backward.
+// y may be x.
+void rope(DType dt, const void* x, void* y, int64_t rows, int64_t S, int64_t D, double theta, bool inverse,
+          cudaStream_t stream);
+// x [M, 2N] = [gate | up], y [M, N] = silu(gate) * up; dx [M, 2N].
+void swiglu_fwd(DType dt, const void* x, void* y, int64_t M, int64_t N, cudaStream_t stream);
+void swiglu_bwd(DType dt, const void* dy, const void* x, void* dx, int64_t M, int64_t N, cudaStream_t stream);
 
 // ---- layout.cu -------------------------------------------------------------------------
 // The sequence-major activation [S, B, W] and its heads [B, NH, S, D], which are columns

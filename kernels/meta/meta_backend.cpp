@@ -58,19 +58,45 @@ class MetaBackend final : public Backend {
                 x.numel() == spec.numel() && x.dim(-1) == bias.numel(),
             "bias_dropout_residual", x, r);
   }
+  // k, v may hold B / r batches (grouped-query attention).
+  static bool kv_fits(const Tensor& q, const Tensor& k, const Tensor& v) {
+    return q.ndim() == 3 && k.ndim() == 3 && k.shape() == v.shape() && k.dim(1) == q.dim(1) && k.dim(2) == q.dim(2) &&
+           k.dim(0) >= 1 && q.dim(0) % k.dim(0) == 0;
+  }
   void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float, const DropoutSpec& spec,
                      const Tensor& out, const Tensor& lse) override {
-    require(q.ndim() == 3 && q.shape() == k.shape() && q.shape() == v.shape() && q.shape() == out.shape(),
-            "attention_fwd", q, out);
+    require(kv_fits(q, k, v) && q.shape() == out.shape(), "attention_fwd", q, k);
     require(lse.numel() == q.dim(0) * q.dim(1) && spec.numel() == q.dim(0) * q.dim(1) * q.dim(1), "attention_fwd", q, lse);
   }
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                      const Tensor& lse, float, const DropoutSpec&, const Tensor& dq, const Tensor& dk,
                      const Tensor& dv) override {
-    require(q.ndim() == 3 && q.shape() == k.shape() && q.shape() == v.shape() && q.shape() == out.shape() &&
-                dout.shape() == q.shape() && dq.shape() == q.shape() && dk.shape() == q.shape() && dv.shape() == q.shape(),
+    require(kv_fits(q, k, v) && q.shape() == out.shape() && dout.shape() == q.shape() && dq.shape() == q.shape() &&
+                dk.shape() == k.shape() && dv.shape() == k.shape(),
             "attention_bwd", q, dout);
     require(lse.numel() == q.dim(0) * q.dim(1), "attention_bwd", q, lse);
+  }
+  void rmsnorm_fwd(const Tensor& x, const Tensor& w, float, const Tensor& y, const Tensor& rstd) override {
+    require(x.numel() == y.numel() && x.dim(-1) == w.numel(), "rmsnorm_fwd", x, y);
+    require(rstd.numel() * x.dim(-1) == x.numel() && rstd.dtype() == DType::fp32, "rmsnorm_fwd", x, rstd);
+  }
+  void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                   const Tensor& dw) override {
+    require(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == w.numel() &&
+                rstd.numel() * x.dim(-1) == x.numel(),
+            "rmsnorm_bwd", dy, x);
+  }
+  void rope_fwd(const Tensor& x, double, const Tensor& y) override {
+    require(x.ndim() == 4 && x.dim(3) % 2 == 0 && y.numel() == x.numel(), "rope_fwd", x, y);
+  }
+  void rope_bwd(const Tensor& dy, double, const Tensor& dx) override {
+    require(dy.ndim() == 4 && dy.dim(3) % 2 == 0 && dx.numel() == dy.numel(), "rope_bwd", dy, dx);
+  }
+  void swiglu_fwd(const Tensor& x, const Tensor& y) override {
+    require(x.dim(-1) == 2 * y.dim(-1) && x.numel() == 2 * y.numel(), "swiglu_fwd", x, y);
+  }
+  void swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
+    require(x.dim(-1) == 2 * dy.dim(-1) && x.numel() == 2 * dy.numel() && dx.numel() == x.numel(), "swiglu_bwd", dy, x);
   }
   void split_heads(const Tensor& src, int64_t off, const Tensor& dst) override {
     require(dst.ndim() == 4 && src.ndim() == 3 && off + dst.dim(1) * dst.dim(3) <= src.dim(2) &&

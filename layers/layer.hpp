@@ -1,0 +1,34 @@
+#pragma once
+// What every layer family offers the runners: forward keeps what its policy says in saved(),
+// backward recomputes the rest and writes grads(). TransformerLayer is --arch gpt (the
+// paper's layer), LlamaLayer --arch llama.
+#include <memory>
+
+#include "kernels/backend.hpp"
+#include "layers/config.hpp"
+#include "layers/params.hpp"
+#include "layers/saved_activations.hpp"
+#include "runtime/communicator.hpp"
+#include "runtime/timing.hpp"
+
+namespace actbench {
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  // Parameters from the seed, canonical layout then sharded (so any t gets the same layer).
+  virtual void init_parameters() = 0;
+  // x: [s_local, b, h] with s_local = s/t under SP, else s; returns y, the same shape.
+  virtual Tensor forward(const Tensor& x) = 0;
+  // dy: like y. Returns dx; releases saved().
+  virtual Tensor backward(const Tensor& dy) = 0;
+  virtual const SavedActivations& saved() const = 0;
+  virtual LayerParams& params() = 0;
+  virtual LayerParams& grads() = 0;
+  virtual void set_phase_log(PhaseLog* log) = 0;
+};
+
+// The layer of family opt.dims.arch.
+std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt);
+
+}  // namespace actbench

@@ -1,0 +1,310 @@
+"""layer_run --arch llama as a user runs it: bad input, meta bytes at the LLaMA-3 presets against
+closed forms written out here, --hf-config, and --dump against the float64 NumPy reference
+(one process and two MPI ranks). Standard library only (NumPy where present).
+
+Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXEC at mpirun).
+"""
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+
+LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build", "runners", "layer_run"))
+MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
+THEORY = os.environ.get("ACTBENCH_THEORY", os.path.join(HERE, "..", "build", "runners", "theory"))
+CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp", "full+sp"]
+
+try:
+    import numpy  # noqa: F401
+    import numpy_layer
+except ImportError:
+    numpy_layer = None
+
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256,
+}
+
+
+def llama_bytes(s, b, h, a, g, F, t, config, attention="unfused"):
+    """Bytes one llama layer keeps per rank, 16-bit activations, counted tensor by tensor from the
+    issue's list (independently of the C++ theory)."""
+    r = t if config in ("sp", "selective+sp", "full+sp") else 1
+    if config.startswith("full"):
+        return 2 * s * b * h // r
+    d = h // a
+    norm_region = 4 * (2 * s * b * h) // r          # ln1, qkv, ln2, fc1 inputs
+    tp_region = (2 * s * b * a * d                   # q after RoPE
+                 + 2 * 2 * s * b * g * d             # k after RoPE, v
+                 + 2 * s * b * h                     # proj input
+                 + 2 * s * b * 2 * F                 # swiglu input (gate | up)
+                 + 2 * s * b * F)                    # fc2 input
+    if attention == "fused":
+        tp_region += 4 * a * s * b                   # fp32 log-sum-exp
+    elif not config.startswith("selective"):
+        tp_region += 2 * a * s * s * b               # softmax output, also the input of .V
+    return norm_region + tp_region // t
+
+
+class LlamaCliTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_llama_")
+        self.csv = os.path.join(self.tmp, "out.csv")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def run_layer(self, *args, mpi_np=None):
+        cmd = [LAYER_RUN, *args, "--csv", self.csv]
+        if mpi_np:
+            cmd = [MPIEXEC, "-np", str(mpi_np), *cmd]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+    def rows(self):
+        if not os.path.exists(self.csv):
+            return []
+        with open(self.csv, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def write_config(self, name, **changes):
+        cfg = dict(LLAMA3_8B)
+        cfg.update(changes)
+        folder = os.path.join(self.tmp, name)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "config.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        return path
+
+    def test_bad_inputs_exit_2_with_one_line_and_no_row(self):
+        tiny = ["--backend", "meta", "--arch", "llama"]
+        cases = {
+            "kv-heads not dividing heads": tiny + ["--kv-heads", "3"],
+            "kv-heads above heads": tiny + ["--kv-heads", "8"],
+            "negative kv-heads": tiny + ["--kv-heads", "-2"],
+            "kv-heads not divisible by tp": tiny + ["--kv-heads", "2", "--tp", "4", "--emulate-tp"],
+            "ffn-hidden not divisible by tp": tiny + ["--ffn-hidden", "30", "--tp", "4", "--emulate-tp"],
+            "dropout with llama": tiny + ["--dropout", "0.1"],
+            "llama flag with gpt": ["--backend", "meta", "--kv-heads", "2"],
+            "unknown arch": ["--backend", "meta", "--arch", "mamba"],
+            "gpt arch of a llama preset": ["--backend", "meta", "--model", "llama3-8b", "--arch", "gpt"],
+            "odd head size": tiny + ["--hidden", "36", "--heads", "4"],
+            "bad rope theta": tiny + ["--rope-theta", "-5"],
+            "missing config": ["--backend", "meta", "--hf-config", os.path.join(self.tmp, "none.json")],
+            "gelu config": ["--backend", "meta", "--hf-config", self.write_config("gelu", hidden_act="gelu")],
+            "biased config": ["--backend", "meta", "--hf-config", self.write_config("bias", attention_bias=True)],
+            "moe config": ["--backend", "meta", "--hf-config", self.write_config("moe", num_local_experts=8)],
+        }
+        for what, args in cases.items():
+            with self.subTest(what):
+                r = self.run_layer(*args)
+                self.assertEqual(r.returncode, 2, what + ": " + r.stderr)
+                lines = [l for l in r.stderr.splitlines() if l.strip()]
+                self.assertEqual(len(lines), 1, what + ": " + r.stderr)
+                self.assertTrue(lines[0].startswith("layer_run: error:"), lines[0])
+                self.assertFalse(os.path.exists(self.csv), what + " left a CSV behind")
+
+    def test_meta_presets_equal_the_closed_forms(self):
+        shapes = {"llama3-8b": (4096, 32, 8, 14336, 1), "llama3-70b": (8192, 64, 8, 28672, 8),
+                  "llama3-405b": (16384, 128, 8, 53248, 8)}
+        for model, (h, a, g, F, t) in shapes.items():
+            for attention in ["unfused", "fused"]:
+                with self.subTest(model=model, attention=attention):
+                    if os.path.exists(self.csv):
+                        os.remove(self.csv)
+                    r = self.run_layer("--backend", "meta", "--model", model, "--emulate-tp", "--config",
+                                       ",".join(CONFIGS), "--attention", attention)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    rows = self.rows()
+                    self.assertEqual([row["config"] for row in rows], CONFIGS)
+                    for row in rows:
+                        expected = llama_bytes(8192, 1, h, a, g, F, t, row["config"], attention)
+                        self.assertEqual(int(row["act_bytes"]), expected, row["config"])
+                        self.assertEqual(float(row["act_bytes_formula"]), expected)
+                        self.assertEqual(int(row["fwd_retained_bytes"]),
+                                         int(row["act_bytes"]) + int(row["act_extra_bytes"]))
+                        self.assertEqual((row["arch"], row["kv_heads"], row["ffn_hidden"]), ("llama", str(g), str(F)))
+                        self.assertEqual(row["dropout"], "0")
+
+    def test_hf_config_runs_like_the_preset(self):
+        path = self.write_config("Meta-Llama-3-8B")
+        r = self.run_layer("--backend", "meta", "--hf-config", path, "--seq", "4096", "--config", "baseline,full")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.run_layer("--backend", "meta", "--model", "llama3-8b", "--seq", "4096", "--config", "baseline,full")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = self.rows()
+        self.assertEqual(len(rows), 4)
+        self.assertEqual(rows[0]["model"], "llama:Meta-Llama-3-8B")
+        for a, b in [(rows[0], rows[2]), (rows[1], rows[3])]:
+            for col in ["hidden", "heads", "seq", "batch", "kv_heads", "ffn_hidden", "act_bytes", "act_extra_bytes"]:
+                self.assertEqual(a[col], b[col], col)
+        self.assertEqual(int(rows[0]["act_bytes"]), llama_bytes(4096, 1, 4096, 32, 8, 14336, 1, "baseline"))
+        # without --seq, max_position_embeddings is the sequence length
+        os.remove(self.csv)
+        r = self.run_layer("--backend", "meta", "--hf-config", path, "--config", "full")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.rows()[0]["seq"], "8192")
+
+    def check_dump(self, dump, heads, kv_heads):
+        with open(os.path.join(dump, "layer.json")) as f:
+            meta = json.load(f)
+        self.assertEqual((meta["arch"], meta["heads"], meta["kv_heads"]), ("llama", heads, kv_heads))
+        results = numpy_layer.check(dump, rtol=1e-4)
+        # y, dx and the gradients of the six weights
+        self.assertEqual([r[0] for r in results][2:], ["grad.ln1.weight", "grad.qkv.weight", "grad.proj.weight",
+                                                       "grad.ln2.weight", "grad.fc1.weight", "grad.fc2.weight"])
+        for name, err, scale, ok in results:
+            self.assertTrue(ok, "%s: max|err| %.3e vs max|ref| %.3e" % (name, err, scale))
+
+    @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
+    def test_dump_matches_numpy_float64_reference(self):
+        import numpy as np
+        base = ["--backend", "cpu", "--arch", "llama", "--dtype", "fp32", "--seq", "20", "--hidden", "48",
+                "--heads", "4", "--batch", "3", "--ffn-hidden", "40", "--rope-theta", "100"]
+        for attention, g in [("unfused", 2), ("fused", 1), ("unfused", 4)]:
+            dump = os.path.join(self.tmp, "dump_%s_%d" % (attention, g))
+            r = self.run_layer(*base, "--kv-heads", str(g), "--attention", attention, "--config",
+                               "baseline,selective,full", "--dump", dump)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            for config in ["baseline", "selective", "full"]:
+                with self.subTest(attention=attention, g=g, config=config):
+                    self.check_dump(os.path.join(dump, config), 4, g)
+            self.assertEqual(np.load(os.path.join(dump, "baseline", "qkv.weight.npy")).shape, ((4 + 2 * g) * 12, 48))
+        # the checker is not blind: a perturbed gradient fails, and so does a wrong rope theta
+        dump = os.path.join(self.tmp, "dump_unfused_2", "baseline")
+        g = np.load(os.path.join(dump, "grad.qkv.weight.npy"))
+        g[-1, 0] += 1e-2 * np.abs(g).max()
+        np.save(os.path.join(dump, "grad.qkv.weight.npy"), g)
+        self.assertEqual([r[0] for r in numpy_layer.check(dump) if not r[3]], ["grad.qkv.weight"])
+        meta_path = os.path.join(self.tmp, "dump_unfused_2", "full", "layer.json")
+        with open(meta_path) as f:
+            meta = json.load(f)
+        meta["rope_theta"] = 10000.0
+        with open(meta_path, "w") as f:
+            json.dump(meta, f)
+        self.assertIn("y", [r[0] for r in numpy_layer.check(os.path.dirname(meta_path)) if not r[3]])
+
+    def test_torch_peer_refuses_a_llama_dump(self):
+        dump = os.path.join(self.tmp, "dump_peer")
+        r = self.run_layer("--backend", "cpu", "--arch", "llama", "--dtype", "fp32", "--config", "baseline",
+                           "--dump", dump)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        peer = os.path.join(HERE, "..", "bench", "peers", "torch_layer.py")
+        r = subprocess.run([sys.executable, peer, "--check-against", dump], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("is an --arch llama layer; this peer has the paper's GPT layer only", r.stderr)
+
+    @unittest.skipUnless(numpy_layer and MPIEXEC, "numpy or mpirun missing")
+    def test_dump_under_tp_and_sp_matches_numpy(self):
+        for attention in ["unfused", "fused"]:
+            dump = os.path.join(self.tmp, "dump_mpi_" + attention)
+            r = self.run_layer("--backend", "cpu", "--arch", "llama", "--dtype", "fp32", "--seq", "20", "--hidden",
+                               "64", "--heads", "8", "--kv-heads", "2", "--ffn-hidden", "48", "--batch", "2",
+                               "--attention", attention, "--config", "sp,selective+sp,full", "--tp", "2",
+                               "--dump", dump, mpi_np=2)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            for config in ["sp", "selective+sp", "full"]:
+                with self.subTest(attention=attention, config=config):
+                    self.check_dump(os.path.join(dump, config), 8, 2)
+
+
+class TheoryLlamaTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_llama_theory_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def theory(self, *args):
+        return subprocess.run([THEORY, *args], capture_output=True, text=True, timeout=300)
+
+    def test_plan_llama3_70b_on_64_h100_at_8k(self):
+        out = os.path.join(self.tmp, "plan.csv")
+        r = self.theory("plan", "--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--seq", "8192",
+                        "--global-batch", "128", "--csv", out, "--top", "3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertIn("llama3-70b on 64 x H100", lines[0])
+        self.assertEqual(len(lines), 2 + 3)  # title, header, three plans
+        with open(out, newline="") as f:
+            rows = list(csv.DictReader(f))
+        fits = [row for row in rows if row["fits"] == "1"]
+        self.assertTrue(fits)
+        for row in rows:
+            parts = sum(int(row[k]) for k in ["weight_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
+                                             "extra_bytes", "working_set_bytes", "headroom_bytes"])
+            self.assertLessEqual(abs(parts - int(row["total_bytes"])), 7, row)  # each rounded to a byte
+            self.assertEqual(int(row["tp"]) * int(row["pp"]) * int(row["dp"]), 64)
+        times = [float(row["iteration_s"]) for row in fits]
+        self.assertEqual(times, sorted(times))
+
+    def test_plan_from_hf_config_equals_the_preset(self):
+        folder = os.path.join(self.tmp, "Meta-Llama-3-8B")
+        os.makedirs(folder)
+        path = os.path.join(folder, "config.json")
+        with open(path, "w") as f:
+            json.dump(LLAMA3_8B, f)
+        a = os.path.join(self.tmp, "a.csv")
+        b = os.path.join(self.tmp, "b.csv")
+        common = ["--gpu", "b200", "--gpus", "16", "--seq", "8192", "--global-batch", "64", "--distributed-optimizer"]
+        self.assertEqual(self.theory("plan", "--hf-config", path, *common, "--csv", a).returncode, 0)
+        self.assertEqual(self.theory("plan", "--model", "llama3-8b", *common, "--csv", b).returncode, 0)
+        strip = lambda rows: [{k: v for k, v in row.items() if k != "model"} for row in rows]
+        with open(a) as fa, open(b) as fb:
+            self.assertEqual(strip(csv.DictReader(fa)), strip(csv.DictReader(fb)))
+
+    def test_llama_table_prints_the_categories(self):
+        r = self.theory("llama-table", "--model", "llama3-8b", "--seq", "4096")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        total = next(l for l in r.stdout.splitlines() if l.startswith("total")).split()[1:]
+        closed = next(l for l in r.stdout.splitlines() if l.startswith("closed form")).split()[2:]
+        self.assertEqual(total, closed)
+        self.assertEqual(int(total[0]), llama_bytes(4096, 1, 4096, 32, 8, 14336, 1, "baseline"))
+
+    def test_out_writes_the_llama_tables(self):
+        r = self.theory("--out", self.tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.tmp, "llama_table2.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+        shapes = {"llama3-8b": (4096, 32, 8, 14336, 1), "llama3-70b": (8192, 64, 8, 28672, 8),
+                  "llama3-405b": (16384, 128, 8, 53248, 8)}
+        self.assertEqual(len(rows), 3 * 2 * len(CONFIGS))
+        for row in rows:
+            h, a, g, F, t = shapes[row["model"]]
+            self.assertEqual(int(row["bytes"]), llama_bytes(8192, 1, h, a, g, F, t, row["config"], row["attention"]))
+            self.assertEqual(row["bytes"], row["closed_form_bytes"])
+        with open(os.path.join(self.tmp, "llama_seqlen.csv"), newline="") as f:
+            seq = list(csv.DictReader(f))
+        self.assertEqual({row["kv_heads"] for row in seq}, {"8", "64"})
+
+    def test_bad_inputs_exit_2(self):
+        cases = {
+            "no global batch": ["plan", "--model", "llama3-8b", "--gpus", "8"],
+            "unknown gpu": ["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--gpu", "v100"],
+            "no layout": ["plan", "--model", "llama3-8b", "--gpus", "7", "--global-batch", "5"],
+            "model and config": ["plan", "--model", "llama3-8b", "--hf-config", "x.json", "--gpus", "8"],
+            "missing config": ["plan", "--hf-config", os.path.join(self.tmp, "none.json"), "--gpus", "8",
+                               "--global-batch", "8"],
+            "gpt in llama-table": ["llama-table", "--model", "175b"],
+            "tp not dividing kv heads": ["llama-table", "--model", "llama3-8b", "--tp", "16"],
+        }
+        for what, args in cases.items():
+            with self.subTest(what):
+                r = self.theory(*args)
+                self.assertEqual(r.returncode, 2, what + ": " + r.stdout + r.stderr)
+                self.assertTrue(r.stderr.startswith("theory: error:"), r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

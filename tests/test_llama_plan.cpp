@@ -1,0 +1,133 @@
+// theory/llama_memory and theory/llama_planner: the closed forms against a count written here,
+// the schedule's in-flight counts, and the planner's memory breakdown and ordering.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "theory/llama_memory.hpp"
+#include "theory/llama_planner.hpp"
+#include "theory/pipeline.hpp"
+
+using namespace actbench::theory;
+
+TEST(LlamaMemory, ClosedFormsEqualTheCategoriesAtOddShapes) {
+  // s, b, h, a, g, F, t with nothing a power of two, and t dividing a and g.
+  for (const LlamaDims& d : {LlamaDims{1000, 3, 960, 12, 6, 2568, 3}, LlamaDims{4097, 1, 5120, 40, 8, 13824, 4},
+                             LlamaDims{8192, 2, 8192, 64, 8, 28672, 8}, LlamaDims{77, 5, 96, 6, 1, 200, 1}})
+    for (const std::string& name : config_names())
+      for (bool fused : {false, true}) {
+        Config c = config_from_name(name);
+        c.fused_attention = fused;
+        EXPECT_EQ(llama_activation_bytes(d, c), llama_closed_form(d, c)) << name << " fused=" << fused << " h=" << d.h;
+      }
+}
+
+TEST(LlamaMemory, GroupedQueryAttentionSavesOnlyKeysAndValues) {
+  const LlamaDims gqa{8192, 1, 8192, 64, 8, 28672, 8}, mha{8192, 1, 8192, 64, 64, 28672, 8};
+  const Config c = config_from_name("selective+sp");
+  // k and v: 2 · 2sbh/t · (1 − g/a)
+  EXPECT_EQ(llama_activation_bytes(mha, c) - llama_activation_bytes(gqa, c), 2 * 2 * 8192.0 * 8192 / 8 * (1 - 8.0 / 64));
+}
+
+TEST(LlamaPlanner, FirstChunkHoldsMinPNFor1F1BAnd2PInterleaved) {
+  for (int p : {2, 4, 8}) {
+    EXPECT_EQ(first_chunk_microbatches_in_flight(p, 3 * p, 1), p);
+    EXPECT_EQ(first_chunk_microbatches_in_flight(p, p - 1, 1), p - 1);  // fewer micro-batches than stages
+    for (int m : {2, 3}) EXPECT_EQ(first_chunk_microbatches_in_flight(p, 4 * p, m), 2 * p) << "p=" << p << " m=" << m;
+  }
+}
+
+TEST(LlamaPlanner, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
+  PlanRequest r;
+  r.model = plan_model("llama3-70b");
+  r.gpu = plan_gpu("h100");
+  r.gpus = 64;
+  r.seq = 8192;
+  r.global_batch = 128;
+  const auto plans = plan_search(r);
+  ASSERT_FALSE(plans.empty());
+  ASSERT_TRUE(plans.front().fits);
+  bool seen_unfit = false;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const PlanCandidate& k = plans[i];
+    EXPECT_EQ(k.t * k.p * k.dp, 64);
+    EXPECT_EQ(std::fmod(8, k.t), 0);  // kv-heads split whole
+    EXPECT_DOUBLE_EQ(k.total_bytes, k.weight_bytes + k.grad_bytes + k.optimizer_bytes + k.activation_bytes +
+                                        k.extra_bytes + k.working_set_bytes + k.headroom_bytes);
+    EXPECT_EQ(k.fits, k.total_bytes <= r.gpu.memory_bytes);
+    EXPECT_EQ(k.grad_bytes, 2 * k.weight_bytes);
+    EXPECT_EQ(k.optimizer_bytes, 6 * k.weight_bytes);  // replicated Adam: 12 B vs 2 B per parameter
+    EXPECT_NE(k.config.find("selective"), 0u) << "fused attention: selective equals none and is left out";
+    if (!k.fits) {
+      seen_unfit = true;
+    } else {
+      EXPECT_FALSE(seen_unfit) << "fitting plans come first";
+    }
+    if (i > 0 && plans[i - 1].fits == k.fits) {
+      EXPECT_LE(plans[i - 1].iteration_s, k.iteration_s);
+    }
+    const LlamaDims d{8192, k.b, 8192, 64, 8, 28672, static_cast<double>(k.t)};
+    Config c = config_from_name(k.config);
+    c.fused_attention = true;
+    EXPECT_EQ(k.per_layer_activation_bytes, llama_activation_bytes(d, c));
+    if (k.m == 1 && k.microbatches >= k.p) {
+      EXPECT_EQ(k.layers_in_flight, 80) << "1F1B: p micro-batches of L/p layers";
+    }
+  }
+  // A hand count: t 8, p 4, 1F1B, b 1, sp: 80 layers' worth of the sp row, 20 layers of weights
+  // (2 norms of h, the rest /8) + the word embedding /8.
+  const auto it = std::find_if(plans.begin(), plans.end(), [](const PlanCandidate& k) {
+    return k.t == 8 && k.p == 4 && k.m == 1 && k.b == 1 && k.config == "sp";
+  });
+  ASSERT_NE(it, plans.end());
+  const double h = 8192, layer = 2 * h + ((64 + 16) * 128 * h + h * h + 3 * 28672 * h) / 8;
+  EXPECT_DOUBLE_EQ(it->params_per_gpu, 20 * layer + 128256 * h / 8);
+  EXPECT_DOUBLE_EQ(it->activation_bytes, 80 * llama_closed_form({8192, 1, h, 64, 8, 28672, 8}, {Recompute::none, true, true}));
+  EXPECT_DOUBLE_EQ(it->extra_bytes, 8 * 8192 * 4);  // token ids of the 4 micro-batches in flight
+  // The distributed optimizer shards Adam's 12 bytes over dp.
+  r.distributed_optimizer = true;
+  for (const PlanCandidate& k : plan_search(r)) EXPECT_DOUBLE_EQ(k.optimizer_bytes, 6 * k.weight_bytes / k.dp);
+}
+
+TEST(LlamaPlanner, BadRequestsAreInvalidArguments) {
+  PlanRequest r;
+  r.model = plan_model("llama3-8b");
+  r.gpu = plan_gpu("b200");
+  r.gpus = 8;
+  r.global_batch = 0;
+  EXPECT_THROW(plan_search(r), std::invalid_argument);
+  r.global_batch = 3;
+  r.gpus = 3;  // no t in {1,2,4,8} with p | 32 and dp | 3 ... t = 1, p = 1, dp = 3 works
+  EXPECT_NO_THROW(plan_search(r));
+  r.gpus = 7;
+  r.global_batch = 5;  // dp must divide 5: t=1,p=1 gives dp=7
+  EXPECT_THROW(plan_search(r), std::invalid_argument);
+  EXPECT_THROW(plan_model("llama2-7b"), std::invalid_argument);
+  EXPECT_THROW(plan_gpu("v100"), std::invalid_argument);
+}
+
+TEST(LlamaPlanner, ThePapersGptModelsPlanToo) {
+  PlanRequest r;
+  r.model = plan_model("175b");
+  ASSERT_FALSE(r.model.llama);
+  r.gpu = plan_gpu("a100");
+  r.gpus = 64;
+  r.seq = 2048;
+  r.global_batch = 64;
+  r.fused_attention = false;
+  const auto plans = plan_search(r);
+  ASSERT_FALSE(plans.empty());
+  EXPECT_TRUE(plans.front().fits);
+  bool seen_selective = false;
+  for (const PlanCandidate& k : plans) {
+    Config c = config_from_name(k.config);
+    seen_selective |= c.recompute == Recompute::selective;
+    EXPECT_EQ(k.per_layer_activation_bytes, activation_bytes({2048, k.b, 12288, 96, static_cast<double>(k.t)}, c));
+    // 12 h² + 7h split over t, 6h replicated per layer; word embedding /t, positions whole.
+    const double h = 12288, layer = (12 * h * h + 7 * h) / k.t + 6 * h;
+    const double first = 96.0 / k.p * layer + 51200 * h / k.t + 2048 * h + (k.p == 1 ? 2 * h : 0);
+    EXPECT_DOUBLE_EQ(k.params_per_gpu, first) << k.t << " " << k.p;
+  }
+  EXPECT_TRUE(seen_selective) << "unfused attention: selective recompute is searched";
+}
