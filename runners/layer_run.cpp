@@ -31,13 +31,15 @@ const std::vector<std::string> kCsvHeader = {
     "recompute", "sequence_parallel", "dtype", "dropout", "layers", "warmup", "iters", "fwd_ms", "bwd_ms", "total_ms",
     "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max", "act_bytes", "act_extra_bytes", "act_bytes_formula",
     "fwd_retained_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "memory_limit_bytes", "comm_mode",
-    "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "message", "seed", "git_sha", "driver_version", "cuda_runtime_version", "cublas_version",
-    "nccl_version", "hostname", "timestamp", "command"};
+    "comm_bytes", "link_gbps", "comm_ms_modeled", "comm_ms_emulated", "status", "message", "seed", "git_sha",
+    "driver_version", "cuda_runtime_version", "cublas_version", "nccl_version", "sm_clock_mhz_start",
+    "sm_clock_mhz_end", "mem_clock_mhz_start", "mem_clock_mhz_end", "power_limit_w", "throttle_reasons_start",
+    "throttle_reasons_end", "hostname", "timestamp", "command"};
 
 // layer_run --cupti FILE: GPU kernel time per phase, per layer and timed iteration.
 const std::vector<std::string> kCuptiHeader = {
     "backend", "device", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "dtype", "dropout",
-    "layers", "iters", "phase", "stage", "kernels", "gpu_ms", "git_sha", "timestamp"};
+    "layers", "iters", "phase", "stage", "kernels", "gpu_ms", "dropped_records", "git_sha", "timestamp"};
 
 struct Options {
   std::string backend = "cpu", model = "tiny", configs = kAllPaperConfigs, dtype = "bf16", csv, dump, cupti;
@@ -156,7 +158,10 @@ int run(int argc, char** argv) {
   // Under mpirun the MPI world exists first (rank, size; host-side agreement); the run's
   // tensor-parallel group is made once the backend exists (NCCL on its stream for cuda).
   std::unique_ptr<Communicator> world_comm;
-  if (mpi_launched()) world_comm = make_mpi_communicator();
+  if (mpi_launched()) {
+    bind_device_for_rank(o.backend, mpi_world_rank_from_env());  // one GPU per rank, before MPI_Init
+    world_comm = make_mpi_communicator();
+  }
   const int world = world_comm ? world_comm->size() : 1;
   const int world_rank = world_comm ? world_comm->rank() : 0;
   const bool rank0 = world_rank == 0;
@@ -193,7 +198,6 @@ int run(int argc, char** argv) {
   if (!o.dump.empty() && o.layers != 1) throw InvalidArgument("--dump writes one layer: use --layers 1");
   if (!(o.link_gbps > 0)) throw InvalidArgument("--link-gbps must be positive");
   const size_t limit = o.memory_limit.empty() ? 0 : parse_bytes(o.memory_limit);
-  if (world > 1) bind_device_for_rank(o.backend, world_rank);  // one GPU per rank, before the backend
   std::unique_ptr<Backend> be = make_backend(o.backend, limit);
   std::unique_ptr<Communicator> comm;
   if (o.emulate_tp) comm = make_backend_emulated_communicator(*be, o.tp);
@@ -231,7 +235,9 @@ int run(int argc, char** argv) {
     spec.seed = o.seed;
     spec.link_gbps = o.link_gbps;
     spec.profiler = profiler.get();
+    const GpuState state_start = be->gpu_state();
     ExperimentResult r = run_experiment(*be, *comm, spec);
+    const GpuState state_end = be->gpu_state();
     if (r.status == "oom") exit_code = 3;
     if (!o.dump.empty() && r.status == "ok")
       dump_layer(*be, *comm, spec, policies.size() == 1 ? o.dump : o.dump + "/" + config_name(policy));
@@ -253,8 +259,11 @@ int run(int argc, char** argv) {
         ok ? std::to_string(r.act_extra_bytes) : "", fmt_num(formula), ok ? std::to_string(r.fwd_retained_bytes) : "",
         std::to_string(r.peak_allocated_bytes), std::to_string(r.peak_reserved_bytes), std::to_string(limit),
         comm_mode_name(comm->mode()), ok ? fmt_num(r.comm_bytes) : "", fmt_num(o.link_gbps, "%g"),
-        ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, r.message, std::to_string(o.seed), build_git_sha(), versions.driver, versions.cuda_runtime,
-        versions.cublas, versions.nccl, hostname(),
+        ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "",
+        fmt_ms(r.comm_ms_emulated.median, have_time && comm->mode() == CommMode::modeled), r.status, r.message,
+        std::to_string(o.seed), build_git_sha(), versions.driver, versions.cuda_runtime, versions.cublas, versions.nccl,
+        state_start.sm_clock_mhz, state_end.sm_clock_mhz, state_start.mem_clock_mhz, state_end.mem_clock_mhz,
+        state_start.power_limit_w, state_start.throttle_reasons, state_end.throttle_reasons, hostname(),
         utc_timestamp(), command};
     if (rank0 && cupti_csv && r.status == "ok") {
       // Per layer and timed iteration, so that it reads like fwd_ms/bwd_ms.
@@ -265,7 +274,8 @@ int run(int argc, char** argv) {
                            o.emulate_tp ? "1" : "0", config_name(policy), dtype_name(dtype), fmt_num(o.dropout, "%g"),
                            std::to_string(o.layers), std::to_string(o.iters), p.phase,
                            p.phase.substr(0, p.phase.find('.')), fmt_num(static_cast<double>(p.kernels) / per, "%.2f"),
-                           fmt_num(p.gpu_ms / per, "%.5f"), build_git_sha(), utc_timestamp()});
+                           fmt_num(p.gpu_ms / per, "%.5f"), std::to_string(r.cupti_dropped_records), build_git_sha(),
+                           utc_timestamp()});
     }
     if (rank0) {
       csv.append(row);
