@@ -58,7 +58,7 @@ export PYTHONUNBUFFERED=1   # a step killed at its timeout still leaves its outp
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 me="gpu_eval"
-usage_lines='2,52p'
+usage_lines='2,55p'
 
 GROUP_tests="tests"
 GROUP_table4="table4 table4_cupti table4_fused"
