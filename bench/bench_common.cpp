@@ -2,6 +2,10 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -69,9 +73,24 @@ class NullReporter : public benchmark::BenchmarkReporter {
   void ReportRuns(const std::vector<Run>&) override {}
 };
 
-// Prints the console table plus a "%peak" column derived from the rate counters.
-class PeakReporter : public benchmark::ConsoleReporter {
+// Adds pct_peak, derived from the rate counters, then hands the runs on to the reporter that
+// Google Benchmark's own flags chose (--benchmark_format for the display, --benchmark_out_format
+// for --benchmark_out), so the standard flags work as users expect (JSON or CSV on stdout).
+// Google Benchmark's CSV reporter aborts when a run has a counter its header (written at the
+// first run) lacks, and our benchmarks set different counters (GB/s or TFLOP/s): for CSV the
+// runs are held to the end and each given every counter name, NaN where it has none.
+class PeakReporter : public benchmark::BenchmarkReporter {
  public:
+  PeakReporter(benchmark::BenchmarkReporter* inner, bool uniform_counters,
+               std::unique_ptr<benchmark::BenchmarkReporter> owned = nullptr)
+      : inner_(inner), uniform_(uniform_counters), owned_(std::move(owned)) {}
+  bool ReportContext(const Context& context) override {
+    // The library sets the streams of the reporter it is given (a file for --benchmark_out):
+    // the one that writes must use them.
+    inner_->SetOutputStream(&GetOutputStream());
+    inner_->SetErrorStream(&GetErrorStream());
+    return inner_->ReportContext(context);
+  }
   void ReportRuns(const std::vector<Run>& runs) override {
     std::vector<Run> copy = runs;
     for (Run& r : copy) {
@@ -81,9 +100,52 @@ class PeakReporter : public benchmark::ConsoleReporter {
       if (rate("peak_TFLOP/s") > 0 && rate("TFLOP/s") > 0)
         r.counters["pct_peak"] = 100.0 * rate("TFLOP/s") / rate("peak_TFLOP/s");
     }
-    ConsoleReporter::ReportRuns(copy);
+    if (!uniform_) return inner_->ReportRuns(copy);
+    held_.insert(held_.end(), copy.begin(), copy.end());
   }
+  void Finalize() override {
+    if (uniform_ && !held_.empty()) {
+      std::set<std::string> names;
+      for (const Run& r : held_)
+        for (const auto& [name, counter] : r.counters) names.insert(name);
+      for (Run& r : held_)
+        for (const std::string& name : names)
+          if (!r.counters.count(name)) r.counters[name] = benchmark::Counter(std::numeric_limits<double>::quiet_NaN());
+      inner_->ReportRuns(held_);
+      held_.clear();
+    }
+    inner_->Finalize();
+  }
+
+ private:
+  benchmark::BenchmarkReporter* inner_;
+  bool uniform_;
+  std::unique_ptr<benchmark::BenchmarkReporter> owned_;
+  std::vector<Run> held_;
 };
+
+// The value of a Google Benchmark flag in argv ("" if absent); argv is left as it is.
+std::string peek_flag(int argc, char** argv, const char* name) {
+  const std::string prefix = std::string("--") + name + "=";
+  std::string value;
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0) value = argv[i] + prefix.size();
+  return value;
+}
+
+// The reporter --benchmark_out writes with, as --benchmark_out_format asks (json by default).
+std::unique_ptr<benchmark::BenchmarkReporter> file_reporter_for(const std::string& format) {
+  if (format.empty() || format == "json") return std::make_unique<benchmark::JSONReporter>();
+  if (format == "csv") {
+    // Deprecated upstream but still what --benchmark_out_format=csv means to the library.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    return std::make_unique<benchmark::CSVReporter>();
+#pragma GCC diagnostic pop
+  }
+  if (format == "console") return std::make_unique<benchmark::ConsoleReporter>(benchmark::ConsoleReporter::OO_None);
+  throw InvalidArgument("--benchmark_out_format must be json, csv or console (got '" + format + "')");
+}
 
 }  // namespace
 
@@ -145,10 +207,18 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all,
     const std::string limit = take_flag(argc, argv, "memory-limit", "");
     const size_t capacity = limit.empty() ? 0 : parse_memory_limit(limit);
     if (parse_flags) parse_flags(argc, argv);
-    if (mpi_launched()) ctx.world = make_mpi_communicator();
+    if (mpi_launched()) {
+      // One GPU per rank, chosen before MPI_Init (as CUDA-aware MPI and NCCL expect). Without
+      // a GPU, make_backend below fails the same way and the cuda benchmarks skip.
+      try {
+        bind_device_for_rank(ctx.backend_name, mpi_world_rank_from_env());
+      } catch (const InvalidArgument&) {
+        if (ctx.backend_name != "cuda") throw;
+      }
+      ctx.world = make_mpi_communicator();
+    }
     const int world = ctx.world ? ctx.world->size() : 1;
     try {
-      if (world > 1) bind_device_for_rank(ctx.backend_name, ctx.world->rank());
       ctx.backend = make_backend(ctx.backend_name, capacity);
     } catch (const InvalidArgument& e) {
       if (ctx.backend_name != "cuda") throw;
@@ -161,12 +231,27 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all,
     benchmark::AddCustomContext("actbench_backend", ctx.skipped ? ctx.backend_name + " (skipped)" : ctx.backend_name);
     benchmark::AddCustomContext("actbench_shape", ctx.shape);
     benchmark::AddCustomContext("actbench_device", ctx.skipped ? "none" : ctx.backend->device_name());
+    // Only rank 0 reports: the others must not open (and truncate) the --benchmark_out file.
+    if (ctx.comm->rank() != 0) {
+      take_flag(argc, argv, "benchmark_out", "");
+      take_flag(argc, argv, "benchmark_out_format", "");
+    }
+    const bool to_file = !peek_flag(argc, argv, "benchmark_out").empty();
+    const std::string out_format = peek_flag(argc, argv, "benchmark_out_format");
+    const std::string display_format = peek_flag(argc, argv, "benchmark_format");
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) throw InvalidArgument("unrecognized arguments");
     register_all();
     if (ctx.comm->rank() == 0) {
-      PeakReporter reporter;
-      benchmark::RunSpecifiedBenchmarks(&reporter);
+      PeakReporter display(benchmark::CreateDefaultDisplayReporter(), display_format == "csv");  // --benchmark_format
+      if (to_file) {
+        std::unique_ptr<benchmark::BenchmarkReporter> inner = file_reporter_for(out_format);
+        benchmark::BenchmarkReporter* raw = inner.get();
+        PeakReporter file(raw, out_format == "csv", std::move(inner));
+        benchmark::RunSpecifiedBenchmarks(&display, &file);
+      } else {
+        benchmark::RunSpecifiedBenchmarks(&display);
+      }
     } else {
       NullReporter quiet;
       benchmark::RunSpecifiedBenchmarks(&quiet);

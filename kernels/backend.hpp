@@ -12,6 +12,7 @@
 
 #include "runtime/allocator.hpp"
 #include "runtime/error.hpp"
+#include "runtime/gpu_state.hpp"
 #include "runtime/philox.hpp"
 #include "runtime/tensor.hpp"
 #include "runtime/timing.hpp"
@@ -98,6 +99,8 @@ class Backend {
     std::string driver, cuda_runtime, cublas, nccl;
   };
   virtual Versions versions() const { return {}; }
+  // Clocks, power limit and throttle reasons of the device now (NVML; empty off a GPU).
+  virtual GpuState gpu_state() const { return {}; }
   // Brackets the timed iterations for profilers (cudaProfilerStart/Stop on cuda).
   virtual void profiling(bool on) {}
 

@@ -1,5 +1,8 @@
 #include "kernels/backend_comm.hpp"
 
+#include <utility>
+#include <vector>
+
 #include "runtime/error.hpp"
 
 namespace actbench {
@@ -43,12 +46,25 @@ class BackendEmulatedCommunicator final : public Communicator {
     check_gather_shapes(in, out, n_, "all_gather");
     count_all_gather(out);
     const int64_t rows = in.dim(0);
+    Timed timed(*this);
     for (int r = 0; r < n_; ++r) be_.copy(in, out.rows(r * rows, (r + 1) * rows));
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather_shapes(out, in, n_, "reduce_scatter");
     count_reduce_scatter(in);
+    Timed timed(*this);
     be_.copy(in.rows(0, out.dim(0)), out);
+  }
+  void open_emulated_window() override { windows_.emplace_back(); }
+  std::vector<double> take_emulated_ms() override {
+    std::vector<double> ms;
+    for (const auto& window : windows_) {
+      double sum = 0;
+      for (const auto& [begin, end] : window) sum += be_.ms_between(begin, end);
+      ms.push_back(sum);
+    }
+    windows_.clear();
+    return ms;
   }
   void barrier() override {}
   void max_inplace(std::vector<double>&) override {}
@@ -59,8 +75,25 @@ class BackendEmulatedCommunicator final : public Communicator {
   }
 
  private:
+  // Marks around a collective's copies, kept in the open window. Marks are stream-ordered
+  // (CUDA events) and read only in take_emulated_ms(), so timing adds no host wait.
+  class Timed {
+   public:
+    explicit Timed(BackendEmulatedCommunicator& c) : c_(c), on_(!c.windows_.empty()) {
+      if (on_) begin_ = c_.be_.mark();
+    }
+    ~Timed() {
+      if (on_) c_.windows_.back().emplace_back(begin_, c_.be_.mark());
+    }
+
+   private:
+    BackendEmulatedCommunicator& c_;
+    bool on_;
+    Backend::Mark begin_;
+  };
   Backend& be_;
   int n_;
+  std::vector<std::vector<std::pair<Backend::Mark, Backend::Mark>>> windows_;
 };
 
 }  // namespace

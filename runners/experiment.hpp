@@ -32,7 +32,8 @@ struct ExperimentSpec {
 struct ExperimentResult {
   std::string status = "ok";  // ok | oom
   std::string message;
-  Summary fwd_ms, bwd_ms, total_ms;  // per layer, max over ranks per iteration
+  Summary fwd_ms, bwd_ms, total_ms;  // per layer, max over ranks per iteration; emulated copies excluded
+  Summary comm_ms_emulated;          // per layer: the emulated collectives' local copies (--emulate-tp)
   int64_t act_bytes = 0;             // per layer, paper categories, from SavedActivations
   int64_t act_extra_bytes = 0;       // per layer, LayerNorm statistics
   int64_t fwd_retained_bytes = 0;    // per layer, allocator requested-bytes delta across forward
@@ -43,6 +44,7 @@ struct ExperimentResult {
   std::vector<std::pair<std::string, int64_t>> act_by_category;  // layer 0
   PhaseLog phases;                   // host-clock totals over the timed iterations
   std::vector<PhaseTime> kernel_phases;  // with a profiler: GPU kernel time per phase, all timed iterations
+  int64_t cupti_dropped_records = 0;     // with a profiler: records CUPTI dropped (non-zero: sums are short)
 };
 
 ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec);
@@ -58,14 +60,16 @@ class LayerStackRunner {
   LayerStackRunner(Backend& be, Communicator& comm, const ExperimentSpec& spec);
   ~LayerStackRunner();
   struct Iteration {
-    double fwd_ms = 0, bwd_ms = 0, total_ms = 0;  // per layer, this rank
+    double fwd_ms = 0, bwd_ms = 0, total_ms = 0;  // per layer, this rank, emulated copies excluded
+    double comm_ms_emulated = 0;                   // per layer: time of the emulated collectives' copies
     // With measure_memory (else zero):
     int64_t act_bytes = 0, act_extra_bytes = 0, fwd_retained_bytes = 0;
     int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;
     double comm_bytes = 0;
     std::vector<std::pair<std::string, int64_t>> act_by_category;
   };
-  // Forward and backward of the whole stack on a fresh input. measure_memory resets the
+  // Forward and backward of the whole stack on a fresh copy of the input (drawn once, in the
+  // constructor: the timed loop generates nothing on the host). measure_memory resets the
   // allocator's peaks and the communicator's byte counts first.
   Iteration iteration(bool measure_memory = false, PhaseLog* log = nullptr);
 
@@ -74,7 +78,7 @@ class LayerStackRunner {
   Communicator& comm_;
   ExperimentSpec spec_;
   std::unique_ptr<LayerStack> stack_;
-  Tensor dy_;
+  Tensor x_, dy_;
 };
 
 struct CanonicalTensor {

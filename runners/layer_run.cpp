@@ -37,13 +37,15 @@ const std::vector<std::string> kCsvHeader = {
     "recompute", "sequence_parallel", "dtype", "dropout", "layers", "warmup", "iters", "fwd_ms", "bwd_ms", "total_ms",
     "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max", "act_bytes", "act_extra_bytes", "act_bytes_formula",
     "fwd_retained_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "memory_limit_bytes", "comm_mode",
-    "comm_bytes", "link_gbps", "comm_ms_modeled", "status", "message", "seed", "git_sha", "driver_version", "cuda_runtime_version", "cublas_version",
-    "nccl_version", "hostname", "timestamp", "command", "arch", "kv_heads", "ffn_hidden"};
+    "comm_bytes", "link_gbps", "comm_ms_modeled", "comm_ms_emulated", "status", "message", "seed", "git_sha",
+    "driver_version", "cuda_runtime_version", "cublas_version", "nccl_version", "sm_clock_mhz_start",
+    "sm_clock_mhz_end", "mem_clock_mhz_start", "mem_clock_mhz_end", "power_limit_w", "throttle_reasons_start",
+    "throttle_reasons_end", "hostname", "timestamp", "command", "arch", "kv_heads", "ffn_hidden"};
 
 // layer_run --cupti FILE: GPU kernel time per phase, per layer and timed iteration.
 const std::vector<std::string> kCuptiHeader = {
     "backend", "device", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "dtype", "dropout",
-    "layers", "iters", "phase", "stage", "kernels", "gpu_ms", "git_sha", "timestamp"};
+    "layers", "iters", "phase", "stage", "kernels", "gpu_ms", "dropped_records", "git_sha", "timestamp"};
 
 // What the command line says, each value as given (a value option counts when given).
 struct Args {
@@ -442,7 +444,10 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
   // Under mpirun the MPI world exists first, so that every check below is agreed by all
   // ranks; the run's tensor-parallel group is made once the backend exists (NCCL on its
   // stream for cuda).
-  if (mpi_launched()) world_comm = make_mpi_communicator();
+  if (mpi_launched()) {
+    bind_device_for_rank(o.backend, mpi_world_rank_from_env());  // one GPU per rank, before MPI_Init
+    world_comm = make_mpi_communicator();
+  }
   Verdicts verdicts(world_comm.get());
   verdicts.check([&] {
     if (parse_error) std::rethrow_exception(parse_error);
@@ -523,7 +528,6 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
               throw InvalidArgument("--dump folder '" + dump_dir(p) + "' is the file '" + file + "'");
         }
     }
-    if (world > 1) bind_device_for_rank(o.backend, world_rank);  // one GPU per rank, before the backend
     be = make_backend(o.backend, static_cast<size_t>(o.memory_limit));
     if (!be->computes()) {  // meta: timing means nothing; one iteration gives the memory schedule
       if (!o.warmup_given) o.warmup = 0;
@@ -558,7 +562,10 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     spec.seed = o.seed;
     spec.link_gbps = o.link_gbps;
     spec.profiler = profiler.get();
+    const GpuState state_start = be->gpu_state();
+    const GpuState state_start = be->gpu_state();
     ExperimentResult r = run_experiment(*be, *comm, spec);
+    const GpuState state_end = be->gpu_state();
     verdicts.same_status(r);
     if (r.status == "oom") exit_code = 3;
     if (!o.dump.empty() && r.status == "ok") dump_layer(*be, *comm, spec, dump_dir(policy));
@@ -577,8 +584,11 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
         ok ? std::to_string(r.act_extra_bytes) : "", fmt_num(formula), ok ? std::to_string(r.fwd_retained_bytes) : "",
         std::to_string(r.peak_allocated_bytes), std::to_string(r.peak_reserved_bytes), std::to_string(o.memory_limit),
         comm_mode_name(comm->mode()), ok ? fmt_num(r.comm_bytes) : "", fmt_num(o.link_gbps, "%g"),
-        ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "", r.status, r.message, std::to_string(o.seed), build_git_sha(), versions.driver, versions.cuda_runtime,
-        versions.cublas, versions.nccl, hostname(),
+        ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "",
+        fmt_ms(r.comm_ms_emulated.median, have_time && comm->mode() == CommMode::modeled), r.status, r.message,
+        std::to_string(o.seed), build_git_sha(), versions.driver, versions.cuda_runtime, versions.cublas, versions.nccl,
+        state_start.sm_clock_mhz, state_end.sm_clock_mhz, state_start.mem_clock_mhz, state_end.mem_clock_mhz,
+        state_start.power_limit_w, state_start.throttle_reasons, state_end.throttle_reasons, hostname(),
         utc_timestamp(), command, arch_name(dims.arch),
         dims.arch == Arch::llama ? std::to_string(dims.groups()) : "",
         dims.arch == Arch::llama ? std::to_string(dims.ffn()) : ""};
@@ -594,7 +604,8 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
                              o.emulate_tp ? "1" : "0", config_name(policy), dtype_name(dtype), fmt_num(o.dropout, "%g"),
                              std::to_string(o.layers), std::to_string(o.iters), p.phase,
                              p.phase.substr(0, p.phase.find('.')), fmt_num(static_cast<double>(p.kernels) / per, "%.2f"),
-                             fmt_num(p.gpu_ms / per, "%.5f"), build_git_sha(), utc_timestamp()});
+                             fmt_num(p.gpu_ms / per, "%.5f"), std::to_string(r.cupti_dropped_records),
+                             build_git_sha(), utc_timestamp()});
       }
       csv.append(row);
       std::printf("%-13s %-5s act %s (formula %s)%s%s\n", config_name(policy).c_str(), r.status.c_str(),

@@ -33,6 +33,12 @@ int mpi_world_size_from_env() {
   return 0;
 }
 
+int mpi_world_rank_from_env() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"})
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  return 0;
+}
+
 bool mpi_launched() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK") ||
          std::getenv("MV2_COMM_WORLD_RANK");

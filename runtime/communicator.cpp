@@ -44,6 +44,14 @@ void Communicator::check_gather_shapes(const Tensor& small, const Tensor& big, i
 
 namespace {
 
+// These communicators copy with memcpy: host (or meta) tensors only. Device tensors go
+// through the backend's communicators (kernels/backend_comm.hpp), which copy on the stream.
+void require_host(const Tensor& t, const char* op) {
+  if (t.defined() && t.device() == Device::cuda)
+    throw InvalidArgument(std::string(op) + ": a device tensor needs the backend's communicator "
+                          "(make_backend_local_communicator / make_backend_emulated_communicator)");
+}
+
 class LocalCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
@@ -59,6 +67,8 @@ class LocalCommunicator final : public Communicator {
  private:
   static void copy_rows(const Tensor& in, Tensor& out, const char* op) {
     check_gather_shapes(in, out, 1, op);
+    require_host(in, op);
+    require_host(out, op);
     if (!in.is_meta() && in.bytes() && in.data() != out.data()) std::memcpy(out.data(), in.data(), in.bytes());
   }
 };
@@ -78,12 +88,16 @@ class EmulatedCommunicator final : public Communicator {
   void all_reduce(Tensor& t) override { count_all_reduce(t); }
   void all_gather(const Tensor& in, Tensor& out) override {
     check_gather_shapes(in, out, n_, "all_gather");
+    require_host(in, "all_gather");
+    require_host(out, "all_gather");
     count_all_gather(out);
     if (in.is_meta() || !in.bytes()) return;
     for (int r = 0; r < n_; ++r) std::memcpy(static_cast<char*>(out.data()) + r * in.bytes(), in.data(), in.bytes());
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather_shapes(out, in, n_, "reduce_scatter");
+    require_host(in, "reduce_scatter");
+    require_host(out, "reduce_scatter");
     count_reduce_scatter(in);
     if (in.is_meta() || !out.bytes()) return;
     std::memcpy(out.data(), in.data(), out.bytes());

@@ -48,6 +48,14 @@ class Communicator {
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_.reset(); }
 
+  // Emulated collectives are local copies standing in for the real ones; their time is kept
+  // apart from the layer's (comm_ms_emulated) so that fwd/bwd compare like with like across
+  // configurations. open_emulated_window() starts a new window (the previous one closes);
+  // take_emulated_ms() waits for the copies, returns the milliseconds they took per window
+  // since the first open, and closes all. Communicators that copy nothing return {}.
+  virtual void open_emulated_window() {}
+  virtual std::vector<double> take_emulated_ms() { return {}; }
+
  protected:
   void count_all_reduce(const Tensor& t);
   void count_all_gather(const Tensor& out);
@@ -80,5 +88,8 @@ void mpi_abort_if_initialized(int code);
 constexpr int kAgreeSlots = 64;
 bool mpi_agree_max(int64_t* values, double timeout_s = -1);
 int mpi_world_size_from_env();
+// This process's rank as the launcher tells it, before MPI_Init (0 when not launched by one):
+// the GPU of a rank is chosen before MPI_Init, as CUDA-aware MPI and NCCL expect.
+int mpi_world_rank_from_env();
 
 }  // namespace actbench

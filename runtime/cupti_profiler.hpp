@@ -18,11 +18,13 @@ class CuptiProfiler : public PhaseListener {
   // Throws InvalidArgument when this build has no CUPTI (no CUDA toolkit).
   static std::unique_ptr<CuptiProfiler> create();
   ~CuptiProfiler() override = default;
-  virtual void start() = 0;  // enable kernel and external-correlation records
+  virtual void start() = 0;  // enable kernel, memcpy/memset, API and external-correlation records
   virtual void stop() = 0;   // flush all records, disable
-  // Kernel time per phase over everything recorded between start() and stop().
+  // GPU time (kernels, memcpys, memsets) per phase over everything recorded between start() and stop().
   virtual std::vector<PhaseTime> breakdown() const = 0;
   virtual void clear() = 0;
+  // Activity records CUPTI dropped for want of buffer space since clear() (0 = complete).
+  virtual int64_t dropped_records() const = 0;
 };
 
 bool cupti_available();

@@ -47,13 +47,21 @@ ACTBENCH_HD Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
 enum DropoutSite : uint32_t { kSiteAttnProbs = 0, kSiteAttnOut = 1, kSiteMlpOut = 2 };
 constexpr uint32_t kInitStreamBase = 0x1000u;  // + tensor id
 
+// Word `lane` (0..3) of a Philox output by selects, not by indexing: an array indexed with a
+// value known only at run time lives in local memory on the GPU (a spill per element).
+ACTBENCH_HD uint32_t philox_lane(const Philox4& out, uint32_t lane) {
+  const uint32_t low = (lane & 1u) ? out.v[1] : out.v[0];
+  const uint32_t high = (lane & 1u) ? out.v[3] : out.v[2];
+  return (lane & 2u) ? high : low;
+}
+
 // The 32-bit random word for element `index` of stream (seed, layer, stream).
 // Four consecutive elements share one Philox call (counter = index / 4).
 ACTBENCH_HD uint32_t philox_word(uint64_t seed, uint32_t layer, uint32_t stream, uint64_t index) {
   uint64_t block = index >> 2;
   Philox4 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), layer, stream}};
   Philox4 out = philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return out.v[index & 3u];
+  return philox_lane(out, static_cast<uint32_t>(index & 3u));
 }
 
 // Dropout keeps an element iff its word >= threshold, threshold = round(p * 2^32).

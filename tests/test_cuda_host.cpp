@@ -37,6 +37,13 @@ TEST(CudaHost, PhiloxGroupsOfFourAreThePerElementWords) {
     }
 }
 
+// philox_word picks its word by selects (no run-time index into an array: local memory on
+// the GPU); each lane is that word.
+TEST(CudaHost, PhiloxLaneSelectsEachWord) {
+  const Philox4 p{{0x11111111u, 0x22222222u, 0x33333333u, 0x44444444u}};
+  for (uint32_t k = 0; k < 4; ++k) EXPECT_EQ(philox_lane(p, k), p.v[k]) << k;
+}
+
 // dropout_for_each<true> (taken when spec.inner % 4 == 0): the local elements 4g .. 4g+3 are
 // the canonical indices c .. c+3 with c % 4 == 0, and numel % 4 == 0 (no tail is left out).
 TEST(CudaHost, DropoutGroupsOfFourAreFourConsecutiveCanonicalIndices) {

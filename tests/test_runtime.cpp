@@ -210,6 +210,29 @@ TEST(Communicator, LocalAndEmulatedSemanticsAndRingBytes) {
   EXPECT_DOUBLE_EQ(local->stats().ring_bytes, 0.0);
 }
 
+// runtime/'s communicators copy with memcpy: a tensor on a CUDA device is refused (its data
+// pointer is a device address), not dereferenced. Here a source that says "cuda" stands in.
+TEST(Communicator, HostCommunicatorsRefuseDeviceTensors) {
+  struct FakeDeviceSource final : RawMemorySource {
+    std::unique_ptr<RawMemorySource> host = make_host_source();
+    void* allocate(size_t bytes) override { return host->allocate(bytes); }
+    void release(void* p, size_t bytes) override { host->release(p, bytes); }
+    Device device() const override { return Device::cuda; }
+  };
+  CachingAllocator dev(std::make_unique<FakeDeviceSource>());
+  CachingAllocator host(make_host_source());
+  Tensor in(dev, {2, 3}, DType::fp32), out(dev, {4, 3}, DType::fp32), same(dev, {2, 3}, DType::fp32);
+  Tensor host_out(host, {4, 3}, DType::fp32);
+  auto emu = make_emulated_communicator(2);
+  EXPECT_THROW(emu->all_gather(in, out), InvalidArgument);
+  EXPECT_THROW(emu->reduce_scatter(out, same), InvalidArgument);
+  auto local = make_local_communicator();
+  EXPECT_THROW(local->all_gather(in, same), InvalidArgument);
+  Tensor host_in(host, {2, 3}, DType::fp32);
+  EXPECT_THROW(emu->all_gather(host_in, out), InvalidArgument);  // either side on the device
+  EXPECT_NO_THROW(emu->all_gather(host_in, host_out));
+}
+
 // Every shard map is a bijection from (rank, local index) onto the canonical tensor.
 TEST(ShardSpec, ShardsTileTheCanonicalTensor) {
   const int64_t h = 12;

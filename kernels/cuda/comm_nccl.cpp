@@ -4,8 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -89,6 +91,7 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce(Tensor& t) override {
     count_all_reduce(t);
+    check_async();
     if (t.is_meta() || !t.numel()) return;
     NCCL_CHECK(ncclAllReduce(t.data(), t.data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), ncclSum, comm_,
                              stream_));
@@ -96,6 +99,7 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const Tensor& in, Tensor& out) override {
     check_gather_shapes(in, out, size_, "all_gather");
     count_all_gather(out);
+    check_async();
     if (in.is_meta() || !in.numel()) return;
     // Contiguous along dim 0: rank r's block lands at r * in.numel(), as the contract wants.
     NCCL_CHECK(ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_,
@@ -104,13 +108,24 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check_gather_shapes(out, in, size_, "reduce_scatter");
     count_reduce_scatter(in);
+    check_async();
     if (in.is_meta() || !out.numel()) return;
     NCCL_CHECK(ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()), nccl_type(in.dtype()),
                                  ncclSum, comm_, stream_));
   }
   void barrier() override {
-    // The GPU work enqueued so far is part of what every rank waits for.
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    // The GPU work enqueued so far is part of what every rank waits for. Waiting by polling,
+    // with NCCL's asynchronous error checked in between: a peer that failed (or a network
+    // error) would otherwise leave this rank blocked in a stream wait forever (NCCL docs,
+    // "Fault tolerance": poll ncclCommGetAsyncError, then ncclCommAbort).
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) CUDA_CHECK(q);
+      check_async();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    check_async();
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   }
   void max_inplace(std::vector<double>& v) override {
@@ -125,6 +140,18 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // Throws (after aborting the communicator, so that no rank waits on it) when NCCL reports an
+  // asynchronous error; collectives return before their errors are known.
+  void check_async() {
+    if (!comm_) throw RuntimeFailure("NCCL communicator was aborted after an earlier error");
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async == ncclSuccess || async == ncclInProgress) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw_failure(__FILE__, __LINE__, std::string("NCCL asynchronous error: ") + ncclGetErrorString(async));
+  }
+
   cudaStream_t stream_;
   ncclComm_t comm_ = nullptr;
   int rank_ = 0, size_ = 1;

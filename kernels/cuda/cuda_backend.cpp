@@ -224,6 +224,14 @@ class CudaBackend final : public Backend {
 #endif
     return v;
   }
+  GpuState gpu_state() const override {
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {};
+    }
+    return read_gpu_state(bus_id);
+  }
   void profiling(bool on) override {
     // Outside a profiler these return cudaSuccess or a harmless "not initialized"; never fatal.
     (void)(on ? cudaProfilerStart() : cudaProfilerStop());

@@ -46,16 +46,42 @@ ColMajor output(const GemmArgs& g) {
   return ColMajor{static_cast<uint64_t>(g.n), static_cast<uint64_t>(g.m), g.n, g.m * g.n};
 }
 
-cublasLtMatrixLayout_t make_layout(DType t, const ColMajor& s, int64_t batch) {
-  cublasLtMatrixLayout_t layout = nullptr;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, cuda_type(t), s.rows, s.cols, s.ld));
+// Owns one cuBLASLt descriptor until it is handed over with release(): a throw anywhere
+// between creation and hand-over destroys it instead of leaking it.
+template <class Handle, cublasStatus_t (*Destroy)(Handle)>
+class LtOwned {
+ public:
+  LtOwned() = default;
+  ~LtOwned() {
+    if (h_) (void)Destroy(h_);
+  }
+  LtOwned(const LtOwned&) = delete;
+  LtOwned& operator=(const LtOwned&) = delete;
+  Handle* out() { return &h_; }
+  Handle get() const { return h_; }
+  Handle release() {
+    Handle h = h_;
+    h_ = nullptr;
+    return h;
+  }
+
+ private:
+  Handle h_ = nullptr;
+};
+using OwnedLayout = LtOwned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using OwnedMatmulDesc = LtOwned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
+using OwnedPreference = LtOwned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+
+void make_layout(DType t, const ColMajor& s, int64_t batch, OwnedLayout& layout) {
+  const cudaDataType_t type = cuda_type(t);
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout.out(), type, s.rows, s.cols, s.ld));
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
-    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s.stride,
+    CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout.get(), CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout.get(), CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s.stride,
                                                   sizeof s.stride));
   }
-  return layout;
 }
 
 std::string version_string(size_t v) {  // major * 10000 + minor * 100 + patch
@@ -101,22 +127,24 @@ LtGemm::Plan& LtGemm::plan_for(const Key& key) {
   g.k = key.k;
   g.batch = key.batch;
 
-  Plan p;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  OwnedMatmulDesc op;
+  OwnedLayout first, second, out;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(op.out(), CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_first = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
-  p.first = make_layout(key.b, first_operand(g), key.batch);
-  p.second = make_layout(key.a, second_operand(g), key.batch);
-  p.out = make_layout(key.c, output(g), key.batch);
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.get(), CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.get(), CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
+  make_layout(key.b, first_operand(g), key.batch, first);
+  make_layout(key.a, second_operand(g), key.batch, second);
+  make_layout(key.c, output(g), key.batch, out);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  OwnedPreference pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(pref.out()));
   const uint64_t ws = workspace_bytes_;
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasStatus_t st =
+      cublasLtMatmulPreferenceSetAttribute(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   // Alignment preferences: the default (256 bytes) would let the heuristic pick kernels our
   // pointers do not satisfy.
   const uint32_t aligns[4] = {key.align_b, key.align_a, key.align_c, key.align_c};
@@ -124,21 +152,22 @@ LtGemm::Plan& LtGemm::plan_for(const Key& key) {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
-    st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof aligns[i]);
+    st = cublasLtMatmulPreferenceSetAttribute(pref.get(), which[i], &aligns[i], sizeof aligns[i]);
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.first, p.second, p.out, p.out, pref, 1, &result, &returned);
-  cublasLtMatmulPreferenceDestroy(pref);
+    st = cublasLtMatmulAlgoGetHeuristic(lt_, op.get(), first.get(), second.get(), out.get(), out.get(), pref.get(), 1,
+                                        &result, &returned);
   // NOT_SUPPORTED (or no result) means "no Lt kernel for this problem": use the fallback.
-  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
-    cublasLtMatrixLayoutDestroy(p.first);
-    cublasLtMatrixLayoutDestroy(p.second);
-    cublasLtMatrixLayoutDestroy(p.out);
-    cublasLtMatmulDescDestroy(p.op);
-    CUBLAS_CHECK(st);
-  }
+  // Any other status throws here; the owners free what was made.
+  if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
+  Plan p;
   p.use_lt = st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
   if (p.use_lt) p.algo = result.algo;
-  return plans_.emplace(key, p).first->second;
+  auto placed = plans_.emplace(key, p).first;  // may throw bad_alloc: the owners still hold
+  placed->second.op = op.release();
+  placed->second.first = first.release();
+  placed->second.second = second.release();
+  placed->second.out = out.release();
+  return placed->second;
 }
 
 void LtGemm::run(const GemmArgs& g, DType a_dtype, const void* a, DType b_dtype, const void* b, DType c_dtype, void* c,

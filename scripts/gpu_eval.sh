@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# One GPU session on a lent machine: every GPU measurement actbench owes, time-boxed, each step
-# under its own timeout, going on past failures. Runs from the repository root with the bundle
-# that scripts/device_bundle.sh staged (carried as .device-bundle); also runs, and skips every
-# GPU step with its reason, on a machine without a GPU.
+# The whole GPU evaluation in one command, within a time budget, on a GPU node: the GPU kernel
+# tests, Table 4 (with its CUPTI phase split, and fused attention), the Google Benchmark
+# binaries, the PyTorch peer, fused attention against SDPA and the sequence-length sweep. Each
+# step runs under its own timeout and the evaluation goes on past failures; results are packed
+# into one archive, OUTDIR/results.tar.gz, after every step. Run it again with the same OUTDIR to
+# resume: steps that finished are kept, the rest run. Without a GPU it exits 0 and marks every
+# step skipped with the reason.
 #
-#   bash scripts/gpu_session.sh OUTDIR [--steps LIST] [--budget SEC] [--quick] [--bundle DIR]
-#                                      [--max-step SEC] [--force] [--python PY]
-#   bash scripts/gpu_session.sh --list-steps
-#   bash scripts/gpu_session.sh --env [--bundle DIR]          # prints `export LD_LIBRARY_PATH=...`
-#   bash scripts/gpu_session.sh --unpack DIR_OR_TARBALL [RESULTS_DIR]   # merge a session's results
+#   bash scripts/build.sh                                  # once: build/ (CUDA on when nvcc exists)
+#   bash scripts/gpu_eval.sh OUTDIR [--budget SEC] [--steps LIST] [--quick] [--fresh]
+#                                   [--bin-dir DIR] [--max-step SEC] [--force] [--python PY]
+#   bash scripts/gpu_eval.sh --list-steps
+#   bash scripts/gpu_eval.sh --env [--bin-dir DIR]        # prints `export LD_LIBRARY_PATH=...`
+#   bash scripts/gpu_eval.sh --unpack OUTDIR_OR_TARBALL [RESULTS_DIR]   # merge into results/
 #
-# Steps, in this order (groups in --steps: tests table4 bench peer attention sweep cputests, or
-# single steps; default: all but cputests):
+# Steps, in this order (groups in --steps: tests table4 bench peer attention sweep cputests
+# sanitize, or single steps; default: all but cputests and sanitize):
 #   tests          test_gpu_ops (GPU kernels against the cpu reference; run first, flagged if failed)
 #   table4         layer_run --backend cuda --model 22b --tp 8 --emulate-tp, the five configurations,
 #   table4_cupti     --warmup 3 --iters 20; then the same with --cupti (Figure 8's phase split);
@@ -24,37 +28,37 @@
 #                    then attention_table.py's table of both (raw/attention_table.txt, summary)
 #   sweep_seqlen   runners/sweep.py seqlen --backend cuda (resumable; whatever time is left),
 #   sweep_seqlen_fused   then with --attention fused
-#   cputests       the cpu gtests of the bundle (bin/cpu_tests.tar.xz); not in the default
+#   cputests       the cpu gtests (of a portable bundle: bin/cpu_tests.tar.xz); not in the default
 #   sanitize_memcheck   compute-sanitizer memcheck / racecheck (shared memory) on test_gpu_ops, the
-#   sanitize_racecheck  kernels at small shapes (the kernels' first runs should have one); not in the default
+#   sanitize_racecheck  kernels at small shapes (worth one run when kernels change); not in the default
 # Before them, always: `env` records nvidia-smi, versions, the libraries the binaries resolve.
 #
-# Time: --budget (default 540 s, under the device tool's 600 s a call) is shared by the steps in
-# order; a step gets min(its cap, what is left, --max-step); one that cannot get its minimum is
-# skipped and named at the end with the --steps for a second call. Split over two calls:
-#   --steps tests,table4,bench,peer        then        --steps attention,sweep
+# Binaries: --bin-dir DIR (a build folder, or a bundle from scripts/portable_bundle.sh for a node
+# without MPI or Google Benchmark), else $ACTBENCH_BUILD, else build/, else .portable-bundle/.
+# Time: --budget (default 2400 s) is shared by the steps in order; a step gets min(its cap, what is
+# left, --max-step); one that cannot get its minimum is skipped and named at the end: run again
+# with the same OUTDIR (and a budget) to do it. --fresh forgets an earlier run in OUTDIR.
 # --quick: warm-up 1, 3 iterations, benchmark_min_time 0.05 (a first look). --force: run the GPU
 # steps without a GPU too (they fail, each with its reason: for testing this script).
-# Libraries: LD_LIBRARY_PATH (for our binaries only; python keeps its own) = bundle lib/, then
-# PyTorch's site-packages/nvidia/*/lib, then /usr/local/cuda/lib64 (and extras/CUPTI/lib64), then
-# the bundle's lib/fallback/{cuda,nccl-stub,cxx} each only if ldd finds no such library otherwise.
+# Libraries: LD_LIBRARY_PATH (for our binaries only; python keeps its own) = the bundle's lib/,
+# then PyTorch's site-packages/nvidia/*/lib, then /usr/local/cuda/lib64 (and extras/CUPTI/lib64),
+# then the bundle's lib/fallback/{cuda,nccl-stub,cxx} each only if ldd finds no such library.
 #
-# OUTDIR gets at most 4 files (the device tool returns 8): log.txt (everything), steps.csv (step,
-# status, seconds, detail; status ok | failed | timeout | skipped), summary.txt, and
-# results.tar.gz (re-packed after every step, so a killed session still returns what it made):
+# OUTDIR gets log.txt (everything), steps.csv (step, status, seconds, detail; status ok | failed |
+# timeout | skipped), summary.txt (also printed) and results.tar.gz:
 #   results/  CSVs and JSON to keep: table4_<dev>.csv, table4_<dev>_cupti.csv,
 #             table4_fused_<dev>.csv, peer_torch_<dev>.csv, bench_*_<dev>.json,
 #             attention_*_<dev>*, seqlen_cuda_<dev>.csv
 #   raw/      test XML, nvidia-smi, versions, the CUPTI run's own rows, the peer's table
 # `--unpack` appends those CSV rows to results/ (same header; rows carry their provenance) and
-# puts the rest in results/device/<dev>-<UTC time>/. Exit status: 0 when the session ran (see
+# puts the rest in results/device/<dev>-<UTC time>/. Exit status: 0 when the evaluation ran (see
 # steps.csv), 2 bad usage.
 set -uo pipefail
 export PYTHONUNBUFFERED=1   # a step killed at its timeout still leaves its output in the log
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-me="gpu_session"
-usage_lines='2,49p'
+me="gpu_eval"
+usage_lines='2,55p'
 
 GROUP_tests="tests"
 GROUP_table4="table4 table4_cupti table4_fused"
@@ -79,21 +83,21 @@ RESERVE=10   # seconds kept for the last packing
 
 die_usage() { echo "$me: error: $*" >&2; exit 2; }
 
-# ---------------------------------------------------------------- bundle and libraries
-bundle=""
-find_bundle() {  # --bundle, else $ACTBENCH_BUNDLE, else .device-bundle/ (a build folder works as well)
+# ---------------------------------------------------------------- binaries and libraries
+bundle=""   # the folder the binaries come from: a build folder or a portable bundle
+find_bundle() {  # --bin-dir, else $ACTBENCH_BUILD, else build/, else .portable-bundle/
   local c
   if [[ -n "${opt_bundle:-}" ]]; then
     [[ -d "$opt_bundle" ]] || return 1
     bundle="$(cd "$opt_bundle" && pwd)"; return 0
   fi
   bundle=""
-  for c in "${ACTBENCH_BUNDLE:-}" "$root/.device-bundle"; do
-    [[ -n "$c" && -d "$c" ]] && { bundle="$(cd "$c" && pwd)"; return 0; }
+  for c in "${ACTBENCH_BUILD:-}" "$root/build" "$root/.portable-bundle"; do
+    [[ -n "$c" && ( -x "$c/runners/layer_run" || -x "$c/bin/layer_run" ) ]] && { bundle="$(cd "$c" && pwd)"; return 0; }
   done
   return 0
 }
-binpath() {  # a binary of the bundle (bin/) or of a build folder (runners/ bench/ tests/)
+binpath() {  # a binary of a portable bundle (bin/) or of a build folder (runners/ bench/ tests/)
   local d
   [[ -n "$bundle" ]] || return 1
   for d in bin runners bench tests; do
@@ -133,7 +137,7 @@ make_libpath() {
 }
 run_bin() {  # run_bin NAME ARGS...: a bundle binary with the bundle's library path
   local b
-  b="$(binpath "$1")" || { echo "$me: $1 is not in the bundle" >&2; return 127; }
+  b="$(binpath "$1")" || { echo "$me: $1 is not in $bundle" >&2; return 127; }
   shift
   LD_LIBRARY_PATH="$libpath" "$b" "$@"
 }
@@ -155,8 +159,8 @@ unpack() {
   [[ -f "$tarball" ]] || die_usage "no results.tar.gz at $src"
   tmp="$(mktemp -d)"
   tar -xzf "$tarball" -C "$tmp" || { rm -rf "$tmp"; die_usage "cannot read $tarball"; }
-  dev="$(sed -n 's/^dev: //p' "$tmp/raw/session.txt" 2>/dev/null)"
-  stamp="$(sed -n 's/^start_utc: //p' "$tmp/raw/session.txt" 2>/dev/null | tr -d ':-')"
+  dev="$(sed -n 's/^dev: //p' "$tmp/raw/run.txt" 2>/dev/null)"
+  stamp="$(sed -n 's/^start_utc: //p' "$tmp/raw/run.txt" 2>/dev/null | tr -d ':-')"
   local keep="$results/device/${dev:-gpu}-${stamp:-$(date -u +%Y%m%dT%H%M%SZ)}"
   if [[ -e "$keep" ]]; then rm -rf "$tmp"; die_usage "already unpacked: $keep exists (its rows are in $results)"; fi
   mkdir -p "$results" "$keep"
@@ -181,7 +185,7 @@ unpack() {
 }
 
 # ---------------------------------------------------------------- arguments
-outdir="" opt_bundle="" steps_arg="" budget=540 max_step=0 quick=0 force=0 mode=session
+outdir="" opt_bundle="" steps_arg="" budget=2400 max_step=0 quick=0 force=0 fresh=0 mode=run
 py="${ACTBENCH_TORCH_PYTHON:-python3}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -193,10 +197,11 @@ while [[ $# -gt 0 ]]; do
     --steps) [[ $# -ge 2 ]] || die_usage "--steps needs a list"; steps_arg="$2"; shift 2 ;;
     --budget) [[ "${2:-}" =~ ^[0-9]+$ ]] || die_usage "--budget needs seconds"; budget="$2"; shift 2 ;;
     --max-step) [[ "${2:-}" =~ ^[0-9]+$ ]] || die_usage "--max-step needs seconds"; max_step="$2"; shift 2 ;;
-    --bundle) [[ $# -ge 2 ]] || die_usage "--bundle needs a folder"; opt_bundle="$2"; shift 2 ;;
+    --bin-dir) [[ $# -ge 2 ]] || die_usage "--bin-dir needs a folder"; opt_bundle="$2"; shift 2 ;;
     --python) [[ $# -ge 2 ]] || die_usage "--python needs a program"; py="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
     --force) force=1; shift ;;
+    --fresh) fresh=1; shift ;;
     -*) die_usage "unknown option '$1' (see --help)" ;;
     *) [[ -z "$outdir" ]] || die_usage "one OUTDIR only (got '$outdir' and '$1')"; outdir="$1"; shift ;;
   esac
@@ -207,14 +212,14 @@ if [[ "$mode" == list ]]; then
   echo "default: $DEFAULT_STEPS"
   exit 0
 fi
-find_bundle || die_usage "no bundle folder at $opt_bundle"
+find_bundle || die_usage "no folder of binaries at $opt_bundle"
 if [[ "$mode" == env ]]; then
   make_libpath
   printf 'export LD_LIBRARY_PATH=%q\n' "$libpath"
   [[ -n "$lib_notes" ]] && echo "# $lib_notes"
   exit 0
 fi
-[[ -n "$outdir" ]] || die_usage "usage: gpu_session.sh OUTDIR [options] (see --help)"
+[[ -n "$outdir" ]] || die_usage "usage: gpu_eval.sh OUTDIR [options] (see --help)"
 
 selected=" "
 for s in ${steps_arg//,/ }; do
@@ -231,8 +236,6 @@ outdir="$(cd "$outdir" && pwd)"
 log="$outdir/log.txt"
 steps_csv="$outdir/steps.csv"
 summary="$outdir/summary.txt"
-: >"$log"
-echo "step,status,seconds,detail" >"$steps_csv"
 work="$(mktemp -d "${TMPDIR:-/tmp}/actbench_gpu.XXXXXX")"
 pack="$work/pack"
 view="$work/view"
@@ -240,6 +243,17 @@ R="$pack/results"
 RAW="$pack/raw"
 mkdir -p "$R" "$RAW" "$view"
 trap 'rm -rf "$work"' EXIT
+# Resuming: the archive of an earlier run in OUTDIR is the starting point, and its steps that
+# finished ok are not run again (--fresh forgets them).
+declare -A DONE=()
+if (( fresh )); then rm -f "$outdir/results.tar.gz" "$steps_csv" "$summary" "$log"; fi
+if [[ -f "$outdir/results.tar.gz" && -f "$steps_csv" ]] && tar -xzf "$outdir/results.tar.gz" -C "$pack" 2>/dev/null; then
+  while IFS=, read -r s st _; do [[ "$st" == ok && "$s" != env ]] && DONE[$s]=1; done < <(tail -n +2 "$steps_csv")
+  echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ): resuming; done before: ${!DONE[*]}" >>"$log"
+else
+  : >"$log"
+fi
+echo "step,status,seconds,detail" >"$steps_csv"
 # A copy that lost the executable bits (or a read-only one): make them executable, else work on a copy.
 if [[ -n "$bundle" && -d "$bundle/bin" ]]; then
   for f in "$bundle"/bin/*; do [[ -f "$f" && ! -x "$f" && "$f" != *.tar.xz ]] && chmod +x "$f" 2>/dev/null; done
@@ -267,7 +281,7 @@ do_pack() {
 }
 write_summary() {
   {
-    echo "actbench GPU session: ${gpu_name:-no GPU} ($dev), bundle $bundle_sha, started $start_utc, $(( $(date +%s) - start ))s"
+    echo "actbench GPU evaluation: ${gpu_name:-no GPU} ($dev), binaries $bundle_sha, started $start_utc, $(( $(date +%s) - start ))s"
     (( gpu_tests_failed )) && echo "WARNING: GPU correctness tests (test_gpu_ops) did not pass: treat the timings with care"
     echo
     cat "$work/steps.txt" 2>/dev/null
@@ -276,11 +290,11 @@ write_summary() {
     if [[ -n "$skipped_for_time" ]]; then
       echo
       echo "not run for lack of time: ${skipped_for_time%,}"
-      echo "next call: bash scripts/gpu_session.sh \$OUT --steps ${skipped_for_time%,}"
+      echo "to run them: bash scripts/gpu_eval.sh $outdir --budget SEC   (resumes; or only these: --steps ${skipped_for_time%,})"
     fi
     echo
     echo "results: $outdir/results.tar.gz ($(tar -tzf "$outdir/results.tar.gz" 2>/dev/null | grep -c '[^/]$') files);" \
-         "merge here with: bash scripts/gpu_session.sh --unpack FILES_DIR"
+         "merge into results/ with: bash scripts/gpu_eval.sh --unpack $outdir"
   } >"$summary"
 }
 on_signal() { say "$me: interrupted; packing what there is"; do_pack; write_summary; exit 143; }
@@ -288,7 +302,8 @@ trap on_signal TERM INT
 left() { echo $((deadline - $(date +%s))); }
 
 # ---------------------------------------------------------------- environment
-if command -v nvidia-smi >/dev/null 2>&1 && timeout 30 nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+gpus="$(command -v nvidia-smi >/dev/null 2>&1 && timeout 30 nvidia-smi -L 2>/dev/null || true)"
+if grep -q '^GPU ' <<<"$gpus"; then   # whole output first: `nvidia-smi | grep -q` fails at random under pipefail
   have_gpu=1
   gpu_name="$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
   dev="$(grep -oE '\b[A-Z]{1,3}[0-9]{2,4}\b' <<<"$gpu_name" | head -1 | tr '[:upper:]' '[:lower:]')"
@@ -298,9 +313,9 @@ make_libpath
 make_view
 bundle_sha="$(sed -n 's/^git_sha: //p' "$bundle/MANIFEST.txt" 2>/dev/null)"
 [[ -n "$bundle_sha" ]] || bundle_sha="$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
-export ACTBENCH_GIT_SHA="${ACTBENCH_GIT_SHA:-$bundle_sha}"   # torch_layer.py's provenance (no .git on the device)
+export ACTBENCH_GIT_SHA="${ACTBENCH_GIT_SHA:-$bundle_sha}"   # torch_layer.py's provenance (a bundle has no .git)
 if (( quick )); then W=1 I=3 MINTIME=0.05; else W=3 I=20 MINTIME=""; fi
-say "== $me: ${gpu_name:-no GPU}, steps: $(echo $selected), budget ${budget}s, results -> $outdir"
+say "== $me: ${gpu_name:-no GPU}, steps: $(echo $selected), budget ${budget}s, binaries ${bundle:-none}, results -> $outdir"
 configs="baseline,sp,full,selective,selective+sp"
 
 t0=$(date +%s)
@@ -309,15 +324,15 @@ t0=$(date +%s)
   echo "gpu_name: $gpu_name"
   echo "start_utc: $start_utc"
   echo "host: $(hostname)"
-  echo "bundle: ${bundle:-none}"
-  echo "bundle_git_sha: $bundle_sha"
+  echo "binaries: ${bundle:-none}"
+  echo "binaries_git_sha: $bundle_sha"
   echo "steps: $(echo $selected)"
   echo "budget_s: $budget"
   echo "quick: $quick"
   echo "ld_library_path: $libpath"
   echo "lib_notes: $lib_notes"
-} >"$pack/raw/session.txt"
-cat "$pack/raw/session.txt" >>"$log"
+} >"$pack/raw/run.txt"
+cat "$pack/raw/run.txt" >>"$log"
 {
   if (( have_gpu )); then timeout 30 nvidia-smi; timeout 60 nvidia-smi -q; else echo "no GPU (nvidia-smi -L lists none)"; fi
 } >"$pack/raw/nvidia-smi.txt" 2>&1
@@ -346,16 +361,16 @@ except Exception as e:
 cat "$pack/raw/versions.txt" >>"$log"
 missing="$(grep -E '=> not found' "$pack/raw/versions.txt" | awk '{print $1}' | sort -u | tr '\n' ' ')"
 if [[ -z "$bundle" ]]; then
-  record env failed $(( $(date +%s) - t0 )) "no bundle: build it with scripts/device_bundle.sh and carry .device-bundle"
+  record env failed $(( $(date +%s) - t0 )) "no binaries: build with scripts/build.sh (or name them with --bin-dir)"
 elif ! binpath layer_run >/dev/null; then
-  record env failed $(( $(date +%s) - t0 )) "the bundle $bundle has no layer_run (scripts/device_bundle.sh makes one)"
+  record env failed $(( $(date +%s) - t0 )) "$bundle has no layer_run (build with scripts/build.sh)"
 elif [[ -n "$missing" ]]; then
   record env failed $(( $(date +%s) - t0 )) "libraries not found: $missing"
 elif (( have_gpu )); then
   grep -q 'libcuda.so.1 not found' "$pack/raw/versions.txt" && lib_notes+="libcuda.so.1 not found (the driver's: add its folder to LD_LIBRARY_PATH); "
-  record env ok $(( $(date +%s) - t0 )) "$gpu_name; bundle $bundle_sha; $lib_notes"
+  record env ok $(( $(date +%s) - t0 )) "$gpu_name; binaries $bundle_sha; $lib_notes"
 else
-  record env ok $(( $(date +%s) - t0 )) "no GPU here; bundle ${bundle_sha}"
+  record env ok $(( $(date +%s) - t0 )) "no GPU here; binaries ${bundle_sha}"
 fi
 do_pack
 
@@ -364,9 +379,10 @@ do_pack
 gate() {
   local step="$1" need="${2:-}" l t
   if [[ "$selected" != *" $step "* ]]; then record "$step" skipped 0 "not selected (--steps)"; return 1; fi
+  if [[ -n "${DONE[$step]:-}" ]]; then record "$step" ok 0 "done in an earlier run in $outdir (--fresh to redo)"; return 1; fi
   if [[ -n "$need" ]] && ! binpath "$need" >/dev/null; then
-    if [[ -n "$bundle" ]]; then record "$step" skipped 0 "$need not in the bundle $bundle"
-    else record "$step" skipped 0 "no bundle (build one with scripts/device_bundle.sh)"; fi
+    if [[ -n "$bundle" ]]; then record "$step" skipped 0 "$need not in $bundle"
+    else record "$step" skipped 0 "no binaries (build with scripts/build.sh)"; fi
     return 1
   fi
   if (( ! have_gpu && ! force )); then record "$step" skipped 0 "no GPU (nvidia-smi -L lists none)"; return 1; fi
@@ -386,7 +402,7 @@ run() {
   local step="$1" t0 rc secs off last status detail extra="" b
   shift
   if [[ "$1" == run_bin ]]; then  # timeout runs programs, not functions
-    b="$(binpath "$2")" || { step_status=skipped; record "$step" skipped 0 "$2 not in the bundle"; return 0; }
+    b="$(binpath "$2")" || { step_status=skipped; record "$step" skipped 0 "$2 not in $bundle"; return 0; }
     set -- env LD_LIBRARY_PATH="$libpath" "$b" "${@:3}"
   fi
   t0=$(date +%s.%N)
@@ -486,7 +502,7 @@ for s in 2048 8192 32768; do
     fi
   fi
   if (( attention_seq_ok == 0 )); then
-    record "$step" skipped 0 "bench_kernels has no --seq or no attention benchmark (not in this bundle)"; continue
+    record "$step" skipped 0 "bench_kernels has no --seq or no attention benchmark (an older build)"; continue
   fi
   run "$step" run_bin bench_kernels --backend=cuda --benchmark_filter=attention --seq="$s" "${bench_time[@]}" \
       --benchmark_out="$R/attention_kernels_${dev}_s$s.json" --benchmark_out_format=json
@@ -522,7 +538,7 @@ if gate sweep_seqlen_fused layer_run; then
       --timeout $(( step_timeout < 90 ? step_timeout : 90 ))
 fi
 
-# cpu gtests of the bundle (not in the default: they pass on any machine)
+# cpu gtests of the build or bundle (not in the default: ctest runs them anywhere)
 if [[ "$selected" == *" cputests "* ]] && { binpath test_runtime >/dev/null || [[ -f "$bundle/bin/cpu_tests.tar.xz" ]]; }; then
   if gate cputests; then
     ct="$work/cputests"; mkdir -p "$ct"
@@ -533,7 +549,7 @@ if [[ "$selected" == *" cputests "* ]] && { binpath test_runtime >/dev/null || [
     run cputests env LD_LIBRARY_PATH="$libpath" bash -c 'rc=0; for t in "$1"/test_*; do echo "== $t"; "$t" --gtest_output="xml:$2/$(basename "$t").xml" --gtest_brief=1 || rc=1; done; exit $rc' _ "$ct" "$RAW"
   fi
 elif [[ "$selected" == *" cputests "* ]]; then
-  record cputests skipped 0 "no cpu tests in the bundle"
+  record cputests skipped 0 "no cpu tests in $bundle"
 else
   record cputests skipped 0 "not selected (--steps)"
 fi

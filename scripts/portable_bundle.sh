@@ -1,54 +1,55 @@
 #!/usr/bin/env bash
-# Builds the device variant of actbench and stages a small, self-contained bundle to carry to a
-# lent GPU machine (no Open MPI, no Google Benchmark, no Eigen there; CUDA 13 and PyTorch are).
+# A portable bundle of actbench's CUDA build, for a GPU node that lacks Open MPI, Google
+# Benchmark or Eigen (it needs a CUDA driver, and cuBLAS/NCCL from a CUDA toolkit or PyTorch's
+# wheels). Build on a machine with the full toolchain, copy the folder over, then on the node:
+#   bash scripts/gpu_eval.sh OUTDIR --bin-dir .portable-bundle
 #
-#   bash scripts/device_bundle.sh [DIR]        # default DIR = .device-bundle/ (git-ignored)
-#   bash scripts/device_bundle.sh --check DIR  # only the checks of step 3, on a staged bundle
+#   bash scripts/portable_bundle.sh [DIR]        # default DIR = .portable-bundle/ (git-ignored)
+#   bash scripts/portable_bundle.sh --check DIR  # only the checks of step 3, on a staged bundle
 #
-# 1. configures and builds build-device/ (ACTBENCH_DEVICE_BUILD overrides): Release,
-#    -DACTBENCH_ENABLE_MPI=OFF, -DCMAKE_CUDA_ARCHITECTURES=90 (ACTBENCH_DEVICE_ARCH overrides,
+# 1. configures and builds build-portable/ (ACTBENCH_PORTABLE_BUILD overrides): Release,
+#    -DACTBENCH_ENABLE_MPI=OFF, -DCMAKE_CUDA_ARCHITECTURES=90 (ACTBENCH_PORTABLE_ARCH overrides,
 #    e.g. "80;90"), tests and benchmarks on, RUNPATH $ORIGIN/../lib (then the toolkit's lib dir);
 # 2. stages into DIR:
-#      bin/   layer_run theory bench_kernels bench_layer test_gpu_ops (stripped; each holds the
-#             sm_90 kernels + PTX, ≈5 MB), and cpu_tests.tar.xz: the other gtest binaries (no
-#             MPI), xz-compressed together (≈3 MB instead of ≈40 MB; gpu_session.sh --steps
-#             cputests unpacks and runs them)
-#      lib/   every shared library the binaries need that the device may lack (libbenchmark, ...)
-#      lib/fallback/cuda       libcudart, libcupti  } used by scripts/gpu_session.sh only when the
-#      lib/fallback/nccl-stub  libnccl.so.2 stub    } device has no such library (each probed with
+#      bin/   layer_run theory bench_kernels bench_layer test_gpu_ops (stripped), and
+#             cpu_tests.tar.xz: the other gtest binaries (no MPI), xz-compressed together
+#             (gpu_eval.sh --steps cputests unpacks and runs them)
+#      lib/   every shared library the binaries need that the node may lack (libbenchmark, ...)
+#      lib/fallback/cuda       libcudart, libcupti  } used by scripts/gpu_eval.sh only when the
+#      lib/fallback/nccl-stub  libnccl.so.2 stub    } node has no such library (each probed with
 #      lib/fallback/cxx        libstdc++, libgcc_s  } ldd); the stub only makes ncclGetVersion fail
 #      MANIFEST.txt            git sha baked into the binaries, build options, sizes, sha256
-#    cuBLAS / cuBLASLt (≈600 MB) and NCCL (≈220 MB) are not copied: the device's toolkit
+#    cuBLAS / cuBLASLt (≈600 MB) and NCCL (≈220 MB) are not copied: the node's toolkit
 #    (/usr/local/cuda/lib64) or PyTorch's wheels (site-packages/nvidia/*/lib) provide them;
-#    scripts/gpu_session.sh puts those on LD_LIBRARY_PATH.
+#    scripts/gpu_eval.sh puts those on LD_LIBRARY_PATH.
 # 3. checks: no binary depends on libmpi / Open MPI; with `env -i LD_LIBRARY_PATH=DIR/lib` every
-#    library resolves, into DIR/lib or the C/C++ runtime, except the CUDA libraries the device
+#    library resolves, into DIR/lib or the C/C++ runtime, except the CUDA libraries the node
 #    provides (and libcuda, the driver, which is loaded at run time); with the loader's cache
 #    off and no LD_LIBRARY_PATH the RUNPATH alone finds DIR/lib; the bundle's size.
+# Build it from a committed tree, so that rows do not say `-dirty`.
 # Exit status: 0 ok, 1 a build or check failed (or bad usage).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-build="${ACTBENCH_DEVICE_BUILD:-$root/build-device}"
-arch="${ACTBENCH_DEVICE_ARCH:-90}"
-dir="${1:-$root/.device-bundle}"
-max_mib=60   # the device tool carries 64 MiB in all, the working tree (≈1.5 MiB) included
-warn_mib=45
+build="${ACTBENCH_PORTABLE_BUILD:-$root/build-portable}"
+arch="${ACTBENCH_PORTABLE_ARCH:-90}"
+dir="${1:-$root/.portable-bundle}"
+warn_mib=100   # a bundle this large usually means a library was copied that the node has
 
-die() { echo "device_bundle: error: $*" >&2; exit 1; }
+die() { echo "portable_bundle: error: $*" >&2; exit 1; }
 check_only=0
 case "${1:-}" in
-  -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
-  --check) [[ $# -eq 2 && -d "$2/bin" ]] || die "usage: device_bundle.sh --check DIR (a staged bundle)"
+  -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+  --check) [[ $# -eq 2 && -d "$2/bin" ]] || die "usage: portable_bundle.sh --check DIR (a staged bundle)"
            check_only=1; dir="$2" ;;
   -*) die "unknown option '$1' (see --help)" ;;
 esac
-[[ $# -le 1 || $check_only -eq 1 ]] || die "usage: device_bundle.sh [DIR]"
+[[ $# -le 1 || $check_only -eq 1 ]] || die "usage: portable_bundle.sh [DIR]"
 
-# Which libraries the binaries load, classified by where they must come from on the device.
+# Which libraries the binaries load, classified by where they must come from on the node.
 is_system() {  # glibc, the C++ runtime, the vDSO: every Linux has them
   [[ "$1" =~ ^(linux-vdso\.|ld-linux|(libc|libm|libdl|libpthread|librt|libutil|libresolv|libstdc\+\+|libgcc_s)\.) ]]
 }
-is_cuda() {    # the CUDA runtime libraries (the device's toolkit or PyTorch's wheels, or lib/fallback)
+is_cuda() {    # the CUDA runtime libraries (the node's toolkit or PyTorch's wheels, or lib/fallback)
   [[ "$1" =~ ^(libcuda|libcudart|libcublas|libcublasLt|libcupti|libnccl|libnvrtc|libnvJitLink)\. ]]
 }
 ldd_triples() {  # "name => path" per dependency; path "not" when not found
@@ -58,12 +59,15 @@ ldd_triples() {  # "name => path" per dependency; path "not" when not found
 # The checks of step 3 on the staged binaries (every regular file in DIR/bin but archives).
 # Prints one line per problem; returns 1 when there is one.
 check_bundle() {
-  local d b n name arrow path fail=0
+  local d b n name arrow path deps dyn fail=0
   d="$(cd "$1" && pwd)"
   for b in "$d"/bin/*; do
     [[ -f "$b" && -x "$b" ]] || continue
     n="$(basename "$b")"
-    if ldd "$b" | grep -qE 'libmpi|openmpi|libopen-rte|libopen-pal'; then echo "  $n: links MPI"; fail=1; fi
+    # Whole outputs into variables, then grep: under pipefail, `ldd | grep -q` fails at random
+    # when grep exits at the first match and ldd dies of SIGPIPE.
+    deps="$(ldd "$b" 2>&1 || true)"
+    if grep -qE 'libmpi|openmpi|libopen-rte|libopen-pal' <<<"$deps"; then echo "  $n: links MPI"; fail=1; fi
     # (1) only the bundle's lib/ on the search path
     while read -r name arrow path; do
       name="${name##*/}"
@@ -81,19 +85,20 @@ check_bundle() {
       is_system "$name" || is_cuda "$name" && continue
       [[ "$(realpath -m "$path")" == "$d/lib/"* ]] || { echo "  $n: the RUNPATH does not find $name in the bundle ($path)"; fail=1; }
     done < <(env -i /lib64/ld-linux-x86-64.so.2 --inhibit-cache --list "$b" 2>&1 | ldd_triples)
-    readelf -d "$b" | grep -q 'R.*PATH.*\$ORIGIN/\.\./lib' || { echo "  $n: no \$ORIGIN/../lib RUNPATH"; fail=1; }
+    dyn="$(readelf -d "$b" 2>&1 || true)"
+    grep -q 'R.*PATH.*\$ORIGIN/\.\./lib' <<<"$dyn" || { echo "  $n: no \$ORIGIN/../lib RUNPATH"; fail=1; }
   done
   return $fail
 }
 
 if [[ $check_only -eq 1 ]]; then
-  if out="$(check_bundle "$dir")"; then echo "device_bundle: $dir passes the checks"; exit 0; fi
+  if out="$(check_bundle "$dir")"; then echo "portable_bundle: $dir passes the checks"; exit 0; fi
   echo "$out"; die "checks failed on $dir"
 fi
 
 nvcc=/usr/local/cuda/bin/nvcc
 [[ -x "$nvcc" ]] || nvcc="$(command -v nvcc || true)"
-[[ -n "$nvcc" && -x "$nvcc" ]] || die "no CUDA toolkit (nvcc) here: a device bundle needs the CUDA backend"
+[[ -n "$nvcc" && -x "$nvcc" ]] || die "no CUDA toolkit (nvcc) here: the bundle needs the CUDA backend"
 
 bash "$root/scripts/setup.sh"
 echo "== configure $build (MPI off, sm_$arch, RUNPATH \$ORIGIN/../lib)"
@@ -151,11 +156,11 @@ done
 chmod 644 "$dir"/lib/*.so* "$dir"/lib/fallback/*/* 2>/dev/null || true
 
 # NCCL stub: the binaries link libnccl.so.2 (the non-MPI build calls only ncclGetVersion, for
-# provenance). Where the device has no NCCL at all, this lets them load; every call fails.
+# provenance). Where the node has no NCCL at all, this lets them load; every call fails.
 syms="$(for b in "${staged[@]}"; do nm -D --undefined-only "$b" | awk '{print $2}'; done | grep -E '^nccl' | sort -u)"
 stub_c="$build/nccl_stub.c"
 {
-  echo "/* generated by scripts/device_bundle.sh: stands in for libnccl.so.2 where the device has none */"
+  echo "/* generated by scripts/portable_bundle.sh: stands in for libnccl.so.2 where the node has none */"
   for s in $syms; do
     if [[ "$s" == ncclGetErrorString ]]; then
       echo "const char* ncclGetErrorString(int r) { (void)r; return \"NCCL stub (no NCCL on this machine)\"; }"
@@ -170,7 +175,8 @@ cc -shared -fPIC -O2 -Wl,-soname,libnccl.so.2 -o "$dir/lib/fallback/nccl-stub/li
 echo "== checks"
 fail=0
 check_bundle "$dir" || fail=1
-nm -D "$dir/lib/fallback/nccl-stub/libnccl.so.2" | grep -q ' T ncclGetVersion' || { echo "  nccl stub lacks ncclGetVersion"; fail=1; }
+stub_syms="$(nm -D "$dir/lib/fallback/nccl-stub/libnccl.so.2")"
+grep -q ' T ncclGetVersion' <<<"$stub_syms" || { echo "  nccl stub lacks ncclGetVersion"; fail=1; }
 # the staged binaries start with nothing but the bundle's lib/ (meta backend: no GPU needed here)
 if ! env -i LD_LIBRARY_PATH="$dir/lib" "$dir/bin/layer_run" --backend meta --model 22b --tp 8 --emulate-tp \
        --config baseline --csv "$build/bundle_smoke.csv" >/dev/null; then echo "  bin/layer_run does not run"; fail=1; fi
@@ -180,7 +186,7 @@ fi
 # with the NCCL stub instead of NCCL, every symbol bound at start: the binaries still load
 if ! env -i LD_BIND_NOW=1 LD_LIBRARY_PATH="$dir/lib:$dir/lib/fallback/nccl-stub" "$dir/bin/layer_run" \
        --print-csv-header >/dev/null; then echo "  bin/layer_run does not load with the NCCL stub"; fail=1; fi
-cuda_from_device="$(for b in "${staged[@]}"; do ldd "$b"; done | awk '{print $1}' | sort -u |
+cuda_from_node="$(for b in "${staged[@]}"; do ldd "$b"; done | awk '{print $1}' | sort -u |
                     while read -r l; do if is_cuda "$l"; then echo -n "$l "; fi; done)"
 glibc_needed="$(for b in "${staged[@]}"; do objdump -T "$b"; done | grep -oE 'GLIBC_[0-9.]+' | sort -uV | tail -1)"
 glibcxx_needed="$(for b in "${staged[@]}"; do objdump -T "$b"; done | grep -oE 'GLIBCXX_[0-9.]+' | sort -uV | tail -1)"
@@ -196,15 +202,15 @@ fi
 # ---- manifest ----
 sha="$(sed -n 's/.*return "\(.*\)";.*/\1/p' "$build/git_sha.cpp" 2>/dev/null || true)"
 {
-  echo "actbench device bundle"
+  echo "actbench portable bundle"
   echo "git_sha: ${sha:-unknown}"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
   echo "cuda_architectures: $arch"
   echo "nvcc: $("$nvcc" --version | tail -1)"
   echo "cxx: $(c++ --version | head -1)"
-  echo "glibc_needed: $glibc_needed (the device's glibc must be at least this)"
-  echo "glibcxx_needed: $glibcxx_needed (lib/fallback/cxx has one if the device's libstdc++ is older)"
-  echo "cuda_from_device: $cuda_from_device"
+  echo "glibc_needed: $glibc_needed (the node's glibc must be at least this)"
+  echo "glibcxx_needed: $glibcxx_needed (lib/fallback/cxx has one if the node's libstdc++ is older)"
+  echo "cuda_from_node: $cuda_from_node"
   echo "cmake: -DACTBENCH_ENABLE_MPI=OFF -DCMAKE_CUDA_ARCHITECTURES=$arch -DCMAKE_INSTALL_RPATH=\$ORIGIN/../lib"
   echo "files:"
   (cd "$dir" && find . -type f ! -name MANIFEST.txt | sort | while read -r f; do
@@ -214,12 +220,12 @@ sha="$(sed -n 's/.*return "\(.*\)";.*/\1/p' "$build/git_sha.cpp" 2>/dev/null || 
 bytes="$(du -sb "$dir" | cut -f1)"
 mib=$(( (bytes + 1048575) / 1048576 ))
 echo "  no MPI; every non-CUDA library resolves from $dir/lib; RUNPATH \$ORIGIN/../lib"
-echo "  CUDA libraries taken from the device (toolkit or PyTorch wheels): ${cuda_from_device}libcuda.so.1 (driver)"
+echo "  CUDA libraries taken from the node (toolkit or PyTorch wheels): ${cuda_from_node}libcuda.so.1 (driver)"
 echo "  fallbacks in lib/fallback: $(cd "$dir/lib/fallback" && find . -type f | sed 's|^\./||' | sort | tr '\n' ' ')"
 echo "  cpu-only gtests in bin/cpu_tests.tar.xz: ${cpu_tests[*]}"
 [[ $fail -eq 0 ]] || die "checks failed (above)"
-if (( mib > max_mib )); then die "bundle is ${mib} MiB, over ${max_mib} MiB"; fi
-if (( mib > warn_mib )); then echo "device_bundle: warning: bundle is ${mib} MiB (over ${warn_mib})" >&2; fi
+if (( mib > warn_mib )); then echo "portable_bundle: warning: bundle is ${mib} MiB (over ${warn_mib})" >&2; fi
 echo "== bundle $dir: ${mib} MiB ($bytes bytes), git ${sha:-unknown}"
 du -sh "$dir/bin" "$dir/lib"
-echo "next: run on the device with carry [\"$(realpath --relative-to="$root" "$dir")\"] and command: bash scripts/gpu_session.sh \$OUT"
+echo "next: copy the repository with $(realpath --relative-to="$root" "$dir")/ to the GPU node and run there:"
+echo "  bash scripts/gpu_eval.sh OUTDIR --bin-dir $(realpath --relative-to="$root" "$dir")"
