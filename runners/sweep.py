@@ -499,9 +499,12 @@ class Runner:
 
     def run(self, cmd, env, timeout, keep_fds):
         """(exit status, stderr, timed_out)."""
-        self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      errors="replace", env=env, start_new_session=True,
-                                      preexec_fn=_child_setup(os.getpid()), pass_fds=keep_fds)
+        try:
+            self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          errors="replace", env=env, start_new_session=True,
+                                          preexec_fn=_child_setup(os.getpid()), pass_fds=keep_fds)
+        except (OSError, subprocess.SubprocessError) as e:
+            return 127, f"cannot start {cmd[0]}: {getattr(e, 'strerror', None) or e}", False
         if self.stop is not None:
             self._signal_group(self.stop)
             self.kill_at = time.monotonic() + GRACE_S

@@ -392,6 +392,16 @@ class SweepRuns(unittest.TestCase):
         self.assertIn("divisible", failed[header.index("message")])
         self.assertNotIn("mpirun", failed[header.index("message")])
         self.assertTrue(failed[header.index("command")].startswith(MPIRUN))
+        # Killing the sweep alone ends mpirun and its ranks too.
+        os.unlink(self.csv)
+        proc = subprocess.Popen([sys.executable, SWEEP, plan, "--backend", "cpu", "--launcher", "mpi", "--dtype",
+                                 "fp32", "--iters", "1000000", "--warmup", "0", "--csv", self.csv],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        self.wait_for_point(proc)
+        time.sleep(0.5)  # mpirun has started its ranks
+        proc.kill()
+        proc.wait()
+        self.assert_gone(self.csv, timeout=10)
 
 
 if __name__ == "__main__":
