@@ -681,8 +681,12 @@ def main(argv=None):
         if message is not None and not written:
             failures += 1
             state = "failed"
-            append_row(args.csv, header, failed_row(header, p, args.backend, emulated, "failed", message,
-                                                    shlex.join(cmd)))
+            try:
+                append_row(args.csv, header, failed_row(header, p, args.backend, emulated, "failed", message,
+                                                        shlex.join(cmd)))
+            except OSError as e:
+                print(f"sweep: error: cannot append to {args.csv}: {e.strerror or e}", file=sys.stderr)
+                return 2
         elif message is not None:
             failures += 1
             state = "failed (its row was written)"
