@@ -12,9 +12,10 @@ PLAN is a built-in plan (table4, seqlen, tp, models, longseq, smoke) or a JSON p
      "grid":  {"seq": [1024, 2048, 4096], "config": ["baseline", "selective+sp"]}}
 
 Every combination of the grid's values (with the fixed ones) is one point; a point is one
-layer_run process writing one row. No config means the paper's five; a config given as a list ("baseline,sp" or, in fixed,
-["baseline", "sp"]) is one point per configuration. Keys of a point: model hidden heads seq
-batch tp config attention dtype dropout layers (plus the backend and whether t is emulated);
+layer_run process writing one row. No config means the paper's five; a config given as a
+list ("baseline,sp" or, in fixed, ["baseline", "sp"]) is one point per configuration. Keys
+of a point: model hidden heads seq batch tp config attention dtype dropout layers (plus the
+backend and whether t is emulated);
 a point whose key is already in the CSV is skipped, so a sweep killed at any moment is
 resumed by running it again. Rows are appended whole by layer_run (one write under a lock);
 a point that fails without a row gets a row with status=failed written by this driver, the

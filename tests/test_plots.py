@@ -171,7 +171,8 @@ class MakeAll(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertNotIn("Traceback", p.stderr)
         errors = p.stderr.strip().splitlines()
-        expected = [r"layer_runs\.csv:65: act_bytes_formula is empty", rf"layer_runs\.csv:66: field {header.index('message') + 1} is 300000",
+        expected = [r"layer_runs\.csv:65: act_bytes_formula is empty",
+                    rf"layer_runs\.csv:66: field {header.index('message') + 1} is 300000",
                     r"layer_runs\.csv:67: bytes that are not UTF-8", r"layer_runs\.csv:68: .*glued",
                     r"layer_runs\.csv:69: fwd_ms is 'fast'", r"layer_runs\.csv:70: act_bytes is 1e308, out of range",
                     r"layer_runs\.csv:71: .* half-written",
