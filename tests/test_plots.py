@@ -200,6 +200,22 @@ class MakeAll(unittest.TestCase):
         self.assertIn("layer_runs.csv:68", p.stderr)
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "one", "table4_layer_times.png")))
 
+    def test_a_failing_theory_binary_is_a_problem(self):
+        empty = os.path.join(self.tmp, "empty")
+        os.makedirs(empty)
+        failing = os.path.join(self.tmp, "theory")
+        with open(failing, "w") as f:
+            f.write("#!/bin/sh\necho 'theory: error: cannot read the results' >&2\nexit 2\n")
+        os.chmod(failing, 0o755)
+        env = dict(os.environ)
+        env.pop("ACTBENCH_THEORY", None)
+        p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), empty, os.path.join(self.tmp, "out"),
+                 "--theory-bin", failing], env=env)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertEqual(p.stderr.strip().splitlines(),
+                         [f"make_all: error: {failing} --results {empty} failed: theory: error: cannot read the results"])
+        self.assertIn("skipped: Figure 1", p.stdout)
+
     def test_out_dir_that_is_a_file(self):
         path = os.path.join(self.tmp, "file")
         with open(path, "w") as f:
