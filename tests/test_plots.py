@@ -213,7 +213,8 @@ class MakeAll(unittest.TestCase):
                  "--theory-bin", failing], env=env)
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertEqual(p.stderr.strip().splitlines(),
-                         [f"make_all: error: {failing} --results {empty} failed: theory: error: cannot read the results"])
+                         [f"make_all: error: {failing} --results {empty} failed: "
+                          "theory: error: cannot read the results"])
         self.assertIn("skipped: Figure 1", p.stdout)
 
     def test_out_dir_that_is_a_file(self):
