@@ -127,7 +127,7 @@ def markdown_table(header, rows):
 
 # The columns a layer_run CSV must have for the plots, and the ones only layer_run writes
 # (a CSV holding one of those is meant to be a layer_run CSV, so a missing column is an error).
-LAYER_RUN_MARKERS = {"status", "act_bytes_formula", "peak_allocated_bytes"}
+LAYER_RUN_MARKERS = {"act_bytes_formula", "act_extra_bytes", "fwd_retained_bytes"}
 CUPTI_MARKERS = {"phase", "gpu_ms"}
 # Columns that are numbers in every layer_run row that has them, and the ones an ok row must fill.
 SHAPE_COLUMNS = ["hidden", "heads", "seq", "batch", "tp"]
@@ -191,12 +191,22 @@ def num(v):
 
 def layer_run_row_problem(r):
     for c, v in r.items():
-        if not c.startswith("_") and v != "" and is_number_column(c) and num(v) is None:
+        if c.startswith("_") or v == "" or not is_number_column(c):
+            continue
+        x = num(v)
+        if x is None:
             return f"{c} is '{v[:40]}', not a finite number"
+        if x < 0 or x > 2.0 ** 63:  # times, bytes and sizes: none is negative or past 64 bits
+            return f"{c} is {v[:40]}, out of range"
+        if c in SHAPE_COLUMNS and (x < 1 or not x.is_integer()):
+            return f"{c} is {v[:40]}, not a positive integer"
     if r.get("status") == "ok":
         for c in OK_ROW_NEEDS:
             if num(r.get(c)) is None:
                 return f"{c} is empty in a status=ok row"
+        for c in ("act_bytes", "act_bytes_formula"):
+            if num(r.get(c)) == 0:  # a layer always saves its input at least
+                return f"{c} is 0 in a status=ok row"
     return None
 
 
@@ -217,7 +227,10 @@ def classify(path, header):
         return "layer_run"
     if CUPTI_COLUMNS <= cols and not cols & LAYER_RUN_MARKERS:
         return "cupti"
-    for kind, needed, markers, most in (("layer_run", LAYER_RUN_COLUMNS, LAYER_RUN_MARKERS, 12),
+    if "peer" in cols:  # bench/peers/ CSVs (PyTorch): read by their own tables, not by these plots
+        INPUTS.ignored.append(f"{os.path.basename(path)} (a peer's CSV)")
+        return None
+    for kind, needed, markers, most in (("layer_run", LAYER_RUN_COLUMNS, LAYER_RUN_MARKERS, 13),
                                         ("CUPTI", CUPTI_COLUMNS, CUPTI_MARKERS, 3)):
         if cols & markers or len(cols & needed) >= most:
             missing = ", ".join(sorted(needed - cols))

@@ -12,9 +12,10 @@ PLAN is a built-in plan (table4, seqlen, tp, models, longseq, smoke) or a JSON p
      "grid":  {"seq": [1024, 2048, 4096], "config": ["baseline", "selective+sp"]}}
 
 Every combination of the grid's values (with the fixed ones) is one point; a point is one
-layer_run process writing one row. No config means the paper's five; a config given as a list ("baseline,sp" or, in fixed,
-["baseline", "sp"]) is one point per configuration. Keys of a point: model hidden heads seq
-batch tp config attention dtype dropout layers (plus the backend and whether t is emulated);
+layer_run process writing one row. No config means the paper's five; a config given as a
+list ("baseline,sp" or, in fixed, ["baseline", "sp"]) is one point per configuration. Keys
+of a point: model hidden heads seq batch tp config attention dtype dropout layers (plus the
+backend and whether t is emulated);
 a point whose key is already in the CSV is skipped, so a sweep killed at any moment is
 resumed by running it again. Rows are appended whole by layer_run (one write under a lock);
 a point that fails without a row gets a row with status=failed written by this driver, the
@@ -499,9 +500,12 @@ class Runner:
 
     def run(self, cmd, env, timeout, keep_fds):
         """(exit status, stderr, timed_out)."""
-        self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      errors="replace", env=env, start_new_session=True,
-                                      preexec_fn=_child_setup(os.getpid()), pass_fds=keep_fds)
+        try:
+            self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          errors="replace", env=env, start_new_session=True,
+                                          preexec_fn=_child_setup(os.getpid()), pass_fds=keep_fds)
+        except (OSError, subprocess.SubprocessError) as e:
+            return 127, f"cannot start {cmd[0]}: {getattr(e, 'strerror', None) or e}", False
         if self.stop is not None:
             self._signal_group(self.stop)
             self.kill_at = time.monotonic() + GRACE_S
@@ -678,8 +682,12 @@ def main(argv=None):
         if message is not None and not written:
             failures += 1
             state = "failed"
-            append_row(args.csv, header, failed_row(header, p, args.backend, emulated, "failed", message,
-                                                    shlex.join(cmd)))
+            try:
+                append_row(args.csv, header, failed_row(header, p, args.backend, emulated, "failed", message,
+                                                        shlex.join(cmd)))
+            except OSError as e:
+                print(f"sweep: error: cannot append to {args.csv}: {e.strerror or e}", file=sys.stderr)
+                return 2
         elif message is not None:
             failures += 1
             state = "failed (its row was written)"

@@ -145,10 +145,13 @@ class MakeAll(unittest.TestCase):
                 with_value("hostname", "host") .replace(b"host", b"h\xffst"),  # line 67: not UTF-8
                 lines[2].rstrip(b"\r\n") + lines[3],                      # line 68: two rows glued
                 with_value("fwd_ms", "fast"),                              # line 69: not a number
-                lines[4][:50]]                                             # line 70: half-written
+                with_value("act_bytes", "1e308"),                          # line 70: past 64 bits
+                lines[4][:50]]                                             # line 71: half-written
         with open(os.path.join(bad, "layer_runs.csv"), "ab") as f:
             f.write(b"".join(tail))
-        # A layer_run CSV without a required column, and a CUPTI one with a bad gpu_ms.
+        # A layer_run CSV without a required column, a CUPTI one with a bad gpu_ms, a peer's CSV.
+        with open(os.path.join(bad, "torch_peer.csv"), "w") as f:
+            f.write("peer,device,model,hidden,heads,seq,batch,tp,config,dtype,fwd_ms,bwd_ms,status\n")
         drop = header.index("act_bytes_formula")
         with open(os.path.join(bad, "old.csv"), "w") as f:
             for line in lines[:3]:
@@ -169,9 +172,11 @@ class MakeAll(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertNotIn("Traceback", p.stderr)
         errors = p.stderr.strip().splitlines()
-        expected = [r"layer_runs\.csv:65: act_bytes_formula is empty", rf"layer_runs\.csv:66: field {header.index('message') + 1} is 300000",
+        expected = [r"layer_runs\.csv:65: act_bytes_formula is empty",
+                    rf"layer_runs\.csv:66: field {header.index('message') + 1} is 300000",
                     r"layer_runs\.csv:67: bytes that are not UTF-8", r"layer_runs\.csv:68: .*glued",
-                    r"layer_runs\.csv:69: fwd_ms is 'fast'", r"layer_runs\.csv:70: .* half-written",
+                    r"layer_runs\.csv:69: fwd_ms is 'fast'", r"layer_runs\.csv:70: act_bytes is 1e308, out of range",
+                    r"layer_runs\.csv:71: .* half-written",
                     r"old\.csv: a layer_run CSV without the required column\(s\) act_bytes_formula",
                     r"cupti_bad\.csv:2: gpu_ms is 'abc'", r"Figure 1 .*cannot write .*fig1_memory\.png: is a folder"]
         for pattern in expected:
@@ -183,6 +188,7 @@ class MakeAll(unittest.TestCase):
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
         self.assertIn("8 made, 0 skipped, 1 failed", p.stdout)
         self.assertIn("ignored: notes.csv", p.stdout)
+        self.assertIn("ignored: torch_peer.csv (a peer's CSV)", p.stdout)
         for name in ALL_FIGURES[1:]:
             self.assertTrue(os.path.exists(os.path.join(out, name + ".png")), name)
         with open(os.path.join(out, "index.md")) as f:
@@ -194,6 +200,23 @@ class MakeAll(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("layer_runs.csv:68", p.stderr)
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "one", "table4_layer_times.png")))
+
+    def test_a_failing_theory_binary_is_a_problem(self):
+        empty = os.path.join(self.tmp, "empty")
+        os.makedirs(empty)
+        failing = os.path.join(self.tmp, "theory")
+        with open(failing, "w") as f:
+            f.write("#!/bin/sh\necho 'theory: error: cannot read the results' >&2\nexit 2\n")
+        os.chmod(failing, 0o755)
+        env = dict(os.environ)
+        env.pop("ACTBENCH_THEORY", None)
+        p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), empty, os.path.join(self.tmp, "out"),
+                 "--theory-bin", failing], env=env)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertEqual(p.stderr.strip().splitlines(),
+                         [f"make_all: error: {failing} --results {empty} failed: "
+                          "theory: error: cannot read the results"])
+        self.assertIn("skipped: Figure 1", p.stdout)
 
     def test_out_dir_that_is_a_file(self):
         path = os.path.join(self.tmp, "file")

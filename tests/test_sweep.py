@@ -132,6 +132,40 @@ class PlanExpansion(unittest.TestCase):
         self.assertEqual(sweep.error_line("", 7), "exit status 7")
 
 
+class ResultsCsvReader(unittest.TestCase):
+    """runners/results_csv.py, shared by the sweep and the plots: every line a row or a named problem."""
+
+    def read(self, data):
+        fd, path = tempfile.mkstemp(suffix=".csv")
+        try:
+            os.write(fd, data)
+            os.close(fd)
+            return results_csv.read(path)
+        finally:
+            os.unlink(path)
+
+    def test_each_line_is_a_row_or_a_named_problem(self):
+        header, rows, problems = self.read(
+            b'a,b,c\r\n1,2,3\r\n1,"x\ny",3\n1,2\n\n1,2,31,2,3\n1,"open,3\n4,5,6\n\x00\x00\n7,"8"9,9\n1,2,\xff\n7,8,9')
+        self.assertEqual(header, ["a", "b", "c"])
+        # A quoted field may hold a line end; an open quote never swallows the rows after it.
+        self.assertEqual(rows, [(2, ["1", "2", "3"]), (3, ["1", "x\ny", "3"]), (9, ["4", "5", "6"]),
+                                (13, ["7", "8", "9"])])
+        why = dict(problems)
+        self.assertEqual(sorted(why), [5, 7, 8, 10, 11, 12])
+        self.assertIn("half-written", why[5])
+        self.assertIn("glued", why[7])
+        self.assertIn("never closed", why[8])
+        self.assertIn("NUL", why[10])
+        self.assertIn("glued", why[11])
+        self.assertIn("not UTF-8", why[12])
+
+    def test_unusable_files(self):
+        for data in (b"", b"\n\n", b"a,\xff\n1,2\n", b"a,a\n1,2\n", b'a,"b\n'):
+            with self.assertRaises(results_csv.BadFile, msg=data):
+                self.read(data)
+
+
 class SweepRuns(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="actbench_sweep_")
@@ -392,6 +426,16 @@ class SweepRuns(unittest.TestCase):
         self.assertIn("divisible", failed[header.index("message")])
         self.assertNotIn("mpirun", failed[header.index("message")])
         self.assertTrue(failed[header.index("command")].startswith(MPIRUN))
+        # Killing the sweep alone ends mpirun and its ranks too.
+        os.unlink(self.csv)
+        proc = subprocess.Popen([sys.executable, SWEEP, plan, "--backend", "cpu", "--launcher", "mpi", "--dtype",
+                                 "fp32", "--iters", "1000000", "--warmup", "0", "--csv", self.csv],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        self.wait_for_point(proc)
+        time.sleep(0.5)  # mpirun has started its ranks
+        proc.kill()
+        proc.wait()
+        self.assert_gone(self.csv, timeout=10)
 
 
 if __name__ == "__main__":
