@@ -563,7 +563,6 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     spec.link_gbps = o.link_gbps;
     spec.profiler = profiler.get();
     const GpuState state_start = be->gpu_state();
-    const GpuState state_start = be->gpu_state();
     ExperimentResult r = run_experiment(*be, *comm, spec);
     const GpuState state_end = be->gpu_state();
     verdicts.same_status(r);

@@ -329,14 +329,24 @@ class SweepRuns(unittest.TestCase):
             self.assertFalse(os.path.exists(self.csv))
             proc = subprocess.Popen([sys.executable, SWEEP, plan, "--csv", self.csv], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True)
-            time.sleep(1.0)
+            # The lock is held until the sweep says it waits (however long a loaded machine takes
+            # to get it there), so the sweep cannot find it free.
+            said = []
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                line = proc.stderr.readline()
+                if not line:
+                    break
+                said.append(line)
+                if "waiting for it to end" in line:
+                    break
+            self.assertIn("waiting for it to end", "".join(said))
             self.assertIsNone(proc.poll(), "the sweep did not wait")
             self.assertFalse(os.path.exists(self.csv))
         finally:
             os.close(fd)
         _, err = proc.communicate(timeout=120)
-        self.assertEqual(proc.returncode, 0, err)
-        self.assertIn("waiting for it to end", err)
+        self.assertEqual(proc.returncode, 0, "".join(said) + err)
         self.assert_each_point_once(2)
 
     def test_two_sweeps_of_one_plan_run_each_point_once(self):
