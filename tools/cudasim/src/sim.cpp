@@ -1,8 +1,9 @@
-// The simulator's execution engine: each CUDA thread of a block is a fiber with its own
-// mmap'd stack (guard page below); a fiber runs until it reaches a barrier, a warp
-// collective or its end, then the scheduler picks the next runnable one. Blocks run one
-// after another. Context switches are a few instructions of x86-64 assembly (callee-saved
-// registers, MXCSR and the x87 control word): ucontext would make a system call per switch.
+// The simulator's execution engine: each CUDA thread of a block is a fiber with
+// its own mmap'd stack (guard page below); a fiber runs until it reaches a
+// barrier, a warp collective or its end, then the scheduler picks the next
+// runnable one. Blocks run one after another. Context switches are a few
+// instructions of x86-64 assembly (callee-saved registers, MXCSR and the x87
+// control word): ucontext would make a system call per switch.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -27,9 +28,10 @@
 #error "cudasim's fibers are written for x86-64"
 #endif
 
-// void cudasim_switch(void** save_sp, void* next_sp): saves this context's stack pointer
-// to *save_sp and continues the one whose stack pointer is next_sp.
-// cudasim_fiber_start: first code of a fresh fiber; calls r13(r12) (which never returns).
+// void cudasim_switch(void** save_sp, void* next_sp): saves this context's
+// stack pointer to *save_sp and continues the one whose stack pointer is
+// next_sp. cudasim_fiber_start: first code of a fresh fiber; calls r13(r12)
+// (which never returns).
 asm(R"(
   .text
   .globl cudasim_switch
@@ -69,7 +71,8 @@ cudasim_fiber_start:
 extern "C" void cudasim_switch(void** save_sp, void* next_sp);
 extern "C" void cudasim_fiber_start();
 
-// Static __shared__ variables (cudasim.h puts them in this section; absent when no kernel has any).
+// Static __shared__ variables (cudasim.h puts them in this section; absent when
+// no kernel has any).
 extern "C" char __start_cudasim_shared[] __attribute__((weak));
 extern "C" char __stop_cudasim_shared[] __attribute__((weak));
 
@@ -94,7 +97,8 @@ constexpr size_t kStackBytes = 256 * 1024;
 constexpr size_t kStackBytes = 64 * 1024;
 #endif
 
-// ---- settings -------------------------------------------------------------------------------
+// ---- settings
+// -------------------------------------------------------------------------------
 
 const DeviceLimits kLimits[] = {
     // name, cc, SMs, 48 KiB default, opt-in per block, per SM, memory
@@ -110,23 +114,34 @@ struct Settings {
   Settings() {
     if (const char* d = std::getenv("CUDASIM_DEVICE")) {
       const std::string s = d;
-      if (s == "h100") device = DeviceModel::h100;
-      else if (s == "a100") device = DeviceModel::a100;
-      else if (s == "sm86") device = DeviceModel::sm86;
+      if (s == "h100")
+        device = DeviceModel::h100;
+      else if (s == "a100")
+        device = DeviceModel::a100;
+      else if (s == "sm86")
+        device = DeviceModel::sm86;
       else {
-        std::fprintf(stderr, "cudasim: error: CUDASIM_DEVICE=%s is not one of h100, a100, sm86\n", d);
+        std::fprintf(stderr,
+                     "cudasim: error: CUDASIM_DEVICE=%s is not one of h100, "
+                     "a100, sm86\n",
+                     d);
         std::exit(2);
       }
     }
     if (const char* s = std::getenv("CUDASIM_SCHEDULE")) {
       const std::string v = s;
-      if (v == "rr") schedule = Schedule::round_robin;
-      else if (v == "greedy") schedule = Schedule::greedy;
+      if (v == "rr")
+        schedule = Schedule::round_robin;
+      else if (v == "greedy")
+        schedule = Schedule::greedy;
       else if (v.rfind("random", 0) == 0) {
         schedule = Schedule::random;
         if (v.size() > 7 && v[6] == ':') seed = std::strtoull(v.c_str() + 7, nullptr, 10);
       } else {
-        std::fprintf(stderr, "cudasim: error: CUDASIM_SCHEDULE=%s is not one of rr, greedy, random[:seed]\n", s);
+        std::fprintf(stderr,
+                     "cudasim: error: CUDASIM_SCHEDULE=%s is not one of rr, "
+                     "greedy, random[:seed]\n",
+                     s);
         std::exit(2);
       }
     }
@@ -153,15 +168,16 @@ std::map<const void*, int>& kernel_smem() {
   return m;
 }
 
-// ---- fibers ---------------------------------------------------------------------------------
+// ---- fibers
+// ---------------------------------------------------------------------------------
 
 struct StackPool {
   std::vector<char*> stacks;  // lowest usable byte of each; a PROT_NONE guard page below
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   char* get(size_t i) {
     while (stacks.size() <= i) {
-      void* m = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
+      void* m =
+          mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (m == MAP_FAILED) {
         std::perror("cudasim: mmap of a fiber stack");
         std::abort();
@@ -206,7 +222,8 @@ extern "C" void cudasim_fiber_main(void* arg) {
   fiber_exit(t);
 }
 
-// From a fiber back to the scheduler (the fiber continues here when picked again).
+// From a fiber back to the scheduler (the fiber continues here when picked
+// again).
 void yield(Thread* t, bool dying = false) {
 #if defined(CUDASIM_ASAN)
   __sanitizer_start_switch_fiber(dying ? nullptr : &t->fake_stack, g_block.sched_bottom, g_block.sched_size);
@@ -235,14 +252,17 @@ void init_fiber(Thread& t, char* stack) {
   t.stack = stack;
   char* top = stack + kStackBytes;
 #if defined(CUDASIM_ASAN)
-  // A fiber that ran to its end leaves only its first frame poisoned; an aborted one, any.
-  if (g_block.stacks_dirty) __asan_unpoison_memory_region(stack, kStackBytes);
-  else __asan_unpoison_memory_region(top - 8192, 8192);
+  // A fiber that ran to its end leaves only its first frame poisoned; an
+  // aborted one, any.
+  if (g_block.stacks_dirty)
+    __asan_unpoison_memory_region(stack, kStackBytes);
+  else
+    __asan_unpoison_memory_region(top - 8192, 8192);
 #endif
   uint64_t* sp = reinterpret_cast<uint64_t*>(top - 16 - 64);
-  sp[0] = 0x1F80ull | (0x037Full << 32);  // MXCSR default, x87 control word default
-  sp[1] = 0;                               // r15
-  sp[2] = 0;                               // r14
+  sp[0] = 0x1F80ull | (0x037Full << 32);                    // MXCSR default, x87 control word default
+  sp[1] = 0;                                                // r15
+  sp[2] = 0;                                                // r14
   sp[3] = reinterpret_cast<uint64_t>(&cudasim_fiber_main);  // r13
   sp[4] = reinterpret_cast<uint64_t>(&t);                   // r12
   sp[5] = 0;                                                // rbx
@@ -255,25 +275,38 @@ std::string site(const char* file, int line) { return std::string(file ? file : 
 
 const char* op_name(detail::WarpOp op) {
   switch (op) {
-    case detail::WarpOp::shfl: return "__shfl_sync";
-    case detail::WarpOp::shfl_up: return "__shfl_up_sync";
-    case detail::WarpOp::shfl_down: return "__shfl_down_sync";
-    case detail::WarpOp::shfl_xor: return "__shfl_xor_sync";
-    case detail::WarpOp::ballot: return "__ballot_sync";
-    case detail::WarpOp::any: return "__any_sync";
-    case detail::WarpOp::all: return "__all_sync";
-    case detail::WarpOp::syncwarp: return "__syncwarp";
-    case detail::WarpOp::activemask: return "__activemask";
+    case detail::WarpOp::shfl:
+      return "__shfl_sync";
+    case detail::WarpOp::shfl_up:
+      return "__shfl_up_sync";
+    case detail::WarpOp::shfl_down:
+      return "__shfl_down_sync";
+    case detail::WarpOp::shfl_xor:
+      return "__shfl_xor_sync";
+    case detail::WarpOp::ballot:
+      return "__ballot_sync";
+    case detail::WarpOp::any:
+      return "__any_sync";
+    case detail::WarpOp::all:
+      return "__all_sync";
+    case detail::WarpOp::syncwarp:
+      return "__syncwarp";
+    case detail::WarpOp::activemask:
+      return "__activemask";
   }
   return "?";
 }
 
 std::string where(const Thread& t) {
   switch (t.state) {
-    case State::runnable: return "is running";
-    case State::exited: return "has exited";
-    case State::barrier: return "waits at __syncthreads " + site(t.file, t.line);
-    case State::warp: return "waits at " + std::string(op_name(t.op)) + " " + site(t.file, t.line);
+    case State::runnable:
+      return "is running";
+    case State::exited:
+      return "has exited";
+    case State::barrier:
+      return "waits at __syncthreads " + site(t.file, t.line);
+    case State::warp:
+      return "waits at " + std::string(op_name(t.op)) + " " + site(t.file, t.line);
   }
   return "?";
 }
@@ -288,9 +321,10 @@ std::string kernel_header() {
   return std::string(running.kernel) + " launched at " + site(running.file, running.line) + ", block " + block_name();
 }
 
-// Reports, stops the block (its fibers are abandoned) and returns to the scheduler.
-[[noreturn]] void abort_block(Thread* t, const std::string& kind, const std::string& msg) {
-  add_report(kind, msg);
+// Stops the block (its fibers are abandoned) and returns to the scheduler.
+// Callers make the report first, in a statement of its own, so that no string
+// is left alive on the abandoned stack.
+[[noreturn]] void abort_block(Thread* t) {
   g_block.aborted = true;
   g_block.stacks_dirty = true;
   for (;;) yield(t);
@@ -305,15 +339,16 @@ void release_barrier_if_complete() {
   int sites = 0;
   for (Thread& t : b.threads) {
     if (t.state != State::barrier) continue;
-    if (!first) first = &t;
+    if (!first)
+      first = &t;
     else if (t.line != first->line || std::strcmp(t.file, first->file) != 0) {
       if (sites++ < 3) diverged += "\n  thread " + thread_name(t) + " waits at __syncthreads " + site(t.file, t.line);
     }
   }
   if (sites > 0) {
-    add_report("divergence", "barrier divergence in " + kernel_header() + ": threads wait at different __syncthreads\n  thread " +
-                                 thread_name(*first) + " waits at __syncthreads " + site(first->file, first->line) +
-                                 diverged);
+    add_report("divergence", "barrier divergence in " + kernel_header() +
+                                 ": threads wait at different __syncthreads\n  thread " + thread_name(*first) +
+                                 " waits at __syncthreads " + site(first->file, first->line) + diverged);
     b.aborted = true;
     b.stacks_dirty = true;
     return;
@@ -333,14 +368,15 @@ void release_barrier_if_complete() {
   Warp& w = b.warps[t->warp];
   const unsigned bit = 1u << t->lane;
   w.live &= ~bit;
-  // A lane that leaves while others of its warp wait for it at a collective: they never complete.
+  // A lane that leaves while others of its warp wait for it at a collective:
+  // they never complete.
   for (int l = 0; l < 32; ++l) {
     if (!(w.exists & (1u << l))) continue;
     Thread& o = b.threads[t->warp * 32 + l];
     if (o.state == State::warp && (o.mask & bit) && o.op != detail::WarpOp::activemask) {
-      add_report("warp", "warp collective with an exited lane in " + kernel_header() + ":\n  thread " +
-                             thread_name(o) + " waits at " + op_name(o.op) + " " + site(o.file, o.line) + " (mask " +
-                             hex(o.mask) + ") for lane " + std::to_string(t->lane) + ", thread " + thread_name(*t) +
+      add_report("warp", "warp collective with an exited lane in " + kernel_header() + ":\n  thread " + thread_name(o) +
+                             " waits at " + op_name(o.op) + " " + site(o.file, o.line) + " (mask " + hex(o.mask) +
+                             ") for lane " + std::to_string(t->lane) + ", thread " + thread_name(*t) +
                              ", which has exited");
       b.aborted = true;
       b.stacks_dirty = true;
@@ -448,9 +484,11 @@ bool run_block(uint64_t linear) {
   for (size_t i = 0; i < n; ++i) init_fiber(b.threads[i], stack_pool().get(i));
   if (dirty) b.stacks_dirty = false;
 
-  // Shared memory starts as NaN in every block: an element read before any thread wrote it shows.
+  // Shared memory starts as NaN in every block: an element read before any
+  // thread wrote it shows.
   if (+__start_cudasim_shared && +__stop_cudasim_shared > +__start_cudasim_shared)
-    std::memset(__start_cudasim_shared, kPoisonByte, static_cast<size_t>(__stop_cudasim_shared - __start_cudasim_shared));
+    std::memset(__start_cudasim_shared, kPoisonByte,
+                static_cast<size_t>(__stop_cudasim_shared - __start_cudasim_shared));
   const size_t dyn = running.dynamic_hi - running.dynamic_lo;
   std::memset(g_dynamic.data(), kPoisonByte, dyn);
 #if defined(CUDASIM_RACE)
@@ -471,6 +509,9 @@ bool run_block(uint64_t linear) {
     b.stacks_dirty = true;
   }
   // Writes past the end of dynamic shared memory.
+#if defined(CUDASIM_ASAN)
+  __asan_unpoison_memory_region(g_dynamic.data() + dyn, g_dynamic.size() - dyn);
+#endif
   for (size_t i = dyn; i < g_dynamic.size(); ++i) {
     if (g_dynamic[i] != kCanaryByte) {
       add_report("canary", "dynamic shared memory overrun in " + kernel_header() + ": byte " + std::to_string(i - dyn) +
@@ -480,12 +521,16 @@ bool run_block(uint64_t linear) {
       break;
     }
   }
+#if defined(CUDASIM_ASAN)
+  __asan_poison_memory_region(g_dynamic.data() + dyn, g_dynamic.size() - dyn);
+#endif
   return !b.aborted;
 }
 
 }  // namespace
 
-// ---- device-side entry points ------------------------------------------------------------------
+// ---- device-side entry points
+// ------------------------------------------------------------------
 
 namespace detail {
 
@@ -497,7 +542,8 @@ void syncthreads(const char* file, int line) {
   t->pred = 0;
   ++g_block.at_barrier;
   release_barrier_if_complete();
-  if (g_block.aborted) for (;;) yield(t);
+  if (g_block.aborted)
+    for (;;) yield(t);
   if (t->state == State::barrier) yield(t);
 }
 
@@ -517,7 +563,8 @@ int syncthreads_count(int pred, const char* file, int line) {
     last_count = c;
   }
   release_barrier_if_complete();
-  if (g_block.aborted) for (;;) yield(t);
+  if (g_block.aborted)
+    for (;;) yield(t);
   if (t->state == State::barrier) yield(t);
   return last_count;
 }
@@ -528,23 +575,30 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   Warp& w = b.warps[t->warp];
   const unsigned bit = 1u << t->lane;
   if (op == WarpOp::activemask) return w.live;
-  const std::string here = std::string(op_name(op)) + " " + site(file, line);
-  if (!(mask & bit))
-    abort_block(t, "warp", "bad warp collective in " + kernel_header() + ": thread " + thread_name(*t) + " calls " +
-                               here + " with mask " + hex(mask) + ", which does not name its own lane " +
-                               std::to_string(t->lane));
+  auto here = [&] { return std::string(op_name(op)) + " " + site(file, line); };
+  if (!(mask & bit)) {
+    add_report("warp", "bad warp collective in " + kernel_header() + ": thread " + thread_name(*t) + " calls " +
+                           here() + " with mask " + hex(mask) + ", which does not name its own lane " +
+                           std::to_string(t->lane));
+    abort_block(t);
+  }
   if ((op == WarpOp::shfl || op == WarpOp::shfl_up || op == WarpOp::shfl_down || op == WarpOp::shfl_xor) &&
-      (width < 1 || width > 32 || (width & (width - 1)) != 0))
-    abort_block(t, "warp", "bad warp collective in " + kernel_header() + ": thread " + thread_name(*t) + " calls " +
-                               here + " with width " + std::to_string(width) + " (a power of two <= 32 is required)");
+      (width < 1 || width > 32 || (width & (width - 1)) != 0)) {
+    add_report("warp", "bad warp collective in " + kernel_header() + ": thread " + thread_name(*t) + " calls " +
+                           here() + " with width " + std::to_string(width) + " (a power of two <= 32 is required)");
+    abort_block(t);
+  }
   const unsigned gone = mask & ~w.live;
   if (gone) {
     int l = __builtin_ctz(gone);
     const bool exists = w.exists & (1u << l);
-    abort_block(t, "warp", "warp collective with an exited lane in " + kernel_header() + ": thread " + thread_name(*t) +
-                               " calls " + here + " with mask " + hex(mask) + ", but lane " + std::to_string(l) +
-                               (exists ? " (thread " + thread_name(b.threads[t->warp * 32 + l]) + ") has exited"
-                                       : " does not exist (the block ends before it)"));
+    {
+      add_report("warp", "warp collective with an exited lane in " + kernel_header() + ": thread " + thread_name(*t) +
+                             " calls " + here() + " with mask " + hex(mask) + ", but lane " + std::to_string(l) +
+                             (exists ? " (thread " + thread_name(b.threads[t->warp * 32 + l]) + ") has exited"
+                                     : " does not exist (the block ends before it)"));
+      abort_block(t);
+    }
   }
   t->state = State::warp;
   t->op = op;
@@ -557,15 +611,18 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   w.arrived |= bit;
 
   if ((w.arrived & mask) == mask) {
-    // Everyone named has arrived: same collective and mask, or the warp has diverged.
+    // Everyone named has arrived: same collective and mask, or the warp has
+    // diverged.
     for (int l = 0; l < 32; ++l) {
       if (!(mask & (1u << l))) continue;
       Thread& o = b.threads[t->warp * 32 + l];
-      if (o.op != op || o.mask != mask)
-        abort_block(t, "divergence", "warp divergence in " + kernel_header() + ":\n  thread " + thread_name(*t) +
-                                         " calls " + here + " with mask " + hex(mask) + "\n  thread " +
-                                         thread_name(o) + " calls " + op_name(o.op) + " " + site(o.file, o.line) +
-                                         " with mask " + hex(o.mask));
+      if (o.op != op || o.mask != mask) {
+        add_report("divergence", "warp divergence in " + kernel_header() + ":\n  thread " + thread_name(*t) +
+                                     " calls " + here() + " with mask " + hex(mask) + "\n  thread " + thread_name(o) +
+                                     " calls " + op_name(o.op) + " " + site(o.file, o.line) + " with mask " +
+                                     hex(o.mask));
+        abort_block(t);
+      }
     }
     uint64_t vote = 0;
     for (int l = 0; l < 32; ++l)
@@ -577,25 +634,40 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
       int src = l;
       const int wd = o.width, seg = l / wd * wd;
       switch (op) {
-        case WarpOp::shfl: src = seg + (((o.arg % wd) + wd) % wd); break;
-        case WarpOp::shfl_up: src = (l - seg) >= o.arg ? l - o.arg : l; break;
-        case WarpOp::shfl_down: src = (l - seg) + o.arg < wd ? l + o.arg : l; break;
+        case WarpOp::shfl:
+          src = seg + (((o.arg % wd) + wd) % wd);
+          break;
+        case WarpOp::shfl_up:
+          src = (l - seg) >= o.arg ? l - o.arg : l;
+          break;
+        case WarpOp::shfl_down:
+          src = (l - seg) + o.arg < wd ? l + o.arg : l;
+          break;
         case WarpOp::shfl_xor: {
           const int j = l ^ o.arg;
           src = (j >= 32 || j >= seg + wd) ? l : j;  // a later segment: the lane keeps its own value
           break;
         }
-        default: break;
+        default:
+          break;
       }
       switch (op) {
-        case WarpOp::ballot: o.result = vote; break;
-        case WarpOp::any: o.result = vote != 0; break;
-        case WarpOp::all: o.result = vote == mask; break;
-        case WarpOp::syncwarp: o.result = 0; break;
+        case WarpOp::ballot:
+          o.result = vote;
+          break;
+        case WarpOp::any:
+          o.result = vote != 0;
+          break;
+        case WarpOp::all:
+          o.result = vote == mask;
+          break;
+        case WarpOp::syncwarp:
+          o.result = 0;
+          break;
         default:
           if (src < 0 || src >= 32 || !(mask & (1u << src))) {
             if (bad_read.empty())
-              bad_read = "thread " + thread_name(o) + " at " + here + " (mask " + hex(mask) + ") reads lane " +
+              bad_read = "thread " + thread_name(o) + " at " + here() + " (mask " + hex(mask) + ") reads lane " +
                          std::to_string(src) + ", which is not in the mask";
             o.result = ~0ull;
           } else {
@@ -608,14 +680,19 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
     w.arrived &= ~mask;
     if ((mask & w.live) == w.live) ++w.sync_epoch;
     ++g_stats.warp_collectives;
-    if (!bad_read.empty()) abort_block(t, "warp", "undefined shuffle in " + kernel_header() + ": " + bad_read);
+    if (!bad_read.empty()) {
+      add_report("warp", "undefined shuffle in " + kernel_header() + ": " + bad_read);
+      bad_read.clear();
+      bad_read.shrink_to_fit();  // nothing left on the heap from the abandoned stack
+      abort_block(t);
+    }
   }
   if (t->state == State::warp) yield(t);
   return t->result;
 }
 
-void launch(const void* kernel, const char* kernel_name, const char* file, int line, dim3 grid, dim3 block,
-            size_t smem, cudaStream_t stream, void (*thunk)(void*), void* ctx) {
+void launch(const void* kernel, const char* kernel_name, const char* file, int line, dim3 grid, dim3 block, size_t smem,
+            cudaStream_t stream, void (*thunk)(void*), void* ctx) {
   ++g_launches;
   g_stats = LaunchStats{};
   if (current) {
@@ -696,7 +773,8 @@ void launch(const void* kernel, const char* kernel_name, const char* file, int l
 
 void* dynamic_shared() { return reinterpret_cast<void*>(running.dynamic_lo); }
 
-// ---- internal helpers ---------------------------------------------------------------------------
+// ---- internal helpers
+// ---------------------------------------------------------------------------
 
 namespace internal {
 
@@ -734,7 +812,8 @@ cudaError_t set_kernel_max_dynamic_smem(const void* kernel, int bytes) {
 
 }  // namespace internal
 
-// ---- public controls ----------------------------------------------------------------------------
+// ---- public controls
+// ----------------------------------------------------------------------------
 
 const DeviceLimits& device_limits() { return kLimits[static_cast<int>(settings().device)]; }
 void set_device(DeviceModel model) {
@@ -744,9 +823,12 @@ void set_device(DeviceModel model) {
 DeviceModel device() { return settings().device; }
 const char* device_name(DeviceModel model) {
   switch (model) {
-    case DeviceModel::h100: return "h100";
-    case DeviceModel::a100: return "a100";
-    case DeviceModel::sm86: return "sm86";
+    case DeviceModel::h100:
+      return "h100";
+    case DeviceModel::a100:
+      return "a100";
+    case DeviceModel::sm86:
+      return "sm86";
   }
   return "?";
 }
@@ -757,9 +839,12 @@ void set_schedule(Schedule s, uint64_t seed) {
 Schedule schedule() { return settings().schedule; }
 const char* schedule_name(Schedule s) {
   switch (s) {
-    case Schedule::round_robin: return "rr";
-    case Schedule::greedy: return "greedy";
-    case Schedule::random: return "random";
+    case Schedule::round_robin:
+      return "rr";
+    case Schedule::greedy:
+      return "greedy";
+    case Schedule::random:
+      return "random";
   }
   return "?";
 }
