@@ -18,10 +18,7 @@ using namespace cudasim_tests;
 
 namespace {
 
-bool asan_variant() {
-  const char* v = std::getenv("CUDASIM_VARIANT");
-  return v && std::string(v) == "asan";
-}
+bool asan_variant() { return std::string(CUDASIM_TEST_VARIANT) == "asan"; }
 
 template <class T>
 struct Dev {
@@ -277,6 +274,7 @@ TEST_F(Core, PlantedMissingBoundsGuard) {
   if (asan_variant()) {
     // AddressSanitizer stops the process at the first out-of-bounds read (device buffers'
     // canaries are poisoned for it).
+    GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: no fibers inherited
     EXPECT_DEATH(scale(d_out.p, d_in.p, n, 1), "AddressSanitizer");
     return;
   }
