@@ -4,6 +4,7 @@
 // runnable one. Blocks run one after another. Context switches are a few
 // instructions of x86-64 assembly (callee-saved registers, MXCSR and the x87
 // control word): ucontext would make a system call per switch.
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -192,6 +193,49 @@ StackPool& stack_pool() {
   static StackPool p;
   return p;
 }
+
+#if !defined(CUDASIM_ASAN)
+// A simulated thread that overflows its fiber stack hits the guard page below it: say so (with
+// the kernel and thread) instead of dying of a bare SIGSEGV. ASan builds have ASan's handler.
+char g_signal_stack[64 * 1024];
+struct sigaction g_previous_segv;
+void on_segv(int sig, siginfo_t* info, void* uctx) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (char* s : stack_pool().stacks) {
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(s) - stack_pool().page, hi = reinterpret_cast<uintptr_t>(s);
+    if (a >= lo && a < hi && detail::current) {
+      const Thread* t = static_cast<const Thread*>(detail::current);
+      char msg[512];
+      const int n = std::snprintf(msg, sizeof msg,
+                                  "cudasim: stack overflow: thread (%u,%u,%u) of block (%u,%u,%u) of %s launched at "
+                                  "%s:%d used more than the %zu KiB of a simulated thread's stack\n",
+                                  t->tid.x, t->tid.y, t->tid.z, detail::block_idx.x, detail::block_idx.y,
+                                  detail::block_idx.z, running.kernel, running.file, running.line, kStackBytes / 1024);
+      if (n > 0) (void)!write(2, msg, static_cast<size_t>(n < 512 ? n : 511));
+      break;
+    }
+  }
+  sigaction(SIGSEGV, &g_previous_segv, nullptr);  // the fault repeats and ends the process as before
+  (void)sig;
+  (void)uctx;
+}
+void install_overflow_handler() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  stack_t ss{};
+  ss.ss_sp = g_signal_stack;
+  ss.ss_size = sizeof g_signal_stack;
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &g_previous_segv);
+}
+#else
+void install_overflow_handler() {}
+#endif
 
 struct Block {
   std::vector<Thread> threads;
@@ -701,6 +745,7 @@ void launch(const void* kernel, const char* kernel_name, const char* file, int l
     set_error(cudaErrorNotSupported);
     return;
   }
+  install_overflow_handler();
   if (!valid_stream(stream)) {
     set_error(cudaErrorInvalidResourceHandle);
     return;

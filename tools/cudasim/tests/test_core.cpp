@@ -212,6 +212,13 @@ TEST_F(Core, RuntimeMemoryStreamsEventsAndErrors) {
   (void)cudaGetLastError();
 }
 
+TEST_F(Core, StackOverflowOfASimulatedThreadIsNamed) {
+  Dev<int> out(1);
+  ASSERT_EQ(stack_overflow(out.p, 8), cudaSuccess) << "a few KiB of stack are fine";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(stack_overflow(out.p, 1000), asan_variant() ? "AddressSanitizer" : "stack overflow: thread \\(0,0,0\\)");
+}
+
 // ---- planted bugs --------------------------------------------------------------------------
 
 std::vector<float> iota_values(int n) {

@@ -103,3 +103,25 @@ cudaError_t launch_config(dim3 grid, dim3 block) {
 }
 
 }  // namespace cudasim_tests
+
+namespace cudasim_tests {
+namespace {
+// Recursion deep enough to overflow a simulated thread's stack.
+__device__ int deep(int n, volatile int* sink) {
+  volatile int pad[256];
+  pad[n % 256] = n;
+  if (n == 0) return pad[0];
+  const int r = deep(n - 1, sink) + pad[n % 256];
+  *sink = r;
+  return r;
+}
+__global__ void overflow_kernel(int* out, int depth) {
+  volatile int sink = 0;
+  out[threadIdx.x] = deep(depth, &sink);
+}
+}  // namespace
+cudaError_t stack_overflow(int* out, int depth) {
+  overflow_kernel<<<1, 1>>>(out, depth);
+  return cudaGetLastError();
+}
+}  // namespace cudasim_tests

@@ -22,6 +22,8 @@ cudaError_t coordinates(int* out, dim3 grid, dim3 block);
 // Dynamic shared memory of `bytes` (a launch-validation probe).
 cudaError_t dynamic_smem(float* out, int bytes, int opt_in_bytes);
 cudaError_t launch_config(dim3 grid, dim3 block);
+// Recursion `depth` deep with 1 KiB frames: overflows a simulated thread's stack when deep.
+cudaError_t stack_overflow(int* out, int depth);
 
 // ---- planted.cu: correct kernels and copies of them with one bug each ----
 // A tiled transpose through shared memory; `bug`: 0 none, 1 the barrier between the tile
