@@ -2,7 +2,7 @@
 # Installs what actbench needs from Debian's packages, only what is missing.
 # The CUDA toolkit is not installed here: the build uses it when /usr/local/cuda exists.
 set -euo pipefail
-packages=(cmake g++ make libeigen3-dev libcli11-dev libgtest-dev libbenchmark-dev
+packages=(cmake g++ clang make libeigen3-dev libcli11-dev libgtest-dev libbenchmark-dev
           openmpi-bin libopenmpi-dev python3 python3-numpy python3-matplotlib nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,102 @@
+#pragma once
+// What simulated kernel code sees: the thread's coordinates, barriers, warp collectives and
+// the launcher that the build-time rewrite puts where `kernel<<<...>>>(args)` was.
+// Semantics follow the CUDA C++ Programming Guide for sm_70 and later (independent thread
+// scheduling): a barrier completes when every thread of the block that has not exited has
+// arrived; a warp collective completes when every lane named in its mask has arrived at a
+// collective of the same kind and mask. Every misuse is reported with file:line.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace cudasim {
+
+namespace detail {
+
+// The running simulated thread (null outside kernels).
+struct ThreadInfo {
+  uint3 tid;
+};
+extern ThreadInfo* current;
+extern uint3 block_idx;
+extern dim3 block_dim, grid_dim;
+
+inline const uint3& thread_idx() { return current->tid; }
+
+enum class WarpOp : int { shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all, syncwarp, activemask };
+// One lane's part of a warp collective: blocks until it completes and returns the lane's
+// result (raw bits, up to 8 bytes).
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line);
+void syncthreads(const char* file, int line);
+int syncthreads_count(int pred, const char* file, int line);
+
+// Launches `thunk(ctx)` on every thread of the grid, validating like the driver; the error
+// (or cudaSuccess) becomes what cudaGetLastError returns next.
+void launch(const void* kernel, const char* kernel_name, const char* file, int line, dim3 grid, dim3 block,
+            size_t smem, cudaStream_t stream, void (*thunk)(void*), void* ctx);
+
+template <class T>
+uint64_t to_bits(T v) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "warp shuffles move values of at most 8 bytes");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <class T>
+T from_bits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+
+}  // namespace detail
+
+// The dynamic shared memory of the running block (`extern __shared__ T name[];`).
+void* dynamic_shared();
+
+template <class... P>
+struct Launch {
+  const char* file;
+  int line;
+  const char* name;
+  void (*kernel)(P...);
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+
+  template <class... A>
+  void operator()(A&&... args) const {
+    static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
+    // The kernel parameters, converted once as a call would; each thread gets its own copy.
+    struct Call {
+      void (*kernel)(P...);
+      std::tuple<std::decay_t<P>...> params;
+    } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    detail::launch(reinterpret_cast<const void*>(kernel), name, file, line, grid, block, smem, stream,
+                   [](void* c) {
+                     Call* cl = static_cast<Call*>(c);
+                     std::apply(cl->kernel, cl->params);
+                   },
+                   &call);
+  }
+};
+
+template <class... P>
+Launch<P...> launcher(const char* file, int line, const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
+                      size_t smem = 0, cudaStream_t stream = nullptr) {
+  return Launch<P...>{file, line, name, kernel, grid, block, smem, stream};
+}
+
+}  // namespace cudasim
+
+// The runtime's C++ overload that cuda_runtime.h declares only under nvcc.
+template <class T>
+inline cudaError_t cudaFuncSetAttribute(T* func, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(func), attr, value);
+}
+

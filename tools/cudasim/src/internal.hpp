@@ -1,0 +1,92 @@
+#pragma once
+// State shared by the simulator's translation units (not installed for kernels).
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cudasim/device.hpp"
+#include "cudasim/sim.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDASIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDASIM_ASAN 1
+#endif
+#endif
+
+namespace cudasim::internal {
+
+// Device memory: [base - kFrontCanary, base) and [base + size, base + padded + kBackCanary)
+// hold a pattern that is checked after every launch.
+constexpr size_t kFrontCanary = 256, kBackCanary = 256;
+constexpr unsigned char kCanaryByte = 0xCB;
+constexpr unsigned char kPoisonByte = 0xFF;  // every float/bf16/fp16 made of it is a NaN
+struct Allocation {
+  uintptr_t base;
+  size_t size;    // bytes asked for
+  size_t padded;  // size rounded up to 256 (the rest is canary too)
+  uint64_t id;
+  void* raw;
+};
+std::map<uintptr_t, Allocation>& allocations();
+// The allocation holding [p, p + n), or null.
+const Allocation* find_allocation(const void* p, size_t n = 1);
+// The allocation whose canaries or padding hold p (an out-of-bounds access), or null.
+const Allocation* canary_owner(uintptr_t p);
+std::string describe_address(uintptr_t p);
+
+void add_report(const std::string& kind, const std::string& message);
+void set_error(cudaError_t e);  // what the next cudaGetLastError returns
+cudaError_t peek_error();
+cudaError_t take_error();
+bool valid_stream(cudaStream_t s);
+int kernel_max_dynamic_smem(const void* kernel);
+cudaError_t set_kernel_max_dynamic_smem(const void* kernel, int bytes);
+void check_canaries(const char* when);
+
+// ---- the running thread, for the race checker ----
+enum class State : uint8_t { runnable, barrier, warp, exited };
+struct Thread : detail::ThreadInfo {
+  int linear = 0, lane = 0, warp = 0;
+  void* sp = nullptr;
+  State state = State::runnable;
+  const char* file = nullptr;  // where it waits
+  int line = 0;
+  detail::WarpOp op{};
+  unsigned mask = 0;
+  uint64_t value = 0, result = 0;
+  int arg = 0, width = 32;
+  int pred = 0;
+  char* stack = nullptr;  // lowest usable byte
+  void* fake_stack = nullptr;
+};
+struct Warp {
+  uint32_t sync_epoch = 0;  // collectives completed by every live lane
+  unsigned live = 0, exists = 0, arrived = 0;
+};
+struct RunningBlock {
+  uint64_t launch_id = 0, linear = 0;
+  uint32_t bar_epoch = 0;
+  const char* kernel = "";
+  const char* file = "";
+  int line = 0;
+  std::vector<Thread>* threads = nullptr;
+  std::vector<Warp>* warps = nullptr;
+  uintptr_t shared_lo = 0, shared_hi = 0;    // static __shared__ section
+  uintptr_t dynamic_lo = 0, dynamic_hi = 0;  // dynamic shared memory [lo, hi), canary after
+};
+extern RunningBlock running;
+inline Thread* current_thread() { return static_cast<Thread*>(detail::current); }
+std::string thread_name(const Thread& t);
+std::string block_name();
+
+// Race checker (race.cpp; only in binaries built with the race checker).
+void race_begin_launch();
+void race_begin_block();
+
+}  // namespace cudasim::internal

@@ -1,0 +1,244 @@
+// The race checker. Kernel objects of the race variant are compiled with -fsanitize=thread,
+// which makes the compiler call __tsan_readN / __tsan_writeN before every memory access; no
+// ThreadSanitizer runtime is linked: the hooks are defined here, over a shadow that knows
+// CUDA's ordering rules instead of pthreads'. Per byte of device and shared memory it keeps
+// the last write and the last read(s): launch, block, thread, the block's barrier epoch and
+// the warp's collective epoch at the access. Two accesses to a byte, one of them a write,
+// race when they come from different blocks of one launch, or from different threads of a
+// block with no __syncthreads between them (nor a full-warp collective, for lanes of one
+// warp). Also reported: reads of shared memory no thread of the block has written, and
+// accesses that land in the canary zone of a device buffer or past dynamic shared memory.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "internal.hpp"
+
+namespace cudasim::internal {
+namespace {
+
+struct Access {
+  uint32_t launch = 0;  // 0: none
+  uint32_t block = 0;
+  uint32_t bar = 0, wsync = 0;
+  uint16_t thread = 0;
+  uint8_t multi = 0;  // reads: more than one unordered reader
+  uint8_t pad = 0;
+  const void* pc = nullptr;
+};
+struct Cell {
+  Access w, r;
+};
+
+constexpr size_t kPageBits = 12, kPage = size_t{1} << kPageBits;
+std::unordered_map<uintptr_t, std::unique_ptr<Cell[]>> g_shadow;
+uintptr_t g_last_page = ~uintptr_t{0};
+Cell* g_last_cells = nullptr;
+uint32_t g_launch = 0;
+int g_reports_this_launch = 0;
+std::set<std::pair<const void*, int>> g_reported;  // (pc, kind) per launch
+
+Cell* cell(uintptr_t a) {
+  const uintptr_t page = a >> kPageBits;
+  if (page != g_last_page) {
+    auto& p = g_shadow[page];
+    if (!p) p.reset(new Cell[kPage]());
+    g_last_page = page;
+    g_last_cells = p.get();
+  }
+  return &g_last_cells[a & (kPage - 1)];
+}
+
+std::string symbolize(const void* pc) {
+  static std::map<const void*, std::string> cache;
+  auto it = cache.find(pc);
+  if (it != cache.end()) return it->second;
+  std::string out;
+  Dl_info info{};
+  if (dladdr(pc, &info) && info.dli_fname) {
+    char cmd[1024];
+    const uintptr_t offset = reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(info.dli_fbase) - 1;
+    std::snprintf(cmd, sizeof cmd, "addr2line -C -e '%s' %#lx 2>/dev/null", info.dli_fname,
+                  static_cast<unsigned long>(offset));
+    if (FILE* f = popen(cmd, "r")) {
+      char line[1024];
+      if (std::fgets(line, sizeof line, f)) {
+        out = line;
+        while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+        if (out.rfind("??", 0) == 0) out.clear();
+      }
+      pclose(f);
+    }
+  }
+  if (out.empty()) {
+    char b[32];
+    std::snprintf(b, sizeof b, "pc %p", pc);
+    out = b;
+  }
+  // Only the file name and line: the build directory adds nothing.
+  const size_t disc = out.find(" (discriminator");
+  if (disc != std::string::npos) out.erase(disc);
+  return cache[pc] = out;
+}
+
+enum Kind { kRace, kUninit, kBounds };
+
+std::string who(const Access& a) {
+  std::string s = "thread " + std::to_string(a.thread);
+  const auto& threads = *running.threads;
+  if (a.launch == g_launch && a.block == static_cast<uint32_t>(running.linear) && a.thread < threads.size())
+    s = "thread " + thread_name(threads[a.thread]);
+  s += a.block == static_cast<uint32_t>(running.linear) ? " of this block" : " of block #" + std::to_string(a.block);
+  return s + " at " + symbolize(a.pc);
+}
+
+void report(Kind kind, const void* pc, const std::string& msg) {
+  if (!g_reported.insert({pc, kind}).second) return;
+  if (++g_reports_this_launch > 20) return;
+  static const char* kinds[] = {"race", "uninit", "bounds"};
+  add_report(kinds[kind], msg);
+}
+
+bool ordered(const Access& prev, const Access& now) {
+  if (prev.launch != now.launch) return true;  // launches run in stream order
+  if (prev.block != now.block) return false;   // blocks of a launch are unordered
+  if (prev.thread == now.thread && !prev.multi) return true;
+  if (prev.bar < now.bar) return true;
+  return !prev.multi && prev.thread / 32 == now.thread / 32 && prev.wsync < now.wsync;
+}
+
+void access(uintptr_t a, size_t n, bool write, const void* pc) {
+  Thread* t = current_thread();
+  if (!t) return;
+  // Which memory: shared (static section or dynamic), device buffer, or out of bounds of one.
+  bool shared = false;
+  if (a >= running.shared_lo && a < running.shared_hi) {
+    shared = true;
+  } else if (a >= running.dynamic_lo && a < running.dynamic_hi + kBackCanary) {
+    if (a + n > running.dynamic_hi) {
+      report(kBounds, pc, std::string("out-of-bounds ") + (write ? "write" : "read") + " of " + std::to_string(n) +
+                              " bytes in " + running.kernel + " launched at " + running.file + ":" +
+                              std::to_string(running.line) + ", block " + block_name() + ", thread " +
+                              thread_name(*t) + " at " + symbolize(pc) + ": " + describe_address(a + n - 1));
+      return;
+    }
+    shared = true;
+  } else if (!find_allocation(reinterpret_cast<const void*>(a), n)) {
+    const uintptr_t probe = canary_owner(a) ? a : a + n - 1;
+    if (canary_owner(probe))
+      report(kBounds, pc, std::string("out-of-bounds ") + (write ? "write" : "read") + " of " + std::to_string(n) +
+                              " bytes in " + running.kernel + " launched at " + running.file + ":" +
+                              std::to_string(running.line) + ", block " + block_name() + ", thread " +
+                              thread_name(*t) + " at " + symbolize(pc) + ": " + describe_address(probe));
+    return;  // stack, host memory: not tracked
+  }
+  const auto& warps = *running.warps;
+  Access now;
+  now.launch = g_launch;
+  now.block = static_cast<uint32_t>(running.linear);
+  now.thread = static_cast<uint16_t>(t->linear);
+  now.bar = running.bar_epoch;
+  now.wsync = warps[t->warp].sync_epoch;
+  now.pc = pc;
+  const std::string header = std::string(running.kernel) + " launched at " + running.file + ":" +
+                             std::to_string(running.line) + ", block " + block_name();
+  for (size_t i = 0; i < n; ++i) {
+    Cell* c = cell(a + i);
+    if (shared) {  // shared memory belongs to one block: other blocks' accesses are another memory
+      if (c->w.launch != now.launch || c->w.block != now.block) c->w = Access{};
+      if (c->r.launch != now.launch || c->r.block != now.block) c->r = Access{};
+    }
+    if (write) {
+      if (c->w.launch && !ordered(c->w, now)) {
+        report(kRace, pc, "write-write race in " + header + " on " + describe_address(a + i) + ":\n  write by thread " +
+                              thread_name(*t) + " at " + symbolize(pc) + "\n  write by " + who(c->w) +
+                              "\n  with no barrier between");
+        c->w = now;
+        return;
+      }
+      if (c->r.launch && !(c->r.thread == now.thread && c->r.block == now.block && !c->r.multi) &&
+          !ordered(c->r, now)) {
+        report(kRace, pc, "read-write race in " + header + " on " + describe_address(a + i) + ":\n  write by thread " +
+                              thread_name(*t) + " at " + symbolize(pc) + "\n  read by " + who(c->r) +
+                              (c->r.multi ? " (and others)" : "") + "\n  with no barrier between");
+        c->w = now;
+        c->r = Access{};
+        return;
+      }
+      c->w = now;
+      c->r = Access{};
+    } else {
+      if (c->w.launch && !ordered(c->w, now)) {
+        report(kRace, pc, "read-after-write race in " + header + " on " + describe_address(a + i) +
+                              ":\n  read by thread " + thread_name(*t) + " at " + symbolize(pc) + "\n  write by " +
+                              who(c->w) + "\n  with no barrier between");
+        return;
+      }
+      if (shared && !c->w.launch) {
+        report(kUninit, pc, "read of shared memory that no thread of the block wrote in " + header + ": " +
+                                describe_address(a + i) + ", thread " + thread_name(*t) + " at " + symbolize(pc));
+        return;
+      }
+      if (c->r.launch && !ordered(c->r, now) && !(c->r.thread == now.thread && c->r.block == now.block)) {
+        const uint8_t multi = 1;
+        c->r = now;
+        c->r.multi = multi;
+      } else if (!(c->r.launch && c->r.multi && !ordered(c->r, now))) {
+        c->r = now;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void race_begin_launch() {
+  ++g_launch;
+  g_reports_this_launch = 0;
+  g_reported.clear();
+}
+void race_begin_block() {}
+
+}  // namespace cudasim::internal
+
+// ---- the -fsanitize=thread instrumentation interface -------------------------------------------
+
+using cudasim::internal::access;
+
+#define CUDASIM_TSAN_RW(N)                                                                                     \
+  extern "C" void __tsan_read##N(void* p) { access(reinterpret_cast<uintptr_t>(p), N, false, __builtin_return_address(0)); } \
+  extern "C" void __tsan_write##N(void* p) { access(reinterpret_cast<uintptr_t>(p), N, true, __builtin_return_address(0)); } \
+  extern "C" void __tsan_unaligned_read##N(void* p) {                                                        \
+    access(reinterpret_cast<uintptr_t>(p), N, false, __builtin_return_address(0));                            \
+  }                                                                                                            \
+  extern "C" void __tsan_unaligned_write##N(void* p) {                                                       \
+    access(reinterpret_cast<uintptr_t>(p), N, true, __builtin_return_address(0));                             \
+  }
+CUDASIM_TSAN_RW(1)
+CUDASIM_TSAN_RW(2)
+CUDASIM_TSAN_RW(4)
+CUDASIM_TSAN_RW(8)
+CUDASIM_TSAN_RW(16)
+#undef CUDASIM_TSAN_RW
+
+extern "C" {
+void __tsan_read_range(void* p, unsigned long n) {
+  access(reinterpret_cast<uintptr_t>(p), n, false, __builtin_return_address(0));
+}
+void __tsan_write_range(void* p, unsigned long n) {
+  access(reinterpret_cast<uintptr_t>(p), n, true, __builtin_return_address(0));
+}
+void __tsan_func_entry(void*) {}
+void __tsan_func_exit() {}
+void __tsan_init() {}
+void __tsan_vptr_update(void**, void*) {}
+void __tsan_vptr_read(void**) {}
+void __tsan_ignore_thread_begin() {}
+void __tsan_ignore_thread_end() {}
+}

@@ -1,0 +1,459 @@
+// actbench's CUDA kernels (kernels/cuda/*.cu, compiled unchanged for the simulator) against
+// the cpu backend's own ops, every kernel family, on shapes that are not powers of two, in
+// fp32, bf16 and fp16. Inputs are bit-identical on both sides (the cpu tensor's storage is
+// copied to the simulated device); outputs start as NaN on the device (fresh cudaMalloc
+// memory is poisoned), so an element a kernel forgets to write fails. Dropout masks and the
+// head layout compare bit for bit. Any simulator report (race, deadlock, divergence, bad
+// shuffle, out-of-bounds, canary, unwritten shared memory) fails the test.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cudasim/sim.hpp"
+#include "dropout_specs.hpp"
+#include "kernels/backend.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+
+using namespace actbench;
+using namespace actbench::testing;
+
+namespace {
+
+struct Tol {
+  double atol, rtol;
+};
+Tol tol_for(DType dt) {
+  switch (dt) {
+    case DType::fp32: return {1e-5, 1e-5};
+    case DType::fp16: return {2e-3, 2e-3};
+    default: return {1e-2, 1e-2};
+  }
+}
+
+#define SIM_CHECK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// A device buffer of the simulator.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (cudaMalloc(&ptr, n) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <class T = void>
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
+};
+
+// The same tensor on the cpu backend (c) and on the simulated device (g).
+struct Both {
+  Tensor c;
+  std::shared_ptr<DeviceBuffer> g;
+  void* dev() const { return g->ptr; }
+  float* devf() const { return g->as<float>(); }
+  uint8_t* devu8() const { return g->as<uint8_t>(); }
+};
+
+class SimKernels : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    cpu_ = make_cpu_backend();
+    cudasim::take_reports();
+    (void)cudaGetLastError();
+  }
+  void TearDown() override {
+    cudasim::set_block_filter(nullptr);
+    EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    cudasim::take_reports();
+  }
+  DType dt() const { return GetParam(); }
+
+  std::vector<float> random_values(int64_t n, float lo, float hi) {
+    std::mt19937 gen(next_seed_++);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = dist(gen);
+    return v;
+  }
+  // Device copy of the cpu tensor's storage bits.
+  std::shared_ptr<DeviceBuffer> to_device(const Tensor& t) {
+    auto g = std::make_shared<DeviceBuffer>(t.bytes());
+    EXPECT_EQ(cudaMemcpy(g->ptr, t.data(), t.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+    return g;
+  }
+  Both with_values(const Shape& shape, DType d, const std::vector<float>& host) {
+    Tensor c = cpu_->empty(shape, d);
+    cpu_->upload(host.data(), c);
+    return Both{c, to_device(c)};
+  }
+  Both random(const Shape& shape, DType d, float lo = -1.f, float hi = 1.f) {
+    return with_values(shape, d, random_values(shape_numel(shape), lo, hi));
+  }
+  // An output: NaN (u8: 171) on the cpu, fresh (NaN-poisoned) memory on the device.
+  Both output(const Shape& shape, DType d) {
+    const float poison = d == DType::u8 ? 171.f : std::numeric_limits<float>::quiet_NaN();
+    Tensor c = cpu_->empty(shape, d);
+    const std::vector<float> p(static_cast<size_t>(shape_numel(shape)), poison);
+    cpu_->upload(p.data(), c);
+    return Both{c, std::make_shared<DeviceBuffer>(c.bytes())};
+  }
+  // Elements [begin, end) of the device's values, widened like the cpu backend widens its own.
+  std::vector<float> device_values(const Both& t, int64_t begin, int64_t end) {
+    Tensor tmp = cpu_->empty({end - begin}, t.c.dtype());
+    const size_t esz = t.c.element_size();
+    EXPECT_EQ(cudaMemcpy(tmp.data(), static_cast<const char*>(t.dev()) + begin * esz, tmp.bytes(),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return cpu_values(tmp);
+  }
+  std::vector<float> cpu_values(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    cpu_->download(t, v.data());
+    return v;
+  }
+
+  // |sim - cpu| <= atol + rtol |cpu| over elements [begin, end) (all by default); NaN fails.
+  void expect_close(const Both& t, Tol tol, const std::string& what, int64_t begin = 0, int64_t end = -1) {
+    if (end < 0) end = t.c.numel();
+    const std::vector<float> g = device_values(t, begin, end);
+    const std::vector<float> c = cpu_values(t.c.view({t.c.numel()}).rows(begin, end));
+    size_t worst_at = 0;
+    double worst = -1;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double ref = c[i], got = g[i];
+      const double err = std::fabs(got - ref), bound = tol.atol + tol.rtol * std::fabs(ref);
+      const double ratio = std::isnan(err) ? INFINITY : (err == 0 ? 0 : (bound > 0 ? err / bound : INFINITY));
+      if (ratio > worst) {
+        worst = ratio;
+        worst_at = i;
+      }
+    }
+    ASSERT_FALSE(g.empty()) << what;
+    EXPECT_LE(worst, 1.0) << what << ": worst element " << begin + static_cast<int64_t>(worst_at) << ": sim "
+                          << g[worst_at] << " cpu " << c[worst_at] << " (atol " << tol.atol << ", rtol " << tol.rtol
+                          << ")";
+  }
+  void expect_bits_equal(const Both& t, const std::string& what) {
+    std::vector<unsigned char> g(t.c.bytes());
+    ASSERT_EQ(cudaMemcpy(g.data(), t.dev(), g.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    const unsigned char* c = static_cast<const unsigned char*>(t.c.data());
+    size_t diff = 0, first = 0;
+    for (size_t i = 0; i < g.size(); ++i)
+      if (g[i] != c[i] && diff++ == 0) first = i;
+    EXPECT_EQ(diff, 0u) << what << ": " << diff << " bytes differ, the first at byte " << first;
+  }
+  std::string name(const std::string& what) const { return what + " " + dtype_name(dt()); }
+
+  std::unique_ptr<Backend> cpu_;
+  uint32_t next_seed_ = 1;
+};
+
+// ---- LayerNorm -----------------------------------------------------------------------------
+
+TEST_P(SimKernels, LayerNormForwardBackward) {
+  // 45 columns: the scalar path; 200: the 16-byte vector path; 150 rows: three column chunks.
+  const std::pair<int64_t, int64_t> shapes[] = {{37, 45}, {13, 200}, {150, 24}};
+  for (auto [rows, cols] : shapes) {
+    const std::string what = name(std::to_string(rows) + "x" + std::to_string(cols));
+    Both x = random({rows, cols}, dt(), -2.f, 3.f), w = random({cols}, dt(), 0.5f, 1.5f), b = random({cols}, dt());
+    Both y = output({rows, cols}, dt()), mean = output({rows}, DType::fp32), rstd = output({rows}, DType::fp32);
+    cuda::layernorm_fwd(dt(), x.dev(), w.dev(), b.dev(), 1e-5f, y.dev(), mean.devf(), rstd.devf(), rows, cols, nullptr);
+    cpu_->layernorm_fwd(x.c, w.c, b.c, 1e-5f, y.c, mean.c, rstd.c);
+    expect_close(y, tol_for(dt()), "layernorm_fwd y " + what);
+    expect_close(mean, {1e-5, 1e-5}, "layernorm_fwd mean " + what);
+    expect_close(rstd, {1e-5, 1e-5}, "layernorm_fwd rstd " + what);
+
+    // Both read the same statistics (the cpu's): only the backward is compared.
+    Both mean_ref = with_values({rows}, DType::fp32, cpu_values(mean.c));
+    Both rstd_ref = with_values({rows}, DType::fp32, cpu_values(rstd.c));
+    Both dy = random({rows, cols}, dt());
+    Both dx = output({rows, cols}, dt()), dw = output({cols}, dt()), db = output({cols}, dt());
+    DeviceBuffer ws(static_cast<size_t>(cuda::layernorm_bwd_workspace_floats(rows, cols)) * sizeof(float));
+    cuda::layernorm_bwd(dt(), dy.dev(), x.dev(), w.dev(), mean_ref.devf(), rstd_ref.devf(), dx.dev(), dw.dev(),
+                        db.dev(), ws.as<float>(), rows, cols, nullptr);
+    cpu_->layernorm_bwd(dy.c, x.c, w.c, mean_ref.c, rstd_ref.c, dx.c, dw.c, db.c);
+    Tol t = tol_for(dt());
+    if (dt() == DType::fp32) t = {1e-4, 1e-5};  // dx cancels terms; dw/db sum many rows in another order
+    expect_close(dx, t, "layernorm_bwd dx " + what);
+    expect_close(dw, t, "layernorm_bwd dweight " + what);
+    expect_close(db, t, "layernorm_bwd dbias " + what);
+  }
+}
+
+// ---- causal softmax ------------------------------------------------------------------------
+
+TEST_P(SimKernels, CausalSoftmaxForwardBackward) {
+  // Register-cached rows of up to 256 and 512 columns (kItems 1, 2).
+  const std::pair<int64_t, int64_t> shapes[] = {{3, 37}, {1, 300}};
+  for (auto [batch, s] : shapes) {
+    const std::string what = name("[" + std::to_string(batch) + ", " + std::to_string(s) + ", " + std::to_string(s) + "]");
+    Both scores = random({batch, s, s}, dt(), -4.f, 4.f), probs = output({batch, s, s}, dt());
+    cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), batch * s, s, nullptr);
+    cpu_->softmax_causal_fwd(scores.c, probs.c);
+    expect_close(probs, tol_for(dt()), "softmax fwd " + what);
+    Both probs_ref = with_values({batch, s, s}, dt(), cpu_values(probs.c));
+    Both dprobs = random({batch, s, s}, dt()), dscores = output({batch, s, s}, dt());
+    cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), batch * s, s, nullptr);
+    cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
+    expect_close(dscores, tol_for(dt()), "softmax bwd " + what);
+  }
+}
+
+class SimLongRows : public SimKernels {};
+
+TEST_P(SimLongRows, CausalSoftmax) {
+  // S = 8193 > 256 * 32 takes the online (long-row) kernels. The cpu computes all S rows; the
+  // simulator runs the blocks of a few rows (the first, the middle, the two longest) and only
+  // those rows are compared. 67M elements per tensor on the cpu: fp32 only (the dtype
+  // conversions are the same code as in the short-row kernels, tested in every dtype).
+  const int64_t s = 8193;
+  const std::vector<int64_t> rows = {0, 1, 4100, s - 2, s - 1};
+  cudasim::set_block_filter([&](uint64_t b) {
+    for (int64_t r : rows)
+      if (static_cast<uint64_t>(r) == b) return true;
+    return false;
+  });
+  auto fill = [&](const Tensor& t, uint32_t seed, float lo, float hi) {
+    // Small-integer multiples of 1/64: exact in every dtype, so one float fills any storage.
+    std::vector<float> row(static_cast<size_t>(s));
+    for (int64_t r = 0; r < s; ++r) {
+      for (int64_t j = 0; j < s; ++j) {
+        uint32_t h = static_cast<uint32_t>(r * 2654435761u) ^ static_cast<uint32_t>(j * 40503u) ^ (seed * 97u);
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        row[static_cast<size_t>(j)] = lo + (hi - lo) * static_cast<float>(h % 1024) / 1024.f;
+      }
+      cpu_->upload(row.data(), t.view({s, s}).rows(r, r + 1));
+    }
+  };
+  Tensor scores_c = cpu_->empty({1, s, s}, dt());
+  fill(scores_c, 1, -4.f, 4.f);
+  Both scores{scores_c, to_device(scores_c)};
+  Both probs{cpu_->empty({1, s, s}, dt()), std::make_shared<DeviceBuffer>(scores_c.bytes())};
+  cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), s, s, nullptr);
+  cpu_->softmax_causal_fwd(scores.c, probs.c);
+  for (int64_t r : rows) expect_close(probs, tol_for(dt()), name("softmax fwd long row " + std::to_string(r)), r * s, (r + 1) * s);
+  scores = Both{};
+
+  Tensor dprobs_c = cpu_->empty({1, s, s}, dt());
+  fill(dprobs_c, 2, -1.f, 1.f);
+  Both dprobs{dprobs_c, to_device(dprobs_c)};
+  Both probs_ref{probs.c, to_device(probs.c)};
+  probs = Both{};
+  Both dscores{cpu_->empty({1, s, s}, dt()), std::make_shared<DeviceBuffer>(dprobs_c.bytes())};
+  cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), s, s, nullptr);
+  cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
+  for (int64_t r : rows)
+    expect_close(dscores, tol_for(dt()), name("softmax bwd long row " + std::to_string(r)), r * s, (r + 1) * s);
+}
+
+// ---- dropout -------------------------------------------------------------------------------
+
+TEST_P(SimKernels, DropoutMasksBitwiseEqual) {
+  // inner 37: one Philox call per element; inner 36: groups of four; p = 0: no words drawn.
+  for (int64_t inner : {37, 36})
+    for (float p : {0.f, 0.1f, 0.5f}) {
+      const DropoutSpec spec = make_spec(p, 3, 5, 11, 4, inner, kSiteAttnProbs);
+      const Shape shape = {3, 5, inner};
+      const std::string what = name("inner " + std::to_string(inner) + " p " + std::to_string(p));
+      Both x = random(shape, dt()), y = output(shape, dt()), mask = output(shape, DType::u8);
+      cuda::dropout_fwd(dt(), x.dev(), spec, y.dev(), mask.devu8(), nullptr);
+      cpu_->dropout_fwd(x.c, spec, y.c, mask.c);
+      expect_bits_equal(mask, "dropout mask " + what);
+      expect_close(y, tol_for(dt()), "dropout y " + what);
+
+      Both dy = random(shape, dt()), dx = output(shape, dt());
+      cuda::dropout_bwd(dt(), dy.dev(), mask.devu8(), spec.scale(), dx.dev(), spec.numel(), nullptr);
+      cpu_->dropout_bwd(dy.c, mask.c, p, dx.c);
+      expect_close(dx, tol_for(dt()), "dropout_bwd " + what);
+    }
+}
+
+// ---- GeLU ----------------------------------------------------------------------------------
+
+TEST_P(SimKernels, GeluForwardBackward) {
+  const Shape shape = {37, 123};
+  Both x = random(shape, dt(), -5.f, 5.f), y = output(shape, dt());
+  cuda::gelu_fwd(dt(), x.dev(), y.dev(), shape_numel(shape), nullptr);
+  cpu_->gelu_fwd(x.c, y.c);
+  expect_close(y, tol_for(dt()), name("gelu_fwd"));
+  Both dy = random(shape, dt()), dx = output(shape, dt());
+  cuda::gelu_bwd(dt(), dy.dev(), x.dev(), dx.dev(), shape_numel(shape), nullptr);
+  cpu_->gelu_bwd(dy.c, x.c, dx.c);
+  expect_close(dx, tol_for(dt()), name("gelu_bwd"));
+}
+
+// ---- residual path: bias + dropout + residual, bias add, column reductions, add, scale --------
+
+TEST_P(SimKernels, BiasDropoutResidual) {
+  for (int64_t cols : {52, 51})  // groups of four / one word per element
+    for (float p : {0.f, 0.2f}) {
+      const int64_t rows = 37;
+      const DropoutSpec spec = make_spec(p, 1, rows, 3 * rows, rows, cols, kSiteMlpOut);
+      const std::string what = name(std::to_string(rows) + "x" + std::to_string(cols) + " p " + std::to_string(p));
+      Both x = random({rows, cols}, dt()), bias = random({cols}, dt()), res = random({rows, cols}, dt());
+      Both out = output({rows, cols}, dt()), mask = output({rows, cols}, DType::u8);
+      cuda::bias_dropout_residual_fwd(dt(), x.dev(), bias.dev(), res.dev(), spec, out.dev(), mask.devu8(), rows, cols,
+                                      nullptr);
+      cpu_->bias_dropout_residual_fwd(x.c, bias.c, res.c, spec, out.c, mask.c);
+      expect_bits_equal(mask, "bias_dropout_residual mask " + what);
+      expect_close(out, tol_for(dt()), "bias_dropout_residual out " + what);
+    }
+}
+
+TEST_P(SimKernels, AddBiasAndColumnReductions) {
+  for (int64_t rows : {1, 111, 333})  // 333 rows: six chunks of the two-stage column sums
+    for (int64_t cols : {45, 70}) {
+      const std::string what = name(std::to_string(rows) + "x" + std::to_string(cols));
+      Both y = random({rows, cols}, dt()), bias = random({cols}, dt());
+      cuda::add_bias(dt(), y.dev(), bias.dev(), rows, cols, nullptr);
+      cpu_->add_bias(y.c, bias.c);
+      expect_close(y, tol_for(dt()), "add_bias " + what);
+
+      Both dy = random({rows, cols}, dt()), db = output({cols}, dt());
+      DeviceBuffer ws(static_cast<size_t>(cuda::bias_grad_workspace_floats(rows, cols)) * sizeof(float));
+      cuda::bias_grad(dt(), dy.dev(), db.dev(), ws.as<float>(), rows, cols, nullptr);
+      cpu_->bias_grad(dy.c, db.c);
+      Tol t = tol_for(dt());
+      if (dt() == DType::fp32) t = {1e-4, 1e-5};  // sums of many terms in another order
+      expect_close(db, t, "bias_grad " + what);
+    }
+}
+
+TEST_P(SimKernels, AddInplaceAndScaleInplace) {
+  const Shape shape = {29, 31};
+  const int64_t n = shape_numel(shape);
+  Both dst = random(shape, dt()), src = random(shape, dt());
+  cuda::add_inplace(dt(), dst.dev(), src.dev(), n, nullptr);
+  cpu_->add_inplace(dst.c, src.c);
+  expect_close(dst, tol_for(dt()), name("add_inplace"));
+  // scale_inplace is the GEMM with k = 0: C = beta C (beta = 0 writes zeros, whatever C held).
+  for (float beta : {0.5f, -1.25f, 0.f}) {
+    Both c = random({n}, dt());
+    Both a = random({n, 0}, dt()), b = random({0, 1}, dt());
+    cuda::scale_inplace(dt(), c.dev(), beta, n, nullptr);
+    cpu_->gemm(gemm_args(false, false, n, 1, 0, 1, 1.f, beta), a.c, b.c, c.c.view({n, 1}));
+    expect_close(c, tol_for(dt()), name("scale_inplace beta " + std::to_string(beta)));
+  }
+}
+
+// ---- head layout ---------------------------------------------------------------------------
+
+TEST_P(SimKernels, SplitAndMergeHeadsBitwise) {
+  const int64_t S = 13, B = 3, NH = 5, D = 7, W = 2 * NH * D + 3, col_offset = NH * D;
+  Both sbw = random({S, B, W}, dt()), heads = output({B, NH, S, D}, dt());
+  cuda::split_heads(dt(), sbw.dev(), heads.dev(), S, B, W, NH, D, col_offset, nullptr);
+  cpu_->split_heads(sbw.c, col_offset, heads.c);
+  expect_bits_equal(heads, name("split_heads"));
+  // Merge into a buffer whose other columns hold data that must survive.
+  Both src = random({B, NH, S, D}, dt()), dst = random({S, B, W}, dt());
+  cuda::merge_heads(dt(), src.dev(), dst.dev(), S, B, W, NH, D, col_offset, nullptr);
+  cpu_->merge_heads(src.c, col_offset, dst.c);
+  expect_bits_equal(dst, name("merge_heads"));
+}
+
+// ---- fused attention -----------------------------------------------------------------------
+
+// Heads 2 .. 2+B of 7 (one tensor-parallel rank's), as the layer describes them.
+DropoutSpec attention_spec(float p, int64_t B, int64_t S) { return make_spec(p, 1, B, 7, 2, S * S, kSiteAttnProbs); }
+
+class SimAttention : public SimKernels {
+ protected:
+  void check(int64_t B, int64_t S, int64_t D, const DropoutSpec& spec) {
+    const Tol tol = dt() == DType::fp32 ? Tol{1e-4, 1e-4} : dt() == DType::fp16 ? Tol{5e-3, 5e-3} : Tol{2e-2, 2e-2};
+    const std::string what = name("B=" + std::to_string(B) + " S=" + std::to_string(S) + " D=" + std::to_string(D) +
+                                  " p=" + std::to_string(spec.p) + " inner=" + std::to_string(spec.inner));
+    const Shape shape = {B, S, D}, rows = {B, S};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    Both q = random(shape, dt(), -2.f, 2.f), k = random(shape, dt(), -2.f, 2.f), v = random(shape, dt());
+    Both out = output(shape, dt()), lse = output(rows, DType::fp32);
+    cuda::attention_fwd(dt(), q.dev(), k.dev(), v.dev(), scale, spec, out.dev(), lse.devf(), B, S, D, nullptr);
+    cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
+    expect_close(out, tol, "attention_fwd out " + what);
+    expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
+    // The backward of both reads the cpu's out and lse.
+    Both out_ref = with_values(shape, dt(), cpu_values(out.c));
+    Both lse_ref = with_values(rows, DType::fp32, cpu_values(lse.c));
+    Both dout = random(shape, dt());
+    Both dq = output(shape, dt()), dk = output(shape, dt()), dv = output(shape, dt());
+    DeviceBuffer delta(static_cast<size_t>(B * S) * sizeof(float));
+    cuda::attention_bwd(dt(), q.dev(), k.dev(), v.dev(), out_ref.dev(), dout.dev(), lse_ref.devf(), scale, spec,
+                        dq.dev(), dk.dev(), dv.dev(), delta.as<float>(), B, S, D, nullptr);
+    cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
+    expect_close(dq, tol, "attention_bwd dq " + what);
+    expect_close(dk, tol, "attention_bwd dk " + what);
+    expect_close(dv, tol, "attention_bwd dv " + what);
+  }
+};
+
+// S = 70: a ragged second query tile of 64 and key tiles of 32 and 64.
+TEST_P(SimAttention, HeadDim16) {
+  for (float p : {0.f, 0.1f}) check(2, 70, 16, attention_spec(p, 2, 70));
+}
+TEST_P(SimAttention, HeadDim64) {
+  for (float p : {0.f, 0.1f}) check(2, 70, 64, attention_spec(p, 2, 70));
+}
+TEST_P(SimAttention, HeadDim96) {
+  for (float p : {0.f, 0.1f}) check(2, 70, 96, attention_spec(p, 2, 70));
+}
+TEST_P(SimAttention, HeadDim128) {
+  for (float p : {0.f, 0.1f}) check(2, 70, 128, attention_spec(p, 2, 70));
+}
+TEST_P(SimAttention, HeadDim40AndAnyDropoutLayout) {
+  // D = 40 runs padded to 64; a spec whose canonical offset changes inside one head's block
+  // (rows of S elements, every other one canonical) takes the kernels' general dropout path.
+  const int64_t B = 2, S = 45;
+  check(B, S, 40, make_spec(0.2f, B * S, 1, 2, 1, S, kSiteAttnProbs));
+}
+
+TEST(SimLimits, AttentionHeadDim128DoesNotFitSm86) {
+  // 113 KiB of dynamic shared memory: within the opt-in limit of H100 (227 KiB) and A100
+  // (163 KiB), beyond sm_86's 99 KiB, where the driver refuses the attribute and the launch.
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const int64_t B = 1, S = 8, D = 128;
+  void *q, *out, *lse;
+  ASSERT_EQ(cudaMalloc(&q, B * S * D * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, B * S * D * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&lse, B * S * 4), cudaSuccess);
+  std::vector<float> zeros(B * S * D, 0.f);
+  ASSERT_EQ(cudaMemcpy(q, zeros.data(), zeros.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  const DropoutSpec spec = attention_spec(0.f, B, S);
+  for (auto model : {cudasim::DeviceModel::h100, cudasim::DeviceModel::a100, cudasim::DeviceModel::sm86}) {
+    cudasim::set_device(model);
+    bool threw = false;
+    try {
+      cuda::attention_fwd(DType::fp32, q, q, q, 1.f, spec, out, static_cast<float*>(lse), B, S, D, nullptr);
+    } catch (const std::exception& e) {
+      threw = true;
+      EXPECT_NE(std::string(e.what()).find("cudaFuncSetAttribute"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(threw, model == cudasim::DeviceModel::sm86) << cudasim::device_name(model);
+    (void)cudaGetLastError();
+  }
+  cudasim::set_device(cudasim::DeviceModel::h100);
+  cudaFree(q);
+  cudaFree(out);
+  cudaFree(lse);
+  EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
+}
+
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) { return dtype_name(info.param); }
+INSTANTIATE_TEST_SUITE_P(Dtypes, SimKernels, ::testing::Values(DType::fp32, DType::bf16, DType::fp16), dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(Fp32, SimLongRows, ::testing::Values(DType::fp32), dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(Dtypes, SimAttention, ::testing::Values(DType::fp32, DType::bf16, DType::fp16),
+                         dtype_param_name);
+
+}  // namespace
