@@ -100,6 +100,24 @@ ncclResult_t allgather_bytes(ncclComm* comm, const uint8_t* mine, uint8_t* all, 
   return ncclSuccess;
 }
 
+// recv[r * bytes ..] = rank r's send[rank * bytes ..]: MPI_Alltoall in chunks that fit an int.
+ncclResult_t alltoall_bytes(ncclComm* comm, const uint8_t* send, uint8_t* recv, size_t bytes) {
+  const size_t n = static_cast<size_t>(comm->nranks);
+  std::vector<uint8_t> out, in;
+  for (size_t done = 0; done < bytes;) {
+    const size_t chunk = std::min(static_cast<size_t>(INT_MAX) / n, bytes - done);
+    out.resize(chunk * n);
+    in.resize(chunk * n);
+    for (size_t r = 0; r < n; ++r) std::memcpy(out.data() + r * chunk, send + r * bytes + done, chunk);
+    const int rc = MPI_Alltoall(out.data(), static_cast<int>(chunk), MPI_BYTE, in.data(), static_cast<int>(chunk),
+                                MPI_BYTE, comm->mpi);
+    if (rc != MPI_SUCCESS) return mpi_failed(comm, rc, "MPI_Alltoall");
+    for (size_t r = 0; r < n; ++r) std::memcpy(recv + r * bytes + done, in.data() + r * chunk, chunk);
+    done += chunk;
+  }
+  return ncclSuccess;
+}
+
 template <class T>
 T apply(ncclRedOp_t op, T x, T y) {
   switch (op) {
@@ -358,15 +376,14 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   if (r == ncclSuccess) r = check_op(comm, op, datatype, "ncclReduceScatter");
   if (r != ncclSuccess || recvcount == 0) return r;
   const size_t bytes = recvcount * type_bytes(datatype), n = static_cast<size_t>(comm->nranks);
-  // Every rank's whole input, then this rank reduces its block (rank * recvcount) of each.
-  // Gathering all of it is simple and plenty for the simulator's sizes.
+  // Block r of every rank's input goes to rank r (all-to-all), which reduces the n blocks it
+  // receives in rank order. The input is copied first: in place, the output overlaps it.
   const std::vector<uint8_t> mine(static_cast<const uint8_t*>(sendbuff),
                                   static_cast<const uint8_t*>(sendbuff) + bytes * n);
-  std::vector<uint8_t> all(bytes * n * n);
-  r = allgather_bytes(comm, mine.data(), all.data(), bytes * n);
+  std::vector<uint8_t> blocks(bytes * n);
+  r = alltoall_bytes(comm, mine.data(), blocks.data(), bytes);
   if (r != ncclSuccess) return r;
-  return reduce(datatype, op, all.data() + static_cast<size_t>(comm->rank) * bytes, bytes * n, comm->nranks,
-                recvcount, static_cast<uint8_t*>(recvbuff));
+  return reduce(datatype, op, blocks.data(), bytes, comm->nranks, recvcount, static_cast<uint8_t*>(recvbuff));
 }
 
 }  // extern "C"
