@@ -350,6 +350,82 @@ TEST_P(SimKernels, AddInplaceAndScaleInplace) {
   }
 }
 
+// ---- the llama family: RMSNorm, RoPE, SwiGLU -----------------------------------------------
+
+TEST_P(SimKernels, RmsNormForwardBackward) {
+  // 45: one partial warp per row; 200: one block-stride pass; 600: rows wider than the block
+  // (256 threads), so each thread sums several columns; 150 rows: several column chunks of dweight.
+  const std::pair<int64_t, int64_t> shapes[] = {{37, 45}, {13, 200}, {5, 600}, {150, 24}};
+  for (auto [rows, cols] : shapes) {
+    const std::string what = name(std::to_string(rows) + "x" + std::to_string(cols));
+    Both x = random({rows, cols}, dt(), -2.f, 3.f), w = random({cols}, dt(), 0.5f, 1.5f);
+    Both y = output({rows, cols}, dt()), rstd = output({rows}, DType::fp32);
+    cuda::rmsnorm_fwd(dt(), x.dev(), w.dev(), 1e-5f, y.dev(), rstd.devf(), rows, cols, nullptr);
+    cpu_->rmsnorm_fwd(x.c, w.c, 1e-5f, y.c, rstd.c);
+    expect_close(y, tol_for(dt()), "rmsnorm_fwd y " + what);
+    expect_close(rstd, {1e-5, 1e-5}, "rmsnorm_fwd rstd " + what);
+
+    // Both read the cpu's rstd: only the backward is compared.
+    Both rstd_ref = with_values({rows}, DType::fp32, cpu_values(rstd.c));
+    Both dy = random({rows, cols}, dt());
+    Both dx = output({rows, cols}, dt()), dw = output({cols}, dt());
+    DeviceBuffer ws(static_cast<size_t>(cuda::rmsnorm_bwd_workspace_floats(rows, cols)) * sizeof(float));
+    cuda::rmsnorm_bwd(dt(), dy.dev(), x.dev(), w.dev(), rstd_ref.devf(), dx.dev(), dw.dev(), ws.as<float>(), rows, cols,
+                      nullptr);
+    cpu_->rmsnorm_bwd(dy.c, x.c, w.c, rstd_ref.c, dx.c, dw.c);
+    Tol t = tol_for(dt());
+    if (dt() == DType::fp32) t = {1e-4, 1e-5};  // dx cancels terms; dweight sums many rows in another order
+    expect_close(dx, t, "rmsnorm_bwd dx " + what);
+    expect_close(dw, t, "rmsnorm_bwd dweight " + what);
+
+    // dx may alias dy (the layer reuses the gradient buffer): same results in place.
+    Both dy_inplace = with_values({rows, cols}, dt(), cpu_values(dy.c));
+    Both dw2 = output({cols}, dt());
+    cuda::rmsnorm_bwd(dt(), dy_inplace.dev(), x.dev(), w.dev(), rstd_ref.devf(), dy_inplace.dev(), dw2.dev(),
+                      ws.as<float>(), rows, cols, nullptr);
+    dy_inplace.c = dx.c;
+    dw2.c = dw.c;
+    expect_close(dy_inplace, t, "rmsnorm_bwd dx in place of dy " + what);
+    expect_close(dw2, t, "rmsnorm_bwd dweight (dx in place of dy) " + what);
+  }
+}
+
+TEST_P(SimKernels, RopeForwardAndInverse) {
+  // D = 72 and 6 (even, not powers of two); S = 37 positions; theta 10^4 and llama-3's 5·10^5.
+  struct Case {
+    int64_t B, NH, S, D;
+    double theta;
+  };
+  const Case cases[] = {{2, 3, 37, 72, 10000.0}, {3, 2, 11, 6, 500000.0}};
+  for (const Case& cs : cases) {
+    const std::string what = name("B=" + std::to_string(cs.B) + " NH=" + std::to_string(cs.NH) +
+                                  " S=" + std::to_string(cs.S) + " D=" + std::to_string(cs.D));
+    const Shape shape = {cs.B, cs.NH, cs.S, cs.D};
+    const int64_t rows = cs.B * cs.NH * cs.S;
+    Both x = random(shape, dt(), -2.f, 2.f), y = output(shape, dt());
+    cuda::rope(dt(), x.dev(), y.dev(), rows, cs.S, cs.D, cs.theta, /*inverse=*/false, nullptr);
+    cpu_->rope_fwd(x.c, cs.theta, y.c);
+    expect_close(y, tol_for(dt()), "rope_fwd " + what);
+    // The inverse in place (dx = dy), as the backward runs it, on the same values on both sides.
+    Both d = random(shape, dt(), -2.f, 2.f);
+    cuda::rope(dt(), d.dev(), d.dev(), rows, cs.S, cs.D, cs.theta, /*inverse=*/true, nullptr);
+    cpu_->rope_bwd(d.c, cs.theta, d.c);
+    expect_close(d, tol_for(dt()), "rope_bwd in place " + what);
+  }
+}
+
+TEST_P(SimKernels, SwigluForwardBackward) {
+  const int64_t M = 37, N = 45;
+  Both x = random({M, 2 * N}, dt(), -4.f, 4.f), y = output({M, N}, dt());
+  cuda::swiglu_fwd(dt(), x.dev(), y.dev(), M, N, nullptr);
+  cpu_->swiglu_fwd(x.c, y.c);
+  expect_close(y, tol_for(dt()), name("swiglu_fwd"));
+  Both dy = random({M, N}, dt()), dx = output({M, 2 * N}, dt());
+  cuda::swiglu_bwd(dt(), dy.dev(), x.dev(), dx.dev(), M, N, nullptr);
+  cpu_->swiglu_bwd(dy.c, x.c, dx.c);
+  expect_close(dx, tol_for(dt()), name("swiglu_bwd"));
+}
+
 // ---- head layout ---------------------------------------------------------------------------
 
 TEST_P(SimKernels, SplitAndMergeHeadsBitwise) {
@@ -372,15 +448,18 @@ DropoutSpec attention_spec(float p, int64_t B, int64_t S) { return make_spec(p, 
 
 class SimAttention : public SimKernels {
  protected:
-  void check(int64_t B, int64_t S, int64_t D, const DropoutSpec& spec) {
+  // group > 1: grouped-query attention, k, v, dk, dv hold B / group batches.
+  void check(int64_t B, int64_t S, int64_t D, const DropoutSpec& spec, int64_t group = 1) {
     const Tol tol = dt() == DType::fp32 ? Tol{1e-4, 1e-4} : dt() == DType::fp16 ? Tol{5e-3, 5e-3} : Tol{2e-2, 2e-2};
     const std::string what = name("B=" + std::to_string(B) + " S=" + std::to_string(S) + " D=" + std::to_string(D) +
-                                  " p=" + std::to_string(spec.p) + " inner=" + std::to_string(spec.inner));
-    const Shape shape = {B, S, D}, rows = {B, S};
+                                  " p=" + std::to_string(spec.p) + " inner=" + std::to_string(spec.inner) +
+                                  " group=" + std::to_string(group));
+    const Shape shape = {B, S, D}, kv_shape = {B / group, S, D}, rows = {B, S};
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    Both q = random(shape, dt(), -2.f, 2.f), k = random(shape, dt(), -2.f, 2.f), v = random(shape, dt());
+    Both q = random(shape, dt(), -2.f, 2.f), k = random(kv_shape, dt(), -2.f, 2.f), v = random(kv_shape, dt());
     Both out = output(shape, dt()), lse = output(rows, DType::fp32);
-    cuda::attention_fwd(dt(), q.dev(), k.dev(), v.dev(), scale, spec, out.dev(), lse.devf(), B, S, D, nullptr);
+    cuda::attention_fwd(dt(), q.dev(), k.dev(), v.dev(), scale, spec, out.dev(), lse.devf(), B, S, D, nullptr,
+                        group);
     cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
     expect_close(out, tol, "attention_fwd out " + what);
     expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
@@ -388,10 +467,10 @@ class SimAttention : public SimKernels {
     Both out_ref = with_values(shape, dt(), cpu_values(out.c));
     Both lse_ref = with_values(rows, DType::fp32, cpu_values(lse.c));
     Both dout = random(shape, dt());
-    Both dq = output(shape, dt()), dk = output(shape, dt()), dv = output(shape, dt());
+    Both dq = output(shape, dt()), dk = output(kv_shape, dt()), dv = output(kv_shape, dt());
     DeviceBuffer delta(static_cast<size_t>(B * S) * sizeof(float));
     cuda::attention_bwd(dt(), q.dev(), k.dev(), v.dev(), out_ref.dev(), dout.dev(), lse_ref.devf(), scale, spec,
-                        dq.dev(), dk.dev(), dv.dev(), delta.as<float>(), B, S, D, nullptr);
+                        dq.dev(), dk.dev(), dv.dev(), delta.as<float>(), B, S, D, nullptr, group);
     cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
     expect_close(dq, tol, "attention_bwd dq " + what);
     expect_close(dk, tol, "attention_bwd dk " + what);
@@ -417,6 +496,15 @@ TEST_P(SimAttention, HeadDim40AndAnyDropoutLayout) {
   // (rows of S elements, every other one canonical) takes the kernels' general dropout path.
   const int64_t B = 2, S = 45;
   check(B, S, 40, make_spec(0.2f, B * S, 1, 2, 1, S, kSiteAttnProbs));
+}
+
+// Grouped-query attention (llama): 2 and 4 query batches per key/value batch, dk and dv
+// summed over the group's queries; S = 70 and 45 leave ragged tiles.
+TEST_P(SimAttention, GroupedQueryGroup2HeadDim64) {
+  for (float p : {0.f, 0.1f}) check(4, 70, 64, attention_spec(p, 4, 70), 2);
+}
+TEST_P(SimAttention, GroupedQueryGroup4HeadDim96) {
+  for (float p : {0.f, 0.1f}) check(4, 45, 96, attention_spec(p, 4, 45), 4);
 }
 
 TEST(SimLimits, AttentionHeadDim128DoesNotFitSm86) {
