@@ -42,6 +42,9 @@ per configuration, appended with one write() under flock, header once.
 --check-against DUMP_DIR loads a `layer_run --dump` folder (float32 .npy, dropout 0) and
 runs this layer in float64 on the cpu from the dumped parameters, x and dy, for each
 configuration at t = 1, and prints the max error of y, dx and every gradient.
+A dump of `layer_run --arch llama` runs the llama layer instead (RMSNorm, grouped-query
+attention, rotate-half RoPE, SwiGLU, no biases, no dropout; tools/numpy_layer.py's math);
+timing and --self-check are the GPT layer's only.
 --self-check runs each configuration once (float64 on cpu, fp32 on cuda) at the given
 shape and t and checks that recomputation changes nothing: full and selective must give
 the outputs and gradients of baseline (sp, selective+sp and full+sp those of sp), dropout
