@@ -3,7 +3,9 @@
 #   theory  Table 2, Figures 1 and 7, Table 5's model, long-sequence fit  -> OUT/theory
 #   meta    activation bytes of one layer per rank, the four paper models (t = 8) and the
 #           22B layer from 1k to 128k tokens, paper's and fused attention  -> OUT/meta_*.csv
+#   llama   the same bytes for LLaMA-3 8B/70B/405B layers (meta, t = 8)  -> OUT/meta_llama.csv
 #   cpu     the tiny layer, all configurations, t = 1 and t = 2 over MPI   -> OUT/cpu_tiny.csv
+#           (and its llama-family twin                                     -> OUT/cpu_tiny_llama.csv)
 #   cuda    Table 4 (22B layer, t = 8 emulated) + CUPTI phase split, when a GPU is present
 #   plots   every table and figure the data allows                         -> OUT/figures
 # Usage: bash scripts/main.sh [OUT]   (default OUT = out/). Results are appended, so a
@@ -34,6 +36,14 @@ for attention in unfused fused; do
   done
 done
 
+echo "== meta: LLaMA-3 layers (GQA, RMSNorm, RoPE, SwiGLU), 8B/70B/405B, t = 8"
+for attention in unfused fused; do
+  for m in llama3-8b llama3-70b llama3-405b; do
+    "$lr" --backend meta --model "$m" --tp 8 --emulate-tp --config "$configs" --attention "$attention" \
+          --csv "$out/meta_llama.csv" >/dev/null
+  done
+done
+
 echo "== meta: 22B layer, 1k..128k tokens, paper's and fused attention, 80 GB device (resumable sweep)"
 "$py" "$root/runners/sweep.py" longseq --backend meta --memory-limit 80GB --csv "$out/meta_longseq.csv"
 
@@ -42,6 +52,14 @@ echo "== cpu: tiny layer, t = 1 and t = 2 (MPI), fp32"
 if command -v mpirun >/dev/null; then
   mpirun -np 2 "$lr" --backend cpu --model tiny --tp 2 --config "$configs" --dtype fp32 --iters 20 \
          --csv "$out/cpu_tiny.csv" >/dev/null
+fi
+
+echo "== cpu: tiny llama-family layer (4 query heads, 2 key/value groups), t = 1 and t = 2 (MPI), fp32"
+"$lr" --backend cpu --model tiny --arch llama --kv-heads 2 --config "$configs" --dtype fp32 --iters 20 \
+      --csv "$out/cpu_tiny_llama.csv" >/dev/null
+if command -v mpirun >/dev/null; then
+  mpirun -np 2 "$lr" --backend cpu --model tiny --arch llama --kv-heads 2 --tp 2 --config "$configs" --dtype fp32 \
+         --iters 20 --csv "$out/cpu_tiny_llama.csv" >/dev/null
 fi
 
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

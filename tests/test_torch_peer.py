@@ -227,6 +227,16 @@ class PeerCliTest(unittest.TestCase):
                 shape = (sum(len(r) for r in rows),) + ((sum(len(c) for c in cols),) if cols else ())
                 self.assertEqual(shape, torch_layer.local_param_shape(name, 8, t), (name, t))
 
+    def test_check_against_refuses_unknown_arch_before_torch(self):
+        dump = os.path.join(self.tmp, "dump_other")
+        os.mkdir(dump)
+        with open(os.path.join(dump, "layer.json"), "w") as f:
+            f.write('{"arch": "mamba", "dropout": 0, "heads": 4}')
+        r = run_peer("--check-against", dump, python=sys.executable)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("is an --arch mamba layer; this peer has the gpt and llama layers only", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1)
+
     # ---- side_by_side.sh's table (no GPU needed) ----
     def test_side_by_side_table(self):
         ours = os.path.join(self.tmp, "ours.csv")
@@ -336,6 +346,38 @@ class PeerTorchTest(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         wrong = [l.split()[:2] for l in r.stdout.splitlines() if l.endswith("WRONG")]
         self.assertEqual(wrong, [["baseline", "grad.proj.weight"], ["selective", "grad.proj.weight"]])
+
+    @unittest.skipUnless(HAVE_LAYER_RUN and HAVE_NUMPY, "layer_run not built or numpy missing")
+    def test_check_against_llama_dump(self):
+        # grouped-query (4 query heads on 2 key/value groups), F = 96: every head-major and stacked layout is exercised
+        dump = os.path.join(self.tmp, "dump_llama")
+        r = subprocess.run([LAYER_RUN, "--arch", "llama", "--kv-heads", "2", "--ffn-hidden", "96", "--backend", "cpu",
+                            "--dtype", "fp32", "--dropout", "0", "--config", "baseline", "--model", "tiny", "--dump",
+                            dump, "--csv", os.path.join(self.tmp, "x.csv")], capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run_peer("--check-against", dump)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # y, dx and 6 gradients (no biases) for each of the six configurations, all at t = 1
+        self.assertIn("48 passed, 0 failed", r.stdout)
+        for name in ["y", "dx"] + ["grad." + n for n in torch_layer.LLAMA_PARAMS]:
+            self.assertIn(" %s " % name, r.stdout)
+        import numpy as np
+        path = os.path.join(dump, "grad.qkv.weight.npy")  # a K row of group 1: the GQA fold must be right
+        g = np.load(path)
+        g[4 * 16 + 16 + 3, 5] += 1e-2 * np.abs(g).max()
+        np.save(path, g)
+        r = run_peer("--check-against", dump, "--config", "baseline,selective")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        wrong = [l.split()[:2] for l in r.stdout.splitlines() if l.endswith("WRONG")]
+        self.assertEqual(wrong, [["baseline", "grad.qkv.weight"], ["selective", "grad.qkv.weight"]])
+        with open(os.path.join(dump, "layer.json")) as f:
+            meta = f.read()
+        with open(os.path.join(dump, "layer.json"), "w") as f:
+            f.write(meta.replace('"silu"', '"gelu"'))
+        r = run_peer("--check-against", dump)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("this llama layer is SwiGLU", r.stderr)
 
     @unittest.skipUnless(HAVE_LAYER_RUN and HAVE_NUMPY, "layer_run not built or numpy missing")
     def test_check_against_refuses_dropout_dump(self):

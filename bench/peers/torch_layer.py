@@ -42,6 +42,9 @@ per configuration, appended with one write() under flock, header once.
 --check-against DUMP_DIR loads a `layer_run --dump` folder (float32 .npy, dropout 0) and
 runs this layer in float64 on the cpu from the dumped parameters, x and dy, for each
 configuration at t = 1, and prints the max error of y, dx and every gradient.
+A dump of `layer_run --arch llama` runs the llama layer instead (RMSNorm, grouped-query
+attention, rotate-half RoPE, SwiGLU, no biases, no dropout; tools/numpy_layer.py's math);
+timing and --self-check are the GPT layer's only.
 --self-check runs each configuration once (float64 on cpu, fp32 on cuda) at the given
 shape and t and checks that recomputation changes nothing: full and selective must give
 the outputs and gradients of baseline (sp, selective+sp and full+sp those of sp), dropout
@@ -106,6 +109,17 @@ PARAM_SHARDING = {
     "fc1.weight": "rows", "fc1.bias": "rows",
     "fc2.weight": "cols", "fc2.bias": "replicated",
 }
+
+# --arch llama (layer_run --dump): no biases; qkv.weight [(a+2g)d, h] = Q; K; V head-major,
+# fc1.weight [2F, h] = gate; up, fc2.weight [h, F].
+LLAMA_PARAMS = ["ln1.weight", "qkv.weight", "proj.weight", "ln2.weight", "fc1.weight", "fc2.weight"]
+
+
+def llama_param_shape(name, h, heads, kv_heads, ffn_hidden):
+    d = h // heads
+    return {"qkv.weight": ((heads + 2 * kv_heads) * d, h), "proj.weight": (h, h),
+            "fc1.weight": (2 * ffn_hidden, h), "fc2.weight": (h, ffn_hidden)}.get(name, (h,))
+
 
 CSV_HEADER = [
     "peer", "device", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "dtype", "dropout",
@@ -384,8 +398,8 @@ def parse_args(argv):
                     arch = json.load(f).get("arch", "gpt")
             except (OSError, ValueError, AttributeError):
                 continue  # not a dump folder: run_check reports it
-            if arch != "gpt":
-                raise BadInput("the dump in '%s' is an --arch %s layer; this peer has the paper's GPT layer only"
+            if arch not in ("gpt", "llama"):
+                raise BadInput("the dump in '%s' is an --arch %s layer; this peer has the gpt and llama layers only"
                                % (folder, arch))
         return args
     validate_layer(args.hidden, args.heads, args.seq, args.batch, args.tp, args.configs)
@@ -441,6 +455,7 @@ def _build_torch_impl(torch):
         @staticmethod
         def forward(ctx, x_local, weight, bias, t):
             ctx.t = t
+            ctx.has_bias = bias is not None  # llama's linears have none
             ctx.save_for_backward(x_local, weight)
             total = x_local.repeat(t, 1, 1) if t > 1 else x_local
             return F.linear(total, weight, bias)
@@ -453,7 +468,7 @@ def _build_torch_impl(torch):
             g2 = g.reshape(-1, g.shape[-1])
             grad_total = g.matmul(weight)
             grad_w = g2.t().matmul(total.reshape(-1, total.shape[-1]))
-            grad_b = g2.sum(0)
+            grad_b = g2.sum(0) if ctx.has_bias else None
             grad_x = grad_total[: grad_total.shape[0] // t].clone() if t > 1 else grad_total
             return grad_x, grad_w, grad_b, None
 
@@ -575,6 +590,60 @@ def _build_torch_impl(torch):
                 return checkpoint(self.forward_impl, x, use_reentrant=False)
             return self.forward_impl(x)
 
+    class LlamaLayer(Layer):
+        """The llama family on rank 0 of t (tools/numpy_layer.py's llama_layer): RMSNorm,
+        grouped-query attention (query head j reads key/value group j // (a/g)), rotate-half
+        RoPE on q and k, SwiGLU (fc1 = gate; up stacked), no biases, no dropout."""
+
+        def __init__(self, P, hidden, heads, kv_heads, ffn_hidden, seq, batch, tp, config, device, norm_eps,
+                     rope_theta):
+            super().__init__(P, hidden, heads, seq, batch, tp, config, 0.0, device)
+            self.gl, self.fl = kv_heads // tp, ffn_hidden // tp
+            self.group = heads // kv_heads  # query heads per key/value head
+            self.eps = norm_eps
+            d = self.d
+            inv_freq = rope_theta ** (-2.0 * torch.arange(d // 2, dtype=torch.float64) / d)
+            angle = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
+            dtype = P["qkv.weight"].dtype
+            self.cos = torch.cos(angle).to(device=device, dtype=dtype)  # [s, d/2], constants
+            self.sin = torch.sin(angle).to(device=device, dtype=dtype)
+
+        def rmsnorm(self, x, w):
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * w
+
+        def rope(self, t):  # t [b, n, s, d]: pairs (i, i + d/2) rotated by their position's angle
+            half = t.shape[-1] // 2
+            lo, hi = t[..., :half], t[..., half:]
+            return torch.cat([lo * self.cos - hi * self.sin, hi * self.cos + lo * self.sin], dim=-1)
+
+        def split(self, qkv, first_head, n):  # [s, b, (a+2g)d/t] -> [b, n, s, d]
+            s, b, d = qkv.shape[0], qkv.shape[1], self.d
+            x = qkv[..., first_head * d:(first_head + n) * d].reshape(s, b, n, d)
+            return x.permute(1, 2, 0, 3).contiguous()
+
+        def forward_impl(self, x):
+            P = self.P
+            n1 = self.rmsnorm(x, P["ln1.weight"])
+            qkv = self.column_linear(n1, P["qkv.weight"], None)
+            q = self.rope(self.split(qkv, 0, self.al))
+            k = self.rope(self.split(qkv, self.al, self.gl))
+            v = self.split(qkv, self.al + self.gl, self.gl)
+            del qkv
+            if self.group > 1:  # each key/value group serves `group` query heads
+                k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
+            ctx = self.attention(q, k, v)
+            del q, k, v
+            s, b = ctx.shape[2], ctx.shape[0]
+            ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, self.hl)
+            x1 = x + self.row_linear(ctx, P["proj.weight"])
+            del ctx
+            n2 = self.rmsnorm(x1, P["ln2.weight"])
+            f1 = self.column_linear(n2, P["fc1.weight"], None)
+            del n2
+            act = F.silu(f1[..., :self.fl]) * f1[..., self.fl:]
+            del f1
+            return x1 + self.row_linear(act, P["fc2.weight"])
+
     def init_params(hidden, tp, dtype, device, seed):
         """Rank 0's shards, uniform like layers/params.cpp (values differ: torch's generator):
         LayerNorm weights 1 + 0.1u, linear weights u/sqrt(fan_in), biases 0.1u, u in [-1, 1)."""
@@ -602,6 +671,7 @@ def _build_torch_impl(torch):
     impl = Impl()
     impl.torch = torch
     impl.Layer = Layer
+    impl.LlamaLayer = LlamaLayer
     impl.init_params = init_params
     impl.uniform = uniform
     impl.core_attention = core_attention
@@ -787,11 +857,14 @@ def check_dump(impl, folder, configs, rtol):
     torch = impl.torch
     with open(os.path.join(folder, "layer.json")) as f:
         meta = json.load(f)
+    arch = meta.get("arch", "gpt")
     if float(meta.get("dropout", 0)) != 0:
         raise BadInput("the dump in '%s' has dropout %g; --check-against needs a dump made with --dropout 0"
                        % (folder, meta["dropout"]))
-    if meta.get("gelu", "tanh") != "tanh":
+    if arch == "gpt" and meta.get("gelu", "tanh") != "tanh":
         raise BadInput("the dump uses gelu '%s'; this layer is tanh GeLU" % meta["gelu"])
+    if arch == "llama" and meta.get("activation", "silu") != "silu":
+        raise BadInput("the dump uses activation '%s'; this llama layer is SwiGLU (silu)" % meta["activation"])
 
     def load(name):
         path = os.path.join(folder, name + ".npy")
@@ -801,25 +874,40 @@ def check_dump(impl, folder, configs, rtol):
 
     x, dy = load("x"), load("dy")
     s, b, h = x.shape
-    heads = int(meta["heads"])
-    eps = float(meta.get("ln_eps", LN_EPS))
-    if abs(eps - LN_EPS) > 1e-12:
-        raise BadInput("the dump's LayerNorm eps is %g; this layer uses %g" % (eps, LN_EPS))
+    try:
+        heads = int(meta["heads"])
+        if arch == "llama":
+            kv_heads, ffn_hidden = int(meta["kv_heads"]), int(meta["ffn_hidden"])
+            norm_eps, rope_theta = float(meta["norm_eps"]), float(meta["rope_theta"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput("dump '%s': layer.json lacks a valid %s" % (folder, e))
+    if arch == "gpt":
+        eps = float(meta.get("ln_eps", LN_EPS))
+        if abs(eps - LN_EPS) > 1e-12:
+            raise BadInput("the dump's LayerNorm eps is %g; this layer uses %g" % (eps, LN_EPS))
     try:
         validate_layer(h, heads, s, b, 1, configs)
+        if arch == "llama" and (kv_heads < 1 or heads % kv_heads or ffn_hidden < 1 or (h // heads) % 2):
+            raise BadInput("heads %d, kv_heads %d, ffn_hidden %d, head dim %d: need g | a, F >= 1 and an even head"
+                           " dim" % (heads, kv_heads, ffn_hidden, h // heads))
     except BadInput as e:
         raise BadInput("dump '%s': %s" % (folder, e))
-    ref = {n: load(n) for n in ["y", "dx"] + PARAMS + ["grad." + n for n in PARAMS]}
-    for n in PARAMS:
-        if tuple(ref[n].shape) != canonical_param_shape(n, h):
-            raise BadInput("dump '%s': %s is %s, expected %s" % (folder, n, tuple(ref[n].shape),
-                                                                  canonical_param_shape(n, h)))
+    names = LLAMA_PARAMS if arch == "llama" else PARAMS
+    ref = {n: load(n) for n in ["y", "dx"] + names + ["grad." + n for n in names]}
+    for n in names:
+        want = (llama_param_shape(n, h, heads, kv_heads, ffn_hidden) if arch == "llama"
+                else canonical_param_shape(n, h))
+        if tuple(ref[n].shape) != want:
+            raise BadInput("dump '%s': %s is %s, expected %s" % (folder, n, tuple(ref[n].shape), want))
     results = []
     for config in configs:
-        P = {n: ref[n].clone().requires_grad_() for n in PARAMS}
-        layer = impl.Layer(P, h, heads, s, b, 1, config, 0.0, "cpu")
+        P = {n: ref[n].clone().requires_grad_() for n in names}
+        if arch == "llama":
+            layer = impl.LlamaLayer(P, h, heads, kv_heads, ffn_hidden, s, b, 1, config, "cpu", norm_eps, rope_theta)
+        else:
+            layer = impl.Layer(P, h, heads, s, b, 1, config, 0.0, "cpu")
         y, dx, G = run_once(impl, layer, x, dy)
-        for name, got in [("y", y), ("dx", dx)] + [("grad." + n, G[n]) for n in PARAMS]:
+        for name, got in [("y", y), ("dx", dx)] + [("grad." + n, G[n]) for n in names]:
             want = ref[name]
             if got is None or tuple(got.shape) != tuple(want.shape):
                 err = float("inf")
