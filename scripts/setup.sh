@@ -3,7 +3,8 @@
 # The CUDA toolkit is not installed here: the build uses it when /usr/local/cuda exists.
 set -euo pipefail
 packages=(cmake g++ clang make libeigen3-dev libcli11-dev libgtest-dev libbenchmark-dev
-          openmpi-bin libopenmpi-dev python3 python3-numpy python3-matplotlib nlohmann-json3-dev)
+          openmpi-bin libopenmpi-dev python3 python3-numpy python3-matplotlib nlohmann-json3-dev
+          python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
