@@ -46,6 +46,7 @@ double time_manual(benchmark::State& state, const std::function<void()>& fn) {
   std::vector<double> ms = {ctx.backend->ms_between(a, b)};
   ctx.comm->max_inplace(ms);  // the slowest rank decides, and all ranks agree on it
   state.SetIterationTime(ms[0] / 1e3);
+  if (ctx.backend->simulated()) state.SetLabel(kSimulatedLabel);
   return ms[0];
 }
 
@@ -202,8 +203,9 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all,
   int code = 0;
   try {
     ctx.backend_name = take_flag(argc, argv, "backend", "cpu");
-    ctx.shape = take_flag(argc, argv, "shape", ctx.backend_name == "cuda" ? "paper" : "small");
-    if (ctx.shape != "small" && ctx.shape != "paper") throw InvalidArgument("--shape must be small or paper");
+    ctx.shape = take_flag(argc, argv, "shape", "");
+    if (!ctx.shape.empty() && ctx.shape != "small" && ctx.shape != "paper")
+      throw InvalidArgument("--shape must be small or paper");
     const std::string limit = take_flag(argc, argv, "memory-limit", "");
     const size_t capacity = limit.empty() ? 0 : parse_memory_limit(limit);
     if (parse_flags) parse_flags(argc, argv);
@@ -227,10 +229,14 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all,
       ctx.skip_reason = e.what();
       ctx.backend = make_backend("meta");
     }
+    // The paper's shapes on a GPU; small ones on the cpu and on the simulator.
+    if (ctx.shape.empty()) ctx.shape = ctx.backend_name == "cuda" && !ctx.backend->simulated() ? "paper" : "small";
     ctx.comm = world > 1 ? make_world_communicator(*ctx.backend) : make_backend_local_communicator(*ctx.backend);
     benchmark::AddCustomContext("actbench_backend", ctx.skipped ? ctx.backend_name + " (skipped)" : ctx.backend_name);
     benchmark::AddCustomContext("actbench_shape", ctx.shape);
     benchmark::AddCustomContext("actbench_device", ctx.skipped ? "none" : ctx.backend->device_name());
+    if (!ctx.skipped && ctx.backend->simulated())
+      benchmark::AddCustomContext("actbench_timing", kSimulatedLabel);
     // Only rank 0 reports: the others must not open (and truncate) the --benchmark_out file.
     if (ctx.comm->rank() != 0) {
       take_flag(argc, argv, "benchmark_out", "");

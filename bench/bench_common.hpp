@@ -15,6 +15,10 @@
 
 namespace actbench::bench {
 
+// Label of every benchmark timed on the simulator (Backend::simulated()): its times are host
+// time of the CPU simulator, never device time.
+inline constexpr const char* kSimulatedLabel = "simulated: CPU simulator time, not device time";
+
 struct BenchContext {
   std::string backend_name;  // cpu | cuda | meta
   std::string shape;         // small | paper

@@ -57,6 +57,7 @@ void BM_layer(benchmark::State& state, const std::string& config) {
     bwd_sum += ms[1];
     state.SetIterationTime(ms[2] / 1e3);
   }
+  if (ctx.backend->simulated()) state.SetLabel(kSimulatedLabel);
   const double n = static_cast<double>(state.iterations());
   const auto& d = spec.dims;
   const double s = static_cast<double>(d.s), b = static_cast<double>(d.b), h = static_cast<double>(d.h);

@@ -64,6 +64,10 @@ class Backend {
   virtual std::string device_name() const = 0;  // e.g. "host-cpu", "NVIDIA H100 80GB HBM3"
   // False for meta: ops do not touch data, results are undefined (and never read).
   virtual bool computes() const = 0;
+  // True when the device is simulated on the CPU (the cuda backend of an ACTBENCH_CUDA_SIM
+  // build): values, bytes and kernel counts are real results, times are host time of the
+  // simulator and never a device measurement, so runners leave timing columns empty.
+  virtual bool simulated() const { return false; }
 
   CachingAllocator& allocator() { return *allocator_; }
   Tensor empty(Shape shape, DType dtype) { return Tensor(*allocator_, std::move(shape), dtype); }

@@ -534,6 +534,13 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
       if (!o.iters_given) o.iters = 1;
       if (!o.dump.empty()) throw InvalidArgument("--dump writes tensor values: it needs --backend cpu or cuda, not meta");
     }
+    if (be->simulated()) {  // the CPU simulator: values and bytes are results, time is not
+      if (!o.warmup_given) o.warmup = 0;
+      if (!o.iters_given) o.iters = 1;
+      if (rank0)
+        std::fprintf(stderr, "layer_run: %s: the cuda backend runs on the CPU simulator; values and bytes are "
+                             "results, time columns stay empty\n", be->device_name().c_str());
+    }
     if (o.backend == "cpu") {
       double activations = 0;  // per layer and rank, the largest configuration's
       for (LayerPolicy p : policies)
@@ -570,7 +577,7 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
     if (!o.dump.empty() && r.status == "ok") dump_layer(*be, *comm, spec, dump_dir(policy));
 
     const double formula = formula_bytes(dims, o.tp, policy, dtype);
-    const bool have_time = be->computes() && r.status == "ok";
+    const bool have_time = be->computes() && !be->simulated() && r.status == "ok";
     const bool ok = r.status == "ok";
     std::vector<std::string> row = {
         be->name(), be->device_name(), o.model, std::to_string(dims.h), std::to_string(dims.a), std::to_string(dims.s),
@@ -603,7 +610,7 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
                              o.emulate_tp ? "1" : "0", config_name(policy), dtype_name(dtype), fmt_num(o.dropout, "%g"),
                              std::to_string(o.layers), std::to_string(o.iters), p.phase,
                              p.phase.substr(0, p.phase.find('.')), fmt_num(static_cast<double>(p.kernels) / per, "%.2f"),
-                             fmt_num(p.gpu_ms / per, "%.5f"), std::to_string(r.cupti_dropped_records),
+                             be->simulated() ? "" : fmt_num(p.gpu_ms / per, "%.5f"), std::to_string(r.cupti_dropped_records),
                              build_git_sha(), utc_timestamp()});
       }
       csv.append(row);

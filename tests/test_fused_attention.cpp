@@ -172,3 +172,22 @@ TEST(FusedAttentionMemory, MetaBytesAreSelectivePlusLogSumExp) {
 }
 
 }  // namespace
+
+// An empty batch (B = 0, and so empty k and v) is no work, not an error, on every backend
+// that checks shapes; k with no batch for a non-empty q stays an error.
+TEST(FusedAttentionShapes, EmptyBatchIsNoWorkOnCpuAndMeta) {
+  for (const char* name : {"cpu", "meta"}) {
+    auto be = make_backend(name);
+    Tensor q0 = be->empty({0, 5, 8}, DType::fp32), lse0 = be->empty({0}, DType::fp32);
+    DropoutSpec spec;
+    spec.outer = 1;
+    spec.mid_local = spec.mid_global = 0;
+    spec.inner = 25;
+    spec.p = 0.1f;
+    EXPECT_NO_THROW(be->attention_fwd(q0, q0, q0, 1.f, spec, q0, lse0)) << name;
+    EXPECT_NO_THROW(be->attention_bwd(q0, q0, q0, q0, q0, lse0, 1.f, spec, q0, q0, q0)) << name;
+    Tensor q = be->empty({2, 5, 8}, DType::fp32), lse = be->empty({2 * 5}, DType::fp32);
+    spec.mid_local = spec.mid_global = 2;
+    EXPECT_THROW(be->attention_fwd(q, q0, q0, 1.f, spec, q, lse), InvalidArgument) << name;
+  }
+}

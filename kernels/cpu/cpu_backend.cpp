@@ -645,11 +645,12 @@ class CpuBackend final : public Backend {
   static int64_t kv_group(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
     require_defined(op, "k", k);
     require_defined(op, "v", v);
-    if (k.shape() != v.shape() || k.ndim() != 3 || k.dim(1) != q.dim(1) || k.dim(2) != q.dim(2) || k.dim(0) < 1 ||
-        q.dim(0) % k.dim(0) != 0)
+    // B = 0 (an empty batch) pairs with an empty k and v: group 1.
+    if (k.shape() != v.shape() || k.ndim() != 3 || k.dim(1) != q.dim(1) || k.dim(2) != q.dim(2) ||
+        (k.dim(0) < 1 ? q.dim(0) != 0 : q.dim(0) % k.dim(0) != 0))
       fail(op, "k and v must be [B / r, S, D] with r dividing B for q " + shape_str(q.shape()) + ", got " +
                    shape_str(k.shape()) + " and " + shape_str(v.shape()));
-    return q.dim(0) / k.dim(0);
+    return k.dim(0) ? q.dim(0) / k.dim(0) : 1;
   }
 
   // y = rotation of x by sign * angle, pairs (i, i + D/2) of each row of x [B, NH, S, D].

@@ -23,6 +23,10 @@
 #include <nccl.h>
 #endif
 
+#ifndef ACTBENCH_CUDA_SIM
+#define ACTBENCH_CUDA_SIM 0  // 1: built against the CPU simulator (tools/cudasim/sim_backend.cmake)
+#endif
+
 namespace actbench {
 namespace {
 
@@ -143,6 +147,7 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   std::string device_name() const override { return device_name_; }
   bool computes() const override { return true; }
+  bool simulated() const override { return ACTBENCH_CUDA_SIM != 0; }
   cudaStream_t stream() const { return stream_; }
 
   // ---- data movement ------------------------------------------------------------------
@@ -221,6 +226,13 @@ class CudaBackend final : public Backend {
     int nccl = 0;
     if (ncclGetVersion(&nccl) == ncclSuccess)  // >= 2.9: major * 10000 + minor * 100 + patch
       v.nccl = std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100);
+#endif
+#if ACTBENCH_CUDA_SIM
+    // The interfaces the simulator and the stand-ins implement, never a driver or library.
+    v.driver = "none (cudasim)";
+    v.cuda_runtime += " (cudasim)";
+    v.cublas += " (stand-in)";
+    if (!v.nccl.empty()) v.nccl += " (stand-in)";
 #endif
     return v;
   }
@@ -478,11 +490,12 @@ class CudaBackend final : public Backend {
   // k, v [B / r, S, D] for q [B, S, D]: r query batches per key/value batch (GQA).
   static int64_t kv_group(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
     require(k.defined() && v.defined(), op, "k or v is undefined");
-    require(k.shape() == v.shape() && k.ndim() == 3 && k.dim(1) == q.dim(1) && k.dim(2) == q.dim(2) && k.dim(0) >= 1 &&
-                q.dim(0) % k.dim(0) == 0,
+    // B = 0 (an empty batch) pairs with an empty k and v: group 1.
+    require(k.shape() == v.shape() && k.ndim() == 3 && k.dim(1) == q.dim(1) && k.dim(2) == q.dim(2) &&
+                (k.dim(0) >= 1 ? q.dim(0) % k.dim(0) == 0 : q.dim(0) == 0),
             op, "k and v must be [B / r, S, D] with r dividing B for q " + shape_str(q.shape()) + ", got " +
                     shape_str(k.shape()) + " and " + shape_str(v.shape()));
-    return q.dim(0) / k.dim(0);
+    return k.dim(0) ? q.dim(0) / k.dim(0) : 1;
   }
   void rope(const char* op, const Tensor& x, double theta, bool inverse, const Tensor& y) {
     require(x.defined() && x.ndim() == 4 && x.dim(3) % 2 == 0, op,

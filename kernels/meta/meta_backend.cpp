@@ -61,7 +61,7 @@ class MetaBackend final : public Backend {
   // k, v may hold B / r batches (grouped-query attention).
   static bool kv_fits(const Tensor& q, const Tensor& k, const Tensor& v) {
     return q.ndim() == 3 && k.ndim() == 3 && k.shape() == v.shape() && k.dim(1) == q.dim(1) && k.dim(2) == q.dim(2) &&
-           k.dim(0) >= 1 && q.dim(0) % k.dim(0) == 0;
+           (k.dim(0) >= 1 ? q.dim(0) % k.dim(0) == 0 : q.dim(0) == 0);  // B = 0: empty k and v
   }
   void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float, const DropoutSpec& spec,
                      const Tensor& out, const Tensor& lse) override {

@@ -370,6 +370,13 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->unifiedAddressing = 1;
   return cudaSuccess;
 }
+// A simulated device sits on no PCI bus: callers that look the device up elsewhere (NVML) find
+// nothing to look up.
+cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
+  if (!pci_bus_id || len <= 0) return ret(cudaErrorInvalidValue);
+  if (device != 0) return ret(cudaErrorInvalidDevice);
+  return ret(cudaErrorNotSupported);
+}
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (!value) return ret(cudaErrorInvalidValue);
   if (device != 0) return ret(cudaErrorInvalidDevice);

@@ -103,9 +103,9 @@ constexpr size_t kStackBytes = 64 * 1024;
 
 const DeviceLimits kLimits[] = {
     // name, cc, SMs, 48 KiB default, opt-in per block, per SM, memory
-    {"NVIDIA H100 80GB HBM3 (cudasim)", 9, 0, 132, 48 * 1024, 227 * 1024, 228 * 1024, 80ull << 30},
-    {"NVIDIA A100-SXM4-80GB (cudasim)", 8, 0, 108, 48 * 1024, 163 * 1024, 164 * 1024, 80ull << 30},
-    {"NVIDIA GeForce RTX 3090 (cudasim, sm_86)", 8, 6, 82, 48 * 1024, 99 * 1024, 100 * 1024, 24ull << 30},
+    {"cuda-sim (h100 limits)", 9, 0, 132, 48 * 1024, 227 * 1024, 228 * 1024, 80ull << 30},
+    {"cuda-sim (a100 limits)", 8, 0, 108, 48 * 1024, 163 * 1024, 164 * 1024, 80ull << 30},
+    {"cuda-sim (sm86 limits)", 8, 6, 82, 48 * 1024, 99 * 1024, 100 * 1024, 24ull << 30},
 };
 
 struct Settings {

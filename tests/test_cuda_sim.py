@@ -1,0 +1,194 @@
+"""`layer_run --backend cuda` of the simulator build (ACTBENCH_CUDA_SIM=ON) as a user runs it:
+the whole cuda backend (kernels, caching allocator over cudaMalloc, streams, events, cuBLASLt
+GEMMs, the NCCL communicator, CUPTI) on the CPU simulator. Its dumps must match the cpu
+backend's and the float64 NumPy layer, its activation bytes meta's, on one rank and under
+`mpirun -np 2 --tp 2`; its rows must say they are simulated and carry no time.
+
+Run by ctest of a simulator build (label cuda-sim) with ACTBENCH_LAYER_RUN pointing at its
+layer_run, ACTBENCH_BENCH_LAYER at its bench_layer and ACTBENCH_MPIEXEC at mpirun.
+"""
+import csv
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+
+LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build-sim", "runners", "layer_run"))
+BENCH_LAYER = os.environ.get("ACTBENCH_BENCH_LAYER", "")
+MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
+PAPER_CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp"]
+TIME_COLUMNS = ["fwd_ms", "bwd_ms", "total_ms", "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max",
+                "comm_ms_emulated"]
+
+try:
+    import numpy as np
+    import numpy_layer
+except ImportError:
+    np = numpy_layer = None
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class CudaSimTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_cudasim_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def layer_run(self, name, *args, np_ranks=None, timeout=600):
+        """Runs layer_run with --csv NAME.csv (and --dump NAME/ when asked), returns the rows."""
+        out = os.path.join(self.tmp, name + ".csv")
+        cmd = [LAYER_RUN, *args, "--csv", out]
+        if np_ranks:
+            cmd = [MPIEXEC, "-np", str(np_ranks), *cmd]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        self.assertEqual(r.returncode, 0, "%s\n%s%s" % (" ".join(cmd), r.stdout, r.stderr))
+        self.last_stderr = r.stderr
+        return read_rows(out)
+
+    def dump_dir(self, name):
+        return os.path.join(self.tmp, name)
+
+    # ---- checks shared by the tests ----
+    def assert_simulated_rows(self, rows, configs):
+        self.assertEqual([r["config"] for r in rows], configs)
+        for r in rows:
+            self.assertEqual(r["backend"], "cuda")
+            self.assertEqual(r["status"], "ok", r["message"])
+            self.assertTrue(r["device"].startswith("cuda-sim ("), r["device"])
+            for col in TIME_COLUMNS:
+                self.assertEqual(r[col], "", "%s of a simulated run must stay empty" % col)
+            self.assertIn("(cudasim)", r["cuda_runtime_version"])
+            self.assertIn("(stand-in)", r["cublas_version"])
+
+    def assert_dumps_match(self, got_dir, ref_dir, rtol=1e-4):
+        """Inputs bit for bit; every output within rtol of the reference's largest magnitude."""
+        got = sorted(os.path.basename(p) for p in glob.glob(os.path.join(got_dir, "*.npy")))
+        ref = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ref_dir, "*.npy")))
+        self.assertEqual(got, ref)
+        self.assertIn("dx.npy", got)
+        for name in got:
+            a, b = np.load(os.path.join(got_dir, name)), np.load(os.path.join(ref_dir, name))
+            self.assertEqual(a.shape, b.shape, name)
+            if name == "y.npy" or name == "dx.npy" or name.startswith("grad."):
+                scale = float(np.abs(b).max()) or 1.0
+                err = float(np.abs(a.astype(np.float64) - b).max())
+                self.assertLessEqual(err, rtol * scale, "%s: max|cuda - cpu| %.3e vs max|cpu| %.3e" % (name, err, scale))
+            else:
+                self.assertTrue(np.array_equal(a, b), "%s: inputs must be bit-identical" % name)
+
+    def assert_numpy_reference(self, dump):
+        results = numpy_layer.check(dump, rtol=1e-4)
+        names = [r[0] for r in results]
+        self.assertIn("y", names)
+        self.assertIn("dx", names)
+        self.assertGreaterEqual(len(names), 6)  # y, dx and the parameters' gradients
+        for name, err, scale, ok in results:
+            self.assertTrue(ok, "%s: max|err| %.3e vs max|ref| %.3e" % (name, err, scale))
+
+    # ---- the paper's five configurations ----
+    @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
+    def test_five_configurations_match_cpu_numpy_and_meta(self):
+        common = ["--model", "tiny", "--config", ",".join(PAPER_CONFIGS), "--dropout", "0", "--dtype", "fp32"]
+        rows = self.layer_run("cuda", "--backend", "cuda", *common, "--dump", self.dump_dir("cuda"))
+        self.assertIn("CPU simulator", self.last_stderr)
+        self.assert_simulated_rows(rows, PAPER_CONFIGS)
+        cpu = self.layer_run("cpu", "--backend", "cpu", *common, "--dump", self.dump_dir("cpu"))
+        meta = self.layer_run("meta", "--backend", "meta", *common)
+        for r, c, m in zip(rows, cpu, meta):
+            with self.subTest(r["config"]):
+                self.assertEqual(r["act_bytes"], m["act_bytes"])
+                self.assertEqual(r["act_bytes"], c["act_bytes"])
+                self.assertEqual(r["fwd_retained_bytes"], m["fwd_retained_bytes"])
+                self.assertEqual(float(r["act_bytes"]), float(r["act_bytes_formula"]))
+                self.assertGreater(int(r["peak_reserved_bytes"]), int(r["peak_allocated_bytes"]) // 2)
+                got, ref = os.path.join(self.dump_dir("cuda"), r["config"]), os.path.join(self.dump_dir("cpu"), r["config"])
+                self.assert_dumps_match(got, ref)
+                self.assert_numpy_reference(got)
+        # The check is not blind: a perturbed gradient of the cuda dump fails it.
+        path = os.path.join(self.dump_dir("cuda"), "baseline", "grad.fc1.weight.npy")
+        g = np.load(path)
+        g.flat[0] += 1e-2 * np.abs(g).max()
+        np.save(path, g)
+        with self.assertRaises(AssertionError):
+            self.assert_dumps_match(os.path.join(self.dump_dir("cuda"), "baseline"),
+                                    os.path.join(self.dump_dir("cpu"), "baseline"))
+
+    @unittest.skipUnless(numpy_layer and MPIEXEC, "numpy or mpirun missing")
+    def test_two_ranks_tensor_and_sequence_parallel_over_the_nccl_stand_in(self):
+        common = ["--model", "tiny", "--config", ",".join(PAPER_CONFIGS), "--dropout", "0", "--dtype", "fp32",
+                  "--tp", "2"]
+        rows = self.layer_run("cuda2", "--backend", "cuda", *common, "--dump", self.dump_dir("cuda2"), np_ranks=2)
+        self.assert_simulated_rows(rows, PAPER_CONFIGS)
+        self.assertEqual({r["comm_mode"] for r in rows}, {"nccl"})
+        self.assertTrue(all("(stand-in)" in r["nccl_version"] for r in rows))
+        cpu = self.layer_run("cpu2", "--backend", "cpu", *common, "--dump", self.dump_dir("cpu2"), np_ranks=2)
+        meta = self.layer_run("meta2", "--backend", "meta", *common, np_ranks=2)
+        for r, c, m in zip(rows, cpu, meta):
+            with self.subTest(r["config"]):
+                self.assertEqual(r["act_bytes"], m["act_bytes"])
+                self.assertEqual(r["comm_bytes"], c["comm_bytes"])
+                got = os.path.join(self.dump_dir("cuda2"), r["config"])
+                self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu2"), r["config"]))
+                self.assert_numpy_reference(got)
+
+    @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
+    def test_dropout_and_bf16_match_the_cpu_backend(self):
+        # Dropout masks come from the same Philox stream on both backends; bf16 rounds alike.
+        for dtype, dropout, rtol in [("fp32", "0.1", 1e-4), ("bf16", "0.1", 3e-2)]:
+            with self.subTest(dtype):
+                common = ["--model", "tiny", "--config", "selective+sp,full", "--dropout", dropout, "--dtype", dtype,
+                          "--seq", "24", "--batch", "2"]
+                self.layer_run("c" + dtype, "--backend", "cuda", *common, "--dump", self.dump_dir("c" + dtype))
+                self.layer_run("p" + dtype, "--backend", "cpu", *common, "--dump", self.dump_dir("p" + dtype))
+                for config in ["selective+sp", "full"]:
+                    self.assert_dumps_match(os.path.join(self.dump_dir("c" + dtype), config),
+                                            os.path.join(self.dump_dir("p" + dtype), config), rtol)
+
+    @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
+    def test_fused_attention_and_the_llama_layer(self):
+        rows = self.layer_run("fused", "--backend", "cuda", "--model", "tiny", "--attention", "fused", "--config",
+                              "baseline,selective+sp", "--dropout", "0", "--dtype", "fp32", "--dump",
+                              self.dump_dir("fused"))
+        self.assertEqual({r["attention"] for r in rows}, {"fused"})
+        for config in ["baseline", "selective+sp"]:
+            self.assert_numpy_reference(os.path.join(self.dump_dir("fused"), config))
+        llama = ["--arch", "llama", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn-hidden", "96",
+                 "--seq", "24", "--batch", "2", "--config", "baseline,selective", "--dropout", "0", "--dtype", "fp32"]
+        rows = self.layer_run("llama", "--backend", "cuda", *llama, "--dump", self.dump_dir("llama"))
+        meta = self.layer_run("llama_meta", "--backend", "meta", *llama)
+        self.assertEqual([r["act_bytes"] for r in rows], [m["act_bytes"] for m in meta])
+        for config in ["baseline", "selective"]:
+            dump = os.path.join(self.dump_dir("llama"), config)
+            with open(os.path.join(dump, "layer.json")) as f:
+                self.assertEqual(json.load(f).get("arch"), "llama")
+            self.assert_numpy_reference(dump)
+
+    @unittest.skipUnless(BENCH_LAYER, "ACTBENCH_BENCH_LAYER not set")
+    def test_bench_layer_on_the_simulator_says_so(self):
+        out = os.path.join(self.tmp, "bench.json")
+        r = subprocess.run([BENCH_LAYER, "--backend=cuda", "--benchmark_filter=selective",
+                            "--benchmark_min_time=0.001", "--benchmark_format=json", "--benchmark_out=" + out],
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out) as f:
+            report = json.load(f)
+        self.assertTrue(report["context"]["actbench_device"].startswith("cuda-sim ("), report["context"])
+        self.assertTrue(report["benchmarks"])
+        for b in report["benchmarks"]:
+            self.assertIn("simulated", b.get("label", ""), b)
+
+
+if __name__ == "__main__":
+    unittest.main()
