@@ -5,7 +5,7 @@ backend's and the float64 NumPy layer, its activation bytes meta's, on one rank 
 `mpirun -np 2 --tp 2`; its rows must say they are simulated and carry no time.
 
 Run by ctest of a simulator build (label cuda-sim) with ACTBENCH_LAYER_RUN pointing at its
-layer_run, ACTBENCH_BENCH_LAYER at its bench_layer and ACTBENCH_MPIEXEC at mpirun.
+layer_run, ACTBENCH_BENCH_LAYER/_KERNELS at its benchmarks and ACTBENCH_MPIEXEC at mpirun.
 """
 import csv
 import glob
@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 
 LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build-sim", "runners", "layer_run"))
 BENCH_LAYER = os.environ.get("ACTBENCH_BENCH_LAYER", "")
+BENCH_KERNELS = os.environ.get("ACTBENCH_BENCH_KERNELS", "")
 MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
 PAPER_CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp"]
 TIME_COLUMNS = ["fwd_ms", "bwd_ms", "total_ms", "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max",
@@ -175,19 +176,44 @@ class CudaSimTest(unittest.TestCase):
                 self.assertEqual(json.load(f).get("arch"), "llama")
             self.assert_numpy_reference(dump)
 
-    @unittest.skipUnless(BENCH_LAYER, "ACTBENCH_BENCH_LAYER not set")
-    def test_bench_layer_on_the_simulator_says_so(self):
-        out = os.path.join(self.tmp, "bench.json")
-        r = subprocess.run([BENCH_LAYER, "--backend=cuda", "--benchmark_filter=selective",
-                            "--benchmark_min_time=0.001", "--benchmark_format=json", "--benchmark_out=" + out],
-                           capture_output=True, text=True, timeout=600)
-        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        with open(out) as f:
-            report = json.load(f)
-        self.assertTrue(report["context"]["actbench_device"].startswith("cuda-sim ("), report["context"])
-        self.assertTrue(report["benchmarks"])
-        for b in report["benchmarks"]:
-            self.assertIn("simulated", b.get("label", ""), b)
+    def test_launch_limits_of_the_simulated_device_are_the_drivers(self):
+        # Fused attention at head size 128 needs more shared memory than an sm_86 block may
+        # opt into (99 KiB): refused as the driver refuses it, one line naming the call site.
+        out = os.path.join(self.tmp, "sm86.csv")
+        env = dict(os.environ, CUDASIM_DEVICE="sm86")
+        r = subprocess.run([LAYER_RUN, "--backend", "cuda", "--attention", "fused", "--hidden", "256", "--heads", "2",
+                            "--seq", "16", "--batch", "1", "--config", "baseline", "--csv", out],
+                           capture_output=True, text=True, timeout=300, env=env)
+        self.assertNotEqual(r.returncode, 0)
+        errors = [l for l in r.stderr.splitlines() if "failure" in l]
+        self.assertEqual(len(errors), 1, r.stderr)
+        self.assertIn("attention.cu", errors[0])
+        self.assertIn("cudaErrorInvalidValue", errors[0])
+        self.assertIn("cuda-sim (sm86 limits)", r.stderr)
+        # The same run within the H100's limits is fine.
+        r = subprocess.run([LAYER_RUN, "--backend", "cuda", "--attention", "fused", "--hidden", "256", "--heads", "2",
+                            "--seq", "16", "--batch", "1", "--config", "baseline", "--csv", out],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(read_rows(out)[0]["device"], "cuda-sim (h100 limits)")
+
+    @unittest.skipUnless(BENCH_LAYER and BENCH_KERNELS, "ACTBENCH_BENCH_LAYER or ACTBENCH_BENCH_KERNELS not set")
+    def test_benchmarks_on_the_simulator_say_so(self):
+        for binary, pattern in [(BENCH_LAYER, "selective"), (BENCH_KERNELS, "layernorm|gemm_qkv|attention_fused")]:
+            out = os.path.join(self.tmp, "bench.json")
+            r = subprocess.run([binary, "--backend=cuda", "--benchmark_filter=" + pattern,
+                                "--benchmark_min_time=0.001", "--benchmark_format=json", "--benchmark_out=" + out],
+                               capture_output=True, text=True, timeout=600)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            with open(out) as f:
+                report = json.load(f)
+            self.assertTrue(report["context"]["actbench_device"].startswith("cuda-sim ("), report["context"])
+            self.assertIn("simulated", report["context"]["actbench_timing"])
+            self.assertEqual(report["context"]["actbench_shape"], "small")
+            self.assertTrue(report["benchmarks"])
+            for b in report["benchmarks"]:
+                self.assertNotIn("error_occurred", b, b)
+                self.assertIn("simulated", b.get("label", ""), b)
 
 
 if __name__ == "__main__":
