@@ -49,6 +49,27 @@ int kernel_max_dynamic_smem(const void* kernel);
 cudaError_t set_kernel_max_dynamic_smem(const void* kernel, int bytes);
 void check_canaries(const char* when);
 
+// ---- activity (cudasim/activity.hpp) ----
+// One runtime API call, from entry to return: the outermost one on this thread is reported
+// when it returns (a call made inside another, e.g. cudaMemcpy inside cudaMemcpyAsync, is
+// part of that one), followed by the work it ran, which carries its correlation id. Costs two
+// clock reads and one call of the activity functions per API call.
+class ApiCall {
+ public:
+  explicit ApiCall(const char* function, cudaStream_t stream = nullptr) noexcept;
+  ~ApiCall();
+  ApiCall(const ApiCall&) = delete;
+  ApiCall& operator=(const ApiCall&) = delete;
+  // The work of the outermost call on this thread (only one piece per call). `kind` of a copy
+  // is its direction (cudaMemcpyDefault resolved).
+  static void kernel(const char* name, uint64_t start_ns, uint64_t end_ns, dim3 grid, dim3 block, size_t smem);
+  static void memcpy(cudaMemcpyKind kind, size_t bytes, uint64_t start_ns, uint64_t end_ns);
+  static void memset(int value, size_t bytes, uint64_t start_ns, uint64_t end_ns);
+
+ private:
+  bool outermost_;
+};
+
 // ---- the running thread, for the race checker ----
 enum class State : uint8_t { runnable, barrier, warp, exited };
 struct Thread : detail::ThreadInfo {

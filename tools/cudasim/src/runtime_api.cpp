@@ -1,7 +1,7 @@
 // The CUDA runtime calls actbench makes, on host memory: device memory with canaries and NaN
 // poisoning, copies and sets, streams and events (work runs at once, in issue order, so a
 // stream is only a validated handle and an event a host timestamp), device properties of the
-// simulated device, errors. Definitions match the declarations of the toolkit's
+// simulated device, errors. Every call is reported to cudasim::activity (ApiCall). Definitions match the declarations of the toolkit's
 // cuda_runtime_api.h, so code written for the real runtime compiles and links unchanged.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "cudasim/activity.hpp"
 #include "internal.hpp"
 
 #if defined(CUDASIM_ASAN)
@@ -147,6 +148,74 @@ bool valid_stream(cudaStream_t s) {
   return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread || streams().count(s) != 0;
 }
 
+namespace {
+enum class Work : uint8_t { none, kernel, memcpy, memset };
+// The outermost API call running on this thread and the work it ran.
+struct CallState {
+  int depth = 0;
+  const char* function = nullptr;
+  cudaStream_t stream = nullptr;
+  uint64_t start_ns = 0;
+  Work work = Work::none;
+  uint64_t work_start_ns = 0, work_end_ns = 0;
+  size_t bytes = 0;
+  cudaMemcpyKind copy_kind = cudaMemcpyDefault;
+  int value = 0;
+  const char* kernel_name = nullptr;
+  dim3 grid, block;
+  size_t smem = 0;
+};
+thread_local CallState t_call;
+}  // namespace
+
+ApiCall::ApiCall(const char* function, cudaStream_t stream) noexcept : outermost_(t_call.depth++ == 0) {
+  if (!outermost_) return;
+  t_call.function = function;
+  t_call.stream = stream;
+  t_call.work = Work::none;
+  t_call.start_ns = activity::now_ns();
+}
+
+ApiCall::~ApiCall() {
+  --t_call.depth;
+  if (!outermost_) return;
+  const uint32_t id = activity::api_call(t_call.function, t_call.start_ns, activity::now_ns());
+  if (id == 0) return;  // nothing records activity
+  const CallState& c = t_call;
+  switch (c.work) {
+    case Work::none: break;
+    case Work::kernel:
+      activity::kernel(id, c.kernel_name, c.work_start_ns, c.work_end_ns, c.stream, c.grid, c.block, c.smem);
+      break;
+    case Work::memcpy: activity::memcpy(id, c.copy_kind, c.bytes, c.work_start_ns, c.work_end_ns, c.stream); break;
+    case Work::memset: activity::memset(id, c.value, c.bytes, c.work_start_ns, c.work_end_ns, c.stream); break;
+  }
+}
+
+void ApiCall::kernel(const char* name, uint64_t start_ns, uint64_t end_ns, dim3 grid, dim3 block, size_t smem) {
+  t_call.work = Work::kernel;
+  t_call.kernel_name = name;
+  t_call.work_start_ns = start_ns;
+  t_call.work_end_ns = end_ns;
+  t_call.grid = grid;
+  t_call.block = block;
+  t_call.smem = smem;
+}
+void ApiCall::memcpy(cudaMemcpyKind kind, size_t bytes, uint64_t start_ns, uint64_t end_ns) {
+  t_call.work = Work::memcpy;
+  t_call.copy_kind = kind;
+  t_call.bytes = bytes;
+  t_call.work_start_ns = start_ns;
+  t_call.work_end_ns = end_ns;
+}
+void ApiCall::memset(int value, size_t bytes, uint64_t start_ns, uint64_t end_ns) {
+  t_call.work = Work::memset;
+  t_call.value = value;
+  t_call.bytes = bytes;
+  t_call.work_start_ns = start_ns;
+  t_call.work_end_ns = end_ns;
+}
+
 }  // namespace cudasim::internal
 
 using namespace cudasim;
@@ -165,6 +234,7 @@ extern "C" {
 // ---- memory ---------------------------------------------------------------------------------------
 
 cudaError_t cudaMalloc(void** dev_ptr, size_t size) {
+  ApiCall call("cudaMalloc");
   if (!dev_ptr) return ret(cudaErrorInvalidValue);
   *dev_ptr = nullptr;
   if (size == 0) return cudaSuccess;
@@ -186,6 +256,7 @@ cudaError_t cudaMalloc(void** dev_ptr, size_t size) {
 }
 
 cudaError_t cudaFree(void* dev_ptr) {
+  ApiCall call("cudaFree");
   if (!dev_ptr) return cudaSuccess;
   auto it = allocations().find(reinterpret_cast<uintptr_t>(dev_ptr));
   if (it == allocations().end()) return ret(cudaErrorInvalidValue);
@@ -198,16 +269,19 @@ cudaError_t cudaFree(void* dev_ptr) {
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  ApiCall call("cudaMallocHost");
   if (!ptr) return ret(cudaErrorInvalidValue);
   *ptr = size ? std::malloc(size) : nullptr;
   return size && !*ptr ? ret(cudaErrorMemoryAllocation) : cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* ptr) {
+  ApiCall call("cudaFreeHost");
   std::free(ptr);
   return cudaSuccess;
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  ApiCall call("cudaMemGetInfo");
   const size_t total = device_limits().global_mem;
   if (free_bytes) *free_bytes = total - g_allocated;
   if (total_bytes) *total_bytes = total;
@@ -215,6 +289,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  ApiCall call("cudaMemcpy");
   if (count == 0) return cudaSuccess;
   if (!dst || !src) return ret(cudaErrorInvalidValue);
   const bool dst_dev = find_allocation(dst, 1) != nullptr, src_dev = find_allocation(src, 1) != nullptr;
@@ -230,20 +305,30 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
     default: return ret(cudaErrorInvalidMemcpyDirection);
   }
   if (!ok) return ret(cudaErrorInvalidValue);
+  if (kind == cudaMemcpyDefault)  // the direction the pointers say (unified addressing)
+    kind = src_dev ? (dst_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                   : (dst_dev ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+  const uint64_t start_ns = activity::now_ns();
   std::memmove(dst, src, count);
+  ApiCall::memcpy(kind, count, start_ns, activity::now_ns());
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  ApiCall call("cudaMemcpyAsync", stream);
   if (!valid_stream(stream)) return ret(cudaErrorInvalidResourceHandle);
   return cudaMemcpy(dst, src, count, kind);
 }
 cudaError_t cudaMemset(void* dev_ptr, int value, size_t count) {
+  ApiCall call("cudaMemset");
   if (count == 0) return cudaSuccess;
   if (!device_range_ok(dev_ptr, count)) return ret(cudaErrorInvalidValue);
+  const uint64_t start_ns = activity::now_ns();
   std::memset(dev_ptr, value, count);
+  ApiCall::memset(value, count, start_ns, activity::now_ns());
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dev_ptr, int value, size_t count, cudaStream_t stream) {
+  ApiCall call("cudaMemsetAsync", stream);
   if (!valid_stream(stream)) return ret(cudaErrorInvalidResourceHandle);
   return cudaMemset(dev_ptr, value, count);
 }
@@ -251,54 +336,65 @@ cudaError_t cudaMemsetAsync(void* dev_ptr, int value, size_t count, cudaStream_t
 // ---- streams and events ------------------------------------------------------------------------------
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) {
+  ApiCall call("cudaStreamCreate");
   if (!stream) return ret(cudaErrorInvalidValue);
   *stream = reinterpret_cast<cudaStream_t>(new SimStream{0});
   streams().insert(*stream);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  ApiCall call("cudaStreamCreateWithFlags");
   const cudaError_t e = cudaStreamCreate(stream);
   if (e == cudaSuccess) reinterpret_cast<SimStream*>(*stream)->flags = flags;
   return e;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  ApiCall call("cudaStreamDestroy", stream);
   if (!stream || !streams().erase(stream)) return ret(cudaErrorInvalidResourceHandle);
   delete reinterpret_cast<SimStream*>(stream);
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  ApiCall call("cudaStreamSynchronize", stream);
   if (!valid_stream(stream)) return ret(cudaErrorInvalidResourceHandle);
   return peek_error() == cudaErrorLaunchFailure ? cudaErrorLaunchFailure : cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  ApiCall call("cudaStreamQuery", stream);
   return valid_stream(stream) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  ApiCall call("cudaStreamWaitEvent", stream);
   if (!valid_stream(stream) || !known_event(event)) return ret(cudaErrorInvalidResourceHandle);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  ApiCall call("cudaDeviceSynchronize");
   return peek_error() == cudaErrorLaunchFailure ? cudaErrorLaunchFailure : cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  ApiCall call("cudaEventCreate");
   if (!event) return ret(cudaErrorInvalidValue);
   *event = reinterpret_cast<cudaEvent_t>(new SimEvent{});
   events().insert(*event);
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  ApiCall call("cudaEventCreateWithFlags");
   const cudaError_t e = cudaEventCreate(event);
   if (e == cudaSuccess) reinterpret_cast<SimEvent*>(*event)->flags = flags;
   return e;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  ApiCall call("cudaEventDestroy");
   if (!known_event(event)) return ret(cudaErrorInvalidResourceHandle);
   events().erase(event);
   delete reinterpret_cast<SimEvent*>(event);
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  ApiCall call("cudaEventRecord", stream);
   if (!known_event(event) || !valid_stream(stream)) return ret(cudaErrorInvalidResourceHandle);
   SimEvent* e = reinterpret_cast<SimEvent*>(event);
   e->ms = host_ms();  // work before it has already run
@@ -306,12 +402,15 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  ApiCall call("cudaEventSynchronize");
   return known_event(event) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  ApiCall call("cudaEventQuery");
   return known_event(event) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  ApiCall call("cudaEventElapsedTime");
   if (!ms) return ret(cudaErrorInvalidValue);
   if (!known_event(start) || !known_event(end)) return ret(cudaErrorInvalidResourceHandle);
   const SimEvent* a = reinterpret_cast<SimEvent*>(start);
@@ -325,21 +424,25 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 // ---- device ------------------------------------------------------------------------------------------
 
 cudaError_t cudaGetDeviceCount(int* count) {
+  ApiCall call("cudaGetDeviceCount");
   if (!count) return ret(cudaErrorInvalidValue);
   *count = 1;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
+  ApiCall call("cudaSetDevice");
   if (device != 0) return ret(cudaErrorInvalidDevice);
   g_current_device = device;
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
+  ApiCall call("cudaGetDevice");
   if (!device) return ret(cudaErrorInvalidValue);
   *device = g_current_device;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  ApiCall call("cudaGetDeviceProperties");
   if (!prop) return ret(cudaErrorInvalidValue);
   if (device != 0) return ret(cudaErrorInvalidDevice);
   const DeviceLimits& l = device_limits();
@@ -378,6 +481,7 @@ cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
   return ret(cudaErrorNotSupported);
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  ApiCall call("cudaDeviceGetAttribute");
   if (!value) return ret(cudaErrorInvalidValue);
   if (device != 0) return ret(cudaErrorInvalidDevice);
   const DeviceLimits& l = device_limits();
@@ -394,28 +498,43 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return cudaSuccess;
 }
 cudaError_t cudaRuntimeGetVersion(int* v) {
+  ApiCall call("cudaRuntimeGetVersion");
   if (!v) return ret(cudaErrorInvalidValue);
   *v = CUDART_VERSION;
   return cudaSuccess;
 }
 cudaError_t cudaDriverGetVersion(int* v) {
+  ApiCall call("cudaDriverGetVersion");
   if (!v) return ret(cudaErrorInvalidValue);
   *v = CUDART_VERSION;
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  ApiCall call("cudaFuncSetAttribute");
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) return ret(set_kernel_max_dynamic_smem(func, value));
   if (attr == cudaFuncAttributePreferredSharedMemoryCarveout)
     return value >= -1 && value <= 100 ? cudaSuccess : ret(cudaErrorInvalidValue);
   return ret(cudaErrorInvalidValue);
 }
-cudaError_t cudaProfilerStart(void) { return cudaSuccess; }
-cudaError_t cudaProfilerStop(void) { return cudaSuccess; }
+cudaError_t cudaProfilerStart(void) {
+  ApiCall call("cudaProfilerStart");
+  return cudaSuccess;
+}
+cudaError_t cudaProfilerStop(void) {
+  ApiCall call("cudaProfilerStop");
+  return cudaSuccess;
+}
 
 // ---- errors ------------------------------------------------------------------------------------------
 
-cudaError_t cudaGetLastError(void) { return take_error(); }
-cudaError_t cudaPeekAtLastError(void) { return peek_error(); }
+cudaError_t cudaGetLastError(void) {
+  ApiCall call("cudaGetLastError");
+  return take_error();
+}
+cudaError_t cudaPeekAtLastError(void) {
+  ApiCall call("cudaPeekAtLastError");
+  return peek_error();
+}
 
 #define CUDASIM_ERRORS(X)                                                       \
   X(cudaSuccess, "no error")                                                    \
@@ -436,6 +555,7 @@ cudaError_t cudaPeekAtLastError(void) { return peek_error(); }
   X(cudaErrorNotSupported, "operation not supported")
 
 const char* cudaGetErrorName(cudaError_t error) {
+  ApiCall call("cudaGetErrorName");
 #define CUDASIM_NAME(e, s) \
   if (error == e) return #e;
   CUDASIM_ERRORS(CUDASIM_NAME)
@@ -443,6 +563,7 @@ const char* cudaGetErrorName(cudaError_t error) {
   return "cudaErrorUnknown";
 }
 const char* cudaGetErrorString(cudaError_t error) {
+  ApiCall call("cudaGetErrorString");
 #define CUDASIM_STRING(e, s) \
   if (error == e) return s;
   CUDASIM_ERRORS(CUDASIM_STRING)

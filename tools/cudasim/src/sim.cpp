@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cudasim/activity.hpp"
 #include "internal.hpp"
 
 #if defined(CUDASIM_ASAN)
@@ -741,6 +742,8 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
 
 void launch(const void* kernel, const char* kernel_name, const char* file, int line, dim3 grid, dim3 block, size_t smem,
             cudaStream_t stream, void (*thunk)(void*), void* ctx) {
+  // The launch is one cudaLaunchKernel call; a rejected one reports the call and no kernel.
+  ApiCall call("cudaLaunchKernel", stream);
   ++g_launches;
   g_stats = LaunchStats{};
   if (current) {
@@ -787,6 +790,7 @@ void launch(const void* kernel, const char* kernel_name, const char* file, int l
   race_begin_launch();
 #endif
 
+  const uint64_t kernel_start_ns = activity::now_ns();
   const uint64_t nblocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
   std::vector<uint64_t> order;
   if (settings().schedule == Schedule::random) {
@@ -813,6 +817,7 @@ void launch(const void* kernel, const char* kernel_name, const char* file, int l
 #if defined(CUDASIM_ASAN)
   __asan_unpoison_memory_region(g_dynamic.data() + smem, kBackCanary);
 #endif
+  ApiCall::kernel(kernel_name, kernel_start_ns, activity::now_ns(), grid, block, smem);
   check_canaries(kernel_name);
   running.kernel = "";
   if (report_list().size() != reports_before) set_error(cudaErrorLaunchFailure);

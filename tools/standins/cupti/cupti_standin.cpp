@@ -3,7 +3,9 @@
 // and go back through its completion callback, records are read with
 // cuptiActivityGetNextRecord, and external correlation ids are per-thread stacks whose top
 // is reported, in a CUpti_ActivityExternalCorrelation record, ahead of each runtime/driver
-// API record made inside the region. Records come from the hooks in cupti_standin.h.
+// API record made inside the region. Records come from the hooks in cupti_standin.h. All go
+// to CUPTI's global queue (the stand-in has no per-context buffers); a record the client
+// gives no buffer for is dropped and counted (cuptiActivityGetNumDroppedRecords).
 #include "tools/standins/cupti/cupti_standin.h"
 
 #include <cstring>
@@ -25,6 +27,8 @@ struct State {
   uint8_t* buffer = nullptr;  // the buffer being filled
   size_t size = 0, used = 0, max_records = 0, records = 0;
   uint32_t next_correlation = 1;
+  int64_t next_grid_id = 1;
+  size_t dropped = 0;  // records of the global queue without buffer space, since the last query
   std::set<std::string> names;  // kernel names outlive the records pointing at them
 };
 
@@ -43,6 +47,8 @@ size_t record_bytes(CUpti_ActivityKind kind) {
     case CUPTI_ACTIVITY_KIND_RUNTIME:
     case CUPTI_ACTIVITY_KIND_DRIVER: n = sizeof(CUpti_ActivityAPI); break;
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: n = sizeof(CUpti_ActivityExternalCorrelation); break;
+    case CUPTI_ACTIVITY_KIND_MEMCPY: n = sizeof(CUpti_ActivityMemcpy6); break;
+    case CUPTI_ACTIVITY_KIND_MEMSET: n = sizeof(CUpti_ActivityMemset4); break;
     default: return 0;
   }
   return (n + 7) / 8 * 8;  // records are 8-byte aligned in a buffer
@@ -60,16 +66,20 @@ void complete_buffer(State& s) {
   if (s.complete) s.complete(nullptr, 0, b, size, used);
 }
 
-// Space for one record of `bytes`, or null when the client gives no buffer (record dropped).
+// Space for one record of `bytes`, or null when the client gives no buffer of sufficient
+// size (the record is dropped and counted).
 uint8_t* reserve(State& s, size_t bytes) {
   const bool full = s.buffer && (s.used + bytes > s.size || (s.max_records && s.records >= s.max_records));
   if (full) complete_buffer(s);
   if (!s.buffer) {
-    if (!s.request) return nullptr;
     uint8_t* b = nullptr;
     size_t size = 0, max_records = 0;
-    s.request(&b, &size, &max_records);
-    if (!b || size < bytes) return nullptr;
+    if (s.request) s.request(&b, &size, &max_records);
+    if (!b || size < bytes) {
+      ++s.dropped;
+      if (b && s.complete) s.complete(nullptr, 0, b, size, 0);  // too small: back, empty, to be freed
+      return nullptr;
+    }
     s.buffer = b;
     s.size = size;
     s.max_records = max_records;
@@ -148,6 +158,20 @@ CUptiResult CUPTIAPI cuptiActivityGetNextRecord(uint8_t* buffer, size_t validBuf
   return CUPTI_SUCCESS;
 }
 
+// The stand-in fills only the global queue (context NULL); a context's own queue is never
+// used, so its count is 0. Either count is reset by the query, as documented.
+CUptiResult CUPTIAPI cuptiActivityGetNumDroppedRecords(CUcontext context, uint32_t streamId, size_t* dropped) {
+  if (!dropped) return CUPTI_ERROR_INVALID_PARAMETER;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  *dropped = 0;
+  if (!context) {
+    *dropped = s.dropped;
+    s.dropped = 0;
+  }
+  return CUPTI_SUCCESS;
+}
+
 CUptiResult CUPTIAPI cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t id) {
   if (kind <= CUPTI_EXTERNAL_CORRELATION_KIND_INVALID || kind >= kExternalKinds) return CUPTI_ERROR_INVALID_PARAMETER;
   external_stacks[kind].push_back(id);
@@ -195,19 +219,27 @@ uint32_t actbench_cupti_standin_api_call(CUpti_ActivityKind api_kind, CUpti_Call
 }
 
 void actbench_cupti_standin_kernel(uint32_t correlation_id, const char* name, uint64_t start_ns, uint64_t end_ns,
-                                   uint32_t stream_id, const int32_t grid[3], const int32_t block[3]) {
+                                   uint32_t stream_id, const int32_t grid[3], const int32_t block[3],
+                                   int32_t dynamic_shared_bytes) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   CUpti_ActivityKind kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
   if (!s.enabled[kind]) kind = CUPTI_ACTIVITY_KIND_KERNEL;
   if (!s.enabled[kind]) return;
+  const int64_t grid_id = s.next_grid_id++;
   auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(reserve(s, record_bytes(kind)));
   if (!k) return;
   k->kind = kind;
   k->correlationId = correlation_id;
   k->start = start_ns;
   k->end = end_ns;
+  k->completed = end_ns;  // no child kernels
+  k->queued = k->submitted = CUPTI_TIMESTAMP_UNKNOWN;  // latency timestamps are not enabled
+  k->deviceId = ACTBENCH_CUPTI_STANDIN_DEVICE_ID;
+  k->contextId = ACTBENCH_CUPTI_STANDIN_CONTEXT_ID;
   k->streamId = stream_id;
+  k->gridId = grid_id;
+  k->dynamicSharedMemory = dynamic_shared_bytes;
   k->name = s.names.insert(name ? name : "").first->c_str();
   if (grid) {
     k->gridX = grid[0];
@@ -221,6 +253,50 @@ void actbench_cupti_standin_kernel(uint32_t correlation_id, const char* name, ui
   }
 }
 
+void actbench_cupti_standin_memcpy(uint32_t correlation_id, CUpti_ActivityMemcpyKind copy_kind,
+                                   CUpti_ActivityMemoryKind src_kind, CUpti_ActivityMemoryKind dst_kind, uint64_t bytes,
+                                   uint64_t start_ns, uint64_t end_ns, uint32_t stream_id, int async) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.enabled[CUPTI_ACTIVITY_KIND_MEMCPY]) return;
+  auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(reserve(s, record_bytes(CUPTI_ACTIVITY_KIND_MEMCPY)));
+  if (!m) return;
+  m->kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+  m->copyKind = static_cast<uint8_t>(copy_kind);
+  m->srcKind = static_cast<uint8_t>(src_kind);
+  m->dstKind = static_cast<uint8_t>(dst_kind);
+  m->flags = async ? CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC : 0;
+  m->bytes = bytes;
+  m->start = start_ns;
+  m->end = end_ns;
+  m->deviceId = ACTBENCH_CUPTI_STANDIN_DEVICE_ID;
+  m->contextId = ACTBENCH_CUPTI_STANDIN_CONTEXT_ID;
+  m->streamId = stream_id;
+  m->correlationId = correlation_id;         // the API record that launched it (no driver call)
+  m->runtimeCorrelationId = correlation_id;  // the runtime API record that launched it
+  m->copyCount = 1;
+}
+
+void actbench_cupti_standin_memset(uint32_t correlation_id, uint32_t value, uint64_t bytes, uint64_t start_ns,
+                                   uint64_t end_ns, uint32_t stream_id, int async) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.enabled[CUPTI_ACTIVITY_KIND_MEMSET]) return;
+  auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(reserve(s, record_bytes(CUPTI_ACTIVITY_KIND_MEMSET)));
+  if (!m) return;
+  m->kind = CUPTI_ACTIVITY_KIND_MEMSET;
+  m->value = value;
+  m->bytes = bytes;
+  m->start = start_ns;
+  m->end = end_ns;
+  m->deviceId = ACTBENCH_CUPTI_STANDIN_DEVICE_ID;
+  m->contextId = ACTBENCH_CUPTI_STANDIN_CONTEXT_ID;
+  m->streamId = stream_id;
+  m->correlationId = correlation_id;
+  m->flags = async ? CUPTI_ACTIVITY_FLAG_MEMSET_ASYNC : 0;
+  m->memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
+}
+
 void actbench_cupti_standin_reset(void) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -229,6 +305,8 @@ void actbench_cupti_standin_reset(void) {
   s.complete = nullptr;
   s.enabled.assign(CUPTI_ACTIVITY_KIND_COUNT, false);
   s.next_correlation = 1;
+  s.next_grid_id = 1;
+  s.dropped = 0;
   for (auto& stack : external_stacks) stack.clear();
 }
 

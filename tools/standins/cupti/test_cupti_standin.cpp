@@ -1,9 +1,12 @@
 // The CUPTI activity stand-in: records reach the client through its buffer callbacks, are
 // read back with cuptiActivityGetNextRecord, and external correlation follows the documented
-// rule (one record per non-empty external stack ahead of each runtime/driver API record).
+// rule (one record per non-empty external stack ahead of each runtime/driver API record),
+// copies and sets carry their call's correlation id, and records without buffer space are
+// counted as dropped.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "tools/standins/cupti/cupti_standin.h"
@@ -16,12 +19,22 @@ struct Seen {
   uint64_t external = 0, start = 0, end = 0;
   CUpti_ExternalCorrelationKind external_kind = CUPTI_EXTERNAL_CORRELATION_KIND_INVALID;
   std::string name;
+  uint32_t stream = 0, device = 0, context = 0, flags = 0, copy_kind = 0, src_kind = 0, dst_kind = 0, value = 0;
+  uint64_t bytes = 0;
+  int32_t grid[3] = {}, block[3] = {}, dynamic_smem = 0;
 };
 std::vector<Seen> seen;
 int buffers_completed = 0;
 size_t buffer_bytes = 4096;
+bool decline = false;  // the client gives no buffer
 
 void CUPTIAPI requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  if (decline) {
+    *buffer = nullptr;
+    *size = 0;
+    *max_records = 0;
+    return;
+  }
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, buffer_bytes));
   *size = buffer_bytes;
   *max_records = 0;
@@ -40,6 +53,38 @@ void CUPTIAPI completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t val
       s.start = k->start;
       s.end = k->end;
       s.name = k->name;
+      s.stream = k->streamId;
+      s.device = k->deviceId;
+      s.context = k->contextId;
+      s.grid[0] = k->gridX, s.grid[1] = k->gridY, s.grid[2] = k->gridZ;
+      s.block[0] = k->blockX, s.block[1] = k->blockY, s.block[2] = k->blockZ;
+      s.dynamic_smem = k->dynamicSharedMemory;
+    } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(r);
+      s.correlation = m->correlationId;
+      EXPECT_EQ(m->runtimeCorrelationId, m->correlationId);
+      s.start = m->start;
+      s.end = m->end;
+      s.stream = m->streamId;
+      s.device = m->deviceId;
+      s.context = m->contextId;
+      s.flags = m->flags;
+      s.copy_kind = m->copyKind;
+      s.src_kind = m->srcKind;
+      s.dst_kind = m->dstKind;
+      s.bytes = m->bytes;
+    } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(r);
+      s.correlation = m->correlationId;
+      s.start = m->start;
+      s.end = m->end;
+      s.stream = m->streamId;
+      s.device = m->deviceId;
+      s.context = m->contextId;
+      s.flags = m->flags;
+      s.value = m->value;
+      s.bytes = m->bytes;
+      s.dst_kind = m->memoryKind;
     } else if (r->kind == CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION) {
       const auto* e = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(r);
       s.correlation = e->correlationId;
@@ -64,6 +109,7 @@ class CuptiStandin : public ::testing::Test {
     seen.clear();
     buffers_completed = 0;
     buffer_bytes = 4096;
+    decline = false;
     ASSERT_EQ(cuptiActivityRegisterCallbacks(&requested, &completed), CUPTI_SUCCESS);
   }
   void TearDown() override { actbench_cupti_standin_reset(); }
@@ -71,7 +117,7 @@ class CuptiStandin : public ::testing::Test {
   uint32_t launch(const char* name, uint64_t t) {
     const uint32_t c = actbench_cupti_standin_api_call(CUPTI_ACTIVITY_KIND_RUNTIME, 0, t, t + 1);
     const int32_t grid[3] = {4, 1, 1}, block[3] = {128, 1, 1};
-    actbench_cupti_standin_kernel(c, name, t + 2, t + 10, 7, grid, block);
+    actbench_cupti_standin_kernel(c, name, t + 2, t + 10, 7, grid, block, 256);
     return c;
   }
 };
@@ -128,6 +174,13 @@ TEST_F(CuptiStandin, ExternalIdsPrecedeApiRecordsAndKernelsShareTheirCorrelation
   EXPECT_EQ(seen[4].name, "outer");
   EXPECT_EQ(seen[4].start, 102u);
   EXPECT_EQ(seen[4].end, 110u);
+  EXPECT_EQ(seen[4].stream, 7u);
+  EXPECT_EQ(seen[4].device, ACTBENCH_CUPTI_STANDIN_DEVICE_ID);
+  EXPECT_EQ(seen[4].context, ACTBENCH_CUPTI_STANDIN_CONTEXT_ID);
+  EXPECT_EQ(seen[4].grid[0], 4);
+  EXPECT_EQ(seen[4].block[0], 128);
+  EXPECT_EQ(seen[4].block[2], 1);
+  EXPECT_EQ(seen[4].dynamic_smem, 256);
   EXPECT_NE(outside, in_outer);
 }
 
@@ -173,7 +226,8 @@ TEST_F(CuptiStandin, RejectsInvalidArguments) {
   EXPECT_EQ(cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2, nullptr),
             CUPTI_ERROR_QUEUE_EMPTY);
   EXPECT_EQ(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_INVALID), CUPTI_ERROR_INVALID_KIND);
-  EXPECT_EQ(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), CUPTI_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY2), CUPTI_ERROR_NOT_SUPPORTED);  // peer copies
+  EXPECT_EQ(cuptiActivityGetNumDroppedRecords(nullptr, 0, nullptr), CUPTI_ERROR_INVALID_PARAMETER);
   EXPECT_EQ(cuptiActivityRegisterCallbacks(nullptr, &completed), CUPTI_ERROR_INVALID_PARAMETER);
   const char* str = nullptr;
   EXPECT_EQ(cuptiGetResultString(CUPTI_ERROR_QUEUE_EMPTY, &str), CUPTI_SUCCESS);
@@ -181,6 +235,91 @@ TEST_F(CuptiStandin, RejectsInvalidArguments) {
   CUpti_Activity* r = nullptr;
   uint8_t dummy[8] = {};
   EXPECT_EQ(cuptiActivityGetNextRecord(dummy, 0, &r), CUPTI_ERROR_MAX_LIMIT_REACHED);
+}
+
+TEST_F(CuptiStandin, CopiesAndSetsCarryTheirCallsCorrelation) {
+  for (auto k : {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+                 CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION})
+    ASSERT_EQ(cuptiActivityEnable(k), CUPTI_SUCCESS);
+  ASSERT_EQ(cuptiActivityPushExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, 3), CUPTI_SUCCESS);
+  const uint32_t copy = actbench_cupti_standin_api_call(CUPTI_ACTIVITY_KIND_RUNTIME, 41, 10, 20);
+  actbench_cupti_standin_memcpy(copy, CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE,
+                                CUPTI_ACTIVITY_MEMORY_KIND_DEVICE, 4096, 12, 18, 5, 1);
+  const uint32_t set = actbench_cupti_standin_api_call(CUPTI_ACTIVITY_KIND_RUNTIME, 49, 30, 40);
+  actbench_cupti_standin_memset(set, 0xAB, 512, 31, 39, 1, 0);
+  cuptiActivityPopExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, nullptr);
+  ASSERT_EQ(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET), CUPTI_SUCCESS);
+  const uint32_t unseen = actbench_cupti_standin_api_call(CUPTI_ACTIVITY_KIND_RUNTIME, 49, 50, 60);
+  actbench_cupti_standin_memset(unseen, 0, 8, 51, 59, 1, 0);
+  ASSERT_EQ(cuptiActivityFlushAll(0), CUPTI_SUCCESS);
+
+  // [X3, API copy, MEMCPY] [X3, API set, MEMSET] [API] (the last set's kind disabled)
+  const std::vector<CUpti_ActivityKind> kinds = {
+      CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_MEMCPY,
+      CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_MEMSET,
+      CUPTI_ACTIVITY_KIND_RUNTIME};
+  ASSERT_EQ(seen.size(), kinds.size());
+  for (size_t i = 0; i < kinds.size(); ++i) EXPECT_EQ(seen[i].kind, kinds[i]) << i;
+  const Seen& c = seen[2];
+  EXPECT_EQ(c.correlation, copy);
+  EXPECT_EQ(c.bytes, 4096u);
+  EXPECT_EQ(c.copy_kind, static_cast<uint32_t>(CUPTI_ACTIVITY_MEMCPY_KIND_HTOD));
+  EXPECT_EQ(c.src_kind, static_cast<uint32_t>(CUPTI_ACTIVITY_MEMORY_KIND_PAGEABLE));
+  EXPECT_EQ(c.dst_kind, static_cast<uint32_t>(CUPTI_ACTIVITY_MEMORY_KIND_DEVICE));
+  EXPECT_EQ(c.flags, static_cast<uint32_t>(CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC));
+  EXPECT_EQ(c.start, 12u);
+  EXPECT_EQ(c.end, 18u);
+  EXPECT_EQ(c.stream, 5u);
+  EXPECT_EQ(c.context, ACTBENCH_CUPTI_STANDIN_CONTEXT_ID);
+  const Seen& m = seen[5];
+  EXPECT_EQ(m.correlation, set);
+  EXPECT_EQ(seen[3].correlation, set);
+  EXPECT_EQ(m.value, 0xABu);
+  EXPECT_EQ(m.bytes, 512u);
+  EXPECT_EQ(m.flags, 0u);  // synchronous
+  EXPECT_EQ(m.dst_kind, static_cast<uint32_t>(CUPTI_ACTIVITY_MEMORY_KIND_DEVICE));
+  EXPECT_EQ(m.start, 31u);
+  EXPECT_EQ(m.stream, 1u);
+  EXPECT_EQ(seen[6].correlation, unseen);
+}
+
+TEST_F(CuptiStandin, RecordsWithoutBufferAreDroppedAndCounted) {
+  ASSERT_EQ(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME), CUPTI_SUCCESS);
+  ASSERT_EQ(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), CUPTI_SUCCESS);
+  size_t dropped = 99;
+  ASSERT_EQ(cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped), CUPTI_SUCCESS);
+  EXPECT_EQ(dropped, 0u);
+  decline = true;
+  launch("lost", 0);  // an API record and a kernel record, both without a buffer
+  launch("lost too", 100);
+  decline = false;
+  launch("kept", 200);
+  ASSERT_EQ(cuptiActivityFlushAll(0), CUPTI_SUCCESS);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].name, "kept");
+  // The stand-in has only the global queue: a context's own queue never drops anything.
+  int some_context = 0;
+  ASSERT_EQ(cuptiActivityGetNumDroppedRecords(reinterpret_cast<CUcontext>(&some_context), 0, &dropped),
+            CUPTI_SUCCESS);
+  EXPECT_EQ(dropped, 0u);
+  ASSERT_EQ(cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped), CUPTI_SUCCESS);
+  EXPECT_EQ(dropped, 4u);
+  ASSERT_EQ(cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped), CUPTI_SUCCESS);
+  EXPECT_EQ(dropped, 0u);  // the query resets the count
+
+  // A buffer too small for the record: dropped too, and the buffer goes back empty.
+  buffer_bytes = 16;
+  launch("too big", 300);
+  EXPECT_EQ(seen.size(), 2u);
+  ASSERT_EQ(cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped), CUPTI_SUCCESS);
+  EXPECT_EQ(dropped, 2u);
+  // Disabled kinds are not dropped records: nothing was to be recorded.
+  ASSERT_EQ(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_RUNTIME), CUPTI_SUCCESS);
+  ASSERT_EQ(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), CUPTI_SUCCESS);
+  decline = true;
+  launch("not recorded", 400);
+  ASSERT_EQ(cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped), CUPTI_SUCCESS);
+  EXPECT_EQ(dropped, 0u);
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 //                                                them into CUPTI activity records
 // Times are nanoseconds of one monotonic host clock (cudasim::activity::now_ns). Work runs
 // inside the API call that issued it, so a kernel's [start, end] lies within its call's.
+// Order on a thread: a call is reported when it returns (a runtime function called inside
+// another, e.g. cudaMemcpy by cudaMemcpyAsync, is part of the outer call, not a call of its
+// own); the work it ran (at most one kernel, copy or set) is reported right after it.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
