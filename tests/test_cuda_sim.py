@@ -176,6 +176,33 @@ class CudaSimTest(unittest.TestCase):
                 self.assertEqual(json.load(f).get("arch"), "llama")
             self.assert_numpy_reference(dump)
 
+    def test_cupti_phase_split_of_simulated_kernels(self):
+        # The simulated runtime reports every API call, kernel, copy and set to the CUPTI
+        # stand-in; layer_run's profiler attributes them to phases as on a GPU.
+        cupti = os.path.join(self.tmp, "cupti.csv")
+        self.layer_run("cupti_layer", "--backend", "cuda", "--model", "tiny", "--config", "baseline,full,selective",
+                       "--dtype", "fp32", "--cupti", cupti)
+        rows = read_rows(cupti)
+        kernels = {}
+        for r in rows:
+            self.assertEqual(r["gpu_ms"], "", "simulated kernels have no GPU time")
+            self.assertEqual(r["dropped_records"], "0")
+            self.assertTrue(r["device"].startswith("cuda-sim ("))
+            kernels.setdefault(r["config"], {})[r["phase"]] = float(r["kernels"])
+        for config in ["baseline", "full", "selective"]:
+            phases = kernels[config]
+            for stage in ["fwd", "bwd"]:
+                for block in ["ln1", "qkv", "core_attn", "fc1", "gelu"]:
+                    self.assertGreater(phases.get(stage + "." + block, 0), 0, (config, stage, block))
+        self.assertFalse([p for p in kernels["baseline"] if p.startswith("recompute.")])
+        # Full recompute re-runs every forward phase's kernels; selective only (part of) core attention.
+        fwd = {p[4:]: n for p, n in kernels["full"].items() if p.startswith("fwd.")}
+        rec = {p[10:]: n for p, n in kernels["full"].items() if p.startswith("recompute.")}
+        self.assertEqual(rec, fwd)
+        rec = {p: n for p, n in kernels["selective"].items() if p.startswith("recompute.")}
+        self.assertEqual(list(rec), ["recompute.core_attn"])
+        self.assertLessEqual(rec["recompute.core_attn"], kernels["selective"]["fwd.core_attn"])
+
     def test_launch_limits_of_the_simulated_device_are_the_drivers(self):
         # Fused attention at head size 128 needs more shared memory than an sm_86 block may
         # opt into (99 KiB): refused as the driver refuses it, one line naming the call site.
