@@ -639,6 +639,7 @@ def check_args(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="\n\n".join(__doc__.split("\n\n")[2:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan", help=" | ".join(BUILTIN_PLANS) + " | PLAN.json")
     ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable; FILE.lock beside it)")
@@ -655,7 +656,8 @@ def main(argv=None):
     ap.add_argument("--iters", type=int)
     ap.add_argument("--memory-limit", help="e.g. 80GiB: points past it are recorded as oom")
     ap.add_argument("--build", help="build folder holding runners/layer_run")
-    ap.add_argument("--extra", help="more layer_run arguments, one string (not the ones the sweep sets)")
+    ap.add_argument("--extra", help="more layer_run arguments, one string (not the ones the sweep sets, nor "
+                                       "--hf-config, --rope-theta, --norm-eps)")
     ap.add_argument("--dry-run", action="store_true", help="list the points and what would run; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run points recorded as failed again")
     ap.add_argument("--no-wait", action="store_true",
