@@ -374,6 +374,7 @@ def end_last_line(path):
 def failed_row(header, p, backend, emulated, status, message, command):
     values = {c: "" for c in header}
     values.update({k: str(v) for k, v in p.items() if k in values})
+    values["dropout"] = norm(p["dropout"])  # "0" and "0.1", as layer_run writes them
     values.update(backend=backend, emulated="1" if emulated else "0", status=status,
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=command)
     if "message" in values:

@@ -329,6 +329,17 @@ class SweepRuns(unittest.TestCase):
                                      + [(s, "llama", g, "256", "0") for s in ("8", "16") for g in ("1", "2", "4")]))
         for plan, n in ((gpt, 2), (both, 4), (gqa, 6)):
             self.assertIn(f"{n} points, {n} already in", self.sweep(plan).stderr)
+        # A llama point layer_run refuses (g = 3 does not divide a = 4): the sweep's own failed
+        # row carries the llama key, so a resume counts it done and --retry-failed runs it again.
+        bad = self.plan({"kv_heads": [3]}, fixed={"model": "tiny", "arch": "llama", "seq": 8, "config": "baseline"})
+        r = self.sweep(bad)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        header, rows = read_rows(self.csv)
+        failed = rows[-1]
+        self.assertEqual([failed[header.index(c)] for c in ("status", "arch", "kv_heads", "ffn_hidden", "dropout")],
+                         ["failed", "llama", "3", "256", "0"])
+        self.assertIn("1 points, 1 already in", self.sweep(bad).stderr)
+        self.assertIn("1 points, 0 already in", self.sweep(bad, "--retry-failed").stderr)
 
     def test_a_csv_from_before_the_llama_columns_is_refused(self):
         layer_run = sweep.find_layer_run(os.environ.get("ACTBENCH_BUILD"))
