@@ -122,7 +122,7 @@ OWN_OPTIONS = {"--backend", "--model", "--hidden", "--heads", "--seq", "--batch"
 # since rows run with and without them would be the same point to a resumed sweep.
 UNKEYED_OPTIONS = {"--hf-config": "put the config's shape in the plan (arch llama, hidden, heads, kv_heads, "
                                   "ffn_hidden, seq)",
-                   "--rope-theta": "the presets' theta is used", "--norm-eps": "the presets' epsilon is used"}
+                   "--rope-theta": "the preset's theta runs (else 10000)", "--norm-eps": "1e-5 runs"}
 GRACE_S = 10.0  # after passing on a signal (or a timeout), how long a point may take to exit before SIGKILL
 MAX_WARNINGS = 20
 
