@@ -5,7 +5,7 @@
              [--dry-run] [--retry-failed] [--no-wait] [--warmup W] [--iters I] [--dtype D]
              [--dropout P] [--memory-limit 80GiB] [--build DIR] [--extra "ARGS"]
 
-PLAN is a built-in plan (table4, seqlen, tp, models, longseq, smoke) or a JSON plan file:
+PLAN is a built-in plan (table4, seqlen, tp, models, longseq, llama, smoke) or a JSON plan file:
 
     {"name": "mine",
      "fixed": {"model": "22b", "batch": 1, "tp": 8},
@@ -14,10 +14,18 @@ PLAN is a built-in plan (table4, seqlen, tp, models, longseq, smoke) or a JSON p
 Every combination of the grid's values (with the fixed ones) is one point; a point is one
 layer_run process writing one row. No config means the paper's five; a config given as a
 list ("baseline,sp" or, in fixed, ["baseline", "sp"]) is one point per configuration. Keys
-of a point: model hidden heads seq batch tp config attention dtype dropout layers (plus the
-backend and whether t is emulated);
-a point whose key is already in the CSV is skipped, so a sweep killed at any moment is
-resumed by running it again. Rows are appended whole by layer_run (one write under a lock);
+of a point: model hidden heads seq batch tp config attention dtype dropout layers arch
+kv_heads ffn_hidden (plus the backend and whether t is emulated); a point whose key is
+already in the CSV is skipped, so a sweep killed at any moment is resumed by running it again.
+
+Models: tiny 22b 175b 530b 1t (arch gpt) and llama3-8b llama3-70b llama3-405b (arch llama),
+each with layer_run's preset shape unless the plan sets it. "arch": "llama" on a gpt model
+runs the llama layer at that shape; for llama, kv_heads defaults to the preset's (else heads)
+and ffn_hidden to the preset's (else 4 x hidden), and dropout is 0 (llama has none: another
+value is refused). kv_heads and ffn_hidden need arch llama. The sweep passes every one of
+these to layer_run, so a row always carries its point's key. --extra may not set what the
+sweep sets, nor --hf-config, --rope-theta or --norm-eps (they change what runs, but no
+column records them). Rows are appended whole by layer_run (one write under a lock);
 a point that fails without a row gets a row with status=failed written by this driver, the
 same way. Out-of-memory points are rows with status=oom (layer_run exit status 3) and the
 sweep goes on. Malformed lines already in the CSV (half-written or glued rows, bytes that
@@ -61,16 +69,23 @@ import results_csv  # noqa: E402
 PAPER_CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp"]
 # The columns that identify a point (as layer_run writes them): every field a plan may vary.
 KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "attention",
-               "dtype", "dropout", "layers"]
-# Per-rank shapes of the paper's models (PAPER.md Table 3) for filling keys before a run.
+               "dtype", "dropout", "layers", "arch", "kv_heads", "ffn_hidden"]
+# layer_run's presets (runners/presets.cpp) for filling keys before a run: per-rank shapes of the
+# paper's models (PAPER.md Table 3) and the llama family's, with its g (kv_heads) and F (ffn_hidden).
 PRESETS = {
-    "tiny": dict(seq=32, batch=2, hidden=64, heads=4, tp=1),
-    "22b": dict(seq=2048, batch=4, hidden=6144, heads=64, tp=8),
-    "175b": dict(seq=2048, batch=1, hidden=12288, heads=96, tp=8),
-    "530b": dict(seq=2048, batch=1, hidden=20480, heads=128, tp=8),
-    "1t": dict(seq=2048, batch=1, hidden=25600, heads=160, tp=8),
+    "tiny": dict(seq=32, batch=2, hidden=64, heads=4, tp=1, arch="gpt"),
+    "22b": dict(seq=2048, batch=4, hidden=6144, heads=64, tp=8, arch="gpt"),
+    "175b": dict(seq=2048, batch=1, hidden=12288, heads=96, tp=8, arch="gpt"),
+    "530b": dict(seq=2048, batch=1, hidden=20480, heads=128, tp=8, arch="gpt"),
+    "1t": dict(seq=2048, batch=1, hidden=25600, heads=160, tp=8, arch="gpt"),
+    "llama3-8b": dict(seq=8192, batch=1, hidden=4096, heads=32, tp=1, arch="llama", kv_heads=8, ffn_hidden=14336),
+    "llama3-70b": dict(seq=8192, batch=1, hidden=8192, heads=64, tp=8, arch="llama", kv_heads=8, ffn_hidden=28672),
+    "llama3-405b": dict(seq=8192, batch=1, hidden=16384, heads=128, tp=8, arch="llama", kv_heads=8,
+                        ffn_hidden=53248),
 }
-DEFAULT_DROPOUT = 0.1  # layer_run's default; always passed so that the key says what ran
+SHAPE_FIELDS = ("seq", "batch", "hidden", "heads", "tp")
+ARCHS = ("gpt", "llama")
+DEFAULT_DROPOUT = 0.1  # layer_run's default for gpt (llama has no dropout: 0); always passed, so the key says what ran
 
 BUILTIN_PLANS = {
     # Table 4: one 22B layer, t = 8, all five configurations.
@@ -89,17 +104,25 @@ BUILTIN_PLANS = {
                 "grid": {"seq": [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
                          "attention": ["unfused", "fused"],
                          "config": ["baseline", "sp", "selective", "selective+sp", "full"]}},
+    # Beyond the paper: the llama family (RMSNorm, GQA g = 8, RoPE, SwiGLU) at Llama 3 8B and
+    # 70B per-rank shapes, s = 8192, t = 8, all five configurations.
+    "llama": {"fixed": {"tp": 8}, "grid": {"model": ["llama3-8b", "llama3-70b"], "config": PAPER_CONFIGS}},
     # A few seconds anywhere: for tests and first runs.
     "smoke": {"fixed": {"model": "tiny", "tp": 2}, "grid": {"seq": [16, 32], "config": PAPER_CONFIGS}},
 }
 
-INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers"}
-TEXT_FIELDS = {"model", "config", "attention", "dtype"}
+INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers", "kv_heads", "ffn_hidden"}
+TEXT_FIELDS = {"model", "config", "attention", "dtype", "arch"}
 POINT_FIELDS = INT_FIELDS | TEXT_FIELDS | {"dropout"}
 # layer_run options the sweep sets itself; --extra may not set them (the point key would lie).
 OWN_OPTIONS = {"--backend", "--model", "--hidden", "--heads", "--seq", "--batch", "--tp", "--config", "--attention",
-               "--dtype", "--dropout", "--layers", "--csv", "--emulate-tp", "--warmup", "--iters", "--memory-limit",
-               "--print-csv-header", "--help", "-h"}
+               "--dtype", "--dropout", "--layers", "--arch", "--kv-heads", "--ffn-hidden", "--csv", "--emulate-tp",
+               "--warmup", "--iters", "--memory-limit", "--print-csv-header", "--help", "-h"}
+# layer_run options that change what runs but that no key column records: refused in --extra,
+# since rows run with and without them would be the same point to a resumed sweep.
+UNKEYED_OPTIONS = {"--hf-config": "put the config's shape in the plan (arch llama, hidden, heads, kv_heads, "
+                                  "ffn_hidden, seq)",
+                   "--rope-theta": "the preset's theta runs (else 10000)", "--norm-eps": "1e-5 runs"}
 GRACE_S = 10.0  # after passing on a signal (or a timeout), how long a point may take to exit before SIGKILL
 MAX_WARNINGS = 20
 
@@ -205,21 +228,50 @@ def expand(plan, defaults):
     names = list(dims)
     points, seen = [], set()
     for values in itertools.product(*(dims[k] for k in names)):
-        p = {"dtype": "bf16", "layers": 1, "attention": "unfused", "dropout": DEFAULT_DROPOUT}
-        p.update(defaults)
-        p.update(fixed)
-        p.update(zip(names, values))
-        model = p.get("model", "tiny")
-        if model not in PRESETS:
-            raise SweepError(f"plan '{plan['name']}': unknown model '{model}' (known: {', '.join(PRESETS)})")
-        for k, v in PRESETS[model].items():
-            p.setdefault(k, v)
-        p["model"] = model
-        ident = tuple(norm(p[k]) for k in sorted(POINT_FIELDS))
-        if ident not in seen:  # a value listed twice is still one point
+        given = dict(fixed)
+        given.update(zip(names, values))
+        p = resolve(plan, given, defaults)
+        ident = tuple(norm(p[k]) for k in KEY_COLUMNS if k in p)
+        if ident not in seen:  # a value listed twice (or a default spelled out) is still one point
             seen.add(ident)
             points.append(p)
     return points
+
+
+def resolve(plan, given, defaults):
+    """One point's layer_run settings, every key column filled as layer_run will write its row:
+    the preset's shape and family (runners/presets.cpp) unless the plan sets them; for llama
+    kv_heads defaults to the preset's or heads, ffn_hidden to the preset's or 4 x hidden
+    (LayerDims::groups, ::ffn), and dropout is 0 (layer_run's default for llama, which has none)."""
+    p = {"dtype": "bf16", "layers": 1, "attention": "unfused"}
+    p.update({k: v for k, v in defaults.items() if k != "dropout"})
+    p.update(given)
+    model = p.get("model", "tiny")
+    if model not in PRESETS:
+        raise SweepError(f"plan '{plan['name']}': unknown model '{model}' (known: {', '.join(PRESETS)})")
+    preset = PRESETS[model]
+    p["model"] = model
+    for k in SHAPE_FIELDS:
+        p.setdefault(k, preset[k])
+    arch = p.setdefault("arch", preset["arch"])
+    where = f"plan '{plan['name']}': model {model}"
+    if arch not in ARCHS:
+        raise SweepError(f"{where}: unknown arch '{arch}' (known: {', '.join(ARCHS)})")
+    if arch == "gpt":
+        if preset["arch"] == "llama":
+            raise SweepError(f"{where} is a llama model: arch gpt cannot run it")
+        extra = sorted(k for k in ("kv_heads", "ffn_hidden") if k in given)
+        if extra:
+            raise SweepError(f"{where}, arch gpt: {' and '.join(extra)} need arch llama")
+        p["kv_heads"] = p["ffn_hidden"] = ""  # layer_run leaves them empty for gpt
+        p.setdefault("dropout", defaults.get("dropout", DEFAULT_DROPOUT))
+    else:
+        p.setdefault("kv_heads", preset.get("kv_heads") or p["heads"])
+        p.setdefault("ffn_hidden", preset.get("ffn_hidden") or 4 * p["hidden"])
+        if "dropout" in given and given["dropout"] != 0:
+            raise SweepError(f"{where}, arch llama: dropout={norm(given['dropout'])}, but llama has no dropout (0)")
+        p["dropout"] = 0.0
+    return p
 
 
 def norm(v):
@@ -322,6 +374,7 @@ def end_last_line(path):
 def failed_row(header, p, backend, emulated, status, message, command):
     values = {c: "" for c in header}
     values.update({k: str(v) for k, v in p.items() if k in values})
+    values["dropout"] = norm(p["dropout"])  # "0" and "0.1", as layer_run writes them
     values.update(backend=backend, emulated="1" if emulated else "0", status=status,
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=command)
     if "message" in values:
@@ -412,7 +465,10 @@ def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
     cmd = [layer_run, "--backend", args.backend, "--model", p["model"], "--hidden", str(p["hidden"]),
            "--heads", str(p["heads"]), "--seq", str(p["seq"]), "--batch", str(p["batch"]), "--tp", str(p["tp"]),
            "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"],
-           "--dropout", norm(p["dropout"]), "--layers", str(p["layers"]), "--csv", args.csv]
+           "--dropout", norm(p["dropout"]), "--layers", str(p["layers"]), "--arch", p["arch"]]
+    if p["arch"] == "llama":  # given, not left to defaults: the row says what the key says
+        cmd += ["--kv-heads", str(p["kv_heads"]), "--ffn-hidden", str(p["ffn_hidden"])]
+    cmd += ["--csv", args.csv]
     if args.warmup is not None:
         cmd += ["--warmup", str(args.warmup)]
     if args.iters is not None:
@@ -568,32 +624,41 @@ def check_args(args):
             words = shlex.split(args.extra)
         except ValueError as e:
             raise SweepError(f"--extra: {e}")
-        own = sorted({w.split("=")[0] for w in words if w.split("=")[0] in OWN_OPTIONS})
+        options = [w.split("=")[0] for w in words]
+        own = sorted({o for o in options if o in OWN_OPTIONS})
         if own:
             raise SweepError(f"--extra may not set {', '.join(own)}: the sweep sets it (put it in the plan "
                              f"or use the sweep's own option)")
+        unkeyed = sorted({o for o in options if o in UNKEYED_OPTIONS})
+        if unkeyed:
+            raise SweepError(f"--extra may not set {', '.join(unkeyed)}: it changes what runs but no CSV column "
+                             f"records it, so a resumed sweep could not tell its points apart ("
+                             + "; ".join(f"{o}: {UNKEYED_OPTIONS[o]}" for o in unkeyed) + ")")
     if args.timeout <= 0 or not math.isfinite(args.timeout):
         raise SweepError("--timeout must be a positive number of seconds")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="\n\n".join(__doc__.split("\n\n")[2:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan", help="table4 | seqlen | tp | models | longseq | smoke | PLAN.json")
+    ap.add_argument("plan", help=" | ".join(BUILTIN_PLANS) + " | PLAN.json")
     ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable; FILE.lock beside it)")
     ap.add_argument("--backend", default="meta", choices=["cpu", "cuda", "meta"])
     ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--attention", default="unfused", choices=["unfused", "fused"],
                     help="default for points whose plan does not set it")
-    ap.add_argument("--dropout", type=float, default=DEFAULT_DROPOUT,
-                    help="default for points whose plan does not set it")
+    ap.add_argument("--dropout", type=float,
+                    help=f"default for gpt points whose plan does not set it ({DEFAULT_DROPOUT}); llama points "
+                         f"have no dropout (0)")
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--iters", type=int)
     ap.add_argument("--memory-limit", help="e.g. 80GiB: points past it are recorded as oom")
     ap.add_argument("--build", help="build folder holding runners/layer_run")
-    ap.add_argument("--extra", help="more layer_run arguments, one string (not the ones the sweep sets)")
+    ap.add_argument("--extra", help="more layer_run arguments, one string (not the ones the sweep sets, nor "
+                                       "--hf-config, --rope-theta, --norm-eps)")
     ap.add_argument("--dry-run", action="store_true", help="list the points and what would run; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run points recorded as failed again")
     ap.add_argument("--no-wait", action="store_true",
@@ -609,8 +674,10 @@ def main(argv=None):
     try:
         check_args(args)
         plan = load_plan(args.plan)
-        points = expand(plan, {"dtype": args.dtype, "layers": args.layers, "attention": args.attention,
-                               "dropout": plan_value({"name": "--dropout"}, "dropout", args.dropout)})
+        defaults = {"dtype": args.dtype, "layers": args.layers, "attention": args.attention}
+        if args.dropout is not None:
+            defaults["dropout"] = plan_value({"name": "--dropout"}, "dropout", args.dropout)
+        points = expand(plan, defaults)
         layer_run = find_layer_run(args.build)
         header = read_header(layer_run)
         if not args.dry_run and not lock.acquire(not args.no_wait, lambda: runner.stop is not None):
@@ -655,8 +722,10 @@ def main(argv=None):
             break
         cmd = command_for(p, args, layer_run, emulated, mpirun, flavor)
         label = (f"{p['model']} s={p['seq']} b={p['batch']} t={p['tp']} {p['config']}"
+                 + (f" {p['arch']} g={p['kv_heads']} F={p['ffn_hidden']}" if p["arch"] == "llama" else "")
                  + (f" {p['attention']}" if p["attention"] != "unfused" else "")
-                 + (f" p={norm(p['dropout'])}" if norm(p["dropout"]) != norm(DEFAULT_DROPOUT) else ""))
+                 + (f" p={norm(p['dropout'])}" if p["arch"] == "gpt" and norm(p["dropout"]) != norm(DEFAULT_DROPOUT)
+                    else ""))
         lock.note(label)
         code, err, timed_out = runner.run(cmd, env, args.timeout, (lock.fd,))
         if flavor == "openmpi" and code != 0 and "not enough slots" in err and "--oversubscribe" not in cmd:

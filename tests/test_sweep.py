@@ -117,6 +117,62 @@ class PlanExpansion(unittest.TestCase):
         finally:
             shutil.rmtree(tmp)
 
+    def test_llama_points_fill_their_family_keys(self):
+        pts = self.points("llama")
+        self.assertEqual(len(pts), 2 * 5)
+        self.assertEqual({(p["model"], p["arch"], p["hidden"], p["heads"], p["kv_heads"], p["ffn_hidden"], p["seq"],
+                           p["batch"], p["tp"], p["dropout"]) for p in pts},
+                         {("llama3-8b", "llama", 4096, 32, 8, 14336, 8192, 1, 8, 0.0),
+                          ("llama3-70b", "llama", 8192, 64, 8, 28672, 8192, 1, 8, 0.0)})
+        self.assertEqual(sorted(p["config"] for p in pts), sorted(sweep.PAPER_CONFIGS * 2))
+        tmp = tempfile.mkdtemp()
+        try:
+            path = os.path.join(tmp, "p.json")
+
+            def expand(plan, defaults=None):
+                with open(path, "w") as f:
+                    json.dump(plan, f)
+                return sweep.expand(sweep.load_plan(path), defaults or {})
+
+            # A gpt shape run as llama: g = heads and F = 4 hidden unless given (at the plan's
+            # hidden and heads, not the preset's); gpt points leave both empty, as layer_run does.
+            pts = expand({"fixed": {"model": "tiny", "config": "baseline"},
+                          "grid": {"arch": ["gpt", "llama"], "hidden": [64, 128], "heads": [4, 8]}},
+                         {"dropout": 0.2})
+            self.assertEqual(len(pts), 8)
+            for p in pts:
+                if p["arch"] == "gpt":
+                    self.assertEqual((p["kv_heads"], p["ffn_hidden"], p["dropout"]), ("", "", 0.2))
+                else:
+                    self.assertEqual((p["kv_heads"], p["ffn_hidden"], p["dropout"]),
+                                     (p["heads"], 4 * p["hidden"], 0.0))
+            # Given values win; a preset's g and F stay when only the width changes.
+            pts = expand({"fixed": {"model": "llama3-70b", "hidden": 4096, "config": "baseline"},
+                          "grid": {"kv_heads": [8, 16], "ffn_hidden": [28672, 1000]}})
+            self.assertEqual(sorted((p["kv_heads"], p["ffn_hidden"], p["hidden"], p["heads"]) for p in pts),
+                             [(8, 1000, 4096, 64), (8, 28672, 4096, 64), (16, 1000, 4096, 64),
+                              (16, 28672, 4096, 64)])
+            # Spelling out a default is the same point as leaving it out.
+            a = expand({"fixed": {"model": "tiny", "arch": "llama", "config": "sp"}})
+            b = expand({"fixed": {"model": "tiny", "arch": "llama", "config": "sp", "kv_heads": 4,
+                                  "ffn_hidden": 256, "dropout": 0}})
+            self.assertEqual([sweep.point_key(p, "meta", False) for p in a],
+                             [sweep.point_key(p, "meta", False) for p in b])
+            # ... and a gpt point is never the llama point of the same shape.
+            g = expand({"fixed": {"model": "tiny", "config": "sp"}})
+            self.assertNotEqual(sweep.point_key(g[0], "meta", False), sweep.point_key(a[0], "meta", False))
+            for bad, why in (({"fixed": {"model": "tiny", "kv_heads": 2}}, "need arch llama"),
+                             ({"grid": {"arch": ["gpt", "llama"], "ffn_hidden": [128]}}, "need arch llama"),
+                             ({"fixed": {"model": "llama3-8b", "arch": "gpt"}}, "is a llama model"),
+                             ({"fixed": {"arch": "bert"}}, "unknown arch"),
+                             ({"fixed": {"model": "llama3-8b", "dropout": 0.1}}, "no dropout"),
+                             ({"fixed": {"model": "llama3-8b", "kv_heads": 0}}, "positive integer"),
+                             ({"fixed": {"model": "llama3-9b"}}, "unknown model")):
+                with self.assertRaisesRegex(sweep.SweepError, why, msg=bad):
+                    expand(bad)
+        finally:
+            shutil.rmtree(tmp)
+
     def test_error_line_is_not_mpiruns_banner(self):
         dashes = "-" * 74
         banner = (f"{dashes}\nmpirun has detected an attempt to run as root.\n\nRunning as root is *strongly* "
@@ -207,6 +263,97 @@ class SweepRuns(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("20 already in", r.stderr)
         self.assertEqual(len(read_rows(self.csv)[1]), 20)
+
+    def test_keys_filled_before_a_run_are_the_rows_layer_run_writes_on_its_own(self):
+        # layer_run left to its own defaults (no --kv-heads, --ffn-hidden, --dropout): its row's
+        # key is the one the sweep fills for the same point, for every preset and for llama at
+        # a gpt shape, so a point's defaults in the sweep cannot drift from layer_run's.
+        layer_run = sweep.find_layer_run(os.environ.get("ACTBENCH_BUILD"))
+        cases = [({"model": m}, []) for m in sweep.PRESETS]
+        cases += [({"model": "tiny", "arch": "llama"}, ["--arch", "llama"]),
+                  ({"model": "22b", "arch": "llama", "hidden": 1024, "heads": 16, "seq": 128},
+                   ["--arch", "llama", "--hidden", "1024", "--heads", "16", "--seq", "128"]),
+                  ({"model": "llama3-70b", "hidden": 4096, "heads": 32, "kv_heads": 16},
+                   ["--hidden", "4096", "--heads", "32", "--kv-heads", "16"])]
+        for given, options in cases:
+            with self.subTest(**given):
+                p = sweep.resolve({"name": "t"}, dict(given, config="baseline"), {})
+                emulated = p["tp"] > 1
+                r = subprocess.run([layer_run, "--backend", "meta", "--model", given["model"], "--config", "baseline",
+                                    *options, *(["--emulate-tp"] if emulated else []), "--csv", self.csv],
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                keys, problems = keys_of(self.csv)
+                self.assertEqual(keys[-1], sweep.point_key(p, "meta", emulated))
+
+    def test_llama_plan_runs_on_meta_and_resumes(self):
+        r = self.sweep("llama", "--backend", "meta")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        header, rows = read_rows(self.csv)
+        self.assertEqual(len(rows), 10)
+        col = {c: header.index(c) for c in ("model", "arch", "kv_heads", "ffn_hidden", "dropout", "status", "tp",
+                                            "act_bytes", "act_bytes_formula")}
+        self.assertEqual({(row[col["model"]], row[col["arch"]], row[col["kv_heads"]], row[col["ffn_hidden"]],
+                           row[col["dropout"]], row[col["tp"]], row[col["status"]]) for row in rows},
+                         {("llama3-8b", "llama", "8", "14336", "0", "8", "ok"),
+                          ("llama3-70b", "llama", "8", "28672", "0", "8", "ok")})
+        self.assertTrue(all(row[col["act_bytes"]] == row[col["act_bytes_formula"]] for row in rows))
+        r = self.sweep("llama", "--backend", "meta")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("10 already in", r.stderr)
+        self.assertEqual(len(read_rows(self.csv)[1]), 10)
+
+    def test_gpt_and_llama_points_of_one_shape_are_different_points(self):
+        gpt = self.plan({"seq": [8, 16]}, fixed={"model": "tiny", "config": "baseline"})
+        both = self.plan({"seq": [8, 16], "arch": ["gpt", "llama"]}, fixed={"model": "tiny", "config": "baseline"})
+        gqa = self.plan({"seq": [8, 16], "kv_heads": [1, 2, 4]},
+                        fixed={"model": "tiny", "arch": "llama", "config": "baseline"})
+        self.assertEqual(self.sweep(gpt).returncode, 0)
+        r = self.sweep(both, "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        run = [l for l in r.stdout.splitlines() if l.startswith("run ")]
+        self.assertEqual(len(run), 2)  # the llama points only, each with its family's options spelled out
+        self.assertTrue(all("--arch llama --kv-heads 4 --ffn-hidden 256" in l and "--dropout 0 " in l for l in run))
+        r = self.sweep(both)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("4 points, 2 already in", r.stderr)
+        # kv_heads 4 is tiny's default g: those two points are done; g = 1 and 2 run.
+        r = self.sweep(gqa)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("6 points, 2 already in", r.stderr)
+        self.assert_each_point_once(8)
+        header, rows = read_rows(self.csv)
+        got = sorted((row[header.index("seq")], row[header.index("arch")], row[header.index("kv_heads")],
+                      row[header.index("ffn_hidden")], row[header.index("dropout")]) for row in rows)
+        self.assertEqual(got, sorted([(s, "gpt", "", "", "0.1") for s in ("8", "16")]
+                                     + [(s, "llama", g, "256", "0") for s in ("8", "16") for g in ("1", "2", "4")]))
+        for plan, n in ((gpt, 2), (both, 4), (gqa, 6)):
+            self.assertIn(f"{n} points, {n} already in", self.sweep(plan).stderr)
+        # A llama point layer_run refuses (g = 3 does not divide a = 4): the sweep's own failed
+        # row carries the llama key, so a resume counts it done and --retry-failed runs it again.
+        bad = self.plan({"kv_heads": [3]}, fixed={"model": "tiny", "arch": "llama", "seq": 8, "config": "baseline"})
+        r = self.sweep(bad)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        header, rows = read_rows(self.csv)
+        failed = rows[-1]
+        self.assertEqual([failed[header.index(c)] for c in ("status", "arch", "kv_heads", "ffn_hidden", "dropout")],
+                         ["failed", "llama", "3", "256", "0"])
+        self.assertIn("1 points, 1 already in", self.sweep(bad).stderr)
+        self.assertIn("1 points, 0 already in", self.sweep(bad, "--retry-failed").stderr)
+
+    def test_a_csv_from_before_the_llama_columns_is_refused(self):
+        layer_run = sweep.find_layer_run(os.environ.get("ACTBENCH_BUILD"))
+        header = sweep.read_header(layer_run)
+        self.assertEqual(header[-3:], ["arch", "kv_heads", "ffn_hidden"])
+        old = ",".join(header[:-3]) + "\n"
+        with open(self.csv, "w") as f:
+            f.write(old)
+        r = self.sweep("smoke")
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn("different header", r.stderr)
+        with open(self.csv) as f:
+            self.assertEqual(f.read(), old)
 
     def test_failed_and_oom_points_are_recorded_and_the_sweep_goes_on(self):
         # heads 5 do not divide h = 64: layer_run refuses the point; the others run.
@@ -408,6 +555,22 @@ class SweepRuns(unittest.TestCase):
             r = self.sweep(*args)
             self.assertEqual(r.returncode, 2, args)
             self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        # The llama family's options: keyed ones belong in the plan, unkeyed ones are refused.
+        for extra, said in (("--arch llama", "--arch: the sweep sets it"), ("--kv-heads=2", "--kv-heads: the sweep"),
+                            ("--seed 7 --ffn-hidden 128", "--ffn-hidden: the sweep"),
+                            ("--hf-config config.json", "--hf-config: it changes what runs"),
+                            ("--rope-theta=1e6", "--rope-theta: it changes what runs"),
+                            ("--norm-eps 1e-6 --rope-theta 1", "--norm-eps, --rope-theta: it changes")):
+            r = self.sweep("llama", f"--extra={extra}")
+            self.assertEqual(r.returncode, 2, extra)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn(said, r.stderr)
+        plan = self.plan({"seq": [8]}, fixed={"model": "llama3-8b", "dropout": 0.1})
+        r = self.sweep(plan)
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn("llama has no dropout", r.stderr)
+        self.assertFalse(os.path.exists(self.csv))
         r = self.sweep("smoke", csv_path=os.path.join(self.tmp, "missing", "x.csv"))
         self.assertEqual(r.returncode, 2)
         self.assertIn("does not exist", r.stderr)
