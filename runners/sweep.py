@@ -300,14 +300,24 @@ def find_layer_run(build):
     elif os.environ.get("ACTBENCH_BUILD"):
         candidates.append(os.environ["ACTBENCH_BUILD"])
     else:
+        # Every build*/ folder but simulator builds (ACTBENCH_CUDA_SIM=ON): their cuda backend
+        # runs on the CPU, never what a sweep on a GPU node means. Name one with --build to use it.
         for d in sorted(os.listdir(ROOT)):
-            if d.startswith("build"):
+            if d.startswith("build") and not is_simulator_build(os.path.join(ROOT, d)):
                 candidates.append(os.path.join(ROOT, d))
     found = [os.path.join(c, "runners", "layer_run") for c in candidates]
     found = [f for f in found if os.access(f, os.X_OK)]
     if not found:
         raise SweepError("layer_run not found: build first (bash scripts/build.sh) or set ACTBENCH_BUILD / --build")
     return max(found, key=os.path.getmtime)
+
+
+def is_simulator_build(folder):
+    try:
+        with open(os.path.join(folder, "CMakeCache.txt"), errors="replace") as f:
+            return any(line.startswith("ACTBENCH_CUDA_SIM:BOOL=ON") for line in f)
+    except OSError:
+        return False
 
 
 def read_header(layer_run):

@@ -188,6 +188,35 @@ class PlanExpansion(unittest.TestCase):
         self.assertEqual(sweep.error_line("", 7), "exit status 7")
 
 
+class FindLayerRun(unittest.TestCase):
+    def test_simulator_builds_are_not_picked_unless_named(self):
+        root = tempfile.mkdtemp(prefix="actbench_find_")
+        saved = sweep.ROOT
+        try:
+            for name, sim in [("build", False), ("build-sim", True)]:
+                os.makedirs(os.path.join(root, name, "runners"))
+                exe = os.path.join(root, name, "runners", "layer_run")
+                with open(exe, "w") as f:
+                    f.write("#!/bin/sh\n")
+                os.chmod(exe, 0o755)
+                with open(os.path.join(root, name, "CMakeCache.txt"), "w") as f:
+                    f.write("ACTBENCH_CUDA_SIM:BOOL=%s\n" % ("ON" if sim else "OFF"))
+            # the simulator build is the newest, yet the GPU build is the one found
+            os.utime(os.path.join(root, "build", "runners", "layer_run"), (1, 1))
+            sweep.ROOT = root
+            env = os.environ.pop("ACTBENCH_BUILD", None)
+            try:
+                self.assertEqual(sweep.find_layer_run(None), os.path.join(root, "build", "runners", "layer_run"))
+                named = os.path.join(root, "build-sim")
+                self.assertEqual(sweep.find_layer_run(named), os.path.join(named, "runners", "layer_run"))
+            finally:
+                if env is not None:
+                    os.environ["ACTBENCH_BUILD"] = env
+        finally:
+            sweep.ROOT = saved
+            shutil.rmtree(root, ignore_errors=True)
+
+
 class ResultsCsvReader(unittest.TestCase):
     """runners/results_csv.py, shared by the sweep and the plots: every line a row or a named problem."""
 
