@@ -42,7 +42,7 @@ With --launcher mpi (or auto with a cuda/cpu backend and mpirun on PATH and t > 
 runs under `mpirun -np t` (Open MPI: run-as-root variables set when running as root,
 --oversubscribe when t exceeds the CPUs); with emulate (the default for meta, and for auto
 without mpirun) one process plays rank 0 of t (--emulate-tp). Binaries are found in
-$ACTBENCH_BUILD, --build, or the newest build*/ folder of the repository. Only Python's
+$ACTBENCH_BUILD, --build, or the newest build*/ folder of the repository (not a simulator build). Only Python's
 standard library.
 """
 import argparse
