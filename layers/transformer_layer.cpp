@@ -1,60 +1,17 @@
 #include "layers/transformer_layer.hpp"
 
 #include <cmath>
-#include <string>
+#include <utility>
 
 #include "layers/parallel.hpp"
 #include "runtime/error.hpp"
 
 namespace actbench {
-namespace {
-
-std::string ph(const char* stage, const char* op) { return std::string(stage) + "." + op; }
-
-// Rows of an [s, b, w] tensor as a matrix [s*b, w].
-Tensor mat(const Tensor& t) { return t.view({t.numel() / t.dim(-1), t.dim(-1)}); }
-
-}  // namespace
 
 TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt)
-    : be_(be), comm_(comm), opt_(opt), t_(comm.size()), rank_(comm.rank()) {
-  validate_layer(opt_.dims, t_, opt_.policy);
+    : LayerBase(be, comm, std::move(opt)) {
   hl_ = opt_.dims.h / t_;
-  al_ = opt_.dims.a / t_;
-  d_ = opt_.dims.h / opt_.dims.a;
-  for (const ParamInfo& p : layer_param_table(opt_.dims.h)) {
-    Shape shape = local_param_shape(p, t_);
-    params_.*p.member = be_.empty(shape, opt_.dtype);
-    grads_.*p.member = be_.zeros(shape, opt_.dtype);
-  }
-}
-
-void TransformerLayer::init_parameters() {
-  if (!be_.computes()) return;
-  for (const ParamInfo& p : layer_param_table(opt_.dims.h)) {
-    Tensor& local = params_.*p.member;
-    ShardSpec spec = param_shard(p, t_, rank_);
-    std::vector<float> host(static_cast<size_t>(local.numel()));
-    const int64_t fan_in = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
-    for (int64_t i = 0; i < local.numel(); ++i)
-      host[i] = param_init_value(p.init_id, opt_.seed, opt_.layer_index, spec.canonical_index(i), fan_in);
-    be_.upload(host.data(), local);
-  }
-}
-
-DropoutSpec TransformerLayer::attn_dropout_spec() const {
-  // probabilities [b, a/t, s, s] are heads [rank*a/t, ...) of the canonical [b, a, s, s]
-  DropoutSpec s;
-  s.p = opt_.dropout;
-  s.seed = opt_.seed;
-  s.layer = opt_.layer_index;
-  s.site = kSiteAttnProbs;
-  s.outer = opt_.dims.b;
-  s.mid_local = al_;
-  s.mid_global = opt_.dims.a;
-  s.mid_offset = rank_ * al_;
-  s.inner = opt_.dims.s * opt_.dims.s;
-  return s;
+  allocate_parameters();
 }
 
 DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site) const {
@@ -69,10 +26,6 @@ DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site) const {
   s.mid_offset = opt_.policy.sequence_parallel ? rank_ * s.mid_local : 0;
   s.inner = opt_.dims.h;
   return s;
-}
-
-CommContext TransformerLayer::comm_ctx(const char* stage) const {
-  return CommContext{be_, comm_, opt_.policy.sequence_parallel, log_, stage};
 }
 
 void TransformerLayer::core_attention_probs(const Tensor& q, const Tensor& k, Tensor& probs, Tensor& mask,
@@ -91,25 +44,9 @@ void TransformerLayer::core_attention_probs(const Tensor& q, const Tensor& k, Te
   be_.dropout_fwd(probs, attn_dropout_spec(), probs_dropped, mask);
 }
 
-Tensor TransformerLayer::forward(const Tensor& x) {
-  saved_.clear();
-  switch (opt_.policy.recompute) {
-    case Recompute::none: return forward_impl(x, saved_, Keep::all, "fwd");
-    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but_core_attn, "fwd");
-    case Recompute::full: {
-      Tensor y = forward_impl(x, saved_, Keep::input_only, "fwd");
-      saved_.layer_input = x;
-      return y;
-    }
-  }
-  return {};
-}
-
 Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) {
   const auto& dm = opt_.dims;
   const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h;
-  if (x.shape() != Shape{sl, b, h})
-    throw InvalidArgument("layer input is " + shape_str(x.shape()) + ", expected " + shape_str({sl, b, h}));
   const bool keep_any = keep != Keep::input_only;
   const CommContext cc = comm_ctx(stage);
   const int64_t rows = s * b;  // rows of the full-sequence GEMMs
@@ -242,17 +179,7 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
 Tensor TransformerLayer::backward(const Tensor& dy) {
   const auto& dm = opt_.dims;
   const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, rows = s * b;
-  if (dy.shape() != Shape{sl, b, h})
-    throw InvalidArgument("upstream gradient is " + shape_str(dy.shape()) + ", expected " + shape_str({sl, b, h}));
-  SavedActivations S = std::move(saved_);
-  saved_.clear();
-  if (opt_.policy.recompute == Recompute::full) {
-    if (!S.layer_input.defined()) throw RuntimeFailure("backward without forward");
-    Tensor x = std::move(S.layer_input);
-    S.clear();
-    (void)forward_impl(x, S, Keep::all, "recompute");  // the output is discarded
-  }
-  if (!S.ln1_input.defined()) throw RuntimeFailure("backward without forward");
+  SavedActivations S = take_saved_for_backward(dy);  // all of it, recomputed under full
   const CommContext cc = comm_ctx("bwd");
   const float p = opt_.dropout;
 
@@ -396,12 +323,7 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     be_.add_inplace(dx, dx1);
   }
   S.clear();
-  if (opt_.policy.sequence_parallel && t_ > 1) {
-    // Under SP each rank saw s/t rows: LayerNorm and row-parallel bias gradients are partial.
-    PhaseRange r("comm.bwd.all_reduce.sequence_parallel_grads", log_);
-    for (const ParamInfo& pi : layer_param_table(h))
-      if (pi.sequence_parallel_allreduce) comm_.all_reduce(grads_.*pi.member);
-  }
+  all_reduce_sequence_parallel_grads();  // SP: LayerNorm and row-parallel bias gradients
   return dx;
 }
 
