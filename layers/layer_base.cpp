@@ -81,6 +81,49 @@ CommContext LayerBase::comm_ctx(const char* stage) const {
   return CommContext{be_, comm_, opt_.policy.sequence_parallel, log_, stage};
 }
 
+Tensor LayerBase::row_parallel_linear_fwd(const CommContext& cc, const char* op, Tensor x, const Tensor& weight) {
+  const int64_t rows = x.numel() / x.dim(-1), out = weight.dim(0), in = weight.dim(1);
+  Tensor partial = be_.empty({opt_.dims.s, opt_.dims.b, out}, opt_.dtype);
+  {
+    PhaseRange r(ph(cc.stage.c_str(), op), log_);
+    be_.gemm(gemm_args(false, true, rows, out, in), mat(x), weight, mat(partial));
+  }
+  x = Tensor();
+  return region_exit_fwd(cc, std::move(partial), op);  // f̄ | ḡ
+}
+
+Tensor LayerBase::row_parallel_linear_bwd(const CommContext& cc, const char* op, Tensor dy, Tensor x,
+                                          const Tensor& weight, Tensor& dweight) {
+  const int64_t out = weight.dim(0), in = weight.dim(1);
+  Tensor dx = be_.empty({opt_.dims.s, opt_.dims.b, in}, opt_.dtype);
+  {
+    Tensor dy_partial = region_exit_bwd(cc, dy, op);  // f̄ | ḡ
+    dy = Tensor();
+    const int64_t rows = dy_partial.numel() / out;
+    PhaseRange r(ph(cc.stage.c_str(), op), log_);
+    be_.gemm(gemm_args(false, false, rows, in, out), mat(dy_partial), weight, mat(dx));
+    be_.gemm(gemm_args(true, false, out, in, rows), mat(dy_partial), mat(x), dweight);
+    x = Tensor();
+  }
+  return dx;
+}
+
+Tensor LayerBase::column_parallel_linear_bwd(const CommContext& cc, const char* op, const char* region, Tensor x,
+                                             Tensor dy, const Tensor& weight, Tensor& dweight, Tensor* dbias) {
+  const int64_t rows = dy.numel() / dy.dim(-1), out = weight.dim(0), in = weight.dim(1);
+  Tensor dx_partial = be_.empty({opt_.dims.s, opt_.dims.b, in}, opt_.dtype);
+  {
+    Tensor x_full = region_entry_fwd(cc, x, region);  // SP: gather the saved shard again
+    x = Tensor();
+    PhaseRange r(ph(cc.stage.c_str(), op), log_);
+    if (dbias) be_.bias_grad(mat(dy), *dbias);
+    be_.gemm(gemm_args(true, false, out, in, rows), mat(dy), mat(x_full), dweight);
+    be_.gemm(gemm_args(false, false, rows, in, out), mat(dy), weight, mat(dx_partial));
+  }
+  dy = Tensor();
+  return region_entry_bwd(cc, std::move(dx_partial), region);  // f | g
+}
+
 DropoutSpec LayerBase::attn_dropout_spec() const {
   // probabilities [b, a/t, s, s] are heads [rank*a/t, ...) of the canonical [b, a, s, s]
   DropoutSpec s;

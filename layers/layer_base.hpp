@@ -57,6 +57,24 @@ class LayerBase : public Layer {
   void all_reduce_sequence_parallel_grads();
 
   CommContext comm_ctx(const char* stage) const;
+
+  // Megatron's parallel linears, y = x W^T with W this rank's shard (biases, which only gpt
+  // has, stay with the layer). Activations are [s, b, width]; phases are cc.stage + "." + op.
+  // A tensor passed by value is released where the layer no longer needs it: pass it with
+  // std::move on its last use, a copy to keep it.
+  //
+  // Row-parallel forward: partial sums of x [s, b, in] with W [out, in] (phase op), x
+  // released, then f̄ | ḡ: the reduced output [s(/t), b, out].
+  Tensor row_parallel_linear_fwd(const CommContext& cc, const char* op, Tensor x, const Tensor& weight);
+  // Row-parallel backward: dy [s(/t), b, out] through f̄ | ḡ (dy released), then dx
+  // [s, b, in] and dW += from x, the kept input (released at the end of the phase).
+  Tensor row_parallel_linear_bwd(const CommContext& cc, const char* op, Tensor dy, Tensor x, const Tensor& weight,
+                                 Tensor& dweight);
+  // Column-parallel backward: x, the kept input (its sequence shard under SP, gathered
+  // again through region `region` and then released), dy [s, b, out] (released after the
+  // phase). Phase op: dbias (when given), dW, the partial dx; then f | g: dx [s(/t), b, in].
+  Tensor column_parallel_linear_bwd(const CommContext& cc, const char* op, const char* region, Tensor x, Tensor dy,
+                                    const Tensor& weight, Tensor& dweight, Tensor* dbias = nullptr);
   // Core attention's [b, a/t, s, s] index space on this rank (rank's heads of the canonical
   // [b, a, s, s]): the dropout of the probabilities, p = opt.dropout.
   DropoutSpec attn_dropout_spec() const;

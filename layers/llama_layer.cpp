@@ -93,13 +93,7 @@ Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep ke
     save.proj_input = context;
   }
   q = k = v = Tensor();
-  Tensor attn_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    PhaseRange pr(ph(stage, "proj"), log_);
-    be_.gemm(gemm_args(false, true, rows, h, al_ * d_), mat(context), params_.proj_weight, mat(attn_partial));
-  }
-  context = Tensor();
-  Tensor x1 = region_exit_fwd(cc, std::move(attn_partial), "proj");  // f̄ | ḡ
+  Tensor x1 = row_parallel_linear_fwd(cc, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
   {
     PhaseRange pr(ph(stage, "attn_residual"), log_);
     be_.add_inplace(x1, x);
@@ -134,13 +128,7 @@ Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep ke
     save.fc2_input = act;
   }
   fc1_out = Tensor();
-  Tensor mlp_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    PhaseRange pr(ph(stage, "fc2"), log_);
-    be_.gemm(gemm_args(false, true, rows, h, fl_), mat(act), params_.fc2_weight, mat(mlp_partial));
-  }
-  act = Tensor();
-  Tensor y = region_exit_fwd(cc, std::move(mlp_partial), "fc2");  // f̄ | ḡ
+  Tensor y = row_parallel_linear_fwd(cc, "fc2", std::move(act), params_.fc2_weight);  // f̄ | ḡ
   {
     PhaseRange pr(ph(stage, "mlp_residual"), log_);
     be_.add_inplace(y, x1);
@@ -150,20 +138,14 @@ Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep ke
 
 Tensor LlamaLayer::backward(const Tensor& dy) {
   const auto& dm = opt_.dims;
-  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, rows = s * b, r = al_ / gl_;
+  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, r = al_ / gl_;
   const int64_t qkv_width = (al_ + 2 * gl_) * d_;
   SavedActivations S = take_saved_for_backward(dy);  // all of it, recomputed under full
   const CommContext cc = comm_ctx("bwd");
 
   // ---- MLP block ----
-  Tensor d_act = be_.empty({s, b, fl_}, opt_.dtype);
-  {
-    Tensor d_mlp_partial = region_exit_bwd(cc, dy, "fc2");  // f̄ | ḡ
-    PhaseRange pr("bwd.fc2", log_);
-    be_.gemm(gemm_args(false, false, rows, fl_, h), mat(d_mlp_partial), params_.fc2_weight, mat(d_act));
-    be_.gemm(gemm_args(true, false, h, fl_, rows), mat(d_mlp_partial), mat(S.fc2_input), grads_.fc2_weight);
-    S.fc2_input = Tensor();
-  }
+  Tensor d_act = row_parallel_linear_bwd(cc, "fc2", dy, std::move(S.fc2_input), params_.fc2_weight,
+                                         grads_.fc2_weight);  // f̄ | ḡ
   Tensor d_fc1_out = be_.empty({s, b, 2 * fl_}, opt_.dtype);
   {
     PhaseRange pr("bwd.swiglu", log_);
@@ -171,16 +153,8 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
     S.swiglu_input = Tensor();
     d_act = Tensor();
   }
-  Tensor d_ln2_out_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    Tensor fc1_in = region_entry_fwd(cc, S.fc1_input, "fc1_input");  // SP: gather the saved shard again
-    S.fc1_input = Tensor();
-    PhaseRange pr("bwd.fc1", log_);
-    be_.gemm(gemm_args(true, false, 2 * fl_, h, rows), mat(d_fc1_out), mat(fc1_in), grads_.fc1_weight);
-    be_.gemm(gemm_args(false, false, rows, h, 2 * fl_), mat(d_fc1_out), params_.fc1_weight, mat(d_ln2_out_partial));
-  }
-  d_fc1_out = Tensor();
-  Tensor d_ln2_out = region_entry_bwd(cc, std::move(d_ln2_out_partial), "fc1_input");  // f | g
+  Tensor d_ln2_out = column_parallel_linear_bwd(cc, "fc1", "fc1_input", std::move(S.fc1_input), std::move(d_fc1_out),
+                                                params_.fc1_weight, grads_.fc1_weight);  // f | g
   Tensor dx1 = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange pr("bwd.ln2", log_);
@@ -191,13 +165,9 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
   d_ln2_out = Tensor();
 
   // ---- attention block ----
-  Tensor d_context = be_.empty({s, b, al_ * d_}, opt_.dtype);
-  {
-    Tensor d_attn_partial = region_exit_bwd(cc, dx1, "proj");  // f̄ | ḡ
-    PhaseRange pr("bwd.proj", log_);
-    be_.gemm(gemm_args(false, false, rows, al_ * d_, h), mat(d_attn_partial), params_.proj_weight, mat(d_context));
-    be_.gemm(gemm_args(true, false, h, al_ * d_, rows), mat(d_attn_partial), mat(S.proj_input), grads_.proj_weight);
-  }
+  // proj's input stays for fused attention's backward (the attention output)
+  Tensor d_context = row_parallel_linear_bwd(cc, "proj", dx1, S.proj_input, params_.proj_weight,
+                                             grads_.proj_weight);  // f̄ | ḡ
   const float scale = 1.0f / std::sqrt(static_cast<float>(d_));
   Tensor dq = be_.empty({b, al_, s, d_}, opt_.dtype), dk = be_.empty({b, gl_, s, d_}, opt_.dtype),
          dv = be_.empty({b, gl_, s, d_}, opt_.dtype);
@@ -251,16 +221,8 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
     be_.merge_heads(dv, (al_ + gl_) * d_, d_qkv);
   }
   dq = dk = dv = Tensor();
-  Tensor d_ln1_out_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    Tensor qkv_in = region_entry_fwd(cc, S.qkv_input, "qkv_input");  // SP: gather the saved shard again
-    S.qkv_input = Tensor();
-    PhaseRange pr("bwd.qkv", log_);
-    be_.gemm(gemm_args(true, false, qkv_width, h, rows), mat(d_qkv), mat(qkv_in), grads_.qkv_weight);
-    be_.gemm(gemm_args(false, false, rows, h, qkv_width), mat(d_qkv), params_.qkv_weight, mat(d_ln1_out_partial));
-  }
-  d_qkv = Tensor();
-  Tensor d_ln1_out = region_entry_bwd(cc, std::move(d_ln1_out_partial), "qkv_input");  // f | g
+  Tensor d_ln1_out = column_parallel_linear_bwd(cc, "qkv", "qkv_input", std::move(S.qkv_input), std::move(d_qkv),
+                                                params_.qkv_weight, grads_.qkv_weight);  // f | g
   Tensor dx = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange pr("bwd.ln1", log_);

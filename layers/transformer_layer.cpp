@@ -110,13 +110,7 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
     save.proj_input = context;
   }
   q = k = v = Tensor();
-  Tensor attn_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    PhaseRange r(ph(stage, "proj"), log_);
-    be_.gemm(gemm_args(false, true, rows, h, hl_), mat(context), params_.proj_weight, mat(attn_partial));
-  }
-  context = Tensor();
-  Tensor attn_out = region_exit_fwd(cc, std::move(attn_partial), "proj");  // f̄ | ḡ
+  Tensor attn_out = row_parallel_linear_fwd(cc, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
   Tensor x1 = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange r(ph(stage, "attn_residual"), log_);
@@ -158,13 +152,7 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
     save.fc2_input = gelu_out;
   }
   fc1_out = Tensor();
-  Tensor mlp_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    PhaseRange r(ph(stage, "fc2"), log_);
-    be_.gemm(gemm_args(false, true, rows, h, 4 * hl_), mat(gelu_out), params_.fc2_weight, mat(mlp_partial));
-  }
-  gelu_out = Tensor();
-  Tensor mlp_out = region_exit_fwd(cc, std::move(mlp_partial), "fc2");  // f̄ | ḡ
+  Tensor mlp_out = row_parallel_linear_fwd(cc, "fc2", std::move(gelu_out), params_.fc2_weight);  // f̄ | ḡ
   Tensor y = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange r(ph(stage, "mlp_residual"), log_);
@@ -178,7 +166,7 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
 
 Tensor TransformerLayer::backward(const Tensor& dy) {
   const auto& dm = opt_.dims;
-  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, rows = s * b;
+  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h;
   SavedActivations S = take_saved_for_backward(dy);  // all of it, recomputed under full
   const CommContext cc = comm_ctx("bwd");
   const float p = opt_.dropout;
@@ -191,15 +179,8 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     be_.bias_grad(mat(d_mlp_out), grads_.fc2_bias);
     S.mlp_residual_mask = Tensor();
   }
-  Tensor d_gelu_out = be_.empty({s, b, 4 * hl_}, opt_.dtype);
-  {
-    Tensor d_mlp_partial = region_exit_bwd(cc, d_mlp_out, "fc2");  // f̄ | ḡ
-    d_mlp_out = Tensor();
-    PhaseRange r("bwd.fc2", log_);
-    be_.gemm(gemm_args(false, false, rows, 4 * hl_, h), mat(d_mlp_partial), params_.fc2_weight, mat(d_gelu_out));
-    be_.gemm(gemm_args(true, false, h, 4 * hl_, rows), mat(d_mlp_partial), mat(S.fc2_input), grads_.fc2_weight);
-    S.fc2_input = Tensor();
-  }
+  Tensor d_gelu_out = row_parallel_linear_bwd(cc, "fc2", std::move(d_mlp_out), std::move(S.fc2_input),
+                                              params_.fc2_weight, grads_.fc2_weight);  // f̄ | ḡ
   Tensor d_fc1_out = be_.empty({s, b, 4 * hl_}, opt_.dtype);
   {
     PhaseRange r("bwd.gelu", log_);
@@ -207,17 +188,8 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     S.gelu_input = Tensor();
     d_gelu_out = Tensor();
   }
-  Tensor d_ln2_out_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    Tensor fc1_in = region_entry_fwd(cc, S.fc1_input, "fc1_input");  // SP: gather the saved shard again
-    S.fc1_input = Tensor();
-    PhaseRange r("bwd.fc1", log_);
-    be_.bias_grad(mat(d_fc1_out), grads_.fc1_bias);
-    be_.gemm(gemm_args(true, false, 4 * hl_, h, rows), mat(d_fc1_out), mat(fc1_in), grads_.fc1_weight);
-    be_.gemm(gemm_args(false, false, rows, h, 4 * hl_), mat(d_fc1_out), params_.fc1_weight, mat(d_ln2_out_partial));
-  }
-  d_fc1_out = Tensor();
-  Tensor d_ln2_out = region_entry_bwd(cc, std::move(d_ln2_out_partial), "fc1_input");  // f | g
+  Tensor d_ln2_out = column_parallel_linear_bwd(cc, "fc1", "fc1_input", std::move(S.fc1_input), std::move(d_fc1_out),
+                                                params_.fc1_weight, grads_.fc1_weight, &grads_.fc1_bias);  // f | g
   Tensor dx1 = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange r("bwd.ln2", log_);
@@ -236,14 +208,9 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     be_.bias_grad(mat(d_attn_out), grads_.proj_bias);
     S.attn_residual_mask = Tensor();
   }
-  Tensor d_context = be_.empty({s, b, hl_}, opt_.dtype);
-  {
-    Tensor d_attn_partial = region_exit_bwd(cc, d_attn_out, "proj");  // f̄ | ḡ
-    d_attn_out = Tensor();
-    PhaseRange r("bwd.proj", log_);
-    be_.gemm(gemm_args(false, false, rows, hl_, h), mat(d_attn_partial), params_.proj_weight, mat(d_context));
-    be_.gemm(gemm_args(true, false, h, hl_, rows), mat(d_attn_partial), mat(S.proj_input), grads_.proj_weight);
-  }
+  // proj's input stays for fused attention's backward (the attention output)
+  Tensor d_context = row_parallel_linear_bwd(cc, "proj", std::move(d_attn_out), S.proj_input, params_.proj_weight,
+                                             grads_.proj_weight);  // f̄ | ḡ
   const int64_t batch = b * al_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d_));
   Tensor d_qkv = be_.empty({s, b, 3 * hl_}, opt_.dtype);
@@ -304,17 +271,8 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
       S.q = S.k = Tensor();
     }
   }
-  Tensor d_ln1_out_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    Tensor qkv_in = region_entry_fwd(cc, S.qkv_input, "qkv_input");  // SP: gather the saved shard again
-    S.qkv_input = Tensor();
-    PhaseRange r("bwd.qkv", log_);
-    be_.bias_grad(mat(d_qkv), grads_.qkv_bias);
-    be_.gemm(gemm_args(true, false, 3 * hl_, h, rows), mat(d_qkv), mat(qkv_in), grads_.qkv_weight);
-    be_.gemm(gemm_args(false, false, rows, h, 3 * hl_), mat(d_qkv), params_.qkv_weight, mat(d_ln1_out_partial));
-  }
-  d_qkv = Tensor();
-  Tensor d_ln1_out = region_entry_bwd(cc, std::move(d_ln1_out_partial), "qkv_input");  // f | g
+  Tensor d_ln1_out = column_parallel_linear_bwd(cc, "qkv", "qkv_input", std::move(S.qkv_input), std::move(d_qkv),
+                                                params_.qkv_weight, grads_.qkv_weight, &grads_.qkv_bias);  // f | g
   Tensor dx = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange r("bwd.ln1", log_);
