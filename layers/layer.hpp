@@ -1,7 +1,7 @@
 #pragma once
 // What every layer family offers the runners: forward keeps what its policy says in saved(),
 // backward recomputes the rest and writes grads(). TransformerLayer is --arch gpt (the
-// paper's layer), LlamaLayer --arch llama.
+// paper's layer), LlamaLayer --arch llama; both on LayerBase (layer_base.hpp).
 #include <memory>
 
 #include "kernels/backend.hpp"

@@ -1,70 +1,24 @@
 #include "layers/llama_layer.hpp"
 
 #include <cmath>
-#include <string>
+#include <memory>
+#include <utility>
 
 #include "layers/transformer_layer.hpp"
 #include "runtime/error.hpp"
 
 namespace actbench {
-namespace {
-
-std::string ph(const char* stage, const char* op) { return std::string(stage) + "." + op; }
-
-// Rows of an [s, b, w] tensor as a matrix [s*b, w].
-Tensor mat(const Tensor& t) { return t.view({t.numel() / t.dim(-1), t.dim(-1)}); }
-
-}  // namespace
 
 std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt) {
   if (opt.dims.arch == Arch::llama) return std::make_unique<LlamaLayer>(be, comm, opt);
   return std::make_unique<TransformerLayer>(be, comm, opt);
 }
 
-LlamaLayer::LlamaLayer(Backend& be, Communicator& comm, LayerOptions opt)
-    : be_(be), comm_(comm), opt_(opt), t_(comm.size()), rank_(comm.rank()) {
-  validate_layer(opt_.dims, t_, opt_.policy);
+LlamaLayer::LlamaLayer(Backend& be, Communicator& comm, LayerOptions opt) : LayerBase(be, comm, std::move(opt)) {
   if (opt_.dropout != 0.f) throw InvalidArgument("--arch llama has no dropout: use --dropout 0");
-  al_ = opt_.dims.a / t_;
   gl_ = opt_.dims.groups() / t_;
-  d_ = opt_.dims.h / opt_.dims.a;
   fl_ = opt_.dims.ffn() / t_;
-  table_ = layer_param_table(opt_.dims);
-  for (const ParamInfo& p : table_) {
-    Shape shape = local_param_shape(p, t_);
-    params_.*p.member = be_.empty(shape, opt_.dtype);
-    grads_.*p.member = be_.zeros(shape, opt_.dtype);
-  }
-}
-
-void LlamaLayer::init_parameters() {
-  if (!be_.computes()) return;
-  for (const ParamInfo& p : table_) {
-    Tensor& local = params_.*p.member;
-    ShardSpec spec = param_shard(p, t_, rank_);
-    std::vector<float> host(static_cast<size_t>(local.numel()));
-    const int64_t fan_in = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
-    for (int64_t i = 0; i < local.numel(); ++i)
-      host[i] = param_init_value(p.init_id, opt_.seed, opt_.layer_index, spec.canonical_index(i), fan_in);
-    be_.upload(host.data(), local);
-  }
-}
-
-DropoutSpec LlamaLayer::no_dropout_spec() const {
-  DropoutSpec s;
-  s.p = 0.f;
-  s.seed = opt_.seed;
-  s.layer = opt_.layer_index;
-  s.outer = opt_.dims.b;
-  s.mid_local = al_;
-  s.mid_global = opt_.dims.a;
-  s.mid_offset = rank_ * al_;
-  s.inner = opt_.dims.s * opt_.dims.s;
-  return s;
-}
-
-CommContext LlamaLayer::comm_ctx(const char* stage) const {
-  return CommContext{be_, comm_, opt_.policy.sequence_parallel, log_, stage};
+  allocate_parameters();
 }
 
 Tensor LlamaLayer::attention_probs(const Tensor& q, const Tensor& k) {
@@ -79,25 +33,9 @@ Tensor LlamaLayer::attention_probs(const Tensor& q, const Tensor& k) {
   return probs;
 }
 
-Tensor LlamaLayer::forward(const Tensor& x) {
-  saved_.clear();
-  switch (opt_.policy.recompute) {
-    case Recompute::none: return forward_impl(x, saved_, Keep::all, "fwd");
-    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but_core_attn, "fwd");
-    case Recompute::full: {
-      Tensor y = forward_impl(x, saved_, Keep::input_only, "fwd");
-      saved_.layer_input = x;
-      return y;
-    }
-  }
-  return {};
-}
-
 Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) {
   const auto& dm = opt_.dims;
   const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, rows = s * b, r = al_ / gl_;
-  if (x.shape() != Shape{sl, b, h})
-    throw InvalidArgument("layer input is " + shape_str(x.shape()) + ", expected " + shape_str({sl, b, h}));
   const bool keep_any = keep != Keep::input_only;
   const CommContext cc = comm_ctx(stage);
   const int64_t qkv_width = (al_ + 2 * gl_) * d_;
@@ -138,7 +76,7 @@ Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep ke
     if (opt_.policy.attention == Attention::fused) {
       Tensor lse = be_.empty({b, al_, s}, DType::fp32);
       be_.attention_fwd(q.view({b * al_, s, d_}), k.view({b * gl_, s, d_}), v.view({b * gl_, s, d_}),
-                        1.0f / std::sqrt(static_cast<float>(d_)), no_dropout_spec(), ctx_heads.view({b * al_, s, d_}),
+                        1.0f / std::sqrt(static_cast<float>(d_)), attn_dropout_spec(), ctx_heads.view({b * al_, s, d_}),
                         lse.view({b * al_, s}));
       if (keep_any) save.attn_lse = lse;
     } else {
@@ -155,13 +93,7 @@ Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep ke
     save.proj_input = context;
   }
   q = k = v = Tensor();
-  Tensor attn_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    PhaseRange pr(ph(stage, "proj"), log_);
-    be_.gemm(gemm_args(false, true, rows, h, al_ * d_), mat(context), params_.proj_weight, mat(attn_partial));
-  }
-  context = Tensor();
-  Tensor x1 = region_exit_fwd(cc, std::move(attn_partial), "proj");  // f̄ | ḡ
+  Tensor x1 = row_parallel_linear_fwd(cc, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
   {
     PhaseRange pr(ph(stage, "attn_residual"), log_);
     be_.add_inplace(x1, x);
@@ -196,13 +128,7 @@ Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep ke
     save.fc2_input = act;
   }
   fc1_out = Tensor();
-  Tensor mlp_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    PhaseRange pr(ph(stage, "fc2"), log_);
-    be_.gemm(gemm_args(false, true, rows, h, fl_), mat(act), params_.fc2_weight, mat(mlp_partial));
-  }
-  act = Tensor();
-  Tensor y = region_exit_fwd(cc, std::move(mlp_partial), "fc2");  // f̄ | ḡ
+  Tensor y = row_parallel_linear_fwd(cc, "fc2", std::move(act), params_.fc2_weight);  // f̄ | ḡ
   {
     PhaseRange pr(ph(stage, "mlp_residual"), log_);
     be_.add_inplace(y, x1);
@@ -212,30 +138,14 @@ Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep ke
 
 Tensor LlamaLayer::backward(const Tensor& dy) {
   const auto& dm = opt_.dims;
-  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, rows = s * b, r = al_ / gl_;
+  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, r = al_ / gl_;
   const int64_t qkv_width = (al_ + 2 * gl_) * d_;
-  if (dy.shape() != Shape{sl, b, h})
-    throw InvalidArgument("upstream gradient is " + shape_str(dy.shape()) + ", expected " + shape_str({sl, b, h}));
-  SavedActivations S = std::move(saved_);
-  saved_.clear();
-  if (opt_.policy.recompute == Recompute::full) {
-    if (!S.layer_input.defined()) throw RuntimeFailure("backward without forward");
-    Tensor x = std::move(S.layer_input);
-    S.clear();
-    (void)forward_impl(x, S, Keep::all, "recompute");  // the output is discarded
-  }
-  if (!S.ln1_input.defined()) throw RuntimeFailure("backward without forward");
+  SavedActivations S = take_saved_for_backward(dy);  // all of it, recomputed under full
   const CommContext cc = comm_ctx("bwd");
 
   // ---- MLP block ----
-  Tensor d_act = be_.empty({s, b, fl_}, opt_.dtype);
-  {
-    Tensor d_mlp_partial = region_exit_bwd(cc, dy, "fc2");  // f̄ | ḡ
-    PhaseRange pr("bwd.fc2", log_);
-    be_.gemm(gemm_args(false, false, rows, fl_, h), mat(d_mlp_partial), params_.fc2_weight, mat(d_act));
-    be_.gemm(gemm_args(true, false, h, fl_, rows), mat(d_mlp_partial), mat(S.fc2_input), grads_.fc2_weight);
-    S.fc2_input = Tensor();
-  }
+  Tensor d_act = row_parallel_linear_bwd(cc, "fc2", dy, std::move(S.fc2_input), params_.fc2_weight,
+                                         grads_.fc2_weight);  // f̄ | ḡ
   Tensor d_fc1_out = be_.empty({s, b, 2 * fl_}, opt_.dtype);
   {
     PhaseRange pr("bwd.swiglu", log_);
@@ -243,16 +153,8 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
     S.swiglu_input = Tensor();
     d_act = Tensor();
   }
-  Tensor d_ln2_out_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    Tensor fc1_in = region_entry_fwd(cc, S.fc1_input, "fc1_input");  // SP: gather the saved shard again
-    S.fc1_input = Tensor();
-    PhaseRange pr("bwd.fc1", log_);
-    be_.gemm(gemm_args(true, false, 2 * fl_, h, rows), mat(d_fc1_out), mat(fc1_in), grads_.fc1_weight);
-    be_.gemm(gemm_args(false, false, rows, h, 2 * fl_), mat(d_fc1_out), params_.fc1_weight, mat(d_ln2_out_partial));
-  }
-  d_fc1_out = Tensor();
-  Tensor d_ln2_out = region_entry_bwd(cc, std::move(d_ln2_out_partial), "fc1_input");  // f | g
+  Tensor d_ln2_out = column_parallel_linear_bwd(cc, "fc1", "fc1_input", std::move(S.fc1_input), std::move(d_fc1_out),
+                                                params_.fc1_weight, grads_.fc1_weight);  // f | g
   Tensor dx1 = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange pr("bwd.ln2", log_);
@@ -263,13 +165,9 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
   d_ln2_out = Tensor();
 
   // ---- attention block ----
-  Tensor d_context = be_.empty({s, b, al_ * d_}, opt_.dtype);
-  {
-    Tensor d_attn_partial = region_exit_bwd(cc, dx1, "proj");  // f̄ | ḡ
-    PhaseRange pr("bwd.proj", log_);
-    be_.gemm(gemm_args(false, false, rows, al_ * d_, h), mat(d_attn_partial), params_.proj_weight, mat(d_context));
-    be_.gemm(gemm_args(true, false, h, al_ * d_, rows), mat(d_attn_partial), mat(S.proj_input), grads_.proj_weight);
-  }
+  // proj's input stays for fused attention's backward (the attention output)
+  Tensor d_context = row_parallel_linear_bwd(cc, "proj", dx1, S.proj_input, params_.proj_weight,
+                                             grads_.proj_weight);  // f̄ | ḡ
   const float scale = 1.0f / std::sqrt(static_cast<float>(d_));
   Tensor dq = be_.empty({b, al_, s, d_}, opt_.dtype), dk = be_.empty({b, gl_, s, d_}, opt_.dtype),
          dv = be_.empty({b, gl_, s, d_}, opt_.dtype);
@@ -283,7 +181,7 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
     d_context = Tensor();
     const Shape qs = {b * al_, s, d_}, kvs = {b * gl_, s, d_};
     be_.attention_bwd(S.q.view(qs), S.k.view(kvs), S.v.view(kvs), o_heads.view(qs), d_o_heads.view(qs),
-                      S.attn_lse.view({b * al_, s}), scale, no_dropout_spec(), dq.view(qs), dk.view(kvs),
+                      S.attn_lse.view({b * al_, s}), scale, attn_dropout_spec(), dq.view(qs), dk.view(kvs),
                       dv.view(kvs));
     S.q = S.k = S.v = S.attn_lse = Tensor();
   } else {
@@ -323,16 +221,8 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
     be_.merge_heads(dv, (al_ + gl_) * d_, d_qkv);
   }
   dq = dk = dv = Tensor();
-  Tensor d_ln1_out_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    Tensor qkv_in = region_entry_fwd(cc, S.qkv_input, "qkv_input");  // SP: gather the saved shard again
-    S.qkv_input = Tensor();
-    PhaseRange pr("bwd.qkv", log_);
-    be_.gemm(gemm_args(true, false, qkv_width, h, rows), mat(d_qkv), mat(qkv_in), grads_.qkv_weight);
-    be_.gemm(gemm_args(false, false, rows, h, qkv_width), mat(d_qkv), params_.qkv_weight, mat(d_ln1_out_partial));
-  }
-  d_qkv = Tensor();
-  Tensor d_ln1_out = region_entry_bwd(cc, std::move(d_ln1_out_partial), "qkv_input");  // f | g
+  Tensor d_ln1_out = column_parallel_linear_bwd(cc, "qkv", "qkv_input", std::move(S.qkv_input), std::move(d_qkv),
+                                                params_.qkv_weight, grads_.qkv_weight);  // f | g
   Tensor dx = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange pr("bwd.ln1", log_);
@@ -340,12 +230,7 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
     be_.add_inplace(dx, dx1);
   }
   S.clear();
-  if (opt_.policy.sequence_parallel && t_ > 1) {
-    // Under SP each rank normalised s/t rows: the RMSNorm weight gradients are partial.
-    PhaseRange pr("comm.bwd.all_reduce.sequence_parallel_grads", log_);
-    for (const ParamInfo& pi : table_)
-      if (pi.sequence_parallel_allreduce) comm_.all_reduce(grads_.*pi.member);
-  }
+  all_reduce_sequence_parallel_grads();  // SP: the RMSNorm weight gradients
   return dx;
 }
 

@@ -1,60 +1,17 @@
 #include "layers/transformer_layer.hpp"
 
 #include <cmath>
-#include <string>
+#include <utility>
 
 #include "layers/parallel.hpp"
 #include "runtime/error.hpp"
 
 namespace actbench {
-namespace {
-
-std::string ph(const char* stage, const char* op) { return std::string(stage) + "." + op; }
-
-// Rows of an [s, b, w] tensor as a matrix [s*b, w].
-Tensor mat(const Tensor& t) { return t.view({t.numel() / t.dim(-1), t.dim(-1)}); }
-
-}  // namespace
 
 TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt)
-    : be_(be), comm_(comm), opt_(opt), t_(comm.size()), rank_(comm.rank()) {
-  validate_layer(opt_.dims, t_, opt_.policy);
+    : LayerBase(be, comm, std::move(opt)) {
   hl_ = opt_.dims.h / t_;
-  al_ = opt_.dims.a / t_;
-  d_ = opt_.dims.h / opt_.dims.a;
-  for (const ParamInfo& p : layer_param_table(opt_.dims.h)) {
-    Shape shape = local_param_shape(p, t_);
-    params_.*p.member = be_.empty(shape, opt_.dtype);
-    grads_.*p.member = be_.zeros(shape, opt_.dtype);
-  }
-}
-
-void TransformerLayer::init_parameters() {
-  if (!be_.computes()) return;
-  for (const ParamInfo& p : layer_param_table(opt_.dims.h)) {
-    Tensor& local = params_.*p.member;
-    ShardSpec spec = param_shard(p, t_, rank_);
-    std::vector<float> host(static_cast<size_t>(local.numel()));
-    const int64_t fan_in = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
-    for (int64_t i = 0; i < local.numel(); ++i)
-      host[i] = param_init_value(p.init_id, opt_.seed, opt_.layer_index, spec.canonical_index(i), fan_in);
-    be_.upload(host.data(), local);
-  }
-}
-
-DropoutSpec TransformerLayer::attn_dropout_spec() const {
-  // probabilities [b, a/t, s, s] are heads [rank*a/t, ...) of the canonical [b, a, s, s]
-  DropoutSpec s;
-  s.p = opt_.dropout;
-  s.seed = opt_.seed;
-  s.layer = opt_.layer_index;
-  s.site = kSiteAttnProbs;
-  s.outer = opt_.dims.b;
-  s.mid_local = al_;
-  s.mid_global = opt_.dims.a;
-  s.mid_offset = rank_ * al_;
-  s.inner = opt_.dims.s * opt_.dims.s;
-  return s;
+  allocate_parameters();
 }
 
 DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site) const {
@@ -69,10 +26,6 @@ DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site) const {
   s.mid_offset = opt_.policy.sequence_parallel ? rank_ * s.mid_local : 0;
   s.inner = opt_.dims.h;
   return s;
-}
-
-CommContext TransformerLayer::comm_ctx(const char* stage) const {
-  return CommContext{be_, comm_, opt_.policy.sequence_parallel, log_, stage};
 }
 
 void TransformerLayer::core_attention_probs(const Tensor& q, const Tensor& k, Tensor& probs, Tensor& mask,
@@ -91,25 +44,9 @@ void TransformerLayer::core_attention_probs(const Tensor& q, const Tensor& k, Te
   be_.dropout_fwd(probs, attn_dropout_spec(), probs_dropped, mask);
 }
 
-Tensor TransformerLayer::forward(const Tensor& x) {
-  saved_.clear();
-  switch (opt_.policy.recompute) {
-    case Recompute::none: return forward_impl(x, saved_, Keep::all, "fwd");
-    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but_core_attn, "fwd");
-    case Recompute::full: {
-      Tensor y = forward_impl(x, saved_, Keep::input_only, "fwd");
-      saved_.layer_input = x;
-      return y;
-    }
-  }
-  return {};
-}
-
 Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) {
   const auto& dm = opt_.dims;
   const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h;
-  if (x.shape() != Shape{sl, b, h})
-    throw InvalidArgument("layer input is " + shape_str(x.shape()) + ", expected " + shape_str({sl, b, h}));
   const bool keep_any = keep != Keep::input_only;
   const CommContext cc = comm_ctx(stage);
   const int64_t rows = s * b;  // rows of the full-sequence GEMMs
@@ -173,13 +110,7 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
     save.proj_input = context;
   }
   q = k = v = Tensor();
-  Tensor attn_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    PhaseRange r(ph(stage, "proj"), log_);
-    be_.gemm(gemm_args(false, true, rows, h, hl_), mat(context), params_.proj_weight, mat(attn_partial));
-  }
-  context = Tensor();
-  Tensor attn_out = region_exit_fwd(cc, std::move(attn_partial), "proj");  // f̄ | ḡ
+  Tensor attn_out = row_parallel_linear_fwd(cc, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
   Tensor x1 = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange r(ph(stage, "attn_residual"), log_);
@@ -221,13 +152,7 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
     save.fc2_input = gelu_out;
   }
   fc1_out = Tensor();
-  Tensor mlp_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    PhaseRange r(ph(stage, "fc2"), log_);
-    be_.gemm(gemm_args(false, true, rows, h, 4 * hl_), mat(gelu_out), params_.fc2_weight, mat(mlp_partial));
-  }
-  gelu_out = Tensor();
-  Tensor mlp_out = region_exit_fwd(cc, std::move(mlp_partial), "fc2");  // f̄ | ḡ
+  Tensor mlp_out = row_parallel_linear_fwd(cc, "fc2", std::move(gelu_out), params_.fc2_weight);  // f̄ | ḡ
   Tensor y = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange r(ph(stage, "mlp_residual"), log_);
@@ -241,18 +166,8 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
 
 Tensor TransformerLayer::backward(const Tensor& dy) {
   const auto& dm = opt_.dims;
-  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h, rows = s * b;
-  if (dy.shape() != Shape{sl, b, h})
-    throw InvalidArgument("upstream gradient is " + shape_str(dy.shape()) + ", expected " + shape_str({sl, b, h}));
-  SavedActivations S = std::move(saved_);
-  saved_.clear();
-  if (opt_.policy.recompute == Recompute::full) {
-    if (!S.layer_input.defined()) throw RuntimeFailure("backward without forward");
-    Tensor x = std::move(S.layer_input);
-    S.clear();
-    (void)forward_impl(x, S, Keep::all, "recompute");  // the output is discarded
-  }
-  if (!S.ln1_input.defined()) throw RuntimeFailure("backward without forward");
+  const int64_t sl = local_seq(), s = dm.s, b = dm.b, h = dm.h;
+  SavedActivations S = take_saved_for_backward(dy);  // all of it, recomputed under full
   const CommContext cc = comm_ctx("bwd");
   const float p = opt_.dropout;
 
@@ -264,15 +179,8 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     be_.bias_grad(mat(d_mlp_out), grads_.fc2_bias);
     S.mlp_residual_mask = Tensor();
   }
-  Tensor d_gelu_out = be_.empty({s, b, 4 * hl_}, opt_.dtype);
-  {
-    Tensor d_mlp_partial = region_exit_bwd(cc, d_mlp_out, "fc2");  // f̄ | ḡ
-    d_mlp_out = Tensor();
-    PhaseRange r("bwd.fc2", log_);
-    be_.gemm(gemm_args(false, false, rows, 4 * hl_, h), mat(d_mlp_partial), params_.fc2_weight, mat(d_gelu_out));
-    be_.gemm(gemm_args(true, false, h, 4 * hl_, rows), mat(d_mlp_partial), mat(S.fc2_input), grads_.fc2_weight);
-    S.fc2_input = Tensor();
-  }
+  Tensor d_gelu_out = row_parallel_linear_bwd(cc, "fc2", std::move(d_mlp_out), std::move(S.fc2_input),
+                                              params_.fc2_weight, grads_.fc2_weight);  // f̄ | ḡ
   Tensor d_fc1_out = be_.empty({s, b, 4 * hl_}, opt_.dtype);
   {
     PhaseRange r("bwd.gelu", log_);
@@ -280,17 +188,8 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     S.gelu_input = Tensor();
     d_gelu_out = Tensor();
   }
-  Tensor d_ln2_out_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    Tensor fc1_in = region_entry_fwd(cc, S.fc1_input, "fc1_input");  // SP: gather the saved shard again
-    S.fc1_input = Tensor();
-    PhaseRange r("bwd.fc1", log_);
-    be_.bias_grad(mat(d_fc1_out), grads_.fc1_bias);
-    be_.gemm(gemm_args(true, false, 4 * hl_, h, rows), mat(d_fc1_out), mat(fc1_in), grads_.fc1_weight);
-    be_.gemm(gemm_args(false, false, rows, h, 4 * hl_), mat(d_fc1_out), params_.fc1_weight, mat(d_ln2_out_partial));
-  }
-  d_fc1_out = Tensor();
-  Tensor d_ln2_out = region_entry_bwd(cc, std::move(d_ln2_out_partial), "fc1_input");  // f | g
+  Tensor d_ln2_out = column_parallel_linear_bwd(cc, "fc1", "fc1_input", std::move(S.fc1_input), std::move(d_fc1_out),
+                                                params_.fc1_weight, grads_.fc1_weight, &grads_.fc1_bias);  // f | g
   Tensor dx1 = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange r("bwd.ln2", log_);
@@ -309,14 +208,9 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     be_.bias_grad(mat(d_attn_out), grads_.proj_bias);
     S.attn_residual_mask = Tensor();
   }
-  Tensor d_context = be_.empty({s, b, hl_}, opt_.dtype);
-  {
-    Tensor d_attn_partial = region_exit_bwd(cc, d_attn_out, "proj");  // f̄ | ḡ
-    d_attn_out = Tensor();
-    PhaseRange r("bwd.proj", log_);
-    be_.gemm(gemm_args(false, false, rows, hl_, h), mat(d_attn_partial), params_.proj_weight, mat(d_context));
-    be_.gemm(gemm_args(true, false, h, hl_, rows), mat(d_attn_partial), mat(S.proj_input), grads_.proj_weight);
-  }
+  // proj's input stays for fused attention's backward (the attention output)
+  Tensor d_context = row_parallel_linear_bwd(cc, "proj", std::move(d_attn_out), S.proj_input, params_.proj_weight,
+                                             grads_.proj_weight);  // f̄ | ḡ
   const int64_t batch = b * al_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d_));
   Tensor d_qkv = be_.empty({s, b, 3 * hl_}, opt_.dtype);
@@ -377,17 +271,8 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
       S.q = S.k = Tensor();
     }
   }
-  Tensor d_ln1_out_partial = be_.empty({s, b, h}, opt_.dtype);
-  {
-    Tensor qkv_in = region_entry_fwd(cc, S.qkv_input, "qkv_input");  // SP: gather the saved shard again
-    S.qkv_input = Tensor();
-    PhaseRange r("bwd.qkv", log_);
-    be_.bias_grad(mat(d_qkv), grads_.qkv_bias);
-    be_.gemm(gemm_args(true, false, 3 * hl_, h, rows), mat(d_qkv), mat(qkv_in), grads_.qkv_weight);
-    be_.gemm(gemm_args(false, false, rows, h, 3 * hl_), mat(d_qkv), params_.qkv_weight, mat(d_ln1_out_partial));
-  }
-  d_qkv = Tensor();
-  Tensor d_ln1_out = region_entry_bwd(cc, std::move(d_ln1_out_partial), "qkv_input");  // f | g
+  Tensor d_ln1_out = column_parallel_linear_bwd(cc, "qkv", "qkv_input", std::move(S.qkv_input), std::move(d_qkv),
+                                                params_.qkv_weight, grads_.qkv_weight, &grads_.qkv_bias);  // f | g
   Tensor dx = be_.empty({sl, b, h}, opt_.dtype);
   {
     PhaseRange r("bwd.ln1", log_);
@@ -396,12 +281,7 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
     be_.add_inplace(dx, dx1);
   }
   S.clear();
-  if (opt_.policy.sequence_parallel && t_ > 1) {
-    // Under SP each rank saw s/t rows: LayerNorm and row-parallel bias gradients are partial.
-    PhaseRange r("comm.bwd.all_reduce.sequence_parallel_grads", log_);
-    for (const ParamInfo& pi : layer_param_table(h))
-      if (pi.sequence_parallel_allreduce) comm_.all_reduce(grads_.*pi.member);
-  }
+  all_reduce_sequence_parallel_grads();  // SP: LayerNorm and row-parallel bias gradients
   return dx;
 }
 

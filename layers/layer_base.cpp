@@ -1,0 +1,142 @@
+#include "layers/layer_base.hpp"
+
+#include <utility>
+
+#include "runtime/error.hpp"
+
+namespace actbench {
+
+LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt)
+    : be_(be), comm_(comm), opt_(opt), t_(comm.size()), rank_(comm.rank()) {
+  validate_layer(opt_.dims, t_, opt_.policy);
+  al_ = opt_.dims.a / t_;
+  d_ = opt_.dims.h / opt_.dims.a;
+  table_ = layer_param_table(opt_.dims);
+}
+
+void LayerBase::allocate_parameters() {
+  for (const ParamInfo& p : table_) {
+    Shape shape = local_param_shape(p, t_);
+    params_.*p.member = be_.empty(shape, opt_.dtype);
+    grads_.*p.member = be_.zeros(shape, opt_.dtype);
+  }
+}
+
+void LayerBase::init_parameters() {
+  if (!be_.computes()) return;
+  for (const ParamInfo& p : table_) {
+    Tensor& local = params_.*p.member;
+    ShardSpec spec = param_shard(p, t_, rank_);
+    std::vector<float> host(static_cast<size_t>(local.numel()));
+    const int64_t fan_in = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
+    for (int64_t i = 0; i < local.numel(); ++i)
+      host[i] = param_init_value(p.init_id, opt_.seed, opt_.layer_index, spec.canonical_index(i), fan_in);
+    be_.upload(host.data(), local);
+  }
+}
+
+void LayerBase::check_activation_shape(const Tensor& t, const char* what) const {
+  const Shape expected = {local_seq(), opt_.dims.b, opt_.dims.h};
+  if (t.shape() != expected)
+    throw InvalidArgument(std::string(what) + " is " + shape_str(t.shape()) + ", expected " + shape_str(expected));
+}
+
+Tensor LayerBase::forward(const Tensor& x) {
+  saved_.clear();
+  check_activation_shape(x, "layer input");
+  switch (opt_.policy.recompute) {
+    case Recompute::none: return forward_impl(x, saved_, Keep::all, "fwd");
+    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but_core_attn, "fwd");
+    case Recompute::full: {
+      Tensor y = forward_impl(x, saved_, Keep::input_only, "fwd");
+      saved_.layer_input = x;
+      return y;
+    }
+  }
+  return {};
+}
+
+SavedActivations LayerBase::take_saved_for_backward(const Tensor& dy) {
+  check_activation_shape(dy, "upstream gradient");
+  SavedActivations S = std::move(saved_);
+  saved_.clear();
+  if (opt_.policy.recompute == Recompute::full) {
+    if (!S.layer_input.defined()) throw RuntimeFailure("backward without forward");
+    Tensor x = std::move(S.layer_input);
+    S.clear();
+    (void)forward_impl(x, S, Keep::all, "recompute");  // the output is discarded
+  }
+  if (!S.ln1_input.defined()) throw RuntimeFailure("backward without forward");
+  return S;
+}
+
+void LayerBase::all_reduce_sequence_parallel_grads() {
+  if (!opt_.policy.sequence_parallel || t_ == 1) return;
+  PhaseRange r("comm.bwd.all_reduce.sequence_parallel_grads", log_);
+  for (const ParamInfo& p : table_)
+    if (p.sequence_parallel_allreduce) comm_.all_reduce(grads_.*p.member);
+}
+
+CommContext LayerBase::comm_ctx(const char* stage) const {
+  return CommContext{be_, comm_, opt_.policy.sequence_parallel, log_, stage};
+}
+
+Tensor LayerBase::row_parallel_linear_fwd(const CommContext& cc, const char* op, Tensor x, const Tensor& weight) {
+  const int64_t rows = x.numel() / x.dim(-1), out = weight.dim(0), in = weight.dim(1);
+  Tensor partial = be_.empty({opt_.dims.s, opt_.dims.b, out}, opt_.dtype);
+  {
+    PhaseRange r(ph(cc.stage.c_str(), op), log_);
+    be_.gemm(gemm_args(false, true, rows, out, in), mat(x), weight, mat(partial));
+  }
+  x = Tensor();
+  return region_exit_fwd(cc, std::move(partial), op);  // f̄ | ḡ
+}
+
+Tensor LayerBase::row_parallel_linear_bwd(const CommContext& cc, const char* op, Tensor dy, Tensor x,
+                                          const Tensor& weight, Tensor& dweight) {
+  const int64_t out = weight.dim(0), in = weight.dim(1);
+  Tensor dx = be_.empty({opt_.dims.s, opt_.dims.b, in}, opt_.dtype);
+  {
+    Tensor dy_partial = region_exit_bwd(cc, dy, op);  // f̄ | ḡ
+    dy = Tensor();
+    const int64_t rows = dy_partial.numel() / out;
+    PhaseRange r(ph(cc.stage.c_str(), op), log_);
+    be_.gemm(gemm_args(false, false, rows, in, out), mat(dy_partial), weight, mat(dx));
+    be_.gemm(gemm_args(true, false, out, in, rows), mat(dy_partial), mat(x), dweight);
+    x = Tensor();
+  }
+  return dx;
+}
+
+Tensor LayerBase::column_parallel_linear_bwd(const CommContext& cc, const char* op, const char* region, Tensor x,
+                                             Tensor dy, const Tensor& weight, Tensor& dweight, Tensor* dbias) {
+  const int64_t rows = dy.numel() / dy.dim(-1), out = weight.dim(0), in = weight.dim(1);
+  Tensor dx_partial = be_.empty({opt_.dims.s, opt_.dims.b, in}, opt_.dtype);
+  {
+    Tensor x_full = region_entry_fwd(cc, x, region);  // SP: gather the saved shard again
+    x = Tensor();
+    PhaseRange r(ph(cc.stage.c_str(), op), log_);
+    if (dbias) be_.bias_grad(mat(dy), *dbias);
+    be_.gemm(gemm_args(true, false, out, in, rows), mat(dy), mat(x_full), dweight);
+    be_.gemm(gemm_args(false, false, rows, in, out), mat(dy), weight, mat(dx_partial));
+  }
+  dy = Tensor();
+  return region_entry_bwd(cc, std::move(dx_partial), region);  // f | g
+}
+
+DropoutSpec LayerBase::attn_dropout_spec() const {
+  // probabilities [b, a/t, s, s] are heads [rank*a/t, ...) of the canonical [b, a, s, s]
+  DropoutSpec s;
+  s.p = opt_.dropout;
+  s.seed = opt_.seed;
+  s.layer = opt_.layer_index;
+  s.site = kSiteAttnProbs;
+  s.outer = opt_.dims.b;
+  s.mid_local = al_;
+  s.mid_global = opt_.dims.a;
+  s.mid_offset = rank_ * al_;
+  s.inner = opt_.dims.s * opt_.dims.s;
+  return s;
+}
+
+}  // namespace actbench
