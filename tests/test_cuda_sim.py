@@ -24,6 +24,8 @@ LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build
 BENCH_LAYER = os.environ.get("ACTBENCH_BENCH_LAYER", "")
 BENCH_KERNELS = os.environ.get("ACTBENCH_BENCH_KERNELS", "")
 MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
+if MPIEXEC == "none":  # a build without MPI: one rank only
+    MPIEXEC = None
 PAPER_CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp"]
 TIME_COLUMNS = ["fwd_ms", "bwd_ms", "total_ms", "fwd_ms_min", "fwd_ms_max", "bwd_ms_min", "bwd_ms_max",
                 "comm_ms_emulated"]

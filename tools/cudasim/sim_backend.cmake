@@ -7,10 +7,10 @@
 #   actbench_kernels_cuda     those + gemm.cpp, cuda_backend.cpp, comm_nccl.cpp (unchanged
 #                             sources), on the cuBLASLt and NCCL stand-ins
 set(cudasim_dir "${CMAKE_SOURCE_DIR}/tools/cudasim")
-foreach(t actbench_cublaslt_standin actbench_nccl_standin actbench_cupti_standin actbench_cudasim_cupti)
+foreach(t actbench_cublaslt_standin actbench_cupti_standin actbench_cudasim_cupti)
   if(NOT TARGET ${t})
-    message(FATAL_ERROR "ACTBENCH_CUDA_SIM=ON needs ${t} (tools/standins: the toolkit's cublasLt.h, nccl.h, "
-                        "cupti.h, MPI for NCCL, an x86-64 host for the simulator's fibers)")
+    message(FATAL_ERROR "ACTBENCH_CUDA_SIM=ON needs ${t} (tools/standins: the toolkit's cublasLt.h and "
+                        "cupti.h, an x86-64 host for the simulator's fibers)")
   endif()
 endforeach()
 
@@ -39,10 +39,12 @@ target_compile_options(actbench_cuda_kernels_sim PRIVATE -x c++ -include cudasim
 add_library(actbench_kernels_cuda STATIC $<TARGET_OBJECTS:actbench_cuda_kernels_sim> cuda/gemm.cpp
                                          cuda/cuda_backend.cpp cuda/comm_nccl.cpp)
 target_compile_options(actbench_kernels_cuda PRIVATE ${ACTBENCH_WARNINGS})
-target_compile_definitions(actbench_kernels_cuda PRIVATE ACTBENCH_CUDA_SIM=1 ACTBENCH_HAVE_NCCL=1)
-if(ACTBENCH_HAVE_MPI)
-  target_compile_definitions(actbench_kernels_cuda PRIVATE ACTBENCH_HAVE_NCCL_COMM=1)
+target_compile_definitions(actbench_kernels_cuda PRIVATE ACTBENCH_CUDA_SIM=1)
+target_link_libraries(actbench_kernels_cuda PUBLIC actbench_runtime actbench_cudasim_cupti actbench_cublaslt_standin)
+# The NCCL stand-in runs over MPI: without MPI the simulated backend runs one rank.
+if(TARGET actbench_nccl_standin)
+  target_compile_definitions(actbench_kernels_cuda PRIVATE ACTBENCH_HAVE_NCCL=1 ACTBENCH_HAVE_NCCL_COMM=1)
+  target_link_libraries(actbench_kernels_cuda PUBLIC actbench_nccl_standin)
 endif()
-target_link_libraries(actbench_kernels_cuda PUBLIC actbench_runtime actbench_cudasim_cupti actbench_cublaslt_standin
-                                                   actbench_nccl_standin)
-message(STATUS "actbench: cuda backend on the simulator (tools/cudasim), cuBLASLt/NCCL/CUPTI stand-ins")
+message(STATUS "actbench: cuda backend on the simulator (tools/cudasim), cuBLASLt/CUPTI stand-ins, "
+               "NCCL stand-in ${ACTBENCH_HAVE_MPI}")
