@@ -529,18 +529,17 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
         }
     }
     be = make_backend(o.backend, static_cast<size_t>(o.memory_limit));
-    if (!be->computes()) {  // meta: timing means nothing; one iteration gives the memory schedule
+    if (!be->computes() && !o.dump.empty())
+      throw InvalidArgument("--dump writes tensor values: it needs --backend cpu or cuda, not meta");
+    // Timing means nothing on meta or on the CPU simulator: one iteration gives the memory
+    // schedule (and, on the simulator, the values), unless asked for more.
+    if (!be->computes() || be->simulated()) {
       if (!o.warmup_given) o.warmup = 0;
       if (!o.iters_given) o.iters = 1;
-      if (!o.dump.empty()) throw InvalidArgument("--dump writes tensor values: it needs --backend cpu or cuda, not meta");
     }
-    if (be->simulated()) {  // the CPU simulator: values and bytes are results, time is not
-      if (!o.warmup_given) o.warmup = 0;
-      if (!o.iters_given) o.iters = 1;
-      if (rank0)
-        std::fprintf(stderr, "layer_run: %s: the cuda backend runs on the CPU simulator; values and bytes are "
-                             "results, time columns stay empty\n", be->device_name().c_str());
-    }
+    if (be->simulated() && rank0)
+      std::fprintf(stderr, "layer_run: %s: the cuda backend runs on the CPU simulator; values and bytes are "
+                           "results, time columns stay empty\n", be->device_name().c_str());
     if (o.backend == "cpu") {
       double activations = 0;  // per layer and rank, the largest configuration's
       for (LayerPolicy p : policies)
