@@ -91,6 +91,23 @@ uint8_t* reserve(State& s, size_t bytes) {
   return at;
 }
 
+// A zeroed record of device work (kernel, copy, set) with the fields all three carry: what it
+// is, when it ran, where, and the API call that issued it. Null when the record is dropped.
+template <class Record>
+Record* new_work_record(State& s, CUpti_ActivityKind kind, uint32_t correlation_id, uint64_t start_ns,
+                        uint64_t end_ns, uint32_t stream_id) {
+  auto* r = reinterpret_cast<Record*>(reserve(s, record_bytes(kind)));
+  if (!r) return nullptr;
+  r->kind = kind;
+  r->correlationId = correlation_id;
+  r->start = start_ns;
+  r->end = end_ns;
+  r->deviceId = ACTBENCH_CUPTI_STANDIN_DEVICE_ID;
+  r->contextId = ACTBENCH_CUPTI_STANDIN_CONTEXT_ID;
+  r->streamId = stream_id;
+  return r;
+}
+
 }  // namespace
 
 extern "C" {
@@ -227,17 +244,10 @@ void actbench_cupti_standin_kernel(uint32_t correlation_id, const char* name, ui
   if (!s.enabled[kind]) kind = CUPTI_ACTIVITY_KIND_KERNEL;
   if (!s.enabled[kind]) return;
   const int64_t grid_id = s.next_grid_id++;
-  auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(reserve(s, record_bytes(kind)));
+  auto* k = new_work_record<CUpti_ActivityKernel10>(s, kind, correlation_id, start_ns, end_ns, stream_id);
   if (!k) return;
-  k->kind = kind;
-  k->correlationId = correlation_id;
-  k->start = start_ns;
-  k->end = end_ns;
   k->completed = end_ns;  // no child kernels
   k->queued = k->submitted = CUPTI_TIMESTAMP_UNKNOWN;  // latency timestamps are not enabled
-  k->deviceId = ACTBENCH_CUPTI_STANDIN_DEVICE_ID;
-  k->contextId = ACTBENCH_CUPTI_STANDIN_CONTEXT_ID;
-  k->streamId = stream_id;
   k->gridId = grid_id;
   k->dynamicSharedMemory = dynamic_shared_bytes;
   k->name = s.names.insert(name ? name : "").first->c_str();
@@ -259,21 +269,15 @@ void actbench_cupti_standin_memcpy(uint32_t correlation_id, CUpti_ActivityMemcpy
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.enabled[CUPTI_ACTIVITY_KIND_MEMCPY]) return;
-  auto* m = reinterpret_cast<CUpti_ActivityMemcpy6*>(reserve(s, record_bytes(CUPTI_ACTIVITY_KIND_MEMCPY)));
+  auto* m = new_work_record<CUpti_ActivityMemcpy6>(s, CUPTI_ACTIVITY_KIND_MEMCPY, correlation_id, start_ns, end_ns,
+                                                   stream_id);
   if (!m) return;
-  m->kind = CUPTI_ACTIVITY_KIND_MEMCPY;
   m->copyKind = static_cast<uint8_t>(copy_kind);
   m->srcKind = static_cast<uint8_t>(src_kind);
   m->dstKind = static_cast<uint8_t>(dst_kind);
   m->flags = async ? CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC : 0;
   m->bytes = bytes;
-  m->start = start_ns;
-  m->end = end_ns;
-  m->deviceId = ACTBENCH_CUPTI_STANDIN_DEVICE_ID;
-  m->contextId = ACTBENCH_CUPTI_STANDIN_CONTEXT_ID;
-  m->streamId = stream_id;
-  m->correlationId = correlation_id;         // the API record that launched it (no driver call)
-  m->runtimeCorrelationId = correlation_id;  // the runtime API record that launched it
+  m->runtimeCorrelationId = correlation_id;  // correlationId too: the runtime call, no driver call
   m->copyCount = 1;
 }
 
@@ -282,17 +286,11 @@ void actbench_cupti_standin_memset(uint32_t correlation_id, uint32_t value, uint
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.enabled[CUPTI_ACTIVITY_KIND_MEMSET]) return;
-  auto* m = reinterpret_cast<CUpti_ActivityMemset4*>(reserve(s, record_bytes(CUPTI_ACTIVITY_KIND_MEMSET)));
+  auto* m = new_work_record<CUpti_ActivityMemset4>(s, CUPTI_ACTIVITY_KIND_MEMSET, correlation_id, start_ns, end_ns,
+                                                   stream_id);
   if (!m) return;
-  m->kind = CUPTI_ACTIVITY_KIND_MEMSET;
   m->value = value;
   m->bytes = bytes;
-  m->start = start_ns;
-  m->end = end_ns;
-  m->deviceId = ACTBENCH_CUPTI_STANDIN_DEVICE_ID;
-  m->contextId = ACTBENCH_CUPTI_STANDIN_CONTEXT_ID;
-  m->streamId = stream_id;
-  m->correlationId = correlation_id;
   m->flags = async ? CUPTI_ACTIVITY_FLAG_MEMSET_ASYNC : 0;
   m->memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE;
 }
