@@ -48,6 +48,18 @@ def read_text(path):
         return None
 
 
+def outside_fences(markdown):
+    """The text with the lines of fenced code blanked (line numbers kept)."""
+    lines, fenced = [], False
+    for line in markdown.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            lines.append("")
+        else:
+            lines.append("" if fenced else line)
+    return "\n".join(lines)
+
+
 def heading_texts(markdown):
     """The headings of a markdown text, outside fenced code, with links reduced to their text."""
     headings, fenced = [], False
@@ -108,13 +120,15 @@ class DocsLinksTest(unittest.TestCase):
             if not path.endswith(".md"):
                 continue
             base = os.path.dirname(path)
-            for n, line in enumerate(text.splitlines(), 1):
-                for target in MARKDOWN_LINK.findall(line):
-                    if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
-                        continue
-                    file_part, _, fragment = target.partition("#")
-                    resolved = os.path.normpath(os.path.join(base, file_part)) if file_part else path
-                    self.check_target("%s:%d" % (path, n), resolved, fragment or None, problems)
+            prose = outside_fences(text)  # a link's text may span lines
+            for m in MARKDOWN_LINK.finditer(prose):
+                target = m.group(1)
+                if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                    continue
+                file_part, _, fragment = target.partition("#")
+                resolved = os.path.normpath(os.path.join(base, file_part)) if file_part else path
+                where = "%s:%d" % (path, prose.count("\n", 0, m.start()) + 1)
+                self.check_target(where, resolved, fragment or None, problems)
         self.assertEqual(problems, [], "\n" + "\n".join(problems))
 
     def test_docs_citations_resolve(self):
