@@ -60,7 +60,6 @@ or a refused unpack, 143 when stopped by SIGINT / SIGTERM (after packing what th
 """
 import csv
 import glob
-import io
 import os
 import re
 import shlex
@@ -254,7 +253,8 @@ class Binaries:
             return
         ldd = output_of(["ldd", probe], 60, self.env())
         fallbacks = (("cuda", r"^\s*lib(cudart|cupti)\S* => not found", "fallback cudart/cupti; "),
-                     ("nccl-stub", r"^\s*libnccl\S* => not found", "NCCL stub (no NCCL here: nccl_version stays empty); "),
+                     ("nccl-stub", r"^\s*libnccl\S* => not found",
+                      "NCCL stub (no NCCL here: nccl_version stays empty); "),
                      ("cxx", r"(GLIBCXX|CXXABI)_[0-9.]+' not found", "bundled libstdc++; "))
         for sub, missing, note in fallbacks:
             d = os.path.join(self.folder, "lib", "fallback", sub)
@@ -279,12 +279,13 @@ class Binaries:
 # ---------------------------------------------------------------- --unpack
 
 def csv_merge_plan(archived, dest):
-    """(header, rows to append, rows already in dest, malformed lines of the archived CSV);
-    UsageError when the headers differ or a file cannot be read as CSV."""
+    """(header, rows to append, rows already in dest, malformed lines of the archived CSV), or
+    None when the archived file has no header to merge by (it is kept whole instead);
+    UsageError when dest's header differs or dest cannot be read as CSV."""
     try:
         header, rows, problems = results_csv.read(archived)
-    except results_csv.BadFile as e:
-        raise UsageError(f"{os.path.basename(archived)} in the archive: {e}; nothing unpacked")
+    except results_csv.BadFile:
+        return None
     existing = set()
     if os.path.isfile(dest) and os.path.getsize(dest) > 0:
         try:
@@ -333,11 +334,11 @@ def unpack(src, results):
         os.makedirs(keep)
         for f in files:
             name = os.path.basename(f)
-            if f in plans:
+            if plans.get(f):
                 merge_csv(f, os.path.join(results, name), keep, plans[f])
             else:
                 shutil.copy(f, keep)
-                print(f"  {keep}/{name}")
+                print(f"  {keep}/{name}" + ("  (no CSV header: not merged)" if f in plans else ""))
         if os.path.isdir(os.path.join(tmp, "raw")):
             shutil.copytree(os.path.join(tmp, "raw"), os.path.join(keep, "raw"))
     for name in ("log.txt", "steps.csv", "summary.txt"):
@@ -668,6 +669,8 @@ class Evaluation:
         last = shown[-1][:240] if shown else ""
         if timed_out:
             status, detail = "timeout", f"killed after {timeout}s; last output: {last}"
+        elif self.runner.stop is not None and code != 0:
+            status, detail = "failed", f"stopped by {signal.Signals(self.runner.stop).name}: {last}"
         elif code == 0:
             status, detail = "ok", last
         else:
@@ -760,9 +763,9 @@ class Evaluation:
             if not has_seq:
                 self.skip(step, "bench_kernels has no --seq or no attention benchmark (an older build)")
                 continue
+            out = self.result(f"attention_kernels_{self.dev}_s{s}.json")
             self.run_bin(step, t, "bench_kernels", ["--backend=cuda", "--benchmark_filter=attention", f"--seq={s}",
-                                                    *self.bench_time,
-                                                    f"--benchmark_out={self.result(f'attention_kernels_{self.dev}_s{s}.json')}",
+                                                    *self.bench_time, f"--benchmark_out={out}",
                                                     "--benchmark_out_format=json"])
         self.step_sdpa()
         self.attention_table()
@@ -787,8 +790,8 @@ class Evaluation:
         kernels = sorted(glob.glob(self.result("attention_kernels_*.json")))
         if not os.path.isfile(script) or not kernels:
             return
-        table = output_of([sys.executable, script, *kernels, *sorted(glob.glob(self.result("attention_sdpa_*.csv")))[:1]],
-                          60)
+        sdpa = sorted(glob.glob(self.result("attention_sdpa_*.csv")))[:1]
+        table = output_of([sys.executable, script, *kernels, *sdpa], 60)
         with open(os.path.join(self.raw, "attention_table.txt"), "w") as f:
             f.write(table)
         self.append_log(table)
@@ -809,7 +812,8 @@ class Evaluation:
         """The cpu gtests of the build or bundle (not in the default: ctest runs them anywhere)."""
         folder = self.bins.folder
         bundled = os.path.join(folder, "bin", "cpu_tests.tar.xz") if folder else ""
-        if "cputests" in self.selected and not (self.bins.path("test_runtime") or (bundled and os.path.isfile(bundled))):
+        has_tests = self.bins.path("test_runtime") or (bundled and os.path.isfile(bundled))
+        if "cputests" in self.selected and not has_tests:
             self.skip("cputests", f"no cpu tests in {folder or '(no binaries)'}")
             return
         t = self.gate("cputests")
@@ -821,7 +825,8 @@ class Evaluation:
             output_of(["tar", "-xJf", bundled, "-C", tests], 120)
         for b in glob.glob(os.path.join(folder, "tests", "test_*")) + glob.glob(os.path.join(folder, "bin", "test_*")):
             name = os.path.basename(b)
-            if os.path.isfile(b) and os.access(b, os.X_OK) and name != "test_gpu_ops" and not name.startswith("test_mpi_"):
+            gpu_or_mpi = name == "test_gpu_ops" or name.startswith("test_mpi_")
+            if os.path.isfile(b) and os.access(b, os.X_OK) and not gpu_or_mpi:
                 shutil.copy2(b, tests)
         each = ('rc=0; for t in "$1"/test_*; do echo "== $t"; '
                 '"$t" --gtest_output="xml:$2/$(basename "$t").xml" --gtest_brief=1 || rc=1; done; exit $rc')
