@@ -651,7 +651,7 @@ class Evaluation:
         return min(timeout, self.opts.max_step) if self.opts.max_step > 0 else timeout
 
     def run_step(self, step, cmd, timeout, env=None):
-        """Runs cmd in its time box (SIGTERM to its process group, SIGKILL 10 s later), output to
+        """Runs cmd in its time box (SIGTERM to its process group, SIGKILL sweep.GRACE_S later), output to
         the log, status to steps.csv; re-packs the archive. Returns (status, its output)."""
         self.append_log(f"==== [{step}] {time.strftime('%H:%M:%S', time.gmtime())} timeout {timeout}s: "
                         f"{shlex.join(cmd)}\n")
