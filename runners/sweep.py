@@ -564,12 +564,16 @@ class Runner:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def run(self, cmd, env, timeout, keep_fds):
-        """(exit status, stderr, timed_out)."""
+    def run(self, cmd, env, timeout, keep_fds, output=None):
+        """(exit status, stderr, timed_out). With output (an open file), stdout and stderr both go
+        there (stderr is then ""), and stdin is /dev/null: how runners/gpu_eval.py runs a step."""
+        if output is None:
+            streams = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        else:
+            streams = dict(stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT)
         try:
-            self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          errors="replace", env=env, start_new_session=True,
-                                          preexec_fn=_child_setup(os.getpid()), pass_fds=keep_fds)
+            self.child = subprocess.Popen(cmd, text=True, errors="replace", env=env, start_new_session=True,
+                                          preexec_fn=_child_setup(os.getpid()), pass_fds=keep_fds, **streams)
         except (OSError, subprocess.SubprocessError) as e:
             return 127, f"cannot start {cmd[0]}: {getattr(e, 'strerror', None) or e}", False
         if self.stop is not None:

@@ -1,30 +1,44 @@
-"""scripts/gpu_eval.sh and scripts/portable_bundle.sh --check, on a machine without a GPU.
+"""runners/gpu_eval.py (run by scripts/gpu_eval.sh) and scripts/portable_bundle.sh --check, on a
+machine without a GPU.
 
-gpu_eval.sh runs the whole GPU evaluation on a GPU node; here it must exit 0, never hang, and
-leave a steps.csv in which every step says what happened and why: skipped without a GPU or
-binaries, failed with the binary's own message, timeout when a step hangs, skipped when the time
-budget is spent, kept when a second run resumes. portable_bundle.sh --check is the bundle's
-library rule (no MPI; every non-CUDA library from the bundle's lib/, found by the RUNPATH alone),
-checked on tiny programs built here. ACTBENCH_BUILD (set by ctest) is a real build folder.
-Time limits here are bounds against hangs, generous for a loaded 2-core machine.
+gpu_eval runs the whole GPU evaluation on a GPU node; here it must exit 0, never hang, and leave
+a steps.csv in which every step says what happened and why: skipped without a GPU or binaries,
+failed with the binary's own message, timeout when a step hangs, cut by the time budget (and the
+steps after it skipped, saying so), kept when a second run resumes. --unpack merges the archive's
+CSVs into results/: a header that differs is refused before anything is written, a row already
+there is not added again. portable_bundle.sh --check is the bundle's library rule (no MPI; every
+non-CUDA library from the bundle's lib/, found by the RUNPATH alone), checked on tiny programs
+built here. ACTBENCH_BUILD (set by ctest) is a real build folder. Time limits here are bounds
+against hangs, generous for a loaded 2-core machine.
 """
+import contextlib
 import csv
+import io
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
 import unittest
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SESSION = os.path.join(ROOT, "scripts", "gpu_eval.sh")
+WRAPPER = os.path.join(ROOT, "scripts", "gpu_eval.sh")
+RUNNER = os.path.join(ROOT, "runners", "gpu_eval.py")
 BUNDLE = os.path.join(ROOT, "scripts", "portable_bundle.sh")
 BUILD = os.environ.get("ACTBENCH_BUILD", os.path.join(ROOT, "build"))
+sys.path.insert(0, os.path.join(ROOT, "runners"))
+import gpu_eval  # noqa: E402
+
 ALL_STEPS = ["tests", "table4", "table4_cupti", "table4_fused", "bench_kernels", "bench_layer", "peer",
              "attention_s2048", "attention_s8192", "attention_s32768", "attention_sdpa", "sweep_seqlen",
              "sweep_seqlen_fused", "cputests", "sanitize_memcheck", "sanitize_racecheck"]
+# No torch probe (it takes seconds): the python the peer steps would use is one that cannot run.
+NO_TORCH = ["--python", "/nonexistent/python3"]
 
 
 def have_gpu():
@@ -44,49 +58,85 @@ def write_exe(path, text):
     os.chmod(path, 0o755)
 
 
-class GpuSession(unittest.TestCase):
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def archived(out):
+    with tarfile.open(os.path.join(out, "results.tar.gz")) as t:
+        return {m.name: (t.extractfile(m).read().decode() if m.isfile() else None) for m in t.getmembers()}
+
+
+# A hung GPU test that ignores SIGTERM (only SIGKILL ends it), one that SIGTERM ends, one that passes
+# and writes its XML; a layer_run that fails at once, and one that writes a row to its --csv.
+HANGS_IGNORING_TERM = "#!/bin/sh\ntrap '' TERM\nsleep 300\n"
+HANGS = "#!/bin/sh\nsleep 300\n"
+PASSES = """#!/bin/sh
+for a; do case "$a" in --gtest_output=xml:*) echo '<testsuites/>' >"${a#--gtest_output=xml:}";; esac; done
+echo '[  PASSED  ] 3 tests.'
+"""
+FAILS = "#!/bin/sh\necho 'layer_run: error: fake failure' >&2\nexit 2\n"
+WRITES_ROW = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  if [ "$1" = --csv ]; then [ -s "$2" ] || echo 'config,fwd_ms' >"$2"; echo "baseline,$$" >>"$2"; fi
+  shift
+done
+echo ok-run
+"""
+
+
+class Session(unittest.TestCase):
+    """Runs of the runner as users run it (a process), on fake bundles."""
+
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="gpu_eval_test_")
+        self.out = os.path.join(self.tmp, "out")
 
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def session(self, *args, limit=150, keep=False):
-        out = os.path.join(self.tmp, "out")
+    def session(self, *args, limit=150, keep=False, program=(sys.executable, RUNNER)):
         if not keep:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(self.out, ignore_errors=True)
         t0 = time.time()
-        proc = subprocess.run(["bash", SESSION, out, *args], capture_output=True, text=True, timeout=limit + 30)
+        proc = subprocess.run([*program, self.out, *args], capture_output=True, text=True, timeout=limit + 30)
         elapsed = time.time() - t0
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
         self.assertLess(elapsed, limit, "the session took too long")
-        with open(os.path.join(out, "steps.csv"), newline="") as f:
+        return self.check_outdir()
+
+    def check_outdir(self):
+        with open(os.path.join(self.out, "steps.csv"), newline="") as f:
             rows = {r["step"]: r for r in csv.DictReader(f)}
         self.assertEqual(list(rows), ["env"] + ALL_STEPS)
         for r in rows.values():
             self.assertIn(r["status"], ("ok", "failed", "timeout", "skipped"), r)
             self.assertTrue(r["detail"].strip(), f"step {r['step']} gives no reason")
-        files = sorted(os.listdir(out))
-        self.assertEqual(files, ["log.txt", "results.tar.gz", "steps.csv", "summary.txt"])
-        with tarfile.open(os.path.join(out, "results.tar.gz")) as t:
-            names = t.getnames()
+        self.assertEqual(sorted(os.listdir(self.out)), ["log.txt", "results.tar.gz", "steps.csv", "summary.txt"])
+        names = archived(self.out)
         self.assertIn("raw/run.txt", names)
         self.assertIn("raw/versions.txt", names)
-        return rows, out, names
+        return rows, names
 
-    def fake_bundle(self):
+    def fake_bundle(self, test_gpu_ops=HANGS_IGNORING_TERM, layer_run=FAILS):
         b = os.path.join(self.tmp, "bundle")
-        os.makedirs(os.path.join(b, "bin"))
-        # a GPU test that hangs and ignores SIGTERM; a layer_run that fails at once
-        write_exe(os.path.join(b, "bin", "test_gpu_ops"), "#!/bin/sh\ntrap '' TERM\nsleep 300\n")
-        write_exe(os.path.join(b, "bin", "layer_run"), "#!/bin/sh\necho 'layer_run: error: fake failure' >&2\nexit 2\n")
+        os.makedirs(os.path.join(b, "bin"), exist_ok=True)
+        write_exe(os.path.join(b, "bin", "test_gpu_ops"), test_gpu_ops)
+        write_exe(os.path.join(b, "bin", "layer_run"), layer_run)
         return b
 
     @unittest.skipIf(HAVE_GPU, "a GPU is present: the steps would run")
     def test_no_gpu_empty_bundle(self):
         empty = os.path.join(self.tmp, "empty")
         os.makedirs(empty)
-        rows, out, _ = self.session("--bin-dir", empty)
+        rows, _ = self.session("--bin-dir", empty, program=("bash", WRAPPER))  # as the README says to run it
         self.assertEqual(rows["env"]["status"], "failed")
         self.assertIn("no layer_run", rows["env"]["detail"])
         for step in ALL_STEPS:
@@ -97,16 +147,16 @@ class GpuSession(unittest.TestCase):
         self.assertIn("not selected", rows["sanitize_memcheck"]["detail"])  # not in the default
 
     def test_named_bin_dir_missing(self):
-        proc = subprocess.run(["bash", SESSION, os.path.join(self.tmp, "o"), "--bin-dir",
-                               os.path.join(self.tmp, "nothing-here")], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([sys.executable, RUNNER, self.out, "--bin-dir", os.path.join(self.tmp, "nothing-here")],
+                              capture_output=True, text=True, timeout=60)
         self.assertEqual(proc.returncode, 2)
-        self.assertIn("no folder of binaries", proc.stderr)
+        self.assertEqual(proc.stderr, f"gpu_eval: error: no folder of binaries at {self.tmp}/nothing-here\n")
 
     @unittest.skipIf(HAVE_GPU, "a GPU is present: the steps would run")
     def test_real_build_without_gpu(self):
         if not os.access(os.path.join(BUILD, "runners", "layer_run"), os.X_OK):
             self.skipTest(f"no build at {BUILD}")
-        rows, _, _ = self.session("--bin-dir", BUILD, "--steps", "tests,table4,bench,sweep", "--quick")
+        rows, _ = self.session("--bin-dir", BUILD, "--steps", "tests,table4,bench,sweep", "--quick", *NO_TORCH)
         have_gpu_tests = os.access(os.path.join(BUILD, "tests", "test_gpu_ops"), os.X_OK)
         for step in ("tests", "table4", "bench_kernels", "sweep_seqlen"):
             self.assertEqual(rows[step]["status"], "skipped", rows[step])
@@ -115,9 +165,9 @@ class GpuSession(unittest.TestCase):
             else:
                 self.assertIn("no GPU", rows[step]["detail"])
         # --force runs them anyway: the GPU tests skip inside (ok), layer_run fails saying why
-        rows, _, names = self.session("--bin-dir", BUILD, "--steps", "tests,table4_fused,bench_layer", "--quick",
-                                      "--force", "--max-step", "40", limit=240)
-        if os.access(os.path.join(BUILD, "tests", "test_gpu_ops"), os.X_OK):
+        rows, names = self.session("--bin-dir", BUILD, "--steps", "tests,table4_fused,bench_layer", "--quick",
+                                   "--force", "--max-step", "40", *NO_TORCH, limit=240)
+        if have_gpu_tests:
             self.assertEqual(rows["tests"]["status"], "ok", rows["tests"])
             self.assertIn("failed 0", rows["tests"]["detail"])
             self.assertIn("raw/test_gpu_ops.xml", names)
@@ -125,93 +175,242 @@ class GpuSession(unittest.TestCase):
             self.assertIn("no CUDA device", rows["table4_fused"]["detail"])
         self.assertIn(rows["bench_layer"]["status"], ("ok", "skipped"), rows["bench_layer"])
 
-    def test_hanging_step_is_cut_and_failures_go_on(self):
-        b = self.fake_bundle()
-        rows, out, _ = self.session("--bin-dir", b, "--force", "--steps", "tests,table4", "--max-step", "2")
-        self.assertEqual(rows["tests"]["status"], "timeout", rows["tests"])
-        self.assertLess(float(rows["tests"]["seconds"]), 60)  # 2 s, then SIGKILL 10 s later at most
-        for step in ("table4", "table4_cupti", "table4_fused"):
-            self.assertEqual(rows[step]["status"], "failed", rows[step])
-            self.assertIn("fake failure", rows[step]["detail"])
-        self.assertEqual(rows["bench_kernels"]["status"], "skipped")
-        with open(os.path.join(out, "summary.txt")) as f:
-            self.assertIn("did not pass", f.read())  # the GPU tests' failure is flagged
-
-    def test_time_budget(self):
+    def test_time_budget_below_the_reserve(self):
         b = self.fake_bundle()
         # a budget below the packing reserve: nothing can start, however fast or slow this machine
-        rows, out, _ = self.session("--bin-dir", b, "--force", "--steps", "table4,sweep", "--budget", "5")
+        rows, _ = self.session("--bin-dir", b, "--force", "--steps", "table4,sweep", "--budget", "5", *NO_TORCH)
         for step in ("table4", "sweep_seqlen"):
             self.assertEqual(rows[step]["status"], "skipped", rows[step])
             self.assertIn("time budget", rows[step]["detail"])
-        with open(os.path.join(out, "summary.txt")) as f:
-            text = f.read()
+        text = read(os.path.join(self.out, "summary.txt"))
         self.assertIn("--steps table4,table4_cupti,table4_fused,sweep_seqlen,sweep_seqlen_fused", text)
         self.assertIn("resumes", text)
 
-    def test_second_run_resumes(self):
-        b = self.fake_bundle()
-        # a layer_run that works: the table4 steps finish; the GPU test hangs and is cut
-        write_exe(os.path.join(b, "bin", "layer_run"), "#!/bin/sh\necho ok-run\n")
-        rows, out, _ = self.session("--bin-dir", b, "--force", "--steps", "tests,table4", "--max-step", "2")
+    def test_second_run_resumes_and_the_archive_holds_both(self):
+        # the table4 steps finish (each writes a row); the GPU test hangs and is cut
+        b = self.fake_bundle(test_gpu_ops=HANGS, layer_run=WRITES_ROW)
+        rows, first = self.session("--bin-dir", b, "--force", "--steps", "tests,table4", "--max-step", "1", *NO_TORCH)
         self.assertEqual(rows["table4"]["status"], "ok", rows["table4"])
         self.assertEqual(rows["tests"]["status"], "timeout", rows["tests"])
-        with tarfile.open(os.path.join(out, "results.tar.gz")) as t:
-            first = set(t.getnames())
+        table4 = [n for n in first if n.startswith("results/table4_") and n.endswith(".csv")]
+        self.assertEqual(len(table4), 2, first)  # table4_<dev>.csv, table4_fused_<dev>.csv
         # the second run keeps what finished and runs again what did not
-        write_exe(os.path.join(b, "bin", "test_gpu_ops"), "#!/bin/sh\necho '[  PASSED  ] 3 tests.'\n")
+        write_exe(os.path.join(b, "bin", "test_gpu_ops"), PASSES)
         write_exe(os.path.join(b, "bin", "layer_run"), "#!/bin/sh\necho 'must not run again' >&2\nexit 1\n")
-        rows, out, _ = self.session("--bin-dir", b, "--force", "--steps", "tests,table4", keep=True)
+        rows, second = self.session("--bin-dir", b, "--force", "--steps", "tests,table4", *NO_TORCH, keep=True)
         self.assertEqual(rows["tests"]["status"], "ok", rows["tests"])
+        self.assertIn("passed 3, skipped 0, failed 0", rows["tests"]["detail"])
         for step in ("table4", "table4_cupti", "table4_fused"):
             self.assertEqual(rows[step]["status"], "ok", rows[step])
             self.assertIn("earlier run", rows[step]["detail"])
-        with tarfile.open(os.path.join(out, "results.tar.gz")) as t:
-            self.assertTrue(first <= set(t.getnames()))
-        with open(os.path.join(out, "log.txt")) as f:
-            self.assertIn("resuming", f.read())
+        # the archive holds the first run's results and the second's, the rows unchanged
+        self.assertIn("raw/test_gpu_ops.xml", second)
+        for name in table4:
+            self.assertEqual(second[name], first[name])
+            self.assertEqual(len(second[name].splitlines()), 2, second[name])
+        self.assertIn("resuming", read(os.path.join(self.out, "log.txt")))
+        self.assertNotIn("must not run again", read(os.path.join(self.out, "log.txt")))
+        # a third run still knows table4 was done (its "ok" of the second run counts)
+        rows, _ = self.session("--bin-dir", b, "--force", "--steps", "table4", *NO_TORCH, keep=True)
+        self.assertIn("earlier run", rows["table4"]["detail"])
+        # --unpack merges the archive's rows into results/
+        results = os.path.join(self.tmp, "results")
+        proc = subprocess.run([sys.executable, RUNNER, "--unpack", self.out, results], capture_output=True,
+                              text=True, timeout=60)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for name in table4:
+            self.assertEqual(read(os.path.join(results, os.path.basename(name))), second[name])
         # --fresh forgets it
-        rows, _, _ = self.session("--bin-dir", b, "--force", "--steps", "table4", "--fresh", keep=True)
+        rows, _ = self.session("--bin-dir", b, "--force", "--steps", "table4", "--fresh", *NO_TORCH, keep=True)
         self.assertEqual(rows["table4"]["status"], "failed", rows["table4"])
 
     def test_bad_usage(self):
-        for args in (["--steps", "nope"], ["--budget", "x"], []):
-            proc = subprocess.run(["bash", SESSION, *([os.path.join(self.tmp, "o")] if args else []), *args],
-                                  capture_output=True, text=True, timeout=30)
-            self.assertEqual(proc.returncode, 2, args)
-            self.assertIn("error", proc.stderr)
+        for args in (["--steps", "nope"], ["--budget", "x"], ["--max-step"], ["--frobnicate"], ["a", "b"], []):
+            with contextlib.redirect_stderr(io.StringIO()) as err:
+                code = gpu_eval.main([*([self.out] if args else []), *args])
+            self.assertEqual(code, 2, args)
+            self.assertEqual(len(err.getvalue().splitlines()), 1, err.getvalue())
+            self.assertTrue(err.getvalue().startswith("gpu_eval: error: "), err.getvalue())
+        self.assertFalse(os.path.exists(self.out))
 
-    def test_unpack_appends_once(self):
-        src = os.path.join(self.tmp, "src")
-        os.makedirs(os.path.join(src, "results"))
-        os.makedirs(os.path.join(src, "raw"))
-        with open(os.path.join(src, "results", "table4_h100.csv"), "w") as f:
-            f.write("a,b\n1,2\n3,4\n")
-        with open(os.path.join(src, "results", "bench_kernels_h100.json"), "w") as f:
-            f.write("{}\n")
-        with open(os.path.join(src, "raw", "run.txt"), "w") as f:
-            f.write("dev: h100\nstart_utc: 2026-01-02T03:04:05Z\n")
-        fetched = os.path.join(self.tmp, "fetched")
+    def test_list_steps_and_help(self):
+        out = subprocess.run([sys.executable, RUNNER, "--list-steps"], capture_output=True, text=True, timeout=30).stdout
+        self.assertIn("table4: table4 table4_cupti table4_fused\n", out)
+        self.assertTrue(out.endswith("default: " + " ".join(ALL_STEPS[:13]) + "\n"), out)
+        out = subprocess.run(["bash", WRAPPER, "--help"], capture_output=True, text=True, timeout=30).stdout
+        self.assertIn("--unpack OUTDIR_OR_TARBALL", out)
+
+
+class InProcess(unittest.TestCase):
+    """Time boxes and the budget with their times under the test's control: the runner in this
+    process, each run a few seconds."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpu_eval_test_")
+        self.out = os.path.join(self.tmp, "out")
+        self.handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def tearDown(self):
+        for s, h in self.handlers.items():
+            signal.signal(s, h)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def fake_bundle(self, test_gpu_ops, layer_run):
+        b = os.path.join(self.tmp, "bundle")
+        os.makedirs(os.path.join(b, "bin"))
+        write_exe(os.path.join(b, "bin", "test_gpu_ops"), test_gpu_ops)
+        write_exe(os.path.join(b, "bin", "layer_run"), layer_run)
+        return b
+
+    def evaluate(self, *args):
+        """steps.csv's rows by step (the run printed nothing the test needs)."""
+        with mock.patch.dict(os.environ), contextlib.redirect_stdout(io.StringIO()) as printed:
+            code = gpu_eval.main([self.out, *args, *NO_TORCH])
+        self.assertEqual(code, 0, printed.getvalue())
+        with open(os.path.join(self.out, "steps.csv"), newline="") as f:
+            return {r["step"]: r for r in csv.DictReader(f)}
+
+    def test_hanging_step_is_cut_and_failures_go_on(self):
+        # a GPU test that ignores SIGTERM: SIGKILL ends it (1 s here, 10 s in use) after its time box
+        b = self.fake_bundle(HANGS_IGNORING_TERM, FAILS)
+        with mock.patch.object(gpu_eval.sweep, "GRACE_S", 1):
+            rows = self.evaluate("--bin-dir", b, "--force", "--steps", "tests,table4", "--max-step", "2")
+        self.assertEqual(rows["tests"]["status"], "timeout", rows["tests"])
+        self.assertIn("killed after 2s", rows["tests"]["detail"])
+        self.assertLess(float(rows["tests"]["seconds"]), 60)  # 2 s, then SIGKILL 1 s later
+        for step in ("table4", "table4_cupti", "table4_fused"):
+            self.assertEqual(rows[step]["status"], "failed", rows[step])
+            self.assertIn("exit 2: layer_run: error: fake failure", rows[step]["detail"])
+        self.assertEqual(rows["bench_kernels"]["status"], "skipped")
+        self.assertIn("did not pass", read(os.path.join(self.out, "summary.txt")))  # the GPU tests' failure is flagged
+
+    def test_budget_cuts_a_step_and_later_steps_say_why(self):
+        b = self.fake_bundle(HANGS, WRITES_ROW)
+        prepare = gpu_eval.Evaluation.prepare
+
+        def prepare_then_start_the_clock(ev):  # 4 s for the steps, however long the preparation took
+            prepare(ev)
+            ev.deadline = time.monotonic() + 4
+        with mock.patch.object(gpu_eval.Evaluation, "prepare", prepare_then_start_the_clock), \
+                mock.patch.object(gpu_eval, "RESERVE_S", 0), mock.patch.dict(gpu_eval.MIN, {s: 1 for s in gpu_eval.MIN}):
+            rows = self.evaluate("--bin-dir", b, "--force", "--steps", "tests,table4")
+        out = self.out
+        # the hung GPU test gets what is left of the budget (not its 150 s cap), and is cut there
+        self.assertEqual(rows["tests"]["status"], "timeout", rows["tests"])
+        self.assertRegex(rows["tests"]["detail"], r"; killed after [1-4]s; ")
+        self.assertLess(float(rows["tests"]["seconds"]), 60)
+        for step in ("table4", "table4_cupti", "table4_fused"):
+            self.assertEqual(rows[step]["status"], "skipped", rows[step])
+            self.assertRegex(rows[step]["detail"], r"^time budget: -?\d+s left, needs 1s$")
+        summary = read(os.path.join(out, "summary.txt"))
+        self.assertIn("not run for lack of time: table4,table4_cupti,table4_fused", summary)
+        self.assertIn(f"bash scripts/gpu_eval.sh {out} --budget SEC", summary)
+
+    def test_step_counts(self):
+        self.assertEqual(gpu_eval.step_counts("tests", "[  PASSED  ] 1 test.\n[  PASSED  ] 7 tests.\n"),
+                         "passed 7, skipped 0, failed 0")
+        self.assertEqual(gpu_eval.step_counts("cputests", "[  PASSED  ] 2 tests.\n[  SKIPPED ] 1 test\n"
+                                                          "[  PASSED  ] 3 tests.\n[  FAILED  ] 1 test, listed below:\n"),
+                         "passed 5, skipped 1, failed 1")
+        out = "attention/manual_time 1 ms\nx/real_time ERROR OCCURRED: 'no GPU'\n"
+        self.assertEqual(gpu_eval.step_counts("attention_s2048", out), "2 benchmarks, 1 with errors or skipped")
+        self.assertEqual(gpu_eval.step_counts("attention_sdpa", out), "")  # not a Google Benchmark binary
+
+
+class Unpack(unittest.TestCase):
+    """--unpack: the archive's CSV rows into results/, the rest under results/device/."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gpu_eval_unpack_test_")
+        self.results = os.path.join(self.tmp, "results")
+        os.makedirs(self.results)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def archive(self, files, start="2026-01-02T03:04:05Z"):
+        """OUTDIR-like folder with results.tar.gz of files {"results/NAME": text} and raw/run.txt."""
+        src = tempfile.mkdtemp(dir=self.tmp)
+        files = dict(files, **{"raw/run.txt": f"dev: h100\nstart_utc: {start}\n"})
+        for name, text in files.items():
+            write(os.path.join(src, "pack", name), text)
+        fetched = os.path.join(src, "out")
         os.makedirs(fetched)
         with tarfile.open(os.path.join(fetched, "results.tar.gz"), "w:gz") as t:
-            t.add(os.path.join(src, "results"), "results")
-            t.add(os.path.join(src, "raw"), "raw")
-        results = os.path.join(self.tmp, "results")
-        os.makedirs(results)
-        with open(os.path.join(results, "table4_h100.csv"), "w") as f:
-            f.write("a,b\n0,0\n")
-        proc = subprocess.run(["bash", SESSION, "--unpack", fetched, results], capture_output=True, text=True,
-                              timeout=30)
+            t.add(os.path.join(src, "pack", "results"), "results")
+            t.add(os.path.join(src, "pack", "raw"), "raw")
+        return fetched
+
+    def unpack(self, src):
+        return subprocess.run([sys.executable, RUNNER, "--unpack", src, self.results], capture_output=True, text=True,
+                              timeout=60)
+
+    def test_appends_once(self):
+        fetched = self.archive({"results/table4_h100.csv": "a,b\n1,2\n3,4\n", "results/bench_kernels_h100.json": "{}\n"})
+        write(os.path.join(self.results, "table4_h100.csv"), "a,b\n0,0\n")
+        proc = self.unpack(fetched)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        with open(os.path.join(results, "table4_h100.csv")) as f:
-            self.assertEqual(f.read(), "a,b\n0,0\n1,2\n3,4\n")
-        kept = os.path.join(results, "device", "h100-20260102T030405Z")
+        self.assertEqual(read(os.path.join(self.results, "table4_h100.csv")), "a,b\n0,0\n1,2\n3,4\n")
+        kept = os.path.join(self.results, "device", "h100-20260102T030405Z")
         self.assertTrue(os.path.exists(os.path.join(kept, "bench_kernels_h100.json")))
         self.assertTrue(os.path.exists(os.path.join(kept, "raw", "run.txt")))
-        again = subprocess.run(["bash", SESSION, "--unpack", fetched, results], capture_output=True, text=True,
-                               timeout=30)
+        again = self.unpack(fetched)
         self.assertEqual(again.returncode, 2)
         self.assertIn("already unpacked", again.stderr)
+        self.assertEqual(read(os.path.join(self.results, "table4_h100.csv")), "a,b\n0,0\n1,2\n3,4\n")
+
+    def test_new_csv_and_quoted_fields(self):
+        text = 'a,command\n1,"x, ""y"""\n2,"two\nlines"\n'
+        proc = self.unpack(self.archive({"results/seqlen_cuda_h100.csv": text}))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(read(os.path.join(self.results, "seqlen_cuda_h100.csv")), text)
+        self.assertIn("new, 2 rows", proc.stdout)
+
+    def test_header_mismatch_is_refused_and_nothing_is_written(self):
+        before = {"table4_h100.csv": "a,b\n0,0\n", "peer_torch_h100.csv": "x,y\n5,6\n"}
+        for name, text in before.items():
+            write(os.path.join(self.results, name), text)
+        # table4 (first in order) would merge; peer_torch's columns differ: the whole unpack is refused
+        fetched = self.archive({"results/table4_h100.csv": "a,b\n1,2\n",
+                                "results/peer_torch_h100.csv": "x,y,z\n7,8,9\n"})
+        proc = self.unpack(fetched)
+        self.assertEqual(proc.returncode, 2)
+        self.assertEqual(len(proc.stderr.splitlines()), 1, proc.stderr)
+        self.assertIn("peer_torch_h100.csv", proc.stderr)
+        self.assertIn("adds z", proc.stderr)
+        self.assertIn("nothing unpacked", proc.stderr)
+        for name, text in before.items():
+            self.assertEqual(read(os.path.join(self.results, name)), text)
+        self.assertFalse(os.path.exists(os.path.join(self.results, "device")))
+        # the same header spelled with quotes is the same header
+        write(os.path.join(self.results, "peer_torch_h100.csv"), '"x","y","z"\n5,6,7\n')
+        proc = self.unpack(fetched)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(read(os.path.join(self.results, "peer_torch_h100.csv")), '"x","y","z"\n5,6,7\n7,8,9\n')
+
+    def test_rows_already_there_are_not_added_again(self):
+        write(os.path.join(self.results, "table4_h100.csv"), "a,b\n1,2\n")
+        # a second archive of the same rows and one more (another run, or the same copied twice)
+        proc = self.unpack(self.archive({"results/table4_h100.csv": "a,b\n1,2\n3,4\n"}, "2026-02-03T00:00:00Z"))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("1 rows appended, 1 already there", proc.stdout)
+        self.assertEqual(read(os.path.join(self.results, "table4_h100.csv")), "a,b\n1,2\n3,4\n")
+
+    def test_csv_without_a_header_is_kept_not_merged(self):
+        proc = self.unpack(self.archive({"results/attention_sdpa_h100.csv": ""}))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.results, "attention_sdpa_h100.csv")))
+        self.assertTrue(os.path.exists(os.path.join(self.results, "device", "h100-20260102T030405Z",
+                                                    "attention_sdpa_h100.csv")))
+
+    def test_half_written_line_is_left_out_and_named(self):
+        fetched = self.archive({"results/table4_h100.csv": "a,b\n1,2\n3\n"})
+        proc = self.unpack(fetched)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(read(os.path.join(self.results, "table4_h100.csv")), "a,b\n1,2\n")
+        self.assertIn("table4_h100.csv:3: 1 fields where the header has 2", proc.stderr)
+        kept = os.path.join(self.results, "device", "h100-20260102T030405Z", "table4_h100.csv")
+        self.assertEqual(read(kept), "a,b\n1,2\n3\n")  # the file whole, nothing lost
 
 
 @unittest.skipUnless(shutil.which("cc") and os.path.exists("/lib64/ld-linux-x86-64.so.2"), "needs cc and x86-64 ld.so")
