@@ -29,7 +29,7 @@ class LlamaLayer final : public LayerBase {
   // Causal softmax of scale * q k^T, [b, a/t, s, s] (each query head against its group's k).
   Tensor attention_probs(const Tensor& q, const Tensor& k);
 
-  int64_t gl_, fl_;  // key/value heads, SwiGLU width per rank
+  int64_t kv_heads_per_rank_, ffn_per_rank_;  // key/value heads, SwiGLU width per rank
 };
 
 }  // namespace actbench

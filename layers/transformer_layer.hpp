@@ -27,7 +27,7 @@ class TransformerLayer final : public LayerBase {
   void core_attention_probs(const Tensor& q, const Tensor& k, Tensor& probs, Tensor& mask, Tensor& probs_dropped);
   DropoutSpec residual_dropout_spec(uint32_t site) const;
 
-  int64_t hl_;  // hidden per rank
+  int64_t hidden_per_rank_;  // hidden per rank
 };
 
 }  // namespace actbench
