@@ -6,11 +6,13 @@
 
 namespace actbench {
 
-LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt)
+LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, int64_t kv_heads, bool attention_dropout)
     : be_(be), comm_(comm), opt_(opt), tp_size_(comm.size()), tp_rank_(comm.rank()) {
   validate_layer(opt_.dims, tp_size_, opt_.policy);
   heads_per_rank_ = opt_.dims.a / tp_size_;
   head_dim_ = opt_.dims.h / opt_.dims.a;
+  kv_heads_per_rank_ = kv_heads / tp_size_;
+  attention_dropout_ = attention_dropout;
   table_ = layer_param_table(opt_.dims);
 }
 
@@ -81,6 +83,21 @@ CommContext LayerBase::comm_context(const char* stage) const {
   return CommContext{be_, comm_, opt_.policy.sequence_parallel, phase_log_, stage};
 }
 
+Tensor LayerBase::column_parallel_linear_fwd(const CommContext& comm, const char* op, const char* region, Tensor x,
+                                             const Tensor& weight, const Tensor* bias, Tensor* keep_input) {
+  const int64_t out = weight.dim(0), in = weight.dim(1);
+  Tensor y = be_.empty({opt_.dims.s, opt_.dims.b, out}, opt_.dtype);
+  {
+    Tensor x_full = region_entry_fwd(comm, x, region);  // f | g
+    if (keep_input) *keep_input = x;
+    PhaseRange phase(phase_name(comm.stage.c_str(), op), phase_log_);
+    be_.gemm(gemm_args(false, true, x_full.numel() / in, out, in), as_matrix(x_full), weight, as_matrix(y));
+    if (bias) be_.add_bias(as_matrix(y), *bias);
+  }
+  x = Tensor();
+  return y;
+}
+
 Tensor LayerBase::row_parallel_linear_fwd(const CommContext& comm, const char* op, Tensor x, const Tensor& weight) {
   const int64_t rows = x.numel() / x.dim(-1), out = weight.dim(0), in = weight.dim(1);
   Tensor partial = be_.empty({opt_.dims.s, opt_.dims.b, out}, opt_.dtype);
@@ -122,21 +139,6 @@ Tensor LayerBase::column_parallel_linear_bwd(const CommContext& comm, const char
   }
   dy = Tensor();
   return region_entry_bwd(comm, std::move(dx_partial), region);  // f | g
-}
-
-DropoutSpec LayerBase::attn_dropout_spec() const {
-  // probabilities [b, a/t, s, s] are heads [rank*a/t, ...) of the canonical [b, a, s, s]
-  DropoutSpec spec;
-  spec.p = opt_.dropout;
-  spec.seed = opt_.seed;
-  spec.layer = opt_.layer_index;
-  spec.site = kSiteAttnProbs;
-  spec.outer = opt_.dims.b;
-  spec.mid_local = heads_per_rank_;
-  spec.mid_global = opt_.dims.a;
-  spec.mid_offset = tp_rank_ * heads_per_rank_;
-  spec.inner = opt_.dims.s * opt_.dims.s;
-  return spec;
 }
 
 }  // namespace actbench
