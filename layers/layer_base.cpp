@@ -6,17 +6,19 @@
 
 namespace actbench {
 
-LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt)
-    : be_(be), comm_(comm), opt_(opt), t_(comm.size()), rank_(comm.rank()) {
-  validate_layer(opt_.dims, t_, opt_.policy);
-  al_ = opt_.dims.a / t_;
-  d_ = opt_.dims.h / opt_.dims.a;
+LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, int64_t kv_heads, bool attention_dropout)
+    : be_(be), comm_(comm), opt_(opt), tp_size_(comm.size()), tp_rank_(comm.rank()) {
+  validate_layer(opt_.dims, tp_size_, opt_.policy);
+  heads_per_rank_ = opt_.dims.a / tp_size_;
+  head_dim_ = opt_.dims.h / opt_.dims.a;
+  kv_heads_per_rank_ = kv_heads / tp_size_;
+  attention_dropout_ = attention_dropout;
   table_ = layer_param_table(opt_.dims);
 }
 
 void LayerBase::allocate_parameters() {
   for (const ParamInfo& p : table_) {
-    Shape shape = local_param_shape(p, t_);
+    Shape shape = local_param_shape(p, tp_size_);
     params_.*p.member = be_.empty(shape, opt_.dtype);
     grads_.*p.member = be_.zeros(shape, opt_.dtype);
   }
@@ -26,7 +28,7 @@ void LayerBase::init_parameters() {
   if (!be_.computes()) return;
   for (const ParamInfo& p : table_) {
     Tensor& local = params_.*p.member;
-    ShardSpec spec = param_shard(p, t_, rank_);
+    ShardSpec spec = param_shard(p, tp_size_, tp_rank_);
     std::vector<float> host(static_cast<size_t>(local.numel()));
     const int64_t fan_in = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
     for (int64_t i = 0; i < local.numel(); ++i)
@@ -58,85 +60,85 @@ Tensor LayerBase::forward(const Tensor& x) {
 
 SavedActivations LayerBase::take_saved_for_backward(const Tensor& dy) {
   check_activation_shape(dy, "upstream gradient");
-  SavedActivations S = std::move(saved_);
+  SavedActivations saved = std::move(saved_);
   saved_.clear();
   if (opt_.policy.recompute == Recompute::full) {
-    if (!S.layer_input.defined()) throw RuntimeFailure("backward without forward");
-    Tensor x = std::move(S.layer_input);
-    S.clear();
-    (void)forward_impl(x, S, Keep::all, "recompute");  // the output is discarded
+    if (!saved.layer_input.defined()) throw RuntimeFailure("backward without forward");
+    Tensor x = std::move(saved.layer_input);
+    saved.clear();
+    (void)forward_impl(x, saved, Keep::all, "recompute");  // the output is discarded
   }
-  if (!S.ln1_input.defined()) throw RuntimeFailure("backward without forward");
-  return S;
+  if (!saved.ln1_input.defined()) throw RuntimeFailure("backward without forward");
+  return saved;
 }
 
 void LayerBase::all_reduce_sequence_parallel_grads() {
-  if (!opt_.policy.sequence_parallel || t_ == 1) return;
-  PhaseRange r("comm.bwd.all_reduce.sequence_parallel_grads", log_);
+  if (!opt_.policy.sequence_parallel || tp_size_ == 1) return;
+  PhaseRange phase("comm.bwd.all_reduce.sequence_parallel_grads", phase_log_);
   for (const ParamInfo& p : table_)
     if (p.sequence_parallel_allreduce) comm_.all_reduce(grads_.*p.member);
 }
 
-CommContext LayerBase::comm_ctx(const char* stage) const {
-  return CommContext{be_, comm_, opt_.policy.sequence_parallel, log_, stage};
+CommContext LayerBase::comm_context(const char* stage) const {
+  return CommContext{be_, comm_, opt_.policy.sequence_parallel, phase_log_, stage};
 }
 
-Tensor LayerBase::row_parallel_linear_fwd(const CommContext& cc, const char* op, Tensor x, const Tensor& weight) {
+Tensor LayerBase::column_parallel_linear_fwd(const CommContext& comm, const char* op, const char* region, Tensor x,
+                                             const Tensor& weight, const Tensor* bias, Tensor* keep_input) {
+  const int64_t out = weight.dim(0), in = weight.dim(1);
+  Tensor y = be_.empty({opt_.dims.s, opt_.dims.b, out}, opt_.dtype);
+  {
+    Tensor x_full = region_entry_fwd(comm, x, region);  // f | g
+    if (keep_input) *keep_input = x;
+    PhaseRange phase(phase_name(comm.stage.c_str(), op), phase_log_);
+    be_.gemm(gemm_args(false, true, x_full.numel() / in, out, in), as_matrix(x_full), weight, as_matrix(y));
+    if (bias) be_.add_bias(as_matrix(y), *bias);
+  }
+  x = Tensor();
+  return y;
+}
+
+Tensor LayerBase::row_parallel_linear_fwd(const CommContext& comm, const char* op, Tensor x, const Tensor& weight) {
   const int64_t rows = x.numel() / x.dim(-1), out = weight.dim(0), in = weight.dim(1);
   Tensor partial = be_.empty({opt_.dims.s, opt_.dims.b, out}, opt_.dtype);
   {
-    PhaseRange r(ph(cc.stage.c_str(), op), log_);
-    be_.gemm(gemm_args(false, true, rows, out, in), mat(x), weight, mat(partial));
+    PhaseRange phase(phase_name(comm.stage.c_str(), op), phase_log_);
+    be_.gemm(gemm_args(false, true, rows, out, in), as_matrix(x), weight, as_matrix(partial));
   }
   x = Tensor();
-  return region_exit_fwd(cc, std::move(partial), op);  // f̄ | ḡ
+  return region_exit_fwd(comm, std::move(partial), op);  // f̄ | ḡ
 }
 
-Tensor LayerBase::row_parallel_linear_bwd(const CommContext& cc, const char* op, Tensor dy, Tensor x,
+Tensor LayerBase::row_parallel_linear_bwd(const CommContext& comm, const char* op, Tensor dy, Tensor x,
                                           const Tensor& weight, Tensor& dweight) {
   const int64_t out = weight.dim(0), in = weight.dim(1);
   Tensor dx = be_.empty({opt_.dims.s, opt_.dims.b, in}, opt_.dtype);
   {
-    Tensor dy_partial = region_exit_bwd(cc, dy, op);  // f̄ | ḡ
+    Tensor dy_partial = region_exit_bwd(comm, dy, op);  // f̄ | ḡ
     dy = Tensor();
     const int64_t rows = dy_partial.numel() / out;
-    PhaseRange r(ph(cc.stage.c_str(), op), log_);
-    be_.gemm(gemm_args(false, false, rows, in, out), mat(dy_partial), weight, mat(dx));
-    be_.gemm(gemm_args(true, false, out, in, rows), mat(dy_partial), mat(x), dweight);
+    PhaseRange phase(phase_name(comm.stage.c_str(), op), phase_log_);
+    be_.gemm(gemm_args(false, false, rows, in, out), as_matrix(dy_partial), weight, as_matrix(dx));
+    be_.gemm(gemm_args(true, false, out, in, rows), as_matrix(dy_partial), as_matrix(x), dweight);
     x = Tensor();
   }
   return dx;
 }
 
-Tensor LayerBase::column_parallel_linear_bwd(const CommContext& cc, const char* op, const char* region, Tensor x,
+Tensor LayerBase::column_parallel_linear_bwd(const CommContext& comm, const char* op, const char* region, Tensor x,
                                              Tensor dy, const Tensor& weight, Tensor& dweight, Tensor* dbias) {
   const int64_t rows = dy.numel() / dy.dim(-1), out = weight.dim(0), in = weight.dim(1);
   Tensor dx_partial = be_.empty({opt_.dims.s, opt_.dims.b, in}, opt_.dtype);
   {
-    Tensor x_full = region_entry_fwd(cc, x, region);  // SP: gather the saved shard again
+    Tensor x_full = region_entry_fwd(comm, x, region);  // SP: gather the saved shard again
     x = Tensor();
-    PhaseRange r(ph(cc.stage.c_str(), op), log_);
-    if (dbias) be_.bias_grad(mat(dy), *dbias);
-    be_.gemm(gemm_args(true, false, out, in, rows), mat(dy), mat(x_full), dweight);
-    be_.gemm(gemm_args(false, false, rows, in, out), mat(dy), weight, mat(dx_partial));
+    PhaseRange phase(phase_name(comm.stage.c_str(), op), phase_log_);
+    if (dbias) be_.bias_grad(as_matrix(dy), *dbias);
+    be_.gemm(gemm_args(true, false, out, in, rows), as_matrix(dy), as_matrix(x_full), dweight);
+    be_.gemm(gemm_args(false, false, rows, in, out), as_matrix(dy), weight, as_matrix(dx_partial));
   }
   dy = Tensor();
-  return region_entry_bwd(cc, std::move(dx_partial), region);  // f | g
-}
-
-DropoutSpec LayerBase::attn_dropout_spec() const {
-  // probabilities [b, a/t, s, s] are heads [rank*a/t, ...) of the canonical [b, a, s, s]
-  DropoutSpec s;
-  s.p = opt_.dropout;
-  s.seed = opt_.seed;
-  s.layer = opt_.layer_index;
-  s.site = kSiteAttnProbs;
-  s.outer = opt_.dims.b;
-  s.mid_local = al_;
-  s.mid_global = opt_.dims.a;
-  s.mid_offset = rank_ * al_;
-  s.inner = opt_.dims.s * opt_.dims.s;
-  return s;
+  return region_entry_bwd(comm, std::move(dx_partial), region);  // f | g
 }
 
 }  // namespace actbench

@@ -2,8 +2,10 @@
 // What the layer families share around their blocks: the tensor-parallel group and the
 // sequence-parallel communication context, the parameters (allocated and initialised from
 // the family's table), and the recompute policy: which of forward's activations are kept,
-// and the full-recompute forward that backward runs first. A family writes its blocks once,
-// in forward_impl and backward, and says what each block keeps.
+// and the full-recompute forward that backward runs first. Also the blocks both families
+// build from: the parallel linears and attention (the qkv GEMM, core attention forward and
+// backward; core_attention.cpp). A family writes its blocks once, in forward_impl and
+// backward, and says what each block keeps.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,17 +32,19 @@ class LayerBase : public Layer {
   const SavedActivations& saved() const override { return saved_; }
   LayerParams& params() override { return params_; }
   LayerParams& grads() override { return grads_; }
-  void set_phase_log(PhaseLog* log) override { log_ = log; }
+  void set_phase_log(PhaseLog* log) override { phase_log_ = log; }
   const LayerOptions& options() const { return opt_; }
   // Rows of x, x1 and y on this rank: s/t under SP, else s.
-  int64_t local_seq() const { return opt_.policy.sequence_parallel ? opt_.dims.s / t_ : opt_.dims.s; }
+  int64_t local_seq() const { return opt_.policy.sequence_parallel ? opt_.dims.s / tp_size_ : opt_.dims.s; }
 
  protected:
   // What one forward keeps for backward.
   enum class Keep { input_only, all_but_core_attn, all };
 
   // Validates the shape against the TP group (parameters come with allocate_parameters()).
-  LayerBase(Backend& be, Communicator& comm, LayerOptions opt);
+  // The family's attention: kv_heads key/value heads in the whole model (a: multi-head
+  // attention, fewer: grouped-query) and whether dropout follows the softmax.
+  LayerBase(Backend& be, Communicator& comm, LayerOptions opt, int64_t kv_heads, bool attention_dropout);
   // Parameters (uninitialised) and zeroed gradients of the family's table, in its order.
   void allocate_parameters();
 
@@ -56,45 +60,103 @@ class LayerBase : public Layer {
   // parameters applied to those rows (norms, row-parallel biases) are partial: sums them.
   void all_reduce_sequence_parallel_grads();
 
-  CommContext comm_ctx(const char* stage) const;
+  CommContext comm_context(const char* stage) const;
 
-  // Megatron's parallel linears, y = x W^T with W this rank's shard (biases, which only gpt
-  // has, stay with the layer). Activations are [s, b, width]; phases are cc.stage + "." + op.
+  // Megatron's parallel linears, y = x W^T (+ bias) with W this rank's shard (gpt adds its
+  // row-parallel biases itself, with dropout and the residual). Activations are
+  // [s, b, width]; phases are comm.stage + "." + op.
   // A tensor passed by value is released where the layer no longer needs it: pass it with
   // std::move on its last use, a copy to keep it.
   //
+  // Column-parallel forward: x [s(/t), b, in] (kept in *keep_input when given: its sequence
+  // shard under SP) through f | g, x released, then x W^T (+ bias) [s, b, out] (phase op).
+  Tensor column_parallel_linear_fwd(const CommContext& comm, const char* op, const char* region, Tensor x,
+                                    const Tensor& weight, const Tensor* bias, Tensor* keep_input);
   // Row-parallel forward: partial sums of x [s, b, in] with W [out, in] (phase op), x
   // released, then f̄ | ḡ: the reduced output [s(/t), b, out].
-  Tensor row_parallel_linear_fwd(const CommContext& cc, const char* op, Tensor x, const Tensor& weight);
+  Tensor row_parallel_linear_fwd(const CommContext& comm, const char* op, Tensor x, const Tensor& weight);
   // Row-parallel backward: dy [s(/t), b, out] through f̄ | ḡ (dy released), then dx
   // [s, b, in] and dW += from x, the kept input (released at the end of the phase).
-  Tensor row_parallel_linear_bwd(const CommContext& cc, const char* op, Tensor dy, Tensor x, const Tensor& weight,
+  Tensor row_parallel_linear_bwd(const CommContext& comm, const char* op, Tensor dy, Tensor x, const Tensor& weight,
                                  Tensor& dweight);
   // Column-parallel backward: x, the kept input (its sequence shard under SP, gathered
   // again through region `region` and then released), dy [s, b, out] (released after the
   // phase). Phase op: dbias (when given), dW, the partial dx; then f | g: dx [s(/t), b, in].
-  Tensor column_parallel_linear_bwd(const CommContext& cc, const char* op, const char* region, Tensor x, Tensor dy,
+  Tensor column_parallel_linear_bwd(const CommContext& comm, const char* op, const char* region, Tensor x, Tensor dy,
                                     const Tensor& weight, Tensor& dweight, Tensor* dbias = nullptr);
-  // Core attention's [b, a/t, s, s] index space on this rank (rank's heads of the canonical
-  // [b, a, s, s]): the dropout of the probabilities, p = opt.dropout.
-  DropoutSpec attn_dropout_spec() const;
+
+  // ---- attention (core_attention.cpp), the same in both families ----
+  // q [b, heads_per_rank_, s, d]; k, v [b, kv_heads_per_rank_, s, d] with d = head_dim_.
+  // Under grouped-query attention the heads_per_rank_ / kv_heads_per_rank_ query heads of a
+  // group are consecutive and share one key/value head.
+  struct QkvHeads {
+    Tensor q, k, v;
+  };
+  // The qkv GEMM after the norm: normed [s(/t), b, h] (released at the end; kept as
+  // save.qkv_input when keep_any) through f | g, then x W^T (+ bias) split into heads. Phase
+  // "stage.qkv".
+  QkvHeads qkv_projection_fwd(const CommContext& comm, Tensor normed, const Tensor* bias, bool keep_any,
+                              SavedActivations& save);
+  // Causal softmax(q k^T / sqrt(d)), dropout where the family has it, times v: the context
+  // [s, b, heads_per_rank_ * d], heads merged (phase "stage.core_attn"). Unfused, the
+  // probabilities are materialised (kept under Keep::all, else recomputed by backward);
+  // fused (FlashAttention-style) only a per-row log-sum-exp is kept. Keeps q, k, v and the
+  // context unless keep is input_only; releases qkv.
+  Tensor core_attention_fwd(const char* stage, QkvHeads qkv, SavedActivations& save, Keep keep);
+  // d_context like the context (released). Writes dq, dk, dv into grads, tensors the caller
+  // allocated. Takes what forward kept from saved (recomputing the probabilities first when
+  // selective did not keep them: phase "recompute.core_attn"). Phase "bwd.core_attn".
+  void core_attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads);
+  // The same, but merges dq, dk, dv into their columns of d_qkv [s, b, qkv_width()], each as
+  // soon as it is complete, and releases it: fewer gradients are held at once.
+  void core_attention_bwd(SavedActivations& saved, Tensor d_context, const Tensor& d_qkv);
+  // Columns of the qkv GEMM's output where the heads of q, k or v start.
+  int64_t q_column() const { return 0; }
+  int64_t k_column() const { return heads_per_rank_ * head_dim_; }
+  int64_t v_column() const { return (heads_per_rank_ + kv_heads_per_rank_) * head_dim_; }
+  int64_t qkv_width() const { return (heads_per_rank_ + 2 * kv_heads_per_rank_) * head_dim_; }
   // Phase name "stage.op".
-  static std::string ph(const char* stage, const char* op) { return std::string(stage) + "." + op; }
+  static std::string phase_name(const char* stage, const char* op) { return std::string(stage) + "." + op; }
   // Rows of an [s, b, w] tensor as a matrix [s*b, w].
-  static Tensor mat(const Tensor& t) { return t.view({t.numel() / t.dim(-1), t.dim(-1)}); }
+  static Tensor as_matrix(const Tensor& t) { return t.view({t.numel() / t.dim(-1), t.dim(-1)}); }
 
   Backend& be_;
   Communicator& comm_;
   LayerOptions opt_;
-  int t_, rank_;
-  int64_t al_, d_;  // query heads per rank; head size
+  int tp_size_, tp_rank_;  // the tensor-parallel group: its size (the paper's t) and this rank
+  int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); h/a
+  int64_t kv_heads_per_rank_;
+  bool attention_dropout_;
   std::vector<ParamInfo> table_;
   LayerParams params_, grads_;
   SavedActivations saved_;
-  PhaseLog* log_ = nullptr;
+  PhaseLog* phase_log_ = nullptr;
 
  private:
   void check_activation_shape(const Tensor& t, const char* what) const;
+
+  // The unfused path's attention weights [b, heads_per_rank_, s, s]: the causal softmax of the
+  // scaled scores and, where the family has dropout, its mask and the dropped probabilities.
+  struct AttentionWeights {
+    Tensor probs, mask, dropped;
+    const Tensor& times_v() const { return dropped.defined() ? dropped : probs; }  // what multiplies v
+  };
+  AttentionWeights attention_weights(const Tensor& q, const Tensor& k);
+  // Both core_attention_bwd: merge_into is d_qkv or null (grads then hold the caller's tensors).
+  void attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
+  void fused_attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
+  void unfused_attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
+  // The dropout of the probabilities in their [b, a/t, s, s] index space on this rank (the
+  // rank's heads of the canonical [b, a, s, s]), p = opt.dropout.
+  DropoutSpec attn_dropout_spec() const;
+  float attention_scale() const;
+  // A batched GEMM with one batch per key/value head of this rank: its query heads'
+  // rows are consecutive, so k and v are never repeated (m counts all of them).
+  GemmArgs per_kv_head(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha = 1.f) const;
+  // A gradient of core attention's backward: allocated here unless the caller gave one, and
+  // merged into merge_into at `column` and released once done, when merge_into is set.
+  Tensor& grad_buffer(Tensor& grad, int64_t heads);
+  void grad_done(Tensor& grad, const Tensor* merge_into, int64_t column);
 };
 
 }  // namespace actbench

@@ -26,10 +26,8 @@ class LlamaLayer final : public LayerBase {
 
  private:
   Tensor forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) override;
-  // Causal softmax of scale * q k^T, [b, a/t, s, s] (each query head against its group's k).
-  Tensor attention_probs(const Tensor& q, const Tensor& k);
 
-  int64_t gl_, fl_;  // key/value heads, SwiGLU width per rank
+  int64_t ffn_per_rank_;  // F/t, the SwiGLU width on this rank
 };
 
 }  // namespace actbench

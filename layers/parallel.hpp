@@ -18,8 +18,8 @@
 namespace actbench {
 
 struct CommContext {
-  Backend& be;
-  Communicator& comm;
+  Backend& backend;
+  Communicator& communicator;
   bool sequence_parallel;
   PhaseLog* log;
   std::string stage;  // "fwd" | "bwd" | "recompute": the phase prefix
@@ -28,7 +28,7 @@ struct CommContext {
 // Into a column-parallel linear. Forward: x [s/t or s, b, h] -> full-sequence input.
 Tensor region_entry_fwd(const CommContext& c, const Tensor& x, const char* what);
 // Backward: partial gradient of the full-sequence input -> gradient of x (summed over ranks).
-Tensor region_entry_bwd(const CommContext& c, Tensor dfull, const char* what);
+Tensor region_entry_bwd(const CommContext& c, Tensor d_full, const char* what);
 // Out of a row-parallel linear. Forward: partial sums [s, b, h] -> reduced output (local rows under SP).
 Tensor region_exit_fwd(const CommContext& c, Tensor partial, const char* what);
 // Backward: gradient of the reduced output -> gradient of every rank's partial (full sequence).

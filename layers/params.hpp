@@ -33,7 +33,7 @@ enum class ShardKind {
 struct ShardSpec {
   ShardKind kind = ShardKind::replicated;
   int64_t rows = 1, cols = 1;  // canonical 2-D view
-  int t = 1, rank = 0;
+  int t = 1, rank = 0;          // split over t ranks (the paper's t); this is rank `rank`'s shard
   std::vector<int64_t> parts;  // stacked_rows: canonical rows of each part, in order
   int64_t local_rows() const;
   int64_t local_cols() const;

@@ -1,6 +1,6 @@
 #pragma once
 // What one layer keeps from its forward pass for its backward pass. Its bytes by category
-// are the *measured* activation memory (PAPER.md's rows; LayerNorm statistics apart).
+// are the *measured* activation memory (the paper's rows; LayerNorm statistics apart).
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -31,7 +31,7 @@ struct SavedActivations {
   Tensor mlp_residual_mask;   // u8
 
   using Entry = std::pair<const char*, const Tensor*>;
-  // The paper's categories, in PAPER.md's order (names as in theory::activation_bytes_by_category).
+  // The paper's categories, in the paper's order (names as in theory::activation_bytes_by_category).
   std::vector<Entry> paper_categories() const;
   std::vector<Entry> extra_categories() const;  // ln1_stats, ln2_stats
   int64_t paper_bytes() const;

@@ -23,11 +23,9 @@ class TransformerLayer final : public LayerBase {
 
  private:
   Tensor forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) override;
-  // Scores, causal softmax, dropout; probs and mask may be kept for backward.
-  void core_attention_probs(const Tensor& q, const Tensor& k, Tensor& probs, Tensor& mask, Tensor& probs_dropped);
   DropoutSpec residual_dropout_spec(uint32_t site) const;
 
-  int64_t hl_;  // hidden per rank
+  int64_t hidden_per_rank_;  // h/t
 };
 
 }  // namespace actbench
