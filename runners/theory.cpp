@@ -41,6 +41,7 @@
 #include "runtime/error.hpp"
 
 namespace fs = std::filesystem;
+using namespace actbench;
 using namespace actbench::theory;
 
 namespace {
@@ -241,8 +242,8 @@ Table table2(bool fused = false) {
     for (const std::string dtype : {"bf16", "fp32"})
       for (const auto& name : config_names()) {
         const Dims d = m.layer_dims();
-        Config c = config_from_name(name);
-        c.fused_attention = fused;
+        LayerPolicy c = parse_config(name);
+        c.attention = fused ? Attention::fused : Attention::unfused;
         const Precision p = precision_of(dtype);
         const ActivationTerms terms = activation_terms(d, c, p);
         const double bytes = activation_bytes(d, c, p);
@@ -259,7 +260,7 @@ Table table2_categories() {
   for (const auto& m : paper_models())
     for (const std::string dtype : {"bf16", "fp32"})
       for (const auto& name : config_names())
-        for (const auto& [cat, bytes] : activation_bytes_by_category(m.layer_dims(), config_from_name(name),
+        for (const auto& [cat, bytes] : activation_bytes_by_category(m.layer_dims(), parse_config(name),
                                                                       precision_of(dtype)))
           t.add({m.name, fmt(m.t), name, dtype, cat, fmt_bytes(bytes)});
   return t;
@@ -274,7 +275,7 @@ Table totals(const Precision& prec, const std::string& dtype) {
           {}};
   for (const auto& m : paper_models())
     for (const auto& name : config_names()) {
-      const Config c = config_from_name(name);
+      const LayerPolicy c = parse_config(name);
       const double act = first_stage_activation_bytes(m, c, prec);
       const double extra = embedding_output_extra_bytes(m, c, prec);
       t.add({m.name, fmt(m.t), fmt(m.p), fmt(m.m), fmt(m.microbatches()), name, dtype,
@@ -336,7 +337,7 @@ Table fig7() {
         {"full+sp", std::nullopt},
     };
     for (const auto& [name, pv] : rows)
-      t.add({m.name, name, fmt_pct(percent_of_tp_baseline(m.layer_dims(), config_from_name(name))), fmt_opt(pv)});
+      t.add({m.name, name, fmt_pct(percent_of_tp_baseline(m.layer_dims(), parse_config(name))), fmt_opt(pv)});
   }
   return t;
 }
@@ -352,7 +353,7 @@ Table seqlen() {
     for (double s : seqs)
       for (const auto& name : config_names()) {
         const Dims d{s, 1, m.h, m.a, static_cast<double>(m.t)};
-        const ActivationTerms terms = activation_terms(d, config_from_name(name));
+        const ActivationTerms terms = activation_terms(d, parse_config(name));
         t.add({m.name, fmt(m.h), fmt(m.a), "1", fmt(m.t), fmt(s), name,
                fmt_bytes(terms.linear_bytes + terms.attention_bytes), fmt_bytes(terms.linear_bytes),
                fmt_bytes(terms.attention_bytes), fmt(attention_crossover_seq(m.h, m.a), "%.2f")});
@@ -377,8 +378,8 @@ Table longseq(double bytes_per_param) {
       for (const auto& name : config_names()) {
         ModelSpec ms = m;
         ms.s = s;
-        Config c = config_from_name(name);
-        c.fused_attention = fused;
+        LayerPolicy c = parse_config(name);
+        c.attention = fused ? Attention::fused : Attention::unfused;
         const double per_layer = activation_bytes(ms.layer_dims(), c);
         const double act_gib = first_stage_activation_bytes(ms, c) / kGiB;
         // Recomputation rebuilds one layer's activations during its backward: that must fit too.
@@ -633,8 +634,8 @@ Table llama_table2() {
   for (const auto& [m, tp] : llama_rows())
     for (bool fused : {false, true})
       for (const auto& name : config_names()) {
-        Config c = config_from_name(name);
-        c.fused_attention = fused;
+        LayerPolicy c = parse_config(name);
+        c.attention = fused ? Attention::fused : Attention::unfused;
         const LlamaDims d = llama_dims(m, m.s, 1, tp);
         const double bytes = llama_activation_bytes(d, c);
         t.add({m.name, fmt(tp), fmt(m.s), fmt(m.g), fmt(m.F), name, fused ? "fused" : "unfused", fmt_bytes(bytes),
@@ -648,8 +649,8 @@ Table llama_table2_categories() {
   for (const auto& [m, tp] : llama_rows())
     for (bool fused : {false, true})
       for (const auto& name : config_names()) {
-        Config c = config_from_name(name);
-        c.fused_attention = fused;
+        LayerPolicy c = parse_config(name);
+        c.attention = fused ? Attention::fused : Attention::unfused;
         for (const auto& [cat, bytes] : llama_activation_bytes_by_category(llama_dims(m, m.s, 1, tp), c))
           t.add({m.name, fmt(tp), name, fused ? "fused" : "unfused", cat, fmt_bytes(bytes)});
       }
@@ -665,8 +666,8 @@ Table llama_seqlen() {
     for (double s = 1024; s <= 131072; s *= 2)
       for (bool fused : {false, true})
         for (const char* name : {"baseline", "selective+sp", "full"}) {
-          Config c = config_from_name(name);
-          c.fused_attention = fused;
+          LayerPolicy c = parse_config(name);
+          c.attention = fused ? Attention::fused : Attention::unfused;
           LlamaDims d = llama_dims(m, s, 1, 8);
           d.g = g;
           const double bytes = llama_activation_bytes(d, c);
@@ -708,11 +709,11 @@ int run_llama_table(const LlamaTableArgs& a) {
   const LlamaDims d = llama_dims(m, s, a.batch, a.tp);
   std::printf("%s: s=%g b=%g h=%g a=%g g=%g F=%g t=%d, bytes per layer and rank (bf16)\n", m.name.c_str(), s,
               a.batch, m.h, m.a, d.groups(), d.ffn(), a.tp);
-  std::vector<std::pair<std::string, Config>> cols;
+  std::vector<std::pair<std::string, LayerPolicy>> cols;
   for (bool fused : {false, true})
     for (const auto& name : config_names()) {
-      Config c = config_from_name(name);
-      c.fused_attention = fused;
+      LayerPolicy c = parse_config(name);
+      c.attention = fused ? Attention::fused : Attention::unfused;
       cols.push_back({name + (fused ? "/fused" : ""), c});
     }
   std::printf("%-14s", "category");
@@ -758,7 +759,7 @@ int run_plan_search(const std::string& model_name, const SearchArgs& a, const st
   r.global_batch = a.global_batch;
   r.distributed_optimizer = a.distributed_optimizer;
   if (a.attention != "fused" && a.attention != "unfused") throw UsageError("--attention must be fused or unfused");
-  r.fused_attention = a.attention == "fused";
+  r.attention = parse_attention(a.attention);
   r.headroom_bytes = parse_bytes(headroom);
   r.efficiency = a.efficiency;
   int top = 0;
@@ -957,6 +958,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const actbench::InvalidArgument& e) {  // a policy or --hf-config the formulas cannot take
+    std::fprintf(stderr, "theory: error: %s\n", e.what());
+    return 2;
   } catch (const std::invalid_argument& e) {  // UsageError and the formulas' own checks
     std::fprintf(stderr, "theory: error: %s\n", e.what());
     return 2;

@@ -49,7 +49,7 @@ struct IterationEstimate {
   double mfu_percent = 0, hfu_percent = 0;
 };
 
-IterationEstimate estimate_iteration(const ModelSpec& m, Config c, const LayerTimes& layer,
+IterationEstimate estimate_iteration(const ModelSpec& m, LayerPolicy c, const LayerTimes& layer,
                                      const IterationOptions& opt);
 
 }  // namespace actbench::theory

@@ -51,7 +51,7 @@ struct PlanRequest {
   double seq = 0;           // 0: the model's
   double global_batch = 0;  // sequences per iteration
   bool distributed_optimizer = false;
-  bool fused_attention = true;
+  Attention attention = Attention::fused;
   double headroom_bytes = 0;
   double efficiency = 0.5;  // achieved fraction of peak FLOP/s
 };
