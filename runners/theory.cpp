@@ -34,9 +34,9 @@
 #include "theory/models.hpp"
 #include "theory/paper_values.hpp"
 #include "theory/pipeline.hpp"
-#include "theory/planner.hpp"
+#include "theory/config_fit.hpp"
 #include "theory/llama_memory.hpp"
-#include "theory/llama_planner.hpp"
+#include "theory/layout_search.hpp"
 #include "runners/hf_config.hpp"
 #include "runtime/error.hpp"
 
@@ -747,7 +747,7 @@ struct SearchArgs {
   bool distributed_optimizer = false;
 };
 
-// theory plan --gpus N: the search over layouts and configurations (llama_planner.hpp).
+// theory plan --gpus N: the search over layouts and configurations (theory/layout_search.hpp).
 int run_plan_search(const std::string& model_name, const SearchArgs& a, const std::string& gpu_name, double seq,
                     const std::string& headroom, const std::string& csv) {
   PlanRequest r;

@@ -16,7 +16,7 @@
 #include "theory/memory_totals.hpp"
 #include "theory/models.hpp"
 #include "theory/pipeline.hpp"
-#include "theory/planner.hpp"
+#include "theory/config_fit.hpp"
 
 using namespace actbench;
 using namespace actbench::theory;

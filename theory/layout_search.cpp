@@ -1,4 +1,4 @@
-#include "theory/llama_planner.hpp"
+#include "theory/layout_search.hpp"
 
 #include <algorithm>
 #include <cmath>

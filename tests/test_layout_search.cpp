@@ -1,12 +1,13 @@
-// theory/llama_memory and theory/llama_planner: the closed forms against a count written here,
-// the schedule's in-flight counts, and the planner's memory breakdown and ordering.
+// theory/layout_search and the llama closed forms it uses (theory/llama_memory): the closed
+// forms against a count written here, the schedule's in-flight counts, and the search's
+// memory breakdown and ordering, for llama and the paper's GPT models.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "theory/llama_memory.hpp"
-#include "theory/llama_planner.hpp"
+#include "theory/layout_search.hpp"
 #include "theory/pipeline.hpp"
 
 using namespace actbench;
@@ -31,7 +32,7 @@ TEST(LlamaMemory, GroupedQueryAttentionSavesOnlyKeysAndValues) {
   EXPECT_EQ(llama_activation_bytes(mha, c) - llama_activation_bytes(gqa, c), 2 * 2 * 8192.0 * 8192 / 8 * (1 - 8.0 / 64));
 }
 
-TEST(LlamaPlanner, FirstChunkHoldsMinPNFor1F1BAnd2PInterleaved) {
+TEST(LayoutSearch, FirstChunkHoldsMinPNFor1F1BAnd2PInterleaved) {
   for (int p : {2, 4, 8}) {
     EXPECT_EQ(first_chunk_microbatches_in_flight(p, 3 * p, 1), p);
     EXPECT_EQ(first_chunk_microbatches_in_flight(p, p - 1, 1), p - 1);  // fewer micro-batches than stages
@@ -39,7 +40,7 @@ TEST(LlamaPlanner, FirstChunkHoldsMinPNFor1F1BAnd2PInterleaved) {
   }
 }
 
-TEST(LlamaPlanner, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
+TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   PlanRequest r;
   r.model = plan_model("llama3-70b");
   r.gpu = plan_gpu("h100");
@@ -91,7 +92,7 @@ TEST(LlamaPlanner, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   for (const PlanCandidate& k : plan_search(r)) EXPECT_DOUBLE_EQ(k.optimizer_bytes, 6 * k.weight_bytes / k.dp);
 }
 
-TEST(LlamaPlanner, BadRequestsAreInvalidArguments) {
+TEST(LayoutSearch, BadRequestsAreInvalidArguments) {
   PlanRequest r;
   r.model = plan_model("llama3-8b");
   r.gpu = plan_gpu("b200");
@@ -108,7 +109,7 @@ TEST(LlamaPlanner, BadRequestsAreInvalidArguments) {
   EXPECT_THROW(plan_gpu("v100"), std::invalid_argument);
 }
 
-TEST(LlamaPlanner, ThePapersGptModelsPlanToo) {
+TEST(LayoutSearch, ThePapersGptModelsPlanToo) {
   PlanRequest r;
   r.model = plan_model("175b");
   ASSERT_FALSE(r.model.llama);

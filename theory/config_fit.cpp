@@ -1,4 +1,4 @@
-#include "theory/planner.hpp"
+#include "theory/config_fit.hpp"
 
 #include <stdexcept>
 
