@@ -4,53 +4,12 @@
 
 namespace actbench {
 
-const std::vector<std::string>& config_names() {
-  static const std::vector<std::string> names = {"baseline", "sp", "full", "selective", "selective+sp", "full+sp"};
-  return names;
-}
-
-LayerPolicy parse_config(const std::string& name) {
-  if (name == "baseline") return {Recompute::none, false, Attention::unfused};
-  if (name == "sp") return {Recompute::none, true, Attention::unfused};
-  if (name == "full") return {Recompute::full, false, Attention::unfused};
-  if (name == "full+sp") return {Recompute::full, true, Attention::unfused};
-  if (name == "selective") return {Recompute::selective, false, Attention::unfused};
-  if (name == "selective+sp") return {Recompute::selective, true, Attention::unfused};
-  throw InvalidArgument("unknown config '" + name + "' (expected baseline, sp, full, selective, selective+sp or full+sp)");
-}
-
-std::string config_name(LayerPolicy p) {
-  switch (p.recompute) {
-    case Recompute::none: return p.sequence_parallel ? "sp" : "baseline";
-    case Recompute::selective: return p.sequence_parallel ? "selective+sp" : "selective";
-    case Recompute::full: return p.sequence_parallel ? "full+sp" : "full";
-  }
-  return "?";
-}
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::none: return "none";
-    case Recompute::selective: return "selective";
-    case Recompute::full: return "full";
-  }
-  return "?";
-}
-
 const char* arch_name(Arch a) { return a == Arch::llama ? "llama" : "gpt"; }
 
 Arch parse_arch(const std::string& name) {
   if (name == "gpt") return Arch::gpt;
   if (name == "llama") return Arch::llama;
   throw InvalidArgument("unknown arch '" + name + "' (expected gpt or llama)");
-}
-
-const char* attention_name(Attention a) { return a == Attention::fused ? "fused" : "unfused"; }
-
-Attention parse_attention(const std::string& name) {
-  if (name == "unfused") return Attention::unfused;
-  if (name == "fused") return Attention::fused;
-  throw InvalidArgument("unknown attention '" + name + "' (expected unfused or fused)");
 }
 
 void validate_layer(const LayerDims& d, int t, LayerPolicy p) {

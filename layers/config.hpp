@@ -1,10 +1,12 @@
 #pragma once
-// What a layer is (its shape) and how it is run (the paper's five configurations).
+// What a layer is (its shape) and what it is built with; how it is run (LayerPolicy, the
+// paper's configurations) is theory/policy.hpp's, shared with the formulas.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "runtime/dtype.hpp"
+#include "theory/policy.hpp"  // Recompute, Attention, LayerPolicy and their names
 
 namespace actbench {
 
@@ -25,28 +27,6 @@ struct LayerDims {
   int64_t groups() const { return kv_heads > 0 ? kv_heads : a; }
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * h; }
 };
-
-enum class Recompute { none, selective, full };
-
-// unfused: the paper's core attention (scores, softmax, dropout mask stored or recomputed);
-// fused: FlashAttention-style, only the output and a per-row log-sum-exp are kept.
-enum class Attention { unfused, fused };
-
-struct LayerPolicy {
-  Recompute recompute = Recompute::none;
-  bool sequence_parallel = false;
-  Attention attention = Attention::unfused;
-  bool operator==(const LayerPolicy&) const = default;
-};
-
-// The paper's rows: baseline, sp, full, selective, selective+sp; also full+sp (the input
-// checkpoint stored as its sequence shard), which the paper does not measure.
-LayerPolicy parse_config(const std::string& name);  // throws InvalidArgument
-std::string config_name(LayerPolicy p);
-const std::vector<std::string>& config_names();
-const char* recompute_name(Recompute r);
-const char* attention_name(Attention a);
-Attention parse_attention(const std::string& name);  // "unfused" | "fused"; throws InvalidArgument
 
 struct LayerOptions {
   LayerDims dims;

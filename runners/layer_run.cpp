@@ -23,8 +23,7 @@
 #include "runtime/cupti_profiler.hpp"
 #include "runtime/error.hpp"
 #include "runtime/provenance.hpp"
-#include "theory/activation_memory.hpp"
-#include "theory/llama_memory.hpp"
+#include "layers/theory_dims.hpp"
 
 using namespace actbench;
 
@@ -166,32 +165,11 @@ std::string fmt_num(double v, const char* f = "%.0f") {
   return buf;
 }
 
-theory::Dims theory_dims(const LayerDims& d, int tp) {
-  return {static_cast<double>(d.s), static_cast<double>(d.b), static_cast<double>(d.h), static_cast<double>(d.a),
-          static_cast<double>(tp)};
-}
-
-theory::Config theory_config(LayerPolicy p);
-
 // Table 2's bytes (or the llama family's closed form) for this layer and configuration.
 double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype) {
-  const theory::Dims td = theory_dims(d, tp);
   const theory::Precision precision{static_cast<double>(dtype_size(dtype)), 1.0};
-  if (d.arch == Arch::llama)
-    return theory::llama_activation_bytes(
-        {td.s, td.b, td.h, td.a, static_cast<double>(d.groups()), static_cast<double>(d.ffn()), td.t},
-        theory_config(p), precision);
-  return theory::activation_bytes(td, theory_config(p), precision);
-}
-
-theory::Config theory_config(LayerPolicy p) {
-  theory::Config c;
-  c.recompute = p.recompute == Recompute::none        ? theory::Recompute::none
-                : p.recompute == Recompute::selective ? theory::Recompute::selective
-                                                      : theory::Recompute::full;
-  c.sequence_parallel = p.sequence_parallel;
-  c.fused_attention = p.attention == Attention::fused;
-  return c;
+  if (d.arch == Arch::llama) return theory::llama_activation_bytes(theory_llama_dims(d, tp), p, precision);
+  return theory::activation_bytes(theory_dims(d, tp), p, precision);
 }
 
 // Parses the command line into `o` (o.print_only set for --help and --print-csv-header).

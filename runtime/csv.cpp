@@ -7,8 +7,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "runtime/error.hpp"
+
+namespace fs = std::filesystem;
 
 namespace actbench {
 
@@ -29,6 +33,53 @@ std::string csv_line(const std::vector<std::string>& fields) {
     line += csv_escape(fields[i]);
   }
   return line + "\n";
+}
+
+std::vector<std::vector<std::string>> csv_parse(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> row;
+  std::string field;
+  bool quoted = false, any = false;  // any: the row has begun (a comma or a quote counts)
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') field += '"', ++i;
+      else if (c == '"') quoted = false;
+      else field += c;
+      continue;
+    }
+    if (c == '"') quoted = true, any = true;
+    else if (c == ',') row.push_back(field), field.clear(), any = true;
+    else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      if (any || !field.empty()) row.push_back(field), rows.push_back(row);
+      row.clear(), field.clear(), any = false;
+    } else field += c, any = true;
+  }
+  if (any || !field.empty()) row.push_back(field), rows.push_back(row);
+  return rows;
+}
+
+void write_file_atomic(const std::string& path, const std::string& data) {
+  const fs::path target(path);
+  std::string name = ".";  // hidden, beside the target: same file system, so rename is atomic
+  name += target.filename().string();
+  name += ".tmp." + std::to_string(::getpid());
+  const fs::path tmp = target.parent_path() / name;
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw InvalidArgument("cannot write " + tmp.string());
+    f << data;
+    f.flush();
+    if (!f) throw InvalidArgument("cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw InvalidArgument("cannot rename " + tmp.string() + " to " + path + ": " + ec.message());
+  }
 }
 
 namespace {

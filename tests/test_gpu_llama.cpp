@@ -176,14 +176,8 @@ TEST_F(GpuLlama, ActivationBytesEqualMetaAndTheClosedForms) {
         EXPECT_EQ(g.act_bytes, m.act_bytes) << what;
         EXPECT_EQ(g.act_by_category, m.act_by_category) << what;
         EXPECT_EQ(g.fwd_retained_bytes, g.act_bytes + g.act_extra_bytes) << what;
-        theory::Config c;
-        c.recompute = spec.policy.recompute == Recompute::none        ? theory::Recompute::none
-                      : spec.policy.recompute == Recompute::selective ? theory::Recompute::selective
-                                                                      : theory::Recompute::full;
-        c.sequence_parallel = spec.policy.sequence_parallel;
-        c.fused_attention = att == Attention::fused;
         EXPECT_EQ(static_cast<double>(g.act_bytes),
-                  theory::llama_closed_form({64, 2, 128, 8, 2, 200, static_cast<double>(t)}, c))
+                  theory::llama_closed_form({64, 2, 128, 8, 2, 200, static_cast<double>(t)}, spec.policy))
             << what;
       }
 }

@@ -22,10 +22,10 @@
 #include "kernels/backend_comm.hpp"
 #include "kernels/cuda/philox_groups.hpp"
 #include "layer_harness.hpp"
+#include "layers/theory_dims.hpp"
 #include "runners/experiment.hpp"
 #include "runners/presets.hpp"
 #include "runtime/error.hpp"
-#include "theory/activation_memory.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
@@ -671,15 +671,6 @@ TEST_F(GpuOps, WholeLayerMatchesCpuInEveryConfigurationFp32WithDropout) {
 
 // ---- memory --------------------------------------------------------------------------------
 
-theory::Config to_theory(LayerPolicy p) {
-  theory::Config c;
-  c.recompute = p.recompute == Recompute::none        ? theory::Recompute::none
-                : p.recompute == Recompute::selective ? theory::Recompute::selective
-                                                      : theory::Recompute::full;
-  c.sequence_parallel = p.sequence_parallel;
-  return c;
-}
-
 TEST_F(GpuOps, ActivationBytesOnGpuEqualMetaAndTable2) {
   const LayerDims d = find_preset("tiny").dims;
   for (int t : {1, 2, 4})
@@ -692,9 +683,7 @@ TEST_F(GpuOps, ActivationBytesOnGpuEqualMetaAndTable2) {
       EXPECT_EQ(g.act_extra_bytes, m.act_extra_bytes) << what;
       EXPECT_EQ(g.fwd_retained_bytes, m.fwd_retained_bytes) << what;
       EXPECT_EQ(g.act_by_category, m.act_by_category) << what;
-      const theory::Dims td{static_cast<double>(d.s), static_cast<double>(d.b), static_cast<double>(d.h),
-                            static_cast<double>(d.a), static_cast<double>(t)};
-      EXPECT_EQ(static_cast<double>(g.act_bytes), theory::activation_bytes(td, to_theory(spec.policy))) << what;
+      EXPECT_EQ(static_cast<double>(g.act_bytes), theory::activation_bytes(theory_dims(d, t), spec.policy)) << what;
       EXPECT_EQ(g.fwd_retained_bytes, g.act_bytes + g.act_extra_bytes) << what;
       EXPECT_GT(g.total_ms.median, 0.0) << what;
     }

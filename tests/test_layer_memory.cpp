@@ -7,25 +7,11 @@
 
 #include "runners/experiment.hpp"
 #include "runners/presets.hpp"
-#include "theory/activation_memory.hpp"
+#include "layers/theory_dims.hpp"
 
 using namespace actbench;
 
 namespace {
-
-theory::Config to_theory(LayerPolicy p) {
-  theory::Config c;
-  c.recompute = p.recompute == Recompute::none        ? theory::Recompute::none
-                : p.recompute == Recompute::selective ? theory::Recompute::selective
-                                                      : theory::Recompute::full;
-  c.sequence_parallel = p.sequence_parallel;
-  return c;
-}
-
-theory::Dims to_theory(const LayerDims& d, int t) {
-  return {static_cast<double>(d.s), static_cast<double>(d.b), static_cast<double>(d.h), static_cast<double>(d.a),
-          static_cast<double>(t)};
-}
 
 ExperimentResult measure(const std::string& backend, const LayerDims& d, int t, LayerPolicy p, DType dtype,
                          int layers = 1) {
@@ -50,18 +36,18 @@ const std::vector<LayerDims> kShapes = {
 void expect_matches_table2(const ExperimentResult& r, const LayerDims& d, int t, LayerPolicy p, DType dtype,
                            const std::string& what) {
   ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
-  const theory::Dims td = to_theory(d, t);
+  const theory::Dims td = theory_dims(d, t);
   const theory::Precision prec{static_cast<double>(dtype_size(dtype)), 1.0};
-  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, to_theory(p), prec)) << what;
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, p, prec)) << what;
   if (dtype_size(dtype) == 2) {
-    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::table2_closed_form(td, to_theory(p))) << what;
+    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::table2_closed_form(td, p)) << what;
   }
-  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layernorm_stats_bytes(td, to_theory(p))) << what;
+  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layernorm_stats_bytes(td, p)) << what;
   // The allocator agrees with the struct: nothing else survives forward.
   EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
   // Category by category, as PAPER.md lists them.
   std::map<std::string, int64_t> measured(r.act_by_category.begin(), r.act_by_category.end());
-  for (const auto& [name, bytes] : theory::activation_bytes_by_category(td, to_theory(p), prec))
+  for (const auto& [name, bytes] : theory::activation_bytes_by_category(td, p, prec))
     EXPECT_EQ(static_cast<double>(measured[name]), bytes) << what << " category " << name;
 }
 

@@ -20,7 +20,7 @@
 #include "runners/hf_config.hpp"
 #include "runners/presets.hpp"
 #include "runtime/error.hpp"
-#include "theory/llama_memory.hpp"
+#include "layers/theory_dims.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
@@ -263,16 +263,6 @@ LayerDims llama(int64_t s, int64_t b, int64_t h, int64_t a, int64_t g, int64_t f
   return d;
 }
 
-theory::Config to_theory(LayerPolicy p) {
-  theory::Config c;
-  c.recompute = p.recompute == Recompute::none        ? theory::Recompute::none
-                : p.recompute == Recompute::selective ? theory::Recompute::selective
-                                                      : theory::Recompute::full;
-  c.sequence_parallel = p.sequence_parallel;
-  c.fused_attention = p.attention == Attention::fused;
-  return c;
-}
-
 ExperimentResult measure(const std::string& backend, const LayerDims& d, int t, LayerPolicy p, DType dtype) {
   auto be = make_backend(backend);
   auto comm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
@@ -289,20 +279,18 @@ ExperimentResult measure(const std::string& backend, const LayerDims& d, int t, 
 void expect_bytes_match_theory(const ExperimentResult& r, const LayerDims& d, int t, LayerPolicy p, DType dtype,
                                const std::string& what) {
   ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
-  const theory::LlamaDims td{static_cast<double>(d.s), static_cast<double>(d.b), static_cast<double>(d.h),
-                             static_cast<double>(d.a), static_cast<double>(d.groups()), static_cast<double>(d.ffn()),
-                             static_cast<double>(t)};
+  const theory::LlamaDims td = theory_llama_dims(d, t);
   const theory::Precision prec{static_cast<double>(dtype_size(dtype)), 1.0};
-  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::llama_activation_bytes(td, to_theory(p), prec)) << what;
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::llama_activation_bytes(td, p, prec)) << what;
   if (dtype_size(dtype) == 2) {
-    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::llama_closed_form(td, to_theory(p))) << what;
+    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::llama_closed_form(td, p)) << what;
   }
-  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::llama_norm_stats_bytes(td, to_theory(p))) << what;
+  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::llama_norm_stats_bytes(td, p)) << what;
   EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what << ": nothing else survives forward";
   std::map<std::string, int64_t> measured;
   for (const auto& [name, bytes] : r.act_by_category)
     if (name != "ln1_stats" && name != "ln2_stats") measured[name] = bytes;
-  const auto cats = theory::llama_activation_bytes_by_category(td, to_theory(p), prec);
+  const auto cats = theory::llama_activation_bytes_by_category(td, p, prec);
   EXPECT_EQ(measured.size(), cats.size()) << what;
   for (const auto& [name, bytes] : cats) EXPECT_EQ(static_cast<double>(measured[name]), bytes) << what << " " << name;
 }

@@ -6,8 +6,7 @@
 #include <mpi.h>
 
 #include "layer_harness.hpp"
-#include "theory/activation_memory.hpp"
-#include "theory/llama_memory.hpp"
+#include "layers/theory_dims.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
@@ -16,15 +15,6 @@ namespace {
 
 Communicator* g_comm = nullptr;
 const LayerDims kDims = {24, 2, 48, 4};  // s and a divisible by 2 and 4; h/a = 12
-
-theory::Config to_theory(LayerPolicy p) {
-  theory::Config c;
-  c.recompute = p.recompute == Recompute::none        ? theory::Recompute::none
-                : p.recompute == Recompute::selective ? theory::Recompute::selective
-                                                      : theory::Recompute::full;
-  c.sequence_parallel = p.sequence_parallel;
-  return c;
-}
 
 }  // namespace
 
@@ -37,9 +27,9 @@ TEST_P(MpiLayer, ActivationBytesPerRankEqualTable2) {
   spec.iters = 1;
   ExperimentResult r = run_experiment(*be, *g_comm, spec);
   ASSERT_EQ(r.status, "ok");
-  theory::Dims td{24, 2, 48, 4, static_cast<double>(g_comm->size())};
-  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, to_theory(spec.policy)));
-  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layernorm_stats_bytes(td, to_theory(spec.policy)));
+  const theory::Dims td = theory_dims(kDims, g_comm->size());
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, spec.policy));
+  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layernorm_stats_bytes(td, spec.policy));
   EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes);
   EXPECT_GT(r.comm_bytes, 0.0);
 }
@@ -69,10 +59,8 @@ TEST_P(MpiLayer, FusedAttentionEqualsTheSingleRankPapersLayer) {
   spec.iters = 1;
   const ExperimentResult r = run_experiment(*be, *g_comm, spec);
   ASSERT_EQ(r.status, "ok");
-  theory::Dims td{24, 2, 48, 4, static_cast<double>(g_comm->size())};
-  theory::Config c = to_theory(spec.policy);
-  c.fused_attention = true;
-  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, c));
+  const theory::Dims td = theory_dims(kDims, g_comm->size());
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::activation_bytes(td, spec.policy));
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiLayer,
@@ -107,11 +95,9 @@ TEST_P(MpiLlama, EveryTensorAndBytesEqualTheSingleRankLayer) {
     spec.iters = 1;
     const ExperimentResult r = run_experiment(*be, *g_comm, spec);
     ASSERT_EQ(r.status, "ok") << what;
-    theory::Config c = to_theory(spec.policy);
-    c.fused_attention = att == Attention::fused;
-    const theory::LlamaDims td{24, 2, 96, 8, 4, 80, static_cast<double>(g_comm->size())};
-    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::llama_closed_form(td, c)) << what;
-    EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::llama_norm_stats_bytes(td, c)) << what;
+    const theory::LlamaDims td = theory_llama_dims(d, g_comm->size());
+    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::llama_closed_form(td, spec.policy)) << what;
+    EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::llama_norm_stats_bytes(td, spec.policy)) << what;
     EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
   }
 }

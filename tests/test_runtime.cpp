@@ -132,6 +132,29 @@ TEST(Csv, RowStartsOnAFreshLineAfterAFragment) {
   EXPECT_EQ(read_lines(path), (std::vector<std::string>{"a,b_ms", "1,2", "3,", "4,5", "6,7"}));
 }
 
+TEST(Csv, ParseReadsWhatCsvLineWrites) {
+  const std::vector<std::vector<std::string>> rows = {
+      {"a", "b_ms", "note"}, {"1", "", "x,y"}, {"say \"hi\"", "2", "two\nlines"}, {"", "", ""}};
+  std::string text;
+  for (const auto& r : rows) text += csv_line(r);
+  EXPECT_EQ(csv_parse(text), rows);
+  // \r\n and \r end rows too, blank lines are skipped, the last row needs no newline.
+  EXPECT_EQ(csv_parse("a,b\r\n\r\n1,2\r3,4"),
+            (std::vector<std::vector<std::string>>{{"a", "b"}, {"1", "2"}, {"3", "4"}}));
+  EXPECT_TRUE(csv_parse("").empty());
+}
+
+TEST(Csv, WriteFileAtomicReplacesTheFileWhole) {
+  const std::string path = temp_path("atomic.csv");
+  write_file_atomic(path, "a,b\n1,2\n");
+  write_file_atomic(path, "a\n");
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_EQ(ss.str(), "a\n");
+  EXPECT_THROW(write_file_atomic("/nonexistent-dir/x.csv", "a\n"), InvalidArgument);
+}
+
 TEST(Csv, ConcurrentWritersNeverInterleave) {
   std::string path = temp_path("concurrent.csv");
   std::remove(path.c_str());

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/error.hpp"
 #include "theory/activation_memory.hpp"
 #include "theory/flops.hpp"
 #include "theory/iteration_model.hpp"
@@ -15,14 +16,15 @@
 #include "theory/memory_totals.hpp"
 #include "theory/models.hpp"
 #include "theory/pipeline.hpp"
-#include "theory/planner.hpp"
+#include "theory/config_fit.hpp"
 
+using namespace actbench;
 using namespace actbench::theory;
 
 namespace {
 
 constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
-const Config kBaseline{Recompute::none, false}, kSp{Recompute::none, true}, kFull{Recompute::full, false},
+const LayerPolicy kBaseline{Recompute::none, false}, kSp{Recompute::none, true}, kFull{Recompute::full, false},
     kSelective{Recompute::selective, false}, kSelectiveSp{Recompute::selective, true},
     kFullSp{Recompute::full, true};
 
@@ -48,7 +50,7 @@ TEST(Table2, RowsAtTheTwentyTwoBillionLayer) {
 TEST(Table2, ClosedFormsAgreeWithTheCategorySums) {
   for (const auto& m : paper_models())
     for (const auto& name : config_names()) {
-      const Config c = config_from_name(name);
+      const LayerPolicy c = parse_config(name);
       EXPECT_NEAR(activation_bytes(m.layer_dims(), c) / table2_closed_form(m.layer_dims(), c), 1.0, 1e-12)
           << m.name << " " << name;
     }
@@ -79,8 +81,8 @@ TEST(Table2, TheTenThatTensorParallelismCannotSplit) {
 }
 
 TEST(Table2, ConfigNamesRoundTripAndUnknownNamesThrow) {
-  for (const auto& name : config_names()) EXPECT_EQ(name_of(config_from_name(name)), name);
-  EXPECT_THROW(config_from_name("selective+full"), std::invalid_argument);
+  for (const auto& name : config_names()) EXPECT_EQ(config_name(parse_config(name)), name);
+  EXPECT_THROW(parse_config("selective+full"), InvalidArgument);
 }
 
 TEST(SequenceLength, GptThreeCrossoverNear870) {
@@ -395,7 +397,7 @@ TEST(LayerCost, SameShapeComesBackUnchangedAndWiderLayersGainEfficiency) {
   const Dims d = paper_model("22b").layer_dims();
   for (const auto& name : config_names()) {
     const LayerTimes lt = paper_table4_layer_times(name);
-    const LayerTimes same = scale_layer_times_by_work(lt, d, d, config_from_name(name), a100);
+    const LayerTimes same = scale_layer_times_by_work(lt, d, d, parse_config(name), a100);
     EXPECT_NEAR(same.fwd_ms, lt.fwd_ms, 1e-9) << name;
     EXPECT_NEAR(same.bwd_ms, lt.bwd_ms, 1e-9) << name;
   }

@@ -1,10 +1,8 @@
 #include "theory/activation_memory.hpp"
 
-#include <stdexcept>
-
 namespace actbench::theory {
 
-std::vector<std::pair<std::string, double>> activation_bytes_by_category(const Dims& d, Config c, Precision p) {
+std::vector<std::pair<std::string, double>> activation_bytes_by_category(const Dims& d, LayerPolicy c, Precision p) {
   const double sbh = d.s * d.b * d.h, as2b = d.a * d.s * d.s * d.b, t = d.t;
   const double seq = c.sequence_parallel ? t : 1.0;  // what TP alone cannot split, SP splits along s
   const double e = p.elem, m = p.mask;
@@ -15,7 +13,7 @@ std::vector<std::pair<std::string, double>> activation_bytes_by_category(const D
       {"q", e * sbh / t},
       {"k", e * sbh / t},
   };
-  if (c.fused_attention) {
+  if (c.attention == Attention::fused) {
     out.push_back({"attn_lse", 4.0 * d.a * d.s * d.b / t});  // fp32 whatever the activation type
   } else if (c.recompute == Recompute::none) {
     out.push_back({"softmax_out", e * as2b / t});
@@ -36,13 +34,13 @@ std::vector<std::pair<std::string, double>> activation_bytes_by_category(const D
   return out;
 }
 
-double activation_bytes(const Dims& d, Config c, Precision p) {
+double activation_bytes(const Dims& d, LayerPolicy c, Precision p) {
   double sum = 0;
   for (const auto& [name, bytes] : activation_bytes_by_category(d, c, p)) sum += bytes;
   return sum;
 }
 
-double table2_closed_form(const Dims& d, Config c) {
+double table2_closed_form(const Dims& d, LayerPolicy c) {
   const double sbh = d.s * d.b * d.h, t = d.t, attn = 5 * d.a * d.s / d.h;
   const bool sp = c.sequence_parallel;
   switch (c.recompute) {
@@ -53,35 +51,13 @@ double table2_closed_form(const Dims& d, Config c) {
   return 0;
 }
 
-double layernorm_stats_bytes(const Dims& d, Config c) {
+double layernorm_stats_bytes(const Dims& d, LayerPolicy c) {
   if (c.recompute == Recompute::full) return 0;
   const double rows = d.s * d.b / (c.sequence_parallel ? d.t : 1.0);
   return 2 /*LNs*/ * 2 /*mean, rstd*/ * 4 /*fp32*/ * rows;
 }
 
-std::string name_of(Config c) {
-  switch (c.recompute) {
-    case Recompute::none: return c.sequence_parallel ? "sp" : "baseline";
-    case Recompute::selective: return c.sequence_parallel ? "selective+sp" : "selective";
-    case Recompute::full: return c.sequence_parallel ? "full+sp" : "full";
-  }
-  return "?";
-}
-
-Config config_from_name(const std::string& name) {
-  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full})
-    for (bool sp : {false, true})
-      if (name_of({r, sp}) == name) return {r, sp};
-  throw std::invalid_argument("unknown config '" + name +
-                              "' (expected baseline, sp, full, selective, selective+sp or full+sp)");
-}
-
-const std::vector<std::string>& config_names() {
-  static const std::vector<std::string> names = {"baseline", "sp", "full", "selective", "selective+sp", "full+sp"};
-  return names;
-}
-
-ActivationTerms activation_terms(const Dims& d, Config c, Precision p) {
+ActivationTerms activation_terms(const Dims& d, LayerPolicy c, Precision p) {
   ActivationTerms out;
   for (const auto& [name, bytes] : activation_bytes_by_category(d, c, p)) {
     const bool attention = name == "softmax_out" || name == "attn_dropout_mask" || name == "attn_dropout_out";
@@ -95,12 +71,12 @@ double attention_crossover_seq(double h, double a, Precision p) {
   return h * (16 * p.elem + 2 * p.mask) / (a * (2 * p.elem + p.mask));
 }
 
-double percent_of_tp_baseline(const Dims& d, Config c, Precision p) {
-  return 100.0 * activation_bytes(d, c, p) / activation_bytes(d, Config{}, p);
+double percent_of_tp_baseline(const Dims& d, LayerPolicy c, Precision p) {
+  return 100.0 * activation_bytes(d, c, p) / activation_bytes(d, LayerPolicy{}, p);
 }
 
-double recompute_working_set_bytes(const Dims& d, Config c, Precision p) {
-  return activation_bytes(d, {Recompute::none, c.sequence_parallel, c.fused_attention}, p) - activation_bytes(d, c, p);
+double recompute_working_set_bytes(const Dims& d, LayerPolicy c, Precision p) {
+  return activation_bytes(d, {Recompute::none, c.sequence_parallel, c.attention}, p) - activation_bytes(d, c, p);
 }
 
 }  // namespace actbench::theory

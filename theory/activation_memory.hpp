@@ -6,18 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include "theory/policy.hpp"
+
 namespace actbench::theory {
-
-enum class Recompute { none, selective, full };
-
-struct Config {
-  Recompute recompute = Recompute::none;
-  bool sequence_parallel = false;
-  // Beyond the paper: FlashAttention-style attention stores no a·s² tensors (scores,
-  // probabilities, mask); it keeps an fp32 log-sum-exp per row of each head instead
-  // ("attn_lse", 4·a·s·b/t bytes). Selective recompute then has nothing left to skip.
-  bool fused_attention = false;
-};
 
 struct Dims {
   double s = 0, b = 0, h = 0, a = 0;  // sequence, microbatch, hidden, heads
@@ -31,23 +22,18 @@ struct Precision {
 
 // (category, bytes) in the order of PAPER.md's table; categories a configuration does not
 // store are left out. Category names match layers/saved_activations.hpp.
-std::vector<std::pair<std::string, double>> activation_bytes_by_category(const Dims& d, Config c, Precision p = {});
+// Beyond the paper: fused (FlashAttention-style) attention stores no a·s² tensors (scores,
+// probabilities, mask); it keeps an fp32 log-sum-exp per row of each head instead
+// ("attn_lse", 4·a·s·b/t bytes). Selective recompute then has nothing left to skip.
+std::vector<std::pair<std::string, double>> activation_bytes_by_category(const Dims& d, LayerPolicy c, Precision p = {});
 // Their sum: Table 2's row for this configuration (for any precision).
-double activation_bytes(const Dims& d, Config c, Precision p = {});
+double activation_bytes(const Dims& d, LayerPolicy c, Precision p = {});
 // The closed forms as printed in Table 2 (16-bit activations, 1-byte masks), for cross-checks.
-double table2_closed_form(const Dims& d, Config c);
+double table2_closed_form(const Dims& d, LayerPolicy c);
 // LayerNorm mean and rstd (fp32, two per row, two LayerNorms): not in the paper's count.
-double layernorm_stats_bytes(const Dims& d, Config c);
+double layernorm_stats_bytes(const Dims& d, LayerPolicy c);
 
-// ---- additions: names, the two terms of Table 2, Figure 7 ----
-
-// layer_run's spelling: baseline, sp, full, selective, selective+sp, full+sp.
-std::string name_of(Config c);
-// Throws std::invalid_argument for an unknown name.
-Config config_from_name(const std::string& name);
-// The five rows of Table 2 that the paper measures, then full+sp (full recompute with its
-// checkpoint split over the TP ranks, Megatron's --distribute-saved-activations).
-const std::vector<std::string>& config_names();
+// ---- additions: the two terms of Table 2, Figure 7 ----
 
 // Table 2 split into the term linear in s (the "34" part: sbh·(…)) and the attention term
 // quadratic in s (5as²b/(t) part). Their sum is activation_bytes().
@@ -55,7 +41,7 @@ struct ActivationTerms {
   double linear_bytes = 0;     // grows as s·b·h
   double attention_bytes = 0;  // grows as a·s²·b (softmax, its dropout mask and output)
 };
-ActivationTerms activation_terms(const Dims& d, Config c, Precision p = {});
+ActivationTerms activation_terms(const Dims& d, LayerPolicy c, Precision p = {});
 // Sequence length at which the attention term equals the linear term of the unsplit layer
 // (no recompute, t = 1; also TP+SP, where both are divided by t): 34 = 5as/h for 16-bit,
 // s = 34h/(5a); GPT-3 175B gives ≈ 870.
@@ -63,11 +49,11 @@ double attention_crossover_seq(double h, double a, Precision p = {});
 
 // Figure 7: bytes of configuration c as a percentage of the tensor-parallel baseline
 // (Table 2 row 2) at the same shape.
-double percent_of_tp_baseline(const Dims& d, Config c, Precision p = {});
+double percent_of_tp_baseline(const Dims& d, LayerPolicy c, Precision p = {});
 
 // What recomputation rebuilds for the one layer whose backward is running: the layer's
 // no-recompute bytes minus what c stored. Not in Table 2 (the paper counts stored bytes)
 // but it is memory the device must have at the backward of each layer.
-double recompute_working_set_bytes(const Dims& d, Config c, Precision p = {});
+double recompute_working_set_bytes(const Dims& d, LayerPolicy c, Precision p = {});
 
 }  // namespace actbench::theory

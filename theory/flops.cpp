@@ -8,12 +8,12 @@
 
 namespace actbench::theory {
 
-double core_attention_forward_flops(double batch, double s, double h, Attention att) {
+double core_attention_forward_flops(double batch, double s, double h, AttentionSpan att) {
   const double full = 4 * batch * s * s * h;  // QKᵀ: 2bs²h, ·V: 2bs²h
-  return att == Attention::causal ? full / 2 : full;
+  return att == AttentionSpan::causal ? full / 2 : full;
 }
 
-double layer_forward_flops(double batch, double s, double h, Attention att) {
+double layer_forward_flops(double batch, double s, double h, AttentionSpan att) {
   // QKV 6bsh², projection 2bsh², fc1 8bsh², fc2 8bsh².
   return 24 * batch * s * h * h + core_attention_forward_flops(batch, s, h, att);
 }
@@ -48,7 +48,7 @@ double hardware_flops_full_recompute_causal(const ModelSpec& m) {
 }
 
 double model_flops(const ModelSpec& m, FlopAccounting acc) {
-  const Attention att = acc == FlopAccounting::causal ? Attention::causal : Attention::full;
+  const AttentionSpan att = acc == FlopAccounting::causal ? AttentionSpan::causal : AttentionSpan::full;
   const double forward = m.L * layer_forward_flops(m.B, m.s, m.h, att) + logits_forward_flops(m.B, m.s, m.h, m.v);
   return 3 * forward;  // backward = 2 × forward
 }
@@ -61,7 +61,7 @@ double hardware_flops(const ModelSpec& m, Recompute r, FlopAccounting acc) {
       case Recompute::full: return hardware_flops_full_recompute(m);
     }
   }
-  const Attention att = acc == FlopAccounting::causal ? Attention::causal : Attention::full;
+  const AttentionSpan att = acc == FlopAccounting::causal ? AttentionSpan::causal : AttentionSpan::full;
   const double model = model_flops(m, acc);
   switch (r) {
     case Recompute::none: return model;

@@ -10,13 +10,13 @@ namespace actbench::theory {
 
 // Whether QKᵀ and ·V are counted over the whole s×s score matrix (the paper) or over the
 // causal half of it (current Megatron).
-enum class Attention { full, causal };
+enum class AttentionSpan { full, causal };
 
 // Forward of one layer for `batch` sequences: 24·batch·s·h² (the GEMMs) + 4·batch·s²·h
 // (QKᵀ and ·V); the causal count halves the second term.
-double layer_forward_flops(double batch, double s, double h, Attention att = Attention::full);
+double layer_forward_flops(double batch, double s, double h, AttentionSpan att = AttentionSpan::full);
 // QKᵀ and ·V alone: 4·batch·s²·h (halved for causal) — what selective recompute reruns.
-double core_attention_forward_flops(double batch, double s, double h, Attention att = Attention::full);
+double core_attention_forward_flops(double batch, double s, double h, AttentionSpan att = AttentionSpan::full);
 // The output layer (logits): 2·batch·s·h·v.
 double logits_forward_flops(double batch, double s, double h, double v);
 

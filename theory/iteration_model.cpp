@@ -16,7 +16,7 @@ LayerTimes paper_table4_layer_times(const std::string& config) {
     const double saving = full.fwd_ms - sp.fwd_ms;  // SP's forward is 0.5 ms faster
     return {full.fwd_ms - saving, full.bwd_ms - saving, 0};
   }
-  config_from_name(config);  // throws with the list of names
+  parse_config(config);  // throws with the list of names
   throw std::invalid_argument("no Table 4 time for '" + config + "'");
 }
 
@@ -31,7 +31,7 @@ LayerTimes scale_layer_times(const LayerTimes& times, const ModelSpec& from, con
   return {times.fwd_ms * k, times.bwd_ms * k, times.comm_ms * k};
 }
 
-IterationEstimate estimate_iteration(const ModelSpec& m, Config c, const LayerTimes& layer,
+IterationEstimate estimate_iteration(const ModelSpec& m, LayerPolicy c, const LayerTimes& layer,
                                      const IterationOptions& opt) {
   validate(m);
   const double n = m.microbatches();

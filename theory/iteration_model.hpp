@@ -21,7 +21,7 @@ struct LayerTimes {
 
 // Table 4's row for a configuration (22B layer, t = 8, A100); full+sp, which the paper does
 // not time, as full recompute with SP's forward saving (7.2 ms instead of 7.7 in both the
-// forward and the recomputation). Throws std::invalid_argument for an unknown name.
+// forward and the recomputation). Throws InvalidArgument (parse_config) for an unknown name.
 LayerTimes paper_table4_layer_times(const std::string& config);
 
 // Times of a layer of shape `to` from times measured at shape `from`, assuming the same
@@ -49,7 +49,7 @@ struct IterationEstimate {
   double mfu_percent = 0, hfu_percent = 0;
 };
 
-IterationEstimate estimate_iteration(const ModelSpec& m, Config c, const LayerTimes& layer,
+IterationEstimate estimate_iteration(const ModelSpec& m, LayerPolicy c, const LayerTimes& layer,
                                      const IterationOptions& opt);
 
 }  // namespace actbench::theory

@@ -4,7 +4,7 @@
 
 namespace actbench::theory {
 
-LayerWork layer_work(const Dims& d, Config c, double E) {
+LayerWork layer_work(const Dims& d, LayerPolicy c, double E) {
   const double t = d.t, sbh = d.s * d.b * d.h, as2b = d.a * d.s * d.s * d.b;
   const double k = c.sequence_parallel ? t : 1.0;  // LayerNorm and dropout rows split by SP
   const double ring = (t - 1) / t;                 // all-gather / reduce-scatter share per rank
@@ -59,7 +59,7 @@ PassSplit split_pass(double measured_ms, const PassWork& w, const CostRates& r) 
   return s;
 }
 
-LayerTimes scale_layer_times_by_work(const LayerTimes& measured, const Dims& from, const Dims& to, Config c,
+LayerTimes scale_layer_times_by_work(const LayerTimes& measured, const Dims& from, const Dims& to, LayerPolicy c,
                                      const CostRates& r, double elem_bytes) {
   LayerWork wf = layer_work(from, c, elem_bytes), wt = layer_work(to, c, elem_bytes);
   // Emulated TP reports its (modeled) communication apart: then fwd/bwd hold none of it.

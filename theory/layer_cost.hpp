@@ -23,7 +23,7 @@ struct LayerWork {
 };
 
 // elem: bytes per activation element (2 for bf16); masks are 1 byte.
-LayerWork layer_work(const Dims& d, Config c, double elem_bytes = 2);
+LayerWork layer_work(const Dims& d, LayerPolicy c, double elem_bytes = 2);
 
 struct CostRates {
   double memory_bytes_per_s = 0;  // achieved HBM bandwidth of elementwise kernels
@@ -45,7 +45,7 @@ PassSplit split_pass(double measured_ms, const PassWork& w, const CostRates& r);
 // Times at from == to come back unchanged (unless split_pass had to clamp the GEMM part).
 // A measurement with comm_ms > 0 (emulated TP) holds no communication in fwd/bwd: its
 // comm_ms is scaled by the collective bytes instead.
-LayerTimes scale_layer_times_by_work(const LayerTimes& measured, const Dims& from, const Dims& to, Config c,
+LayerTimes scale_layer_times_by_work(const LayerTimes& measured, const Dims& from, const Dims& to, LayerPolicy c,
                                      const CostRates& r, double elem_bytes = 2);
 
 }  // namespace actbench::theory

@@ -42,12 +42,12 @@ struct LlamaDims {
 };
 
 // (category, bytes) in the order of the table above; categories c does not keep are left out.
-std::vector<std::pair<std::string, double>> llama_activation_bytes_by_category(const LlamaDims& d, Config c,
+std::vector<std::pair<std::string, double>> llama_activation_bytes_by_category(const LlamaDims& d, LayerPolicy c,
                                                                                Precision p = {});
-double llama_activation_bytes(const LlamaDims& d, Config c, Precision p = {});
+double llama_activation_bytes(const LlamaDims& d, LayerPolicy c, Precision p = {});
 // The closed forms above (16-bit activations), written independently of the categories.
-double llama_closed_form(const LlamaDims& d, Config c);
+double llama_closed_form(const LlamaDims& d, LayerPolicy c);
 // RMSNorm rstd: fp32, one per row of each of the two norms; not in the count.
-double llama_norm_stats_bytes(const LlamaDims& d, Config c);
+double llama_norm_stats_bytes(const LlamaDims& d, LayerPolicy c);
 
 }  // namespace actbench::theory

@@ -27,7 +27,7 @@ double eq5_first_stage_bytes(const ModelSpec& m) {
 
 double eq6_first_stage_bytes(const ModelSpec& m) { return 34 * m.s * m.b * m.h * m.L / m.t; }
 
-double first_stage_activation_bytes(const ModelSpec& m, Config c, Precision p) {
+double first_stage_activation_bytes(const ModelSpec& m, LayerPolicy c, Precision p) {
   return activation_bytes(m.layer_dims(), c, p) * first_stage_layers_in_flight(m);
 }
 
@@ -41,7 +41,7 @@ int first_chunk_microbatches(const ModelSpec& m) {
 
 double token_id_bytes(const ModelSpec& m) { return 8 * m.s * m.b * first_chunk_microbatches(m); }
 
-double embedding_output_extra_bytes(const ModelSpec& m, Config c, Precision p) {
+double embedding_output_extra_bytes(const ModelSpec& m, LayerPolicy c, Precision p) {
   const double sbh = m.s * m.b * m.h, split = c.sequence_parallel ? m.t : 1.0;
   // The embedding dropout mask of each micro-batch chunk 0 of stage 0 holds: p for 1F1B with
   // N >= p, fewer when N < p, 2p interleaved (the simulated schedule's count).

@@ -24,7 +24,7 @@ double eq5_first_stage_bytes(const ModelSpec& m);
 // PAPER.md Eq. 6: 34·sbhL/t — TP + SP + selective recompute, 1F1B, 16-bit.
 double eq6_first_stage_bytes(const ModelSpec& m);
 // Table 2's row for c × the layers in flight on stage 0 (interleaving included), any precision.
-double first_stage_activation_bytes(const ModelSpec& m, Config c, Precision p = {});
+double first_stage_activation_bytes(const ModelSpec& m, LayerPolicy c, Precision p = {});
 // Full recompute: 2sbh per layer checkpoint × L (× interleave factor). The paper keeps the
 // whole checkpoint on every TP rank (distributed = false, "2sbhL"); Megatron's
 // --distribute-saved-activations (or SP) splits it over t.
@@ -40,7 +40,7 @@ double token_id_bytes(const ModelSpec& m);
 // for 1F1B with N >= p); with p = 1 also the final LayerNorm input, the output
 // layer's input and the fp32 logits. With SP the 16-bit terms are split over t, as in the
 // paper's (sbhL/t)(p/L + δ(p=1)·(4/L)(1 + v/h)); without SP only the logits are.
-double embedding_output_extra_bytes(const ModelSpec& m, Config c, Precision p = {});
+double embedding_output_extra_bytes(const ModelSpec& m, LayerPolicy c, Precision p = {});
 // PAPER.md's closed form of the extras (SP, 16-bit): (sbhL/t)(p/L + δ(p=1)·(4/L)(1 + v/h)).
 double extras_closed_form(const ModelSpec& m);
 

@@ -1,4 +1,4 @@
-#include "theory/llama_planner.hpp"
+#include "theory/layout_search.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -50,7 +50,7 @@ double layer_params(const PlanModel& m, double t) {
   return 2 * h + ((m.a + 2 * g) * d * h + h * h + 3 * F * h) / t;
 }
 
-double layer_activation_bytes(const PlanModel& m, double s, double b, double t, Config c) {
+double layer_activation_bytes(const PlanModel& m, double s, double b, double t, LayerPolicy c) {
   if (m.llama) return llama_activation_bytes({s, b, m.h, m.a, m.g, m.F, t}, c);
   return activation_bytes({s, b, m.h, m.a, t}, c);
 }
@@ -107,11 +107,11 @@ std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
           }
           const auto [stage0_chunks, chunk0_mbs] = in_flight[key];
           for (const std::string& name : config_names()) {
-            Config c = config_from_name(name);
+            LayerPolicy c = parse_config(name);
             if (c.sequence_parallel && (t == 1 || std::fmod(s, t) != 0)) continue;
             // Fused attention keeps no probabilities: selective recompute has nothing to skip.
-            if (r.fused_attention && c.recompute == Recompute::selective) continue;
-            c.fused_attention = r.fused_attention;
+            if (r.attention == Attention::fused && c.recompute == Recompute::selective) continue;
+            c.attention = r.attention;
             PlanCandidate k;
             k.t = t, k.p = p, k.m = m, k.dp = dp, k.b = b, k.microbatches = N, k.config = name;
             // ---- memory of stage 0 ----
@@ -136,7 +136,7 @@ std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
             }
             k.extra_bytes = extra;
             k.working_set_bytes = layer_activation_bytes(M, s, b, t, {Recompute::none, c.sequence_parallel,
-                                                                      c.fused_attention}) -
+                                                                      c.attention}) -
                                   k.per_layer_activation_bytes;
             k.headroom_bytes = r.headroom_bytes;
             k.total_bytes = k.weight_bytes + k.grad_bytes + k.optimizer_bytes + k.activation_bytes + k.extra_bytes +
@@ -144,10 +144,10 @@ std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
             k.fits = k.total_bytes <= G.memory_bytes;
             // ---- time ----
             const double rate = G.peak_flops * r.efficiency;
-            const double fwd = layer_fwd_flops(M, s, b, c.fused_attention) / t / rate;
+            const double fwd = layer_fwd_flops(M, s, b, c.attention == Attention::fused) / t / rate;
             double recompute = 0;
             if (c.recompute == Recompute::full) recompute = fwd;
-            else if (c.recompute == Recompute::selective && !c.fused_attention)
+            else if (c.recompute == Recompute::selective && c.attention == Attention::unfused)
               recompute = 2 * b * s * s * M.h / t / rate;  // Q Kᵀ again for the probabilities
             const double msg = e * sbh, ring = t > 1 ? (t - 1.0) / t : 0.0;
             // fwd: 2 all-reduces (or all-gather + reduce-scatter pairs); bwd: the same plus, under SP,

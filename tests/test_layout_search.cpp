@@ -1,14 +1,16 @@
-// theory/llama_memory and theory/llama_planner: the closed forms against a count written here,
-// the schedule's in-flight counts, and the planner's memory breakdown and ordering.
+// theory/layout_search and the llama closed forms it uses (theory/llama_memory): the closed
+// forms against a count written here, the schedule's in-flight counts, and the search's
+// memory breakdown and ordering, for llama and the paper's GPT models.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "theory/llama_memory.hpp"
-#include "theory/llama_planner.hpp"
+#include "theory/layout_search.hpp"
 #include "theory/pipeline.hpp"
 
+using namespace actbench;
 using namespace actbench::theory;
 
 TEST(LlamaMemory, ClosedFormsEqualTheCategoriesAtOddShapes) {
@@ -17,20 +19,20 @@ TEST(LlamaMemory, ClosedFormsEqualTheCategoriesAtOddShapes) {
                              LlamaDims{8192, 2, 8192, 64, 8, 28672, 8}, LlamaDims{77, 5, 96, 6, 1, 200, 1}})
     for (const std::string& name : config_names())
       for (bool fused : {false, true}) {
-        Config c = config_from_name(name);
-        c.fused_attention = fused;
+        LayerPolicy c = parse_config(name);
+        c.attention = fused ? Attention::fused : Attention::unfused;
         EXPECT_EQ(llama_activation_bytes(d, c), llama_closed_form(d, c)) << name << " fused=" << fused << " h=" << d.h;
       }
 }
 
 TEST(LlamaMemory, GroupedQueryAttentionSavesOnlyKeysAndValues) {
   const LlamaDims gqa{8192, 1, 8192, 64, 8, 28672, 8}, mha{8192, 1, 8192, 64, 64, 28672, 8};
-  const Config c = config_from_name("selective+sp");
+  const LayerPolicy c = parse_config("selective+sp");
   // k and v: 2 · 2sbh/t · (1 − g/a)
   EXPECT_EQ(llama_activation_bytes(mha, c) - llama_activation_bytes(gqa, c), 2 * 2 * 8192.0 * 8192 / 8 * (1 - 8.0 / 64));
 }
 
-TEST(LlamaPlanner, FirstChunkHoldsMinPNFor1F1BAnd2PInterleaved) {
+TEST(LayoutSearch, FirstChunkHoldsMinPNFor1F1BAnd2PInterleaved) {
   for (int p : {2, 4, 8}) {
     EXPECT_EQ(first_chunk_microbatches_in_flight(p, 3 * p, 1), p);
     EXPECT_EQ(first_chunk_microbatches_in_flight(p, p - 1, 1), p - 1);  // fewer micro-batches than stages
@@ -38,7 +40,7 @@ TEST(LlamaPlanner, FirstChunkHoldsMinPNFor1F1BAnd2PInterleaved) {
   }
 }
 
-TEST(LlamaPlanner, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
+TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   PlanRequest r;
   r.model = plan_model("llama3-70b");
   r.gpu = plan_gpu("h100");
@@ -68,8 +70,8 @@ TEST(LlamaPlanner, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
       EXPECT_LE(plans[i - 1].iteration_s, k.iteration_s);
     }
     const LlamaDims d{8192, k.b, 8192, 64, 8, 28672, static_cast<double>(k.t)};
-    Config c = config_from_name(k.config);
-    c.fused_attention = true;
+    LayerPolicy c = parse_config(k.config);
+    c.attention = Attention::fused;
     EXPECT_EQ(k.per_layer_activation_bytes, llama_activation_bytes(d, c));
     if (k.m == 1 && k.microbatches >= k.p) {
       EXPECT_EQ(k.layers_in_flight, 80) << "1F1B: p micro-batches of L/p layers";
@@ -83,14 +85,14 @@ TEST(LlamaPlanner, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   ASSERT_NE(it, plans.end());
   const double h = 8192, layer = 2 * h + ((64 + 16) * 128 * h + h * h + 3 * 28672 * h) / 8;
   EXPECT_DOUBLE_EQ(it->params_per_gpu, 20 * layer + 128256 * h / 8);
-  EXPECT_DOUBLE_EQ(it->activation_bytes, 80 * llama_closed_form({8192, 1, h, 64, 8, 28672, 8}, {Recompute::none, true, true}));
+  EXPECT_DOUBLE_EQ(it->activation_bytes, 80 * llama_closed_form({8192, 1, h, 64, 8, 28672, 8}, {Recompute::none, true, Attention::fused}));
   EXPECT_DOUBLE_EQ(it->extra_bytes, 8 * 8192 * 4);  // token ids of the 4 micro-batches in flight
   // The distributed optimizer shards Adam's 12 bytes over dp.
   r.distributed_optimizer = true;
   for (const PlanCandidate& k : plan_search(r)) EXPECT_DOUBLE_EQ(k.optimizer_bytes, 6 * k.weight_bytes / k.dp);
 }
 
-TEST(LlamaPlanner, BadRequestsAreInvalidArguments) {
+TEST(LayoutSearch, BadRequestsAreInvalidArguments) {
   PlanRequest r;
   r.model = plan_model("llama3-8b");
   r.gpu = plan_gpu("b200");
@@ -107,7 +109,7 @@ TEST(LlamaPlanner, BadRequestsAreInvalidArguments) {
   EXPECT_THROW(plan_gpu("v100"), std::invalid_argument);
 }
 
-TEST(LlamaPlanner, ThePapersGptModelsPlanToo) {
+TEST(LayoutSearch, ThePapersGptModelsPlanToo) {
   PlanRequest r;
   r.model = plan_model("175b");
   ASSERT_FALSE(r.model.llama);
@@ -115,13 +117,13 @@ TEST(LlamaPlanner, ThePapersGptModelsPlanToo) {
   r.gpus = 64;
   r.seq = 2048;
   r.global_batch = 64;
-  r.fused_attention = false;
+  r.attention = Attention::unfused;
   const auto plans = plan_search(r);
   ASSERT_FALSE(plans.empty());
   EXPECT_TRUE(plans.front().fits);
   bool seen_selective = false;
   for (const PlanCandidate& k : plans) {
-    Config c = config_from_name(k.config);
+    const LayerPolicy c = parse_config(k.config);
     seen_selective |= c.recompute == Recompute::selective;
     EXPECT_EQ(k.per_layer_activation_bytes, activation_bytes({2048, k.b, 12288, 96, static_cast<double>(k.t)}, c));
     // 12 h² + 7h split over t, 6h replicated per layer; word embedding /t, positions whole.

@@ -1,7 +1,8 @@
 #pragma once
-// "What fits": for a model, a GPU's memory and a t/p layout, the memory of the first
-// pipeline stage (the fullest) under each configuration, whether it fits, and the
-// cheapest configuration that does.
+// Which configuration fits: for one of the paper's models at a given t/p layout and a GPU's
+// memory, the memory of the first pipeline stage (the fullest) under each configuration,
+// whether it fits, and the cheapest configuration that does (`theory plan --model`).
+// The search over layouts themselves is layout_search.hpp's.
 #include <map>
 #include <string>
 #include <vector>

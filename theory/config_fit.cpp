@@ -1,4 +1,4 @@
-#include "theory/planner.hpp"
+#include "theory/config_fit.hpp"
 
 #include <stdexcept>
 
@@ -13,7 +13,7 @@ FitPlan plan_fit(const ModelSpec& m, const FitOptions& opt) {
   const LayerTimes base = paper_table4_layer_times("baseline");
   FitPlan plan;
   for (const std::string& name : config_names()) {
-    const Config c = config_from_name(name);
+    const LayerPolicy c = parse_config(name);
     FitRow row;
     row.config = name;
     row.params_optimizer_bytes = first_stage_parameters_per_gpu(m) * opt.bytes_per_param;

@@ -1,11 +1,13 @@
 #pragma once
-// The planner: for a model, a GPU type, a number of GPUs, a sequence length and a global
-// batch, every layout (t ∈ {1,2,4,8}, p dividing L, interleaving m, micro-batch b, data
-// parallel the rest) and every configuration (recompute none | selective | full, SP on/off),
-// (selective is left out with fused attention, where it equals none),
-// with the memory of the first pipeline stage broken down (weights, gradients, optimizer,
-// activations in flight, embedding/output extras, the recompute working set) and an
-// iteration-time model; the fastest plans that fit come first.
+// The layout search (`theory plan --gpus N`): for a model (a llama preset, a Hugging Face
+// config or one of the paper's GPT models), a GPU type, a number of GPUs, a sequence length
+// and a global batch, every layout (t ∈ {1,2,4,8}, p dividing L, interleaving m, micro-batch
+// b, data parallel the rest) and every configuration (recompute none | selective | full, SP
+// on/off; selective is left out with fused attention, where it equals none), with the memory
+// of the first pipeline stage broken down (weights, gradients, optimizer, activations in
+// flight, embedding/output extras, the recompute working set) and an iteration-time model;
+// the fastest plans that fit come first. (Which configuration fits one given layout of a
+// paper model: config_fit.hpp.)
 //
 // Memory: bf16 weights (2 B/param), fp32 gradients (4), fp32 Adam master + m + v (12, or
 // 12/dp with the distributed optimizer). Replicated parameters (norms, GPT's row-parallel
@@ -51,7 +53,7 @@ struct PlanRequest {
   double seq = 0;           // 0: the model's
   double global_batch = 0;  // sequences per iteration
   bool distributed_optimizer = false;
-  bool fused_attention = true;
+  Attention attention = Attention::fused;
   double headroom_bytes = 0;
   double efficiency = 0.5;  // achieved fraction of peak FLOP/s
 };
