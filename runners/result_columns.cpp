@@ -13,8 +13,8 @@ const std::vector<Column>& result_columns() {
        "the backend's device: the GPU's name as the driver reports it (e.g. `NVIDIA H100 80GB HBM3`), `host-cpu`, "
        "`meta`"},
       {"model", "",
-       "the `--model` preset (`tiny`, `22b`, `175b`, `530b`, `1t`, `llama3-8b`, `llama3-70b`, `llama3-405b`) or the "
-       "name of the `--hf-config` model; the shape columns say what ran"},
+       "the `--model` preset (runners/presets.cpp: the paper's Table 3 models, the llama3 family, `tiny`) or the "
+       "`--hf-config` model's name; the shape columns say what ran"},
       {"hidden", "", "h, the hidden size"},
       {"heads", "", "a, the attention (query) heads"},
       {"seq", "tokens", "s, the sequence length"},
@@ -27,7 +27,8 @@ const std::vector<Column>& result_columns() {
        "`unfused` (the paper's core attention) or `fused` (FlashAttention-style: no a·s² tensors stored, an fp32 "
        "log-sum-exp per row instead; beyond the paper)"},
       {"recompute", "", "the config's recomputation: `none`, `selective` or `full`"},
-      {"sequence_parallel", "", "1: the config shards LayerNorm, dropout and residual activations along s (sp)"},
+      {"sequence_parallel", "", "1: the config is sequence parallel (the norms', dropouts' and residuals' activations sharded "
+                                "along s over the t ranks)"},
       {"dtype", "", "the layer's tensors' type (`bf16`, `fp16`, `fp32`); masks are 1 byte, norm statistics fp32"},
       {"dropout", "probability", "dropout probability (0 for the llama family, which has none)"},
       {"layers", "", "layers in the stack that ran; times and bytes are divided by it"},
@@ -152,7 +153,7 @@ namespace {
 std::string markdown_table(const std::vector<Column>& columns) {
   std::string out = "| column | unit | meaning |\n|---|---|---|\n";
   for (const Column& c : columns)
-    out += std::string("| `") + c.name + "` | " + c.unit + " | " + c.meaning + " |\n";
+    out += std::string("| `") + c.name + "` | " + (*c.unit ? std::string(c.unit) + " " : "") + "| " + c.meaning + " |\n";
   return out;
 }
 
