@@ -18,6 +18,7 @@
 #include "runtime/communicator.hpp"
 #include "runtime/csv.hpp"
 #include "runtime/cupti_profiler.hpp"
+#include "runtime/error.hpp"
 #include "runtime/provenance.hpp"
 
 using namespace actbench;
