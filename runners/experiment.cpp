@@ -2,9 +2,12 @@
 
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+
+#include <nlohmann/json.hpp>
 
 #include "layers/params.hpp"
 #include "layers/layer.hpp"
@@ -44,6 +47,43 @@ Tensor make_activation(Backend& be, Communicator& comm, const ExperimentSpec& sp
   fill_uniform_shard(be, t, activation_shard(d, sp, comm.size(), comm.rank()), spec.seed, kActivationStreamLayer,
                      stream, 1.0f);
   return t;
+}
+
+// A number as its shortest decimal text in this format, so that layer.json carries 0.1 for a
+// float 0.1 (not 0.10000000149011612) and 1e-05 for a float 1e-5.
+double as_printed(double v, const char* format) {
+  char text[64];
+  std::snprintf(text, sizeof text, format, v);
+  return std::strtod(text, nullptr);
+}
+
+// The --dump folder's layer.json: the layer's shape and numerics, which the NumPy and
+// PyTorch references read to rebuild the same layer.
+nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
+  const LayerDims& d = spec.dims;
+  nlohmann::ordered_json j = {{"seq", d.s},
+                              {"batch", d.b},
+                              {"hidden", d.h},
+                              {"heads", d.a},
+                              {"tp", tp},
+                              {"config", config_name(spec.policy)},
+                              {"attention", attention_name(spec.policy.attention)},
+                              {"dtype", dtype_name(spec.dtype)},
+                              {"dropout", as_printed(spec.dropout, "%g")},
+                              {"seed", spec.seed}};
+  if (d.arch == Arch::llama) {
+    j["arch"] = "llama";
+    j["kv_heads"] = d.groups();
+    j["ffn_hidden"] = d.ffn();
+    j["rope_theta"] = d.rope_theta;
+    j["norm_eps"] = as_printed(d.norm_eps, "%.9g");
+    j["activation"] = "silu";
+  } else {
+    j["arch"] = "gpt";
+    j["ln_eps"] = 1e-05;
+    j["gelu"] = "tanh";
+  }
+  return j;
 }
 
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
@@ -238,22 +278,7 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   const std::vector<CanonicalTensor> tensors = run_layer_canonical(be, comm, spec);
   if (comm.rank() == 0) {
     for (const CanonicalTensor& t : tensors) write_npy_f32(dir + "/" + t.name + ".npy", t.shape, t.data);
-    const auto& d = spec.dims;
-    std::ofstream meta(dir + "/layer.json");
-    meta << "{\"seq\": " << d.s << ", \"batch\": " << d.b << ", \"hidden\": " << d.h << ", \"heads\": " << d.a
-         << ", \"tp\": " << comm.size() << ", \"config\": \"" << config_name(spec.policy) << "\", \"attention\": \""
-         << attention_name(spec.policy.attention) << "\", \"dtype\": \""
-         << dtype_name(spec.dtype) << "\", \"dropout\": " << spec.dropout << ", \"seed\": " << spec.seed;
-    if (d.arch == Arch::llama) {
-      char num[64];
-      std::snprintf(num, sizeof num, "%.17g", d.rope_theta);
-      meta << ", \"arch\": \"llama\", \"kv_heads\": " << d.groups() << ", \"ffn_hidden\": " << d.ffn()
-           << ", \"rope_theta\": " << num;
-      std::snprintf(num, sizeof num, "%.9g", static_cast<double>(d.norm_eps));
-      meta << ", \"norm_eps\": " << num << ", \"activation\": \"silu\"}\n";
-    } else {
-      meta << ", \"arch\": \"gpt\", \"ln_eps\": 1e-05, \"gelu\": \"tanh\"}\n";
-    }
+    std::ofstream(dir + "/layer.json") << layer_json(spec, comm.size()).dump() << "\n";
   }
   comm.barrier();
 }

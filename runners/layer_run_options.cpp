@@ -1,0 +1,288 @@
+#include "runners/layer_run_options.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <utility>
+
+#include "runners/hf_config.hpp"
+#include "runners/result_columns.hpp"
+#include "runners/run_args.hpp"
+#include "runtime/error.hpp"
+
+namespace actbench {
+namespace {
+
+constexpr const char* kAllPaperConfigs = "baseline,sp,full,selective,selective+sp";
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr int64_t kMaxDim = std::numeric_limits<int64_t>::max();
+
+// What the command line says, each value as given (a value option counts when given).
+struct Args {
+  std::string backend = "cpu", model = "tiny", configs = kAllPaperConfigs, attention = "unfused", dtype = "bf16";
+  std::string hidden, heads, seq, batch, tp, layers = "1", warmup = "2", iters = "10", dropout = "0.1",
+                                                seed = "1234", link_gbps = "450";
+  std::string csv, dump, cupti, memory_limit;
+  std::string arch, kv_heads, ffn_hidden, rope_theta, norm_eps, hf_config;
+  bool emulate_tp = false, print_header = false, print_schema = false;
+};
+
+// The value options in the order --help lists them, each with whether it was given.
+using GivenOptions = std::vector<std::pair<std::string, CLI::Option*>>;
+
+bool is_given(const GivenOptions& given, const char* name) {
+  for (const auto& [n, opt] : given)
+    if (n == name) return opt->count() > 0;
+  return false;
+}
+
+GivenOptions declare_options(CLI::App& app, Args& a) {
+  GivenOptions given;
+  auto value = [&](const char* name, std::string& field, const char* help, bool show_default) {
+    CLI::Option* opt = app.add_option(name, field, help);
+    if (show_default) opt->capture_default_str();
+    given.emplace_back(name, opt);
+  };
+  value("--backend", a.backend, "cpu | cuda | meta", true);
+  value("--model", a.model, "tiny | 22b | 175b | 530b | 1t", true);
+  value("--hidden", a.hidden, "override the preset's hidden size h", false);
+  value("--heads", a.heads, "override the preset's attention heads a", false);
+  value("--seq", a.seq, "override the preset's sequence length s", false);
+  value("--batch", a.batch, "override the preset's microbatch b", false);
+  value("--tp", a.tp, "tensor-parallel size (default: MPI world size; with --emulate-tp the preset's t)", false);
+  app.add_flag("--emulate-tp", a.emulate_tp, "one process plays rank 0 of --tp ranks; communication modeled");
+  value("--config", a.configs, "comma-separated: baseline,sp,full,selective,selective+sp[,full+sp]", true);
+  value("--attention", a.attention,
+        "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)", true);
+  value("--dtype", a.dtype, "bf16 | fp16 | fp32", true);
+  value("--dropout", a.dropout, "dropout probability (gpt; llama has none)", true);
+  value("--layers", a.layers, "layers in the stack, 1..1024 (times and bytes are reported per layer)", true);
+  value("--warmup", a.warmup, "untimed iterations (meta: 0)", true);
+  value("--iters", a.iters, "timed iterations (meta: 1)", true);
+  value("--seed", a.seed, "seed of parameters, inputs and dropout masks (0..2^64-1)", true);
+  value("--csv", a.csv, "results CSV to append to (required)", false);
+  app.add_flag("--print-csv-header", a.print_header, "print the CSV header line and exit (for sweep drivers)");
+  app.add_flag("--print-csv-schema", a.print_schema,
+               "print every CSV column with its unit and meaning (markdown, docs/results_schema.md) and exit");
+  value("--dump", a.dump, "write canonical .npy tensors of one layer here (rank 0)", false);
+  value("--cupti", a.cupti, "write GPU kernel time per phase (CUPTI) to this CSV (cuda backend; Figure 8's split)",
+        false);
+  value("--memory-limit", a.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)", false);
+  value("--link-gbps", a.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s", true);
+  value("--arch", a.arch, "gpt (the paper's layer) | llama (RMSNorm, GQA, RoPE, SwiGLU; default: the preset's)",
+        false);
+  value("--kv-heads", a.kv_heads, "llama: key/value heads g (1 <= g <= heads, dividing heads; default heads)", false);
+  value("--ffn-hidden", a.ffn_hidden, "llama: SwiGLU width F (fc1 has 2F outputs; default 4 x hidden)", false);
+  value("--rope-theta", a.rope_theta, "llama: RoPE base theta (default 10000, the preset's or the config's)", false);
+  value("--norm-eps", a.norm_eps, "llama: RMSNorm epsilon (default 1e-5 or the config's)", false);
+  value("--hf-config", a.hf_config, "a Hugging Face config.json of a LLaMA-style model (sets --arch llama)", false);
+  return given;
+}
+
+// The shape, the run's extent and its numbers, each refused with the option's name.
+void take_run_values(const Args& a, const GivenOptions& given, LayerRunOptions& o) {
+  if (is_given(given, "--hidden")) o.hidden = parse_int_option("--hidden", a.hidden, 1, kMaxDim);
+  if (is_given(given, "--heads")) o.heads = parse_int_option("--heads", a.heads, 1, kMaxDim);
+  if (is_given(given, "--seq")) o.seq = parse_int_option("--seq", a.seq, 1, kMaxDim);
+  if (is_given(given, "--batch")) o.batch = parse_int_option("--batch", a.batch, 1, kMaxDim);
+  if (is_given(given, "--tp")) o.tp = static_cast<int>(parse_int_option("--tp", a.tp, 1, kMaxInt));
+  o.emulate_tp = a.emulate_tp;
+  o.layers = static_cast<int>(parse_int_option("--layers", a.layers, 1, kMaxLayers));
+  o.warmup = static_cast<int>(parse_int_option("--warmup", a.warmup, 0, kMaxIterations));
+  o.iters = static_cast<int>(parse_int_option("--iters", a.iters, 1, kMaxIterations));
+  o.warmup_given = is_given(given, "--warmup");
+  o.iters_given = is_given(given, "--iters");
+  o.dropout = static_cast<float>(parse_real_option("--dropout", a.dropout)) + 0.0f;  // -0 is 0
+  if (!(o.dropout >= 0.f && o.dropout < 1.f)) throw InvalidArgument("--dropout must be in [0, 1), got " + a.dropout);
+  o.seed = parse_uint64_option("--seed", a.seed);
+  o.link_gbps = parse_real_option("--link-gbps", a.link_gbps);
+  // Outside this a modeled time is no longer a number a row can carry.
+  if (!(o.link_gbps >= 1e-3 && o.link_gbps <= 1e6))
+    throw InvalidArgument("--link-gbps must be in 0.001..1000000 (GB/s), got " + a.link_gbps);
+  if (is_given(given, "--memory-limit")) o.memory_limit = parse_memory_size("--memory-limit", a.memory_limit);
+  o.dropout_given = is_given(given, "--dropout");
+}
+
+// --arch llama's shape flags.
+void take_llama_values(const Args& a, const GivenOptions& given, LayerRunOptions& o) {
+  o.arch = a.arch;
+  o.hf_config = a.hf_config;
+  if (is_given(given, "--kv-heads")) o.kv_heads = parse_int_option("--kv-heads", a.kv_heads, 1, kMaxDim);
+  if (is_given(given, "--ffn-hidden")) o.ffn_hidden = parse_int_option("--ffn-hidden", a.ffn_hidden, 1, kMaxDim);
+  if (is_given(given, "--rope-theta")) {
+    o.rope_theta = parse_real_option("--rope-theta", a.rope_theta);
+    if (!(o.rope_theta > 0)) throw InvalidArgument("--rope-theta must be positive, got " + a.rope_theta);
+  }
+  if (is_given(given, "--norm-eps")) {
+    o.norm_eps = static_cast<float>(parse_real_option("--norm-eps", a.norm_eps));
+    if (!(o.norm_eps > 0 && std::isfinite(o.norm_eps)))
+      throw InvalidArgument("--norm-eps must be a positive float, got " + a.norm_eps);
+  }
+}
+
+// --hf-config: the model's shape from its config.json.
+void apply_hf_config(LayerRunOptions& o, LayerDims& dims, bool seq_given) {
+  const HfModelConfig c = read_hf_config(o.hf_config);
+  dims.arch = Arch::llama;
+  dims.h = c.hidden;
+  dims.a = c.heads;
+  dims.kv_heads = c.kv_heads;
+  dims.ffn_hidden = c.ffn_hidden;
+  dims.rope_theta = c.rope_theta;
+  dims.norm_eps = static_cast<float>(c.rms_norm_eps);
+  if (!seq_given) dims.s = c.max_positions;
+  dims.b = 1;
+  o.model = c.name;
+}
+
+// The layer family's flags on top of the preset: --hf-config, --arch, --kv-heads, --ffn-hidden,
+// --rope-theta, --norm-eps.
+void apply_arch_options(LayerRunOptions& o, LayerDims& dims, bool seq_given) {
+  if (!o.hf_config.empty()) apply_hf_config(o, dims, seq_given);
+  if (!o.arch.empty()) {
+    const Arch a = parse_arch(o.arch);
+    if (a == Arch::gpt && dims.arch == Arch::llama)
+      throw InvalidArgument("--arch gpt with a llama model (" + o.model + ")");
+    dims.arch = a;
+  }
+  if (dims.arch == Arch::gpt) {
+    if (o.kv_heads || o.ffn_hidden || o.rope_theta != 0 || o.norm_eps != 0)
+      throw InvalidArgument("--kv-heads, --ffn-hidden, --rope-theta and --norm-eps need --arch llama");
+    return;
+  }
+  if (o.kv_heads) dims.kv_heads = o.kv_heads;
+  if (o.ffn_hidden) dims.ffn_hidden = o.ffn_hidden;
+  if (o.rope_theta != 0) dims.rope_theta = o.rope_theta;
+  if (o.norm_eps != 0) dims.norm_eps = o.norm_eps;
+  if (!o.dropout_given) o.dropout = 0.f;
+  if (o.dropout != 0.f) throw InvalidArgument("--arch llama has no dropout: --dropout must be 0");
+}
+
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
+  return a == b || (!ea && !eb && ca == cb);
+}
+
+// --tp: with --emulate-tp the preset's t unless given; else the MPI world's size.
+void resolve_tp(LayerRunOptions& o, const ModelPreset& preset, int world) {
+  if (o.emulate_tp) {
+    if (world > 1) throw InvalidArgument("--emulate-tp runs in one process; do not launch it with mpirun -np > 1");
+    if (!o.dump.empty())
+      throw InvalidArgument("--dump cannot be combined with --emulate-tp (emulated values are not the layer's)");
+    if (o.tp == 0) o.tp = preset.tp;
+    return;
+  }
+  if (o.tp == 0) o.tp = world;
+  if (o.tp != world)
+    throw InvalidArgument("--tp " + std::to_string(o.tp) + " but the MPI world has " + std::to_string(world) +
+                          " rank(s): run under mpirun -np " + std::to_string(o.tp) + " or add --emulate-tp");
+}
+
+LayerDims resolve_dims(LayerRunOptions& o, const ModelPreset& preset) {
+  LayerDims dims = preset.dims;
+  if (o.hidden) dims.h = o.hidden;
+  if (o.heads) dims.a = o.heads;
+  if (o.seq) dims.s = o.seq;
+  if (o.batch) dims.b = o.batch;
+  apply_arch_options(o, dims, o.seq != 0);
+  return dims;
+}
+
+std::vector<LayerPolicy> resolve_policies(const LayerRunOptions& o) {
+  const Attention attention = parse_attention(o.attention);
+  std::vector<LayerPolicy> policies;
+  for (const std::string& name : o.configs) {
+    policies.push_back(parse_config(name));
+    policies.back().attention = attention;
+  }
+  return policies;
+}
+
+// What the layer and the backend allow, after the layer's own checks.
+void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int world) {
+  if (!o.dump.empty() && o.layers != 1) throw InvalidArgument("--dump writes one layer: use --layers 1");
+  if (!o.cupti.empty() && o.backend != "cuda")
+    throw InvalidArgument("--cupti records GPU kernels: it needs --backend cuda");
+  if (world > 1 && o.backend == "cpu") {
+    // Host collectives carry one tensor per MPI message, whose count is an int.
+    const int64_t widest = std::max(dims.s * dims.b * dims.h, 4 * dims.h * dims.h / o.tp);
+    if (widest > std::numeric_limits<int>::max())
+      throw InvalidArgument("a tensor of " + std::to_string(widest) +
+                            " elements exceeds one MPI message (2^31 - 1) on the cpu backend; use a smaller shape");
+  }
+}
+
+}  // namespace
+
+void parse_layer_run_options(int argc, char** argv, LayerRunOptions& o) {
+  CLI::App app{"layer_run: time and measure one transformer layer in the paper's configurations"};
+  Args a;
+  const GivenOptions given = declare_options(app, a);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    o.print_only = app.help();
+    return;
+  } catch (const CLI::ParseError& e) {
+    throw InvalidArgument(e.what());
+  }
+  if (a.print_header || a.print_schema) {
+    o.print_only = a.print_header ? csv_line(column_names(result_columns())) : results_schema_markdown();
+    return;
+  }
+  // An empty value is refused, never read as "use the preset" (--seq '', --dump '').
+  for (const auto& [name, opt] : given)
+    if (opt->count() && opt->as<std::string>().empty())
+      throw InvalidArgument(name + " needs a value (got an empty string)");
+  if (a.csv.empty()) throw InvalidArgument("--csv FILE is required");
+  o.backend = a.backend;
+  o.model = a.model;
+  o.attention = a.attention;
+  o.dtype = a.dtype;
+  o.csv = a.csv;
+  o.dump = a.dump;
+  o.cupti = a.cupti;
+  o.configs = parse_config_list("--config", a.configs);
+  take_run_values(a, given, o);
+  take_llama_values(a, given, o);
+}
+
+LayerRunPlan plan_layer_run(LayerRunOptions& o, int world) {
+  const ModelPreset& preset = find_preset(o.model);
+  resolve_tp(o, preset, world);
+  LayerRunPlan plan;
+  plan.dims = resolve_dims(o, preset);
+  plan.policies = resolve_policies(o);
+  for (LayerPolicy p : plan.policies) validate_layer(plan.dims, o.tp, p);
+  check_layer_extent(plan.dims, o.layers);
+  plan.dtype = parse_dtype(o.dtype);
+  check_run_options(o, plan.dims, world);
+  return plan;
+}
+
+void check_outputs(const LayerRunOptions& o, const std::vector<LayerPolicy>& policies, const CsvAppender& csv,
+                   const CsvAppender* cupti_csv) {
+  csv.check();
+  if (cupti_csv) {
+    if (same_path(o.cupti, o.csv)) throw InvalidArgument("--cupti '" + o.cupti + "' is the --csv file; give it its own");
+    cupti_csv->check();
+  }
+  if (o.dump.empty()) return;
+  for (LayerPolicy p : policies) {
+    const std::string dir = dump_dir(o, policies.size(), p);
+    check_output_dir("--dump", dir);
+    for (const std::string& file : {o.csv, o.cupti})
+      if (!file.empty() && same_path(file, dir))
+        throw InvalidArgument("--dump folder '" + dir + "' is the file '" + file + "'");
+  }
+}
+
+std::string dump_dir(const LayerRunOptions& o, size_t configurations, LayerPolicy p) {
+  return configurations == 1 ? o.dump : o.dump + "/" + config_name(p);
+}
+
+}  // namespace actbench

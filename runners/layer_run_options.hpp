@@ -1,0 +1,59 @@
+#pragma once
+// layer_run's command line: parsed strictly (run_args.hpp: a given value is used or refused),
+// then resolved against the preset and checked, every refusal an InvalidArgument.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layers/config.hpp"
+#include "runners/presets.hpp"
+#include "runtime/csv.hpp"
+
+namespace actbench {
+
+struct LayerRunOptions {
+  std::string backend, model, attention, dtype, csv, dump, cupti;
+  std::vector<std::string> configs;
+  int64_t hidden = 0, heads = 0, seq = 0, batch = 0;  // 0: not given, the preset's
+  int tp = 0;                                          // 0: not given
+  int layers = 1, warmup = 2, iters = 10;
+  bool warmup_given = false, iters_given = false, emulate_tp = false;
+  float dropout = 0.1f;
+  uint64_t seed = 1234;
+  double link_gbps = 450.0;
+  uint64_t memory_limit = 0;  // 0: none
+  std::string print_only;     // --help, --print-csv-header or --print-csv-schema: print this, run nothing
+  // --arch llama and its shape (0 or empty: the preset's or the config's)
+  std::string arch, hf_config;
+  int64_t kv_heads = 0, ffn_hidden = 0;
+  double rope_theta = 0;
+  float norm_eps = 0;
+  bool dropout_given = false;
+};
+
+// Parses the command line into `o` (o.print_only set for --help and the --print-* flags).
+void parse_layer_run_options(int argc, char** argv, LayerRunOptions& o);
+
+// What one call runs, resolved against the preset.
+struct LayerRunPlan {
+  LayerDims dims;
+  std::vector<LayerPolicy> policies;  // the --config list in its order, each with --attention
+  DType dtype = DType::bf16;
+};
+
+// Resolves --tp (with --emulate-tp the preset's t unless given; else the MPI world's size,
+// which a given --tp must equal), the shape (the preset's, under the shape and layer-family
+// flags) and the configurations, and checks the layer, the stack and the flags that need a
+// particular backend, before anything is allocated. May set o.tp, o.model and o.dropout.
+LayerRunPlan plan_layer_run(LayerRunOptions& o, int world);
+
+// Every output, before anything runs (rank 0 writes them all): the CSVs are writable with our
+// headers, no two outputs are the same path, the --dump folders can be made.
+void check_outputs(const LayerRunOptions& o, const std::vector<LayerPolicy>& policies, const CsvAppender& csv,
+                   const CsvAppender* cupti_csv);
+
+// Where --dump writes configuration p: the folder itself for one configuration, else a
+// subfolder named after it.
+std::string dump_dir(const LayerRunOptions& o, size_t configurations, LayerPolicy p);
+
+}  // namespace actbench

@@ -1,0 +1,172 @@
+#include "runners/result_row.hpp"
+
+#include <cstdio>
+
+#include "runners/result_columns.hpp"
+#include "runtime/allocator.hpp"
+#include "runtime/provenance.hpp"
+#include "layers/theory_dims.hpp"
+
+namespace actbench {
+namespace {
+
+std::string fmt_ms(double v, bool have) {
+  if (!have) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", v);
+  return buf;
+}
+std::string fmt_num(double v, const char* f = "%.0f") {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+}  // namespace
+
+// Table 2's bytes (or the llama family's closed form) for this layer and configuration.
+double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype) {
+  const theory::Precision precision{static_cast<double>(dtype_size(dtype)), 1.0};
+  if (d.arch == Arch::llama) return theory::llama_activation_bytes(theory_llama_dims(d, tp), p, precision);
+  return theory::activation_bytes(theory_dims(d, tp), p, precision);
+}
+
+namespace {
+
+// The backend's times are results: not meta, not the CPU simulator, and the run was ok.
+bool have_time(const RunContext& run, const Measurement& m) {
+  return run.be.computes() && !run.be.simulated() && m.result.status == "ok";
+}
+
+// The columns the results rows and the CUPTI rows share: what ran, where.
+void set_run_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
+  const LayerDims& d = m.spec.dims;
+  row.set("backend", run.be.name());
+  row.set("device", run.be.device_name());
+  row.set("model", run.options.model);
+  row.set("hidden", std::to_string(d.h));
+  row.set("heads", std::to_string(d.a));
+  row.set("seq", std::to_string(d.s));
+  row.set("batch", std::to_string(d.b));
+  row.set("tp", std::to_string(run.options.tp));
+  row.set("emulated", run.options.emulate_tp ? "1" : "0");
+  row.set("config", config_name(m.spec.policy));
+  row.set("dtype", dtype_name(m.spec.dtype));
+  row.set("dropout", fmt_num(m.spec.dropout, "%g"));
+  row.set("layers", std::to_string(m.spec.layers));
+  row.set("iters", std::to_string(m.spec.iters));
+  row.set("git_sha", build_git_sha());
+  row.set("timestamp", utc_timestamp());
+}
+
+void set_layer_columns(CsvRow& row, const Measurement& m) {
+  const LayerPolicy& p = m.spec.policy;
+  const LayerDims& d = m.spec.dims;
+  row.set("attention", attention_name(p.attention));
+  row.set("recompute", recompute_name(p.recompute));
+  row.set("sequence_parallel", p.sequence_parallel ? "1" : "0");
+  row.set("warmup", std::to_string(m.spec.warmup));
+  row.set("seed", std::to_string(m.spec.seed));
+  row.set("arch", arch_name(d.arch));
+  row.set("kv_heads", d.arch == Arch::llama ? std::to_string(d.groups()) : "");
+  row.set("ffn_hidden", d.arch == Arch::llama ? std::to_string(d.ffn()) : "");
+}
+
+void set_time_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
+  const ExperimentResult& r = m.result;
+  const bool have = have_time(run, m);
+  row.set("fwd_ms", fmt_ms(r.fwd_ms.median, have));
+  row.set("bwd_ms", fmt_ms(r.bwd_ms.median, have));
+  row.set("total_ms", fmt_ms(r.total_ms.median, have));
+  row.set("fwd_ms_min", fmt_ms(r.fwd_ms.min, have));
+  row.set("fwd_ms_max", fmt_ms(r.fwd_ms.max, have));
+  row.set("bwd_ms_min", fmt_ms(r.bwd_ms.min, have));
+  row.set("bwd_ms_max", fmt_ms(r.bwd_ms.max, have));
+}
+
+void set_memory_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
+  const ExperimentResult& r = m.result;
+  const bool ok = r.status == "ok";
+  row.set("act_bytes", ok ? std::to_string(r.act_bytes) : "");
+  row.set("act_extra_bytes", ok ? std::to_string(r.act_extra_bytes) : "");
+  row.set("act_bytes_formula", fmt_num(formula_bytes(m.spec.dims, run.options.tp, m.spec.policy, m.spec.dtype)));
+  row.set("fwd_retained_bytes", ok ? std::to_string(r.fwd_retained_bytes) : "");
+  row.set("peak_allocated_bytes", std::to_string(r.peak_allocated_bytes));
+  row.set("peak_reserved_bytes", std::to_string(r.peak_reserved_bytes));
+  row.set("memory_limit_bytes", std::to_string(run.options.memory_limit));
+}
+
+void set_comm_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
+  const ExperimentResult& r = m.result;
+  const bool ok = r.status == "ok";
+  row.set("comm_mode", comm_mode_name(run.comm_mode));
+  row.set("comm_bytes", ok ? fmt_num(r.comm_bytes) : "");
+  row.set("link_gbps", fmt_num(m.spec.link_gbps, "%g"));
+  row.set("comm_ms_modeled", ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "");
+  row.set("comm_ms_emulated",
+          fmt_ms(r.comm_ms_emulated.median, have_time(run, m) && run.comm_mode == CommMode::modeled));
+  row.set("status", r.status);
+  row.set("message", r.message);
+}
+
+void set_provenance_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
+  row.set("driver_version", run.versions.driver);
+  row.set("cuda_runtime_version", run.versions.cuda_runtime);
+  row.set("cublas_version", run.versions.cublas);
+  row.set("nccl_version", run.versions.nccl);
+  row.set("sm_clock_mhz_start", m.start.sm_clock_mhz);
+  row.set("sm_clock_mhz_end", m.end.sm_clock_mhz);
+  row.set("mem_clock_mhz_start", m.start.mem_clock_mhz);
+  row.set("mem_clock_mhz_end", m.end.mem_clock_mhz);
+  row.set("power_limit_w", m.start.power_limit_w);
+  row.set("throttle_reasons_start", m.start.throttle_reasons);
+  row.set("throttle_reasons_end", m.end.throttle_reasons);
+  row.set("hostname", hostname());
+  row.set("command", run.command);
+}
+
+}  // namespace
+
+std::vector<std::string> result_row(const RunContext& run, const Measurement& m) {
+  CsvRow row(result_columns());
+  set_run_columns(row, run, m);
+  set_layer_columns(row, m);
+  set_time_columns(row, run, m);
+  set_memory_columns(row, run, m);
+  set_comm_columns(row, run, m);
+  set_provenance_columns(row, run, m);
+  return row.fields();
+}
+
+std::vector<std::vector<std::string>> cupti_rows(const RunContext& run, const Measurement& m) {
+  // Per layer and timed iteration, so that it reads like fwd_ms/bwd_ms.
+  const double per = static_cast<double>(m.spec.iters) * m.spec.layers;
+  std::vector<std::vector<std::string>> rows;
+  for (const PhaseTime& p : m.result.kernel_phases) {
+    CsvRow row(cupti_columns());
+    set_run_columns(row, run, m);
+    row.set("phase", p.phase);
+    row.set("stage", p.phase.substr(0, p.phase.find('.')));
+    row.set("kernels", fmt_num(static_cast<double>(p.kernels) / per, "%.2f"));
+    row.set("gpu_ms", run.be.simulated() ? "" : fmt_num(p.gpu_ms / per, "%.5f"));
+    row.set("dropped_records", std::to_string(m.result.cupti_dropped_records));
+    rows.push_back(row.fields());
+  }
+  return rows;
+}
+
+std::string console_line(const RunContext& run, const Measurement& m) {
+  const ExperimentResult& r = m.result;
+  const double formula = formula_bytes(m.spec.dims, run.options.tp, m.spec.policy, m.spec.dtype);
+  char head[256];
+  std::snprintf(head, sizeof head, "%-13s %-5s act %s (formula %s)", config_name(m.spec.policy).c_str(),
+                r.status.c_str(), format_bytes(r.act_bytes).c_str(),
+                format_bytes(static_cast<int64_t>(formula)).c_str());
+  std::string line = head;
+  if (have_time(run, m))
+    line += " fwd " + fmt_ms(r.fwd_ms.median, true) + " ms bwd " + fmt_ms(r.bwd_ms.median, true) + " ms";
+  if (r.status != "ok") line += " " + r.message;
+  return line + "\n";
+}
+
+}  // namespace actbench
