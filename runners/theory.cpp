@@ -36,6 +36,7 @@
 #include "theory/pipeline.hpp"
 #include "theory/planner.hpp"
 #include "theory/llama_memory.hpp"
+#include "theory/model_table.hpp"
 #include "theory/llama_planner.hpp"
 #include "runners/hf_config.hpp"
 #include "runtime/error.hpp"
@@ -619,7 +620,8 @@ struct LlamaRow {
 };
 std::vector<LlamaRow> llama_rows() {
   std::vector<LlamaRow> rows;
-  for (const PlanModel& m : llama_plan_models()) rows.push_back({m, m.name == "llama3-8b" ? 1 : 8});
+  for (const ModelRow& r : model_table())
+    if (r.arch == "llama") rows.push_back({plan_model(r.name), r.tp});
   return rows;
 }
 
