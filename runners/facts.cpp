@@ -21,12 +21,19 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-// 1-based number of the first line where a and b differ (a and b differ somewhere).
-int first_difference(const std::string& a, const std::string& b) {
-  int line = 1;
-  for (size_t i = 0; i < a.size() && i < b.size() && a[i] == b[i]; ++i)
-    if (a[i] == '\n') ++line;
-  return line;
+// "line N: committed `...`, generated `...`" for the first line where a and b differ.
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream in_a(a), in_b(b);
+  std::string line_a, line_b;
+  for (int n = 1;; ++n) {
+    const bool more_a = static_cast<bool>(std::getline(in_a, line_a));
+    const bool more_b = static_cast<bool>(std::getline(in_b, line_b));
+    if (!more_a && !more_b) return "the last line's newline differs";
+    if (!more_a) line_a = "(end of file)";
+    if (!more_b) line_b = "(end of file)";
+    if (line_a != line_b)
+      return "line " + std::to_string(n) + ": committed `" + line_a + "`, generated `" + line_b + "`";
+  }
 }
 
 int check(const std::string& path) {
@@ -36,8 +43,8 @@ int check(const std::string& path) {
   }
   const std::string committed = read_file(path), generated = actbench::facts_json();
   if (committed == generated) return 0;
-  std::cerr << "actbench_facts: " << path << " is stale (first difference at line "
-            << first_difference(committed, generated) << "); regenerate it: " << kRegenerate << "\n";
+  std::cerr << "actbench_facts: " << path << " is stale (" << first_difference(committed, generated)
+            << "); regenerate it: " << kRegenerate << "\n";
   return 1;
 }
 
