@@ -53,6 +53,7 @@ CONFIG_LABEL = {"baseline": "TP (baseline)", "sp": "TP+SP", "selective": "TP+sel
                 "selective+sp": "TP+SP+selective", "full": "full recompute", "full+sp": "full+SP"}
 CONFIG_COLOR = {"baseline": "#7f7f7f", "sp": "#1f77b4", "selective": "#ff7f0e", "selective+sp": "#2ca02c",
                 "full": "#d62728", "full+sp": "#9467bd"}
+PRESETS = {p["name"]: p for p in FACTS["presets"]}
 MODELS = [p["name"] for p in FACTS["presets"] if p["paper"]]  # Table 3
 MODEL_LABEL = {"22b": "22B", "175b": "175B", "530b": "530B", "1t": "1T"}
 GIB = 1024.0 ** 3
@@ -305,6 +306,12 @@ def shape_key(r):
     """What makes two layer_run rows comparable (one layer shape on one device)."""
     return (r.get("backend"), r.get("device"), r.get("model"), r.get("hidden"), r.get("heads"), r.get("seq"),
             r.get("batch"), r.get("tp"), r.get("dtype"))
+
+
+def is_preset_shape(key, model, fields):
+    """Whether a shape_key is `model` at its preset's values of fields (of seq, batch, tp)."""
+    index = {"seq": 5, "batch": 6, "tp": 7}
+    return key[2] == model and all(key[index[f]] == str(PRESETS[model][f]) for f in fields)
 
 
 def describe_shape(key):
