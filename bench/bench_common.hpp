@@ -19,9 +19,13 @@ namespace actbench::bench {
 // time of the CPU simulator, never device time.
 inline constexpr const char* kSimulatedLabel = "simulated: CPU simulator time, not device time";
 
+// --shape=paper runs one rank of this preset (runners/presets.hpp) at its own t: the 22B layer
+// of Table 4, t = 8.
+inline constexpr const char* kPaperShapeModel = "22b";
+
 struct BenchContext {
   std::string backend_name;  // cpu | cuda | meta
-  std::string shape;         // small | paper
+  std::string shape;         // small | paper (kPaperShapeModel)
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Communicator> world;  // MPI under mpirun (rank, size), else none
   std::unique_ptr<Communicator> comm;   // the group the layer runs on: NCCL (cuda) or MPI, else local

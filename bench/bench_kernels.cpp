@@ -36,6 +36,7 @@
 
 #include "bench/bench_common.hpp"
 #include "kernels/cuda/attention_tiles.hpp"
+#include "runners/presets.hpp"
 
 namespace actbench::bench {
 namespace {
@@ -56,8 +57,18 @@ struct KernelShapes {
 int64_t g_seq = 0;
 int64_t g_attn_batch = 0;
 
+// The tensor-parallel size the shapes are one rank of: the preset's at the paper shape.
+int64_t shape_tp() { return context().shape == "paper" ? find_preset(kPaperShapeModel).tp : 1; }
+
+// One rank of the paper-shape preset (the 22B layer at t = 8: 8 heads of 96, h/t = 768).
+KernelShapes paper_shapes() {
+  const LayerDims& d = find_preset(kPaperShapeModel).dims;
+  const int64_t t = shape_tp();
+  return {d.s * d.b, d.h, d.a / t, d.s, d.b, d.h / d.a, d.ffn() / t, d.h / t, 8192};
+}
+
 KernelShapes shapes() {
-  KernelShapes k = context().shape == "paper" ? KernelShapes{2048 * 4, 6144, 8, 2048, 4, 96, 3072, 768, 8192}
+  KernelShapes k = context().shape == "paper" ? paper_shapes()
                                               : KernelShapes{64 * 2, 256, 4, 64, 2, 64, 1024, 256, 512};
   if (g_seq > 0) {
     k.s = g_seq;
@@ -183,7 +194,7 @@ DropoutSpec attn_dropout_spec(const AttnShape& a) {
   spec.site = kSiteAttnProbs;
   spec.outer = a.b;
   spec.mid_local = a.heads;
-  spec.mid_global = a.heads * (context().shape == "paper" ? 8 : 1);
+  spec.mid_global = a.heads * shape_tp();
   spec.inner = a.s * a.s;
   return spec;
 }

@@ -9,6 +9,7 @@
 #include "kernels/backend_comm.hpp"
 #include "layers/config.hpp"
 #include "runners/experiment.hpp"
+#include "runners/presets.hpp"
 
 namespace actbench::bench {
 namespace {
@@ -17,7 +18,7 @@ ExperimentSpec layer_spec(const std::string& config) {
   ExperimentSpec spec;
   spec.policy = parse_config(config);
   if (context().shape == "paper") {
-    spec.dims = LayerDims{2048, 4, 6144, 64};
+    spec.dims = find_preset(kPaperShapeModel).dims;
     spec.dtype = DType::bf16;
   } else {
     spec.dims = LayerDims{64, 2, 256, 4};
@@ -38,11 +39,11 @@ void BM_layer(benchmark::State& state, const std::string& config) {
     return;
   }
   const ExperimentSpec spec = layer_spec(config);
-  // One process emulates rank 0 of t = 8 at the paper's shape unless real ranks are running.
+  // One process emulates rank 0 of the preset's t (8) at the paper's shape unless real ranks are running.
   std::unique_ptr<Communicator> emulated;
   Communicator* comm = ctx.comm.get();
   if (ctx.shape == "paper" && comm->size() == 1) {
-    emulated = make_backend_emulated_communicator(*ctx.backend, 8);
+    emulated = make_backend_emulated_communicator(*ctx.backend, find_preset(kPaperShapeModel).tp);
     comm = emulated.get();
   }
   LayerStackRunner runner(*ctx.backend, *comm, spec);

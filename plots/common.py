@@ -9,6 +9,7 @@ CSVs meant as results but missing a required column are each named (file and lin
 out of every plot, and make the run end with status 2; the figures the rest allows are made.
 """
 import glob
+import json
 import math
 import os
 import sys
@@ -39,13 +40,21 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# The five configurations of the paper, then full recompute with distributed checkpoints.
-CONFIGS = ["baseline", "sp", "selective", "selective+sp", "full", "full+sp"]
+# The configurations and models (runners/facts.json, written by actbench_facts from the C++
+# tables); labels and colours are the plots' own, keyed by those names.
+with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runners", "facts.json")) as _f:
+    FACTS = json.load(_f)
+RECOMPUTE_ORDER = ["none", "selective", "full"]
+# Shown from least recomputed to most, each without SP then with it: the paper's five, then
+# full recompute with distributed checkpoints.
+CONFIGS = [c["name"] for c in sorted(FACTS["configs"],
+                                     key=lambda c: (RECOMPUTE_ORDER.index(c["recompute"]), c["sequence_parallel"]))]
 CONFIG_LABEL = {"baseline": "TP (baseline)", "sp": "TP+SP", "selective": "TP+selective",
                 "selective+sp": "TP+SP+selective", "full": "full recompute", "full+sp": "full+SP"}
 CONFIG_COLOR = {"baseline": "#7f7f7f", "sp": "#1f77b4", "selective": "#ff7f0e", "selective+sp": "#2ca02c",
                 "full": "#d62728", "full+sp": "#9467bd"}
-MODELS = ["22b", "175b", "530b", "1t"]
+PRESETS = {p["name"]: p for p in FACTS["presets"]}
+MODELS = [p["name"] for p in FACTS["presets"] if p["paper"]]  # Table 3
 MODEL_LABEL = {"22b": "22B", "175b": "175B", "530b": "530B", "1t": "1T"}
 GIB = 1024.0 ** 3
 PAPER_GPU = "A100"  # every number the paper reports was measured on A100s
@@ -297,6 +306,12 @@ def shape_key(r):
     """What makes two layer_run rows comparable (one layer shape on one device)."""
     return (r.get("backend"), r.get("device"), r.get("model"), r.get("hidden"), r.get("heads"), r.get("seq"),
             r.get("batch"), r.get("tp"), r.get("dtype"))
+
+
+def is_preset_shape(key, model, fields):
+    """Whether a shape_key is `model` at its preset's values of fields (of seq, batch, tp)."""
+    index = {"seq": 5, "batch": 6, "tp": 7}
+    return key[2] == model and all(key[index[f]] == str(PRESETS[model][f]) for f in fields)
 
 
 def describe_shape(key):

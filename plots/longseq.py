@@ -69,7 +69,7 @@ def make(ctx):
     header = ["seq", "config", "unfused GiB/layer", "fused GiB/layer", "unfused fits 80 GB", "fused fits 80 GB",
               "measured unfused", "measured fused"]
     table = []
-    for config in ["baseline", "sp", "selective", "selective+sp", "full", "full+sp"]:
+    for config in common.CONFIGS:
         un, fu = curves.get(("unfused", config), []), curves.get(("fused", config), [])
         mu, mf = dict(pts.get(("unfused", config), [])), dict(pts.get(("fused", config), []))
         for ru, rf in zip(un, fu):

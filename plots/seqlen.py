@@ -92,7 +92,8 @@ def make(ctx):
         ax.set_yscale("log")
         ax.set_xlabel("sequence length s (tokens)")
         ax.set_ylabel("bytes per layer (GiB)")
-        ax.set_title("GPT-3 175B (h=12288, a=96), t=8 with SP, b=1", fontsize=6)
+        r = gpt3[0][1]  # the shape theory computed these rows at
+        ax.set_title(f"GPT-3 175B (h={r['hidden']}, a={r['heads']}), t={r['tp']} with SP, b={r['batch']}", fontsize=6)
         ax.legend(loc="lower right", fontsize=5.5)
         out.append(common.save(fig, ctx.out_dir, "seqlen_terms_175b"))
 

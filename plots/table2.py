@@ -18,7 +18,7 @@ def pick_shape(groups):
     """The 22B layer at t = 8 when measured (any backend), else the group with most configs."""
     def score(item):
         key, rows = item
-        preset = key[2] == "22b" and key[5] == "2048" and key[7] == "8"
+        preset = common.is_preset_shape(key, "22b", ("seq", "tp"))
         return (preset, key[0] == "cuda", len({r["config"] for r in rows}))
     return max(groups.items(), key=score)
 

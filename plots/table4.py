@@ -21,7 +21,7 @@ def pick_group(ctx):
     def score(item):
         key, rows = item
         configs = {r["config"] for r in rows}
-        preset = key[2] == "22b" and key[5] == "2048" and key[6] == "4" and key[7] == "8"
+        preset = common.is_preset_shape(key, "22b", ("seq", "batch", "tp"))
         return ("baseline" in configs, preset, key[0] == "cuda", len(configs))
     key, rows = max(groups.items(), key=score)
     return key, common.latest_by_config(rows)

@@ -1,6 +1,7 @@
 // The llama family's tables: Table 2's analogue (theory/llama_memory.hpp) for the LLaMA-3 presets.
 #include "runners/theory_tables.hpp"
 #include "theory/llama_memory.hpp"
+#include "theory/model_table.hpp"
 
 namespace actbench::tables {
 
@@ -15,7 +16,8 @@ struct LlamaRow {
 };
 std::vector<LlamaRow> llama_rows() {
   std::vector<LlamaRow> rows;
-  for (const PlanModel& m : llama_plan_models()) rows.push_back({m, m.name == "llama3-8b" ? 1 : 8});
+  for (const ModelRow& r : model_table())
+    if (r.arch == "llama") rows.push_back({plan_model(r.name), r.tp});
   return rows;
 }
 

@@ -1,22 +1,26 @@
 #include "runners/presets.hpp"
 
 #include "runtime/error.hpp"
+#include "theory/model_table.hpp"
 
 namespace actbench {
 
+namespace {
+
+ModelPreset preset_of(const theory::ModelRow& r) {
+  LayerDims dims{r.seq, r.batch, r.hidden, r.heads, parse_arch(r.arch), r.kv_heads, r.ffn_hidden};
+  if (r.rope_theta > 0) dims.rope_theta = r.rope_theta;
+  return {r.name, dims, r.tp, r.layers, r.pipeline, r.vocab};
+}
+
+}  // namespace
+
 const std::vector<ModelPreset>& model_presets() {
-  // name, {s, b, h, a}, t, L, p
-  static const std::vector<ModelPreset> presets = {
-      {"tiny", {32, 2, 64, 4}, 1, 2, 1},
-      {"22b", {2048, 4, 6144, 64}, 8, 48, 1},
-      {"175b", {2048, 1, 12288, 96}, 8, 96, 8},
-      {"530b", {2048, 1, 20480, 128}, 8, 105, 35},
-      {"1t", {2048, 1, 25600, 160}, 8, 128, 64},
-      // The llama family (--arch llama): {s, b, h, a, arch, g, F}, t, L, p, vocab at s = 8192.
-      {"llama3-8b", {8192, 1, 4096, 32, Arch::llama, 8, 14336, 500000.0}, 1, 32, 1, 128256},
-      {"llama3-70b", {8192, 1, 8192, 64, Arch::llama, 8, 28672, 500000.0}, 8, 80, 4, 128256},
-      {"llama3-405b", {8192, 1, 16384, 128, Arch::llama, 8, 53248, 500000.0}, 8, 126, 9, 128256},
-  };
+  static const std::vector<ModelPreset> presets = [] {
+    std::vector<ModelPreset> list;
+    for (const theory::ModelRow& r : theory::model_table()) list.push_back(preset_of(r));
+    return list;
+  }();
   return presets;
 }
 

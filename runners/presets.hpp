@@ -1,5 +1,5 @@
 #pragma once
-// Model presets: Table 3 of the paper (s = 2048) and a tiny layer for tests.
+// layer_run's model presets: the rows of theory/model_table.hpp as layer shapes.
 #include <string>
 #include <vector>
 
@@ -10,10 +10,10 @@ namespace actbench {
 struct ModelPreset {
   std::string name;
   LayerDims dims;
-  int tp;          // the paper's tensor-parallel size
+  int tp;          // t of the model's own layout (the paper's for Table 3)
   int layers;      // L of the whole model
   int pipeline;    // p
-  int vocab = 51200;
+  int64_t vocab;   // v
 };
 
 const std::vector<ModelPreset>& model_presets();

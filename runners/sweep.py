@@ -66,25 +66,20 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import results_csv  # noqa: E402
 
-PAPER_CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp"]
+# layer_run's facts (runners/facts.json, written by actbench_facts from the C++ tables): its
+# presets (the paper's Table 3 models, the llama family with g = kv_heads and F = ffn_hidden, tiny),
+# the paper's five configurations, the attention modes and the architectures.
+with open(os.path.join(HERE, "facts.json")) as _facts_file:
+    FACTS = json.load(_facts_file)
+PAPER_CONFIGS = FACTS["paper_configs"]
+PRESETS = {p["name"]: p for p in FACTS["presets"]}
+PAPER_MODELS = [p["name"] for p in FACTS["presets"] if p["paper"]]
+ATTENTIONS = FACTS["attention"]
+ARCHS = tuple(FACTS["archs"])
 # The columns that identify a point (as layer_run writes them): every field a plan may vary.
 KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "attention",
                "dtype", "dropout", "layers", "arch", "kv_heads", "ffn_hidden"]
-# layer_run's presets (runners/presets.cpp) for filling keys before a run: per-rank shapes of the
-# paper's models (PAPER.md Table 3) and the llama family's, with its g (kv_heads) and F (ffn_hidden).
-PRESETS = {
-    "tiny": dict(seq=32, batch=2, hidden=64, heads=4, tp=1, arch="gpt"),
-    "22b": dict(seq=2048, batch=4, hidden=6144, heads=64, tp=8, arch="gpt"),
-    "175b": dict(seq=2048, batch=1, hidden=12288, heads=96, tp=8, arch="gpt"),
-    "530b": dict(seq=2048, batch=1, hidden=20480, heads=128, tp=8, arch="gpt"),
-    "1t": dict(seq=2048, batch=1, hidden=25600, heads=160, tp=8, arch="gpt"),
-    "llama3-8b": dict(seq=8192, batch=1, hidden=4096, heads=32, tp=1, arch="llama", kv_heads=8, ffn_hidden=14336),
-    "llama3-70b": dict(seq=8192, batch=1, hidden=8192, heads=64, tp=8, arch="llama", kv_heads=8, ffn_hidden=28672),
-    "llama3-405b": dict(seq=8192, batch=1, hidden=16384, heads=128, tp=8, arch="llama", kv_heads=8,
-                        ffn_hidden=53248),
-}
 SHAPE_FIELDS = ("seq", "batch", "hidden", "heads", "tp")
-ARCHS = ("gpt", "llama")
 DEFAULT_DROPOUT = 0.1  # layer_run's default for gpt (llama has no dropout: 0); always passed, so the key says what ran
 
 BUILTIN_PLANS = {
@@ -96,13 +91,13 @@ BUILTIN_PLANS = {
     # Tensor-parallel size 1..8 at the 22B layer.
     "tp": {"fixed": {"model": "22b", "batch": 1}, "grid": {"tp": [1, 2, 4, 8], "config": PAPER_CONFIGS}},
     # The four Table 3 models at their per-rank shapes.
-    "models": {"fixed": {}, "grid": {"model": ["22b", "175b", "530b", "1t"], "config": PAPER_CONFIGS}},
+    "models": {"fixed": {}, "grid": {"model": PAPER_MODELS, "config": PAPER_CONFIGS}},
     # Beyond the paper: 1k..128k tokens at 22B width, the paper's attention and fused
     # (FlashAttention-style), with and without SP, full recompute; run with --memory-limit 80GiB
     # to see where each configuration stops fitting.
     "longseq": {"fixed": {"model": "22b", "tp": 8, "batch": 1},
                 "grid": {"seq": [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
-                         "attention": ["unfused", "fused"],
+                         "attention": ATTENTIONS,
                          "config": ["baseline", "sp", "selective", "selective+sp", "full"]}},
     # Beyond the paper: the llama family (RMSNorm, GQA g = 8, RoPE, SwiGLU) at Llama 3 8B and
     # 70B per-rank shapes, s = 8192, t = 8, all five configurations.
@@ -240,7 +235,7 @@ def expand(plan, defaults):
 
 def resolve(plan, given, defaults):
     """One point's layer_run settings, every key column filled as layer_run will write its row:
-    the preset's shape and family (runners/presets.cpp) unless the plan sets them; for llama
+    the preset's shape and family (PRESETS) unless the plan sets them; for llama
     kv_heads defaults to the preset's or heads, ffn_hidden to the preset's or 4 x hidden
     (LayerDims::groups, ::ffn), and dropout is 0 (layer_run's default for llama, which has none)."""
     p = {"dtype": "bf16", "layers": 1, "attention": "unfused"}
@@ -661,7 +656,7 @@ def main(argv=None):
     ap.add_argument("--backend", default="meta", choices=["cpu", "cuda", "meta"])
     ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    ap.add_argument("--attention", default="unfused", choices=["unfused", "fused"],
+    ap.add_argument("--attention", default="unfused", choices=ATTENTIONS,
                     help="default for points whose plan does not set it")
     ap.add_argument("--dropout", type=float,
                     help=f"default for gpt points whose plan does not set it ({DEFAULT_DROPOUT}); llama points "

@@ -6,6 +6,7 @@ Run by ctest with ACTBENCH_THEORY pointing at the theory binary; without it the 
 snapshot tests/fixtures/theory/ stands in and the runner's own tests are skipped.
 """
 import csv
+import json
 import os
 import re
 import shutil
@@ -251,6 +252,26 @@ class MakeAll(unittest.TestCase):
         p = run([other, os.path.join(PLOTS, "fig7.py"), RESULTS, out, "--theory", THEORY_SNAPSHOT])
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertTrue(os.path.exists(os.path.join(out, "fig7_percent_of_baseline.png")))
+
+
+class Labels(unittest.TestCase):
+    def test_every_exported_config_and_paper_model_has_a_label(self):
+        """plots/common.py keys its labels and colours by the names runners/facts.json exports."""
+        with open(os.path.join(ROOT, "runners", "facts.json")) as f:
+            facts = json.load(f)
+        p = run([PYTHON, "-c", "import common, json; print(json.dumps([common.CONFIG_LABEL, common.CONFIG_COLOR, "
+                 "common.MODEL_LABEL, common.CONFIGS, common.MODELS]))"], cwd=PLOTS)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        config_label, config_color, model_label, configs, models = json.loads(p.stdout)
+        names = [c["name"] for c in facts["configs"]]
+        paper_models = [m["name"] for m in facts["presets"] if m["paper"]]
+        self.assertEqual(sorted(configs), sorted(names))
+        self.assertEqual(models, paper_models)
+        for name in names:
+            self.assertIn(name, config_label)
+            self.assertIn(name, config_color)
+        for name in paper_models:
+            self.assertIn(name, model_label)
 
 
 @unittest.skipUnless(THEORY, "ACTBENCH_THEORY (the theory binary) not set")

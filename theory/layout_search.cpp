@@ -7,27 +7,46 @@
 #include <tuple>
 
 #include "theory/llama_memory.hpp"
+#include "theory/model_table.hpp"
 #include "theory/pipeline.hpp"
 
 namespace actbench::theory {
 
+namespace {
+PlanModel plan_model_of(const ModelRow& r) {
+  const bool llama = r.arch == "llama";
+  return {r.name,
+          llama,
+          double(r.seq),
+          double(r.hidden),
+          double(r.heads),
+          llama ? double(r.kv_heads) : 0,
+          llama ? double(r.ffn_hidden) : 0,
+          double(r.layers),
+          double(r.vocab),
+          r.tied_embeddings};
+}
+}  // namespace
+
 const std::vector<PlanModel>& llama_plan_models() {
-  // name, llama, s, h, a, g, F, L, v (Meta's LLaMA 3 configs)
-  static const std::vector<PlanModel> models = {
-      {"llama3-8b", true, 8192, 4096, 32, 8, 14336, 32, 128256},
-      {"llama3-70b", true, 8192, 8192, 64, 8, 28672, 80, 128256},
-      {"llama3-405b", true, 8192, 16384, 128, 8, 53248, 126, 128256},
-  };
+  static const std::vector<PlanModel> models = [] {
+    std::vector<PlanModel> list;
+    for (const ModelRow& r : model_table())
+      if (r.arch == "llama") list.push_back(plan_model_of(r));
+    return list;
+  }();
   return models;
 }
 
 PlanModel plan_model(const std::string& name) {
-  for (const auto& m : llama_plan_models())
-    if (m.name == name) return m;
-  for (const auto& m : paper_models())
-    if (m.name == name) return {m.name, false, m.s, m.h, m.a, 0, 0, m.L, m.v, true};
-  throw std::invalid_argument("unknown model '" + name +
-                              "' (expected llama3-8b, llama3-70b, llama3-405b, 22b, 175b, 530b or 1t)");
+  std::vector<std::string> names;
+  for (const bool llama : {true, false})  // the llama family, then Table 3's GPT models
+    for (const ModelRow& r : model_table())
+      if (llama ? r.arch == "llama" : r.paper) {
+        if (r.name == name) return plan_model_of(r);
+        names.push_back(r.name);
+      }
+  throw std::invalid_argument("unknown model '" + name + "' (expected " + one_of(names) + ")");
 }
 
 const Gpu& plan_gpu(const std::string& name) {

@@ -3,23 +3,29 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "theory/model_table.hpp"
+
 namespace actbench::theory {
 
 const std::vector<ModelSpec>& paper_models() {
-  // PAPER.md Table 3: name, s, h, a, L, v, b, B, t, p, m.
-  static const std::vector<ModelSpec> models = {
-      {"22b", 2048, 6144, 64, 48, 51200, 4, 4, 8, 1, 1},
-      {"175b", 2048, 12288, 96, 96, 51200, 1, 64, 8, 8, 3},
-      {"530b", 2048, 20480, 128, 105, 51200, 1, 280, 8, 35, 3},
-      {"1t", 2048, 25600, 160, 128, 51200, 1, 512, 8, 64, 1},
-  };
+  static const std::vector<ModelSpec> models = [] {
+    std::vector<ModelSpec> list;
+    for (const ModelRow& r : model_table())
+      if (r.paper)
+        list.push_back({r.name, double(r.seq), double(r.hidden), double(r.heads), double(r.layers), double(r.vocab),
+                        double(r.batch), double(r.global_batch), r.tp, r.pipeline, r.chunks});
+    return list;
+  }();
   return models;
 }
 
 const ModelSpec& paper_model(const std::string& name) {
-  for (const auto& m : paper_models())
+  std::vector<std::string> names;
+  for (const auto& m : paper_models()) {
     if (m.name == name) return m;
-  throw std::invalid_argument("unknown model '" + name + "' (expected 22b, 175b, 530b or 1t)");
+    names.push_back(m.name);
+  }
+  throw std::invalid_argument("unknown model '" + name + "' (expected " + one_of(names) + ")");
 }
 
 namespace {

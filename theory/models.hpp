@@ -1,5 +1,5 @@
 #pragma once
-// The paper's model configurations (PAPER.md Table 3) and the GPUs we compare against, as
+// The paper's models (Table 3, views of model_table.hpp) and the GPUs we compare against, as
 // plain data for the formulas. Nothing here depends on the rest of actbench.
 #include <string>
 #include <vector>
@@ -24,7 +24,7 @@ struct ModelSpec {
   Dims layer_dims() const { return {s, b, h, a, static_cast<double>(t)}; }
 };
 
-// Table 3: 22b, 175b, 530b, 1t (s = 2048, v = 51200; 175b and 530b interleaved with m = 3).
+// Table 3: 22b, 175b, 530b, 1t (the rows of model_table.hpp marked paper).
 const std::vector<ModelSpec>& paper_models();
 // Throws std::invalid_argument for a name that is not in Table 3.
 const ModelSpec& paper_model(const std::string& name);

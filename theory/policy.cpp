@@ -4,8 +4,17 @@
 
 namespace actbench {
 
+const std::vector<std::string>& paper_config_names() {
+  static const std::vector<std::string> names = {"baseline", "sp", "full", "selective", "selective+sp"};
+  return names;
+}
+
 const std::vector<std::string>& config_names() {
-  static const std::vector<std::string> names = {"baseline", "sp", "full", "selective", "selective+sp", "full+sp"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all = paper_config_names();
+    all.push_back("full+sp");
+    return all;
+  }();
   return names;
 }
 

@@ -25,6 +25,8 @@ struct LayerPolicy {
 // the paper does not measure. The names leave the attention out: it is set on its own.
 LayerPolicy parse_config(const std::string& name);  // throws InvalidArgument
 std::string config_name(LayerPolicy p);
+// The paper's five in the canonical order (layer_run's default), then every name parse_config takes.
+const std::vector<std::string>& paper_config_names();
 const std::vector<std::string>& config_names();
 const char* recompute_name(Recompute r);
 const char* attention_name(Attention a);

@@ -74,25 +74,17 @@ PROG = "torch_layer.py"
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 
-PAPER_CONFIGS = ["baseline", "sp", "full", "selective", "selective+sp"]
-ALL_CONFIGS = PAPER_CONFIGS + ["full+sp"]
+# layer_run's facts (runners/facts.json, written by actbench_facts): the configurations in their
+# canonical order with their policy, the paper's five, and the presets this GPT peer runs.
+with open(os.path.join(REPO, "runners", "facts.json")) as _facts_file:
+    FACTS = json.load(_facts_file)
+PAPER_CONFIGS = FACTS["paper_configs"]
+ALL_CONFIGS = [c["name"] for c in FACTS["configs"]]
 # name -> (recompute: none | selective | full, sequence parallel)
-CONFIG_POLICY = {
-    "baseline": ("none", False),
-    "sp": ("none", True),
-    "full": ("full", False),
-    "full+sp": ("full", True),
-    "selective": ("selective", False),
-    "selective+sp": ("selective", True),
-}
-# layer_run's presets (runners/presets.cpp): hidden, heads, seq, batch, t
-MODELS = {
-    "tiny": dict(hidden=64, heads=4, seq=32, batch=2, tp=1),
-    "22b": dict(hidden=6144, heads=64, seq=2048, batch=4, tp=8),
-    "175b": dict(hidden=12288, heads=96, seq=2048, batch=1, tp=8),
-    "530b": dict(hidden=20480, heads=128, seq=2048, batch=1, tp=8),
-    "1t": dict(hidden=25600, heads=160, seq=2048, batch=1, tp=8),
-}
+CONFIG_POLICY = {c["name"]: (c["recompute"], c["sequence_parallel"]) for c in FACTS["configs"]}
+# The gpt presets: hidden, heads, seq, batch, t
+MODELS = {p["name"]: dict(hidden=p["hidden"], heads=p["heads"], seq=p["seq"], batch=p["batch"], tp=p["tp"])
+          for p in FACTS["presets"] if p["arch"] == "gpt"}
 DTYPES = ("bf16", "fp16", "fp32")
 LN_EPS = 1e-5
 DEFAULT_SEED = 1234

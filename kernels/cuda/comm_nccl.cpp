@@ -15,19 +15,7 @@
 
 #if ACTBENCH_HAVE_NCCL_COMM
 #include <nccl.h>
-#define OMPI_SKIP_MPICXX 1
-#include <mpi.h>
-
-#define MPI_CHECK(call)                                                                \
-  do {                                                                                 \
-    int rc_ = (call);                                                                  \
-    if (rc_ != MPI_SUCCESS) {                                                          \
-      char msg_[MPI_MAX_ERROR_STRING];                                                 \
-      int len_ = 0;                                                                    \
-      MPI_Error_string(rc_, msg_, &len_);                                              \
-      ::actbench::throw_failure(__FILE__, __LINE__, std::string(#call) + ": " + msg_); \
-    }                                                                                  \
-  } while (0)
+#include "runtime/mpi_check.hpp"
 #endif
 
 namespace actbench {
