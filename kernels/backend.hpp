@@ -2,7 +2,7 @@
 // The one interface the layer code is written against. Three implementations:
 //   cpu   reference ops: fp32 math on bf16/fp16/fp32 storage, Eigen GEMMs
 //   meta  allocations only; ops do nothing (the memory schedule of any shape, instantly)
-//   cuda  cuBLASLt + kernels/cuda (its own issue)
+//   cuda  cuBLASLt + kernels/cuda
 // All tensors are contiguous row-major. Shapes named below are the contract each op checks.
 // Outputs are `const Tensor&` like PyTorch's out= variants: a Tensor is a handle, the op
 // writes the data it refers to, never the handle (so views such as t.view(...) can be passed).
@@ -57,6 +57,18 @@ struct DropoutSpec {
   ACTBENCH_HD float scale() const { return p > 0.f ? 1.f / (1.f - p) : 1.f; }
 };
 
+// The contract, written once (kernels/backend.cpp) and the same for every backend: the public
+// ops below are not virtual; each checks its arguments, then calls the backend's protected
+// <op>_impl. So meta, which proves the shapes of runs too large for any device, refuses exactly
+// what cpu and cuda refuse. Every violation is InvalidArgument, one line "op: what".
+//   - Every tensor is defined and, when it holds elements, lives on this backend's device.
+//   - Shapes as named at each op; "float" tensors are bf16, fp16 or fp32, not u8. The float
+//     tensors of one op may differ in dtype (the cpu computes in fp32 whatever the storage);
+//     the cuda backend, whose kernels are built per dtype, needs one dtype per op (GEMM: the
+//     pairs cuBLASLt supports), a limit of that backend like its head size of at most 128.
+//   - Statistics (LayerNorm mean/rstd, RMSNorm rstd, attention lse) are fp32; masks are u8.
+//   - A DropoutSpec has p in [0, 1), a shard [mid_offset, mid_offset + mid_local) inside
+//     [0, mid_global) and as many elements as the tensor it drops from.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -78,11 +90,11 @@ class Backend {
   }
 
   // ---- data movement -------------------------------------------------------------------
-  virtual void fill_zero(const Tensor& t) = 0;
-  virtual void copy(const Tensor& src, const Tensor& dst) = 0;             // same numel and dtype
-  virtual void upload(const float* host, const Tensor& dst) = 0;           // rounds to dst dtype
-  virtual void download(const Tensor& src, float* host) = 0;         // widens to float
-  virtual void add_inplace(const Tensor& dst, const Tensor& src) = 0;      // dst += src
+  void fill_zero(const Tensor& t);
+  void copy(const Tensor& src, const Tensor& dst);        // same numel and dtype
+  void upload(const float* host, const Tensor& dst);      // rounds to dst dtype
+  void download(const Tensor& src, float* host);          // widens to float
+  void add_inplace(const Tensor& dst, const Tensor& src);  // dst += src, same numel, floats
   virtual void synchronize() {}
 
   // ---- stream-ordered timing ---------------------------------------------------------
@@ -109,90 +121,133 @@ class Backend {
   virtual void profiling(bool on) {}
 
   // ---- GEMM --------------------------------------------------------------------------
-  // A, B, C may be of any float dtype; accumulation is fp32.
-  virtual void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, const Tensor& c) = 0;
-  // y[M, N] += bias[N]
-  virtual void add_bias(const Tensor& y, const Tensor& bias) = 0;
-  // db[N] = sum over rows of dy[M, N]
-  virtual void bias_grad(const Tensor& dy, const Tensor& db) = 0;
+  // A, B, C of the sizes GemmArgs names (m, n, k, batch >= 0), of any float dtype;
+  // accumulation is fp32. C must not overlap A or B.
+  void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, const Tensor& c);
+  // y[M, N] += bias[N], N >= 1
+  void add_bias(const Tensor& y, const Tensor& bias);
+  // db[N] = sum over rows of dy[M, N], N >= 1
+  void bias_grad(const Tensor& dy, const Tensor& db);
 
   // ---- LayerNorm over the last dim: x [M, H], weight/bias [H], mean/rstd [M] fp32 -------
-  virtual void layernorm_fwd(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
-                             const Tensor& y, const Tensor& mean, const Tensor& rstd) = 0;
-  // dx written; dweight, dbias written (not accumulated).
-  virtual void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                             const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) = 0;
+  // y has the elements of x.
+  void layernorm_fwd(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& y,
+                     const Tensor& mean, const Tensor& rstd);
+  // dy, dx have the elements of x; dweight, dbias [H] written (not accumulated).
+  void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                     const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
 
-  // ---- causal softmax over the last dim of scores [B, S, S] (row i sees columns <= i) --
-  virtual void softmax_causal_fwd(const Tensor& scores, const Tensor& probs) = 0;
-  virtual void softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores) = 0;
+  // ---- causal softmax over the last dim of scores [..., S, S] (row i sees columns <= i) --
+  // probs (dprobs, dscores) have the elements of scores (probs).
+  void softmax_causal_fwd(const Tensor& scores, const Tensor& probs);
+  void softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores);
 
-  // ---- dropout: y = x * keep / (1 - p); mask u8 (1 = kept) -----------------------------
-  virtual void dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) = 0;
-  virtual void dropout_bwd(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) = 0;
+  // ---- dropout: y = x * keep / (1 - p); mask u8 (1 = kept); y, mask (dx) like x (dy) ----
+  void dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask);
+  void dropout_bwd(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx);
 
-  // ---- GeLU (tanh approximation) -------------------------------------------------------
-  virtual void gelu_fwd(const Tensor& x, const Tensor& y) = 0;
-  virtual void gelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) = 0;
+  // ---- GeLU (tanh approximation); y, dy, dx have the elements of x ---------------------
+  void gelu_fwd(const Tensor& x, const Tensor& y);
+  void gelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx);
 
-  // ---- out = residual + dropout(x + bias); x, residual, out [M, N], bias [N] ----------
-  virtual void bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& residual,
-                                         const DropoutSpec& spec, const Tensor& out, const Tensor& mask) = 0;
+  // ---- out = residual + dropout(x + bias); x, residual, out, mask [M, N], bias [N] ------
+  void bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& residual, const DropoutSpec& spec,
+                                 const Tensor& out, const Tensor& mask);
 
   // ---- fused causal attention (FlashAttention-style; --attention fused) ----------------
   // q, k, v, out [B, S, D] (B = batch x heads of this rank); lse [B, S] fp32, the
   // log-sum-exp of each row of scale * q k^T over the causal columns. Probabilities are never
   // stored: forward keeps out and lse; backward recomputes the scores tile by tile. Dropout
-  // on the probabilities uses `spec` exactly as dropout_fwd on the [B, S, S] probabilities
-  // would (same Philox counters, so the same mask as the unfused path), regenerated in
-  // backward instead of stored. dq, dk, dv written.
+  // on the probabilities uses `spec` (B * S * S elements) exactly as dropout_fwd on the
+  // [B, S, S] probabilities would (same Philox counters, so the same mask as the unfused
+  // path), regenerated in backward instead of stored. dq, dk, dv written.
   // Grouped-query attention: k, v (and dk, dv) may hold B/r batches for r = B / k.dim(0)
   // query batches per key/value batch; query batch i reads key/value batch i / r, and dk, dv
-  // sum over the r queries of their group (r = 1 is multi-head attention).
-  virtual void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
-                             const Tensor& out, const Tensor& lse) {
-    throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
-  }
-  virtual void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
-                             const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
-                             const Tensor& dv) {
-    throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
-  }
+  // sum over the r queries of their group (r = 1 is multi-head attention). B = 0 (no work)
+  // pairs with an empty k and v.
+  void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
+                     const Tensor& out, const Tensor& lse);
+  void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                     const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
+                     const Tensor& dv);
 
-  // ---- the llama family (--arch llama). Not pure virtual: a backend without them says so. ----
-  // RMSNorm over the last dim: x [M, H], weight [H], rstd [M] fp32 = 1 / sqrt(mean(x²) + eps);
-  // y = x * rstd * weight.
-  virtual void rmsnorm_fwd(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd) {
-    not_implemented("rmsnorm_fwd");
-  }
-  // dx written; dweight written (not accumulated).
-  virtual void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                           const Tensor& dx, const Tensor& dweight) {
-    not_implemented("rmsnorm_bwd");
-  }
-  // Rotary embedding, rotate-half convention, on x [B, NH, S, D] (D even): for position p
-  // (0..S-1) and i < D/2, angle = p * theta^(-2i/D);
+  // ---- the llama family (--arch llama) ---------------------------------------------------
+  // RMSNorm over the last dim: x [M, H], weight [H], rstd [M] fp32 = 1 / sqrt(mean(x²) + eps),
+  // eps > 0; y = x * rstd * weight.
+  void rmsnorm_fwd(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd);
+  // dy, dx have the elements of x; dweight [H] written (not accumulated).
+  void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+                   const Tensor& dweight);
+  // Rotary embedding, rotate-half convention, on x [B, NH, S, D] (D even, theta > 0): for
+  // position p (0..S-1) and i < D/2, angle = p * theta^(-2i/D);
   //   y[i] = x[i] cos - x[i + D/2] sin,  y[i + D/2] = x[i + D/2] cos + x[i] sin.
   // y may be x (in place). Backward is the rotation by -angle (dx may be dy).
-  virtual void rope_fwd(const Tensor& x, double theta, const Tensor& y) { not_implemented("rope_fwd"); }
-  virtual void rope_bwd(const Tensor& dy, double theta, const Tensor& dx) { not_implemented("rope_bwd"); }
-  // SwiGLU: x [M, 2N] is [gate | up] per row; y [M, N] = silu(gate) * up.
-  virtual void swiglu_fwd(const Tensor& x, const Tensor& y) { not_implemented("swiglu_fwd"); }
+  void rope_fwd(const Tensor& x, double theta, const Tensor& y);
+  void rope_bwd(const Tensor& dy, double theta, const Tensor& dx);
+  // SwiGLU: x [M, 2N] is [gate | up] per row (N >= 1); y [M, N] = silu(gate) * up.
+  void swiglu_fwd(const Tensor& x, const Tensor& y);
   // dx [M, 2N] = [d gate | d up].
-  virtual void swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) { not_implemented("swiglu_bwd"); }
+  void swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx);
 
-  // ---- attention head layout ----------------------------------------------------------
+  // ---- attention head layout (any dtype, the same on both sides) -------------------------
   // src [S, B, W]; dst [B, NH, S, D] = columns [col_offset, col_offset + NH*D) of src,
-  // head-major (head j at columns col_offset + j*D ...).
-  virtual void split_heads(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
+  // head-major (head j at columns col_offset + j*D ...); col_offset >= 0.
+  void split_heads(const Tensor& src, int64_t col_offset, const Tensor& dst);
   // The inverse: writes src [B, NH, S, D] into columns [col_offset, col_offset + NH*D) of dst [S, B, W].
-  virtual void merge_heads(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
+  void merge_heads(const Tensor& src, int64_t col_offset, const Tensor& dst);
 
  protected:
+  explicit Backend(std::unique_ptr<CachingAllocator> alloc) : allocator_(std::move(alloc)) {}
+
+  // The ops themselves, called only with arguments that meet the contract above.
+  virtual void fill_zero_impl(const Tensor& t) = 0;
+  virtual void copy_impl(const Tensor& src, const Tensor& dst) = 0;
+  virtual void upload_impl(const float* host, const Tensor& dst) = 0;
+  virtual void download_impl(const Tensor& src, float* host) = 0;
+  virtual void add_inplace_impl(const Tensor& dst, const Tensor& src) = 0;
+  virtual void gemm_impl(const GemmArgs& args, const Tensor& a, const Tensor& b, const Tensor& c) = 0;
+  virtual void add_bias_impl(const Tensor& y, const Tensor& bias) = 0;
+  virtual void bias_grad_impl(const Tensor& dy, const Tensor& db) = 0;
+  virtual void layernorm_fwd_impl(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& y,
+                                  const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void layernorm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                  const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) = 0;
+  virtual void softmax_causal_fwd_impl(const Tensor& scores, const Tensor& probs) = 0;
+  virtual void softmax_causal_bwd_impl(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores) = 0;
+  virtual void dropout_fwd_impl(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) = 0;
+  virtual void dropout_bwd_impl(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) = 0;
+  virtual void gelu_fwd_impl(const Tensor& x, const Tensor& y) = 0;
+  virtual void gelu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) = 0;
+  virtual void bias_dropout_residual_fwd_impl(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                              const DropoutSpec& spec, const Tensor& out, const Tensor& mask) = 0;
+  virtual void split_heads_impl(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
+  virtual void merge_heads_impl(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
+
+  // Optional: a backend without them says so.
+  virtual void attention_fwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                  const DropoutSpec& spec, const Tensor& out, const Tensor& lse) {
+    throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
+  }
+  virtual void attention_bwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& dout, const Tensor& lse, float scale, const DropoutSpec& spec,
+                                  const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+    throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
+  }
+  virtual void rmsnorm_fwd_impl(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd) {
+    not_implemented("rmsnorm_fwd");
+  }
+  virtual void rmsnorm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                const Tensor& dx, const Tensor& dweight) {
+    not_implemented("rmsnorm_bwd");
+  }
+  virtual void rope_fwd_impl(const Tensor& x, double theta, const Tensor& y) { not_implemented("rope_fwd"); }
+  virtual void rope_bwd_impl(const Tensor& dy, double theta, const Tensor& dx) { not_implemented("rope_bwd"); }
+  virtual void swiglu_fwd_impl(const Tensor& x, const Tensor& y) { not_implemented("swiglu_fwd"); }
+  virtual void swiglu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) { not_implemented("swiglu_bwd"); }
+
   [[noreturn]] void not_implemented(const char* op) const {
     throw InvalidArgument(std::string(op) + " (--arch llama) is not implemented on the " + name() + " backend yet");
   }
-  explicit Backend(std::unique_ptr<CachingAllocator> alloc) : allocator_(std::move(alloc)) {}
   std::unique_ptr<CachingAllocator> allocator_;
 };
 

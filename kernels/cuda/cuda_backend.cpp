@@ -1,5 +1,6 @@
-// CudaBackend: shape and dtype checks (the contract of kernels/backend.hpp), then the
-// launchers of kernels/cuda/*.cu and cuBLASLt, all on the backend's own stream.
+// CudaBackend: the launchers of kernels/cuda/*.cu and cuBLASLt, all on the backend's own
+// stream, behind the contract that kernels/backend.cpp checks for every backend. Checked here
+// only what this backend alone cannot do (one dtype per op, the attention's head size).
 // Host <-> device conversion happens on the host with the CPU's own rounding functions
 // (runtime/dtype.hpp), so an uploaded tensor holds the same bits on both backends and no
 // device temporary disturbs the allocator's statistics.
@@ -71,47 +72,15 @@ int current_device() {
   return dev;
 }
 
-void require(bool ok, const char* op, const std::string& what) {
-  if (!ok) throw InvalidArgument(std::string(op) + ": " + what);
-}
-void require_shape(bool ok, const char* op, const Tensor& a, const Tensor& b) {
-  if (!ok) throw InvalidArgument(std::string(op) + ": shape mismatch " + shape_str(a.shape()) + " vs " + shape_str(b.shape()));
-}
-// Every non-empty tensor an op touches lives on this device.
-void require_device(const char* op, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->numel() > 0 && t->device() != Device::cuda)
-      throw InvalidArgument(std::string(op) + ": tensor " + shape_str(t->shape()) + " is on " + device_name(t->device()) +
-                            ", not on the cuda device");
-}
-// The float tensors of one op share one storage dtype (the kernels are instantiated per dtype).
-DType common_float_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
+// The kernels are instantiated per storage dtype: the float tensors of one op share one dtype
+// (the contract lets the cpu mix them).
+DType one_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
   const DType dt = (*ts.begin())->dtype();
   for (const Tensor* t : ts)
     if (t->dtype() != dt)
       throw InvalidArgument(std::string(op) + ": the cuda backend needs one dtype for these tensors, got " +
                             dtype_name(dt) + " and " + dtype_name(t->dtype()));
-  if (dt == DType::u8) throw InvalidArgument(std::string(op) + ": u8 is not a float dtype");
   return dt;
-}
-void require_dtype(const char* op, const Tensor& t, DType dt, const char* name) {
-  if (t.dtype() != dt)
-    throw InvalidArgument(std::string(op) + ": " + name + " must be " + dtype_name(dt) + ", got " + dtype_name(t.dtype()));
-}
-
-// The cpu backend's checks of a dropout probability and spec (a p outside [0, 1) would make
-// dropout_threshold convert a negative or NaN double to uint32_t: undefined behaviour).
-void require_probability(const char* op, float p) {
-  if (!(p >= 0.f && p < 1.f)) throw InvalidArgument(std::string(op) + ": dropout probability must be in [0, 1), got " +
-                                                    std::to_string(p));
-}
-void require_dropout_spec(const char* op, const DropoutSpec& spec) {
-  if (spec.outer < 0 || spec.mid_local < 0 || spec.inner < 0 || spec.mid_offset < 0 ||
-      spec.mid_offset + spec.mid_local > spec.mid_global)
-    throw InvalidArgument(std::string(op) + ": dropout spec shard [" + std::to_string(spec.mid_offset) + ", " +
-                          std::to_string(spec.mid_offset + spec.mid_local) + ") does not fit mid_global " +
-                          std::to_string(spec.mid_global));
-  require_probability(op, spec.p);
 }
 
 std::string cuda_version_string(int v) {  // 12040 -> "12.4"
@@ -149,52 +118,6 @@ class CudaBackend final : public Backend {
   bool computes() const override { return true; }
   bool simulated() const override { return ACTBENCH_CUDA_SIM != 0; }
   cudaStream_t stream() const { return stream_; }
-
-  // ---- data movement ------------------------------------------------------------------
-  void fill_zero(const Tensor& t) override {
-    require_device("fill_zero", {&t});
-    if (t.bytes()) CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.bytes(), stream_));
-  }
-  void copy(const Tensor& src, const Tensor& dst) override {
-    require_shape(src.numel() == dst.numel(), "copy", src, dst);
-    require(src.dtype() == dst.dtype(), "copy", std::string("dtypes differ: ") + dtype_name(src.dtype()) + " vs " +
-                                                    dtype_name(dst.dtype()));
-    require_device("copy", {&src, &dst});
-    if (src.bytes() && src.data() != dst.data())
-      CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice, stream_));
-  }
-  void upload(const float* host, const Tensor& dst) override {
-    require_device("upload", {&dst});
-    if (!dst.bytes()) return;
-    if (dst.dtype() == DType::fp32) {
-      CUDA_CHECK(cudaMemcpyAsync(dst.data(), host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
-    } else {
-      std::vector<unsigned char> staged(dst.bytes());
-      for (int64_t i = 0; i < dst.numel(); ++i) store_from_float(staged.data(), dst.dtype(), static_cast<size_t>(i), host[i]);
-      CUDA_CHECK(cudaMemcpyAsync(dst.data(), staged.data(), dst.bytes(), cudaMemcpyHostToDevice, stream_));
-    }
-    // The host buffer may go away when we return.
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-  }
-  void download(const Tensor& src, float* host) override {
-    require_device("download", {&src});
-    if (!src.bytes()) return;
-    if (src.dtype() == DType::fp32) {
-      CUDA_CHECK(cudaMemcpyAsync(host, src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream_));
-      CUDA_CHECK(cudaStreamSynchronize(stream_));
-      return;
-    }
-    std::vector<unsigned char> staged(src.bytes());
-    CUDA_CHECK(cudaMemcpyAsync(staged.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (int64_t i = 0; i < src.numel(); ++i) host[i] = load_as_float(staged.data(), src.dtype(), static_cast<size_t>(i));
-  }
-  void add_inplace(const Tensor& dst, const Tensor& src) override {
-    require_shape(src.numel() == dst.numel(), "add_inplace", dst, src);
-    require_device("add_inplace", {&dst, &src});
-    const DType dt = common_float_dtype("add_inplace", {&dst, &src});
-    cuda::add_inplace(dt, dst.data(), src.data(), dst.numel(), stream_);
-  }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   // ---- timing ---------------------------------------------------------------------------
@@ -250,171 +173,136 @@ class CudaBackend final : public Backend {
     (void)cudaGetLastError();
   }
 
+ private:
+  // The ops, on arguments that meet the contract (kernels/backend.cpp checked them).
+  // ---- data movement ------------------------------------------------------------------
+  void fill_zero_impl(const Tensor& t) override {
+    if (t.bytes()) CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.bytes(), stream_));
+  }
+  void copy_impl(const Tensor& src, const Tensor& dst) override {
+    if (src.bytes() && src.data() != dst.data())
+      CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void upload_impl(const float* host, const Tensor& dst) override {
+    if (!dst.bytes()) return;
+    if (dst.dtype() == DType::fp32) {
+      CUDA_CHECK(cudaMemcpyAsync(dst.data(), host, dst.bytes(), cudaMemcpyHostToDevice, stream_));
+    } else {
+      std::vector<unsigned char> staged(dst.bytes());
+      for (int64_t i = 0; i < dst.numel(); ++i) store_from_float(staged.data(), dst.dtype(), static_cast<size_t>(i), host[i]);
+      CUDA_CHECK(cudaMemcpyAsync(dst.data(), staged.data(), dst.bytes(), cudaMemcpyHostToDevice, stream_));
+    }
+    // The host buffer may go away when we return.
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void download_impl(const Tensor& src, float* host) override {
+    if (!src.bytes()) return;
+    if (src.dtype() == DType::fp32) {
+      CUDA_CHECK(cudaMemcpyAsync(host, src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      return;
+    }
+    std::vector<unsigned char> staged(src.bytes());
+    CUDA_CHECK(cudaMemcpyAsync(staged.data(), src.data(), src.bytes(), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int64_t i = 0; i < src.numel(); ++i) host[i] = load_as_float(staged.data(), src.dtype(), static_cast<size_t>(i));
+  }
+  void add_inplace_impl(const Tensor& dst, const Tensor& src) override {
+    const DType dt = one_dtype("add_inplace", {&dst, &src});
+    cuda::add_inplace(dt, dst.data(), src.data(), dst.numel(), stream_);
+  }
+
   // ---- GEMM ---------------------------------------------------------------------------
-  void gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c) override {
-    require_shape(a.numel() == g.batch * g.m * g.k && b.numel() == g.batch * g.k * g.n, "gemm", a, b);
-    require_shape(c.numel() == g.batch * g.m * g.n, "gemm", a, c);
-    require_device("gemm", {&a, &b, &c});
+  void gemm_impl(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c) override {
     gemm_->run(g, a.dtype(), a.data(), b.dtype(), b.data(), c.dtype(), c.data(), stream_);
   }
-  void add_bias(const Tensor& y, const Tensor& bias) override {
-    require_shape(y.ndim() >= 1 && y.dim(-1) == bias.numel(), "add_bias", y, bias);
-    require_device("add_bias", {&y, &bias});
-    const DType dt = common_float_dtype("add_bias", {&y, &bias});
-    const int64_t cols = bias.numel();
-    cuda::add_bias(dt, y.data(), bias.data(), cols ? y.numel() / cols : 0, cols, stream_);
+  void add_bias_impl(const Tensor& y, const Tensor& bias) override {
+    const DType dt = one_dtype("add_bias", {&y, &bias});
+    const int64_t cols = bias.numel();  // >= 1 (the contract)
+    cuda::add_bias(dt, y.data(), bias.data(), y.numel() / cols, cols, stream_);
   }
-  void bias_grad(const Tensor& dy, const Tensor& db) override {
-    require_shape(dy.ndim() >= 1 && dy.dim(-1) == db.numel(), "bias_grad", dy, db);
-    require_device("bias_grad", {&dy, &db});
-    const DType dt = common_float_dtype("bias_grad", {&dy, &db});
-    const int64_t cols = db.numel(), rows = cols ? dy.numel() / cols : 0;
-    if (!cols) return;
+  void bias_grad_impl(const Tensor& dy, const Tensor& db) override {
+    const DType dt = one_dtype("bias_grad", {&dy, &db});
+    const int64_t cols = db.numel(), rows = dy.numel() / cols;
     Tensor ws = empty({cuda::bias_grad_workspace_floats(rows, cols)}, DType::fp32);
     cuda::bias_grad(dt, dy.data(), db.data(), ws.data_as<float>(), rows, cols, stream_);
     // ws goes back to the cache now; its next user is ordered after this kernel on stream_.
   }
 
   // ---- LayerNorm ----------------------------------------------------------------------
-  void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
-                     const Tensor& rstd) override {
-    const char* op = "layernorm_fwd";
-    require_shape(x.ndim() >= 1 && x.numel() == y.numel() && x.dim(-1) == w.numel() && w.numel() == b.numel(), op, x, y);
-    const int64_t cols = x.dim(-1), rows = cols ? x.numel() / cols : 0;
-    require_shape(mean.numel() == rows && rstd.numel() == rows, op, x, mean);
-    require_dtype(op, mean, DType::fp32, "mean");
-    require_dtype(op, rstd, DType::fp32, "rstd");
-    require_device(op, {&x, &w, &b, &y, &mean, &rstd});
-    const DType dt = common_float_dtype(op, {&x, &w, &b, &y});
+  void layernorm_fwd_impl(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y,
+                          const Tensor& mean, const Tensor& rstd) override {
+    const DType dt = one_dtype("layernorm_fwd", {&x, &w, &b, &y});
+    const int64_t cols = w.numel(), rows = x.numel() / cols;
     cuda::layernorm_fwd(dt, x.data(), w.data(), b.data(), eps, y.data(), mean.data_as<float>(), rstd.data_as<float>(),
                         rows, cols, stream_);
   }
-  void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                     const Tensor& dx, const Tensor& dw, const Tensor& db) override {
-    const char* op = "layernorm_bwd";
-    require_shape(x.ndim() >= 1 && dy.numel() == x.numel() && dx.numel() == x.numel(), op, dy, x);
-    const int64_t cols = x.dim(-1), rows = cols ? x.numel() / cols : 0;
-    require_shape(w.numel() == cols && dw.numel() == cols && db.numel() == cols, op, x, w);
-    require_shape(mean.numel() == rows && rstd.numel() == rows, op, x, mean);
-    require_dtype(op, mean, DType::fp32, "mean");
-    require_dtype(op, rstd, DType::fp32, "rstd");
-    require_device(op, {&dy, &x, &w, &mean, &rstd, &dx, &dw, &db});
-    const DType dt = common_float_dtype(op, {&dy, &x, &w, &dx, &dw, &db});
-    if (!cols) return;
+  void layernorm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                          const Tensor& dx, const Tensor& dw, const Tensor& db) override {
+    const DType dt = one_dtype("layernorm_bwd", {&dy, &x, &w, &dx, &dw, &db});
+    const int64_t cols = w.numel(), rows = x.numel() / cols;
     Tensor ws = empty({cuda::layernorm_bwd_workspace_floats(rows, cols)}, DType::fp32);
     cuda::layernorm_bwd(dt, dy.data(), x.data(), w.data(), mean.data_as<float>(), rstd.data_as<float>(), dx.data(),
                         dw.data(), db.data(), ws.data_as<float>(), rows, cols, stream_);
   }
 
   // ---- softmax ------------------------------------------------------------------------
-  void softmax_causal_fwd(const Tensor& s, const Tensor& p) override {
-    const char* op = "softmax_causal_fwd";
-    require_shape(s.ndim() >= 2 && s.dim(-1) == s.dim(-2) && s.numel() == p.numel(), op, s, p);
-    require_device(op, {&s, &p});
-    const DType dt = common_float_dtype(op, {&s, &p});
+  void softmax_causal_fwd_impl(const Tensor& s, const Tensor& p) override {
+    const DType dt = one_dtype("softmax_causal_fwd", {&s, &p});
     const int64_t cols = s.dim(-1);
     cuda::softmax_causal_fwd(dt, s.data(), p.data(), cols ? s.numel() / cols : 0, cols, stream_);
   }
-  void softmax_causal_bwd(const Tensor& dp, const Tensor& p, const Tensor& ds) override {
-    const char* op = "softmax_causal_bwd";
-    require_shape(p.ndim() >= 2 && p.dim(-1) == p.dim(-2) && dp.numel() == p.numel() && ds.numel() == p.numel(), op, dp,
-                  p);
-    require_device(op, {&dp, &p, &ds});
-    const DType dt = common_float_dtype(op, {&dp, &p, &ds});
+  void softmax_causal_bwd_impl(const Tensor& dp, const Tensor& p, const Tensor& ds) override {
+    const DType dt = one_dtype("softmax_causal_bwd", {&dp, &p, &ds});
     const int64_t cols = p.dim(-1);
     cuda::softmax_causal_bwd(dt, dp.data(), p.data(), ds.data(), cols ? p.numel() / cols : 0, cols, stream_);
   }
 
   // ---- dropout ------------------------------------------------------------------------
-  void dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) override {
-    const char* op = "dropout_fwd";
-    require_shape(x.numel() == spec.numel() && y.numel() == x.numel() && mask.numel() == x.numel(), op, x, y);
-    require_dtype(op, mask, DType::u8, "mask");
-    require_dropout_spec(op, spec);
-    require_device(op, {&x, &y, &mask});
-    const DType dt = common_float_dtype(op, {&x, &y});
+  void dropout_fwd_impl(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) override {
+    const DType dt = one_dtype("dropout_fwd", {&x, &y});
     cuda::dropout_fwd(dt, x.data(), spec, y.data(), mask.data_as<uint8_t>(), stream_);
   }
-  void dropout_bwd(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override {
-    const char* op = "dropout_bwd";
-    require_shape(dy.numel() == mask.numel() && dx.numel() == dy.numel(), op, dy, mask);
-    require_dtype(op, mask, DType::u8, "mask");
-    require_probability(op, p);
-    require_device(op, {&dy, &mask, &dx});
-    const DType dt = common_float_dtype(op, {&dy, &dx});
+  void dropout_bwd_impl(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override {
+    const DType dt = one_dtype("dropout_bwd", {&dy, &dx});
     DropoutSpec scale_of;  // the forward's 1 / (1 - p), computed the same way
     scale_of.p = p;
     cuda::dropout_bwd(dt, dy.data(), mask.data_as<uint8_t>(), scale_of.scale(), dx.data(), dy.numel(), stream_);
   }
 
   // ---- GeLU ---------------------------------------------------------------------------
-  void gelu_fwd(const Tensor& x, const Tensor& y) override {
-    require_shape(x.numel() == y.numel(), "gelu_fwd", x, y);
-    require_device("gelu_fwd", {&x, &y});
-    const DType dt = common_float_dtype("gelu_fwd", {&x, &y});
+  void gelu_fwd_impl(const Tensor& x, const Tensor& y) override {
+    const DType dt = one_dtype("gelu_fwd", {&x, &y});
     cuda::gelu_fwd(dt, x.data(), y.data(), x.numel(), stream_);
   }
-  void gelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
-    require_shape(dy.numel() == x.numel() && dx.numel() == x.numel(), "gelu_bwd", dy, x);
-    require_device("gelu_bwd", {&dy, &x, &dx});
-    const DType dt = common_float_dtype("gelu_bwd", {&dy, &x, &dx});
+  void gelu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
+    const DType dt = one_dtype("gelu_bwd", {&dy, &x, &dx});
     cuda::gelu_bwd(dt, dy.data(), x.data(), dx.data(), x.numel(), stream_);
   }
 
   // ---- residual -----------------------------------------------------------------------
-  void bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& r, const DropoutSpec& spec,
-                                 const Tensor& out, const Tensor& mask) override {
-    const char* op = "bias_dropout_residual_fwd";
-    require_shape(x.ndim() >= 1 && x.numel() == r.numel() && out.numel() == x.numel() && mask.numel() == x.numel() &&
-                      x.numel() == spec.numel() && x.dim(-1) == bias.numel(),
-                  op, x, r);
-    require_dtype(op, mask, DType::u8, "mask");
-    require_dropout_spec(op, spec);
-    require_device(op, {&x, &bias, &r, &out, &mask});
-    const DType dt = common_float_dtype(op, {&x, &bias, &r, &out});
+  void bias_dropout_residual_fwd_impl(const Tensor& x, const Tensor& bias, const Tensor& r, const DropoutSpec& spec,
+                                      const Tensor& out, const Tensor& mask) override {
+    const DType dt = one_dtype("bias_dropout_residual_fwd", {&x, &bias, &r, &out});
     const int64_t cols = bias.numel();
     cuda::bias_dropout_residual_fwd(dt, x.data(), bias.data(), r.data(), spec, out.data(), mask.data_as<uint8_t>(),
-                                    cols ? x.numel() / cols : 0, cols, stream_);
+                                    x.numel() / cols, cols, stream_);
   }
 
   // ---- fused attention (kernels/cuda/attention.cu) ------------------------------------
-  void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
-                     const Tensor& out, const Tensor& lse) override {
-    const char* op = "attention_fwd";
-    require(q.defined(), op, "q is undefined");
-    require(q.ndim() == 3, op, "q must be [B, S, D], got " + shape_str(q.shape()));
-    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
-    require(out.shape() == q.shape(), op, "out must be " + shape_str(q.shape()) + ", got " + shape_str(out.shape()));
-    const int64_t group = kv_group(op, q, k, v);
-    require(lse.numel() == B * S, op, "lse has " + std::to_string(lse.numel()) + " elements, expected " +
-                                          std::to_string(B * S));
-    require_dtype(op, lse, DType::fp32, "lse");
-    require(spec.numel() == B * S * S, op, "dropout spec does not describe [B, S, S] probabilities");
-    require_dropout_spec(op, spec);
-    require_device(op, {&q, &k, &v, &out, &lse});
-    const DType dt = common_float_dtype(op, {&q, &k, &v, &out});
+  void attention_fwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
+                          const Tensor& out, const Tensor& lse) override {
+    const DType dt = one_dtype("attention_fwd", {&q, &k, &v, &out});
+    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2), group = kv_group(q, k);
     cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(), B, S, D,
                         stream_, group);
   }
-  void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
-                     const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
-                     const Tensor& dv) override {
+  void attention_bwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                          const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv) override {
     const char* op = "attention_bwd";
-    require(q.defined(), op, "q is undefined");
-    require(q.ndim() == 3, op, "q must be [B, S, D], got " + shape_str(q.shape()));
-    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2);
-    for (const Tensor* t : {&out, &dout, &dq})
-      require(t->shape() == q.shape(), op, "all of q out dout dq must be " + shape_str(q.shape()));
-    const int64_t group = kv_group(op, q, k, v);
-    for (const Tensor* t : {&dk, &dv})
-      require(t->shape() == k.shape(), op, "dk and dv must be " + shape_str(k.shape()) + ", like k and v");
-    require(lse.numel() == B * S, op, "lse has " + std::to_string(lse.numel()) + " elements, expected " +
-                                          std::to_string(B * S));
-    require_dtype(op, lse, DType::fp32, "lse");
-    require(spec.numel() == B * S * S, op, "dropout spec does not describe [B, S, S] probabilities");
-    require_dropout_spec(op, spec);
-    require_device(op, {&q, &k, &v, &out, &dout, &lse, &dq, &dk, &dv});
-    const DType dt = common_float_dtype(op, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+    const DType dt = one_dtype(op, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2), group = kv_group(q, k);
     if (D > cuda::kAttentionMaxHeadDim)  // before the workspace is allocated
       throw InvalidArgument(std::string(op) + ": head dim " + std::to_string(D) + " is larger than " +
                             std::to_string(cuda::kAttentionMaxHeadDim) + ", the most the cuda kernels support");
@@ -427,95 +315,48 @@ class CudaBackend final : public Backend {
   }
 
   // ---- the llama family -------------------------------------------------------------------
-  void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
-    const char* op = "rmsnorm_fwd";
-    require_shape(x.ndim() >= 1 && x.numel() == y.numel() && x.dim(-1) == w.numel(), op, x, y);
-    const int64_t cols = x.dim(-1), rows = cols ? x.numel() / cols : 0;
-    require_shape(rstd.numel() == rows, op, x, rstd);
-    require_dtype(op, rstd, DType::fp32, "rstd");
-    require(eps > 0.f, op, "eps must be positive");
-    require_device(op, {&x, &w, &y, &rstd});
-    const DType dt = common_float_dtype(op, {&x, &w, &y});
+  void rmsnorm_fwd_impl(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override {
+    const DType dt = one_dtype("rmsnorm_fwd", {&x, &w, &y});
+    const int64_t cols = w.numel(), rows = x.numel() / cols;
     cuda::rmsnorm_fwd(dt, x.data(), w.data(), eps, y.data(), rstd.data_as<float>(), rows, cols, stream_);
   }
-  void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                   const Tensor& dw) override {
-    const char* op = "rmsnorm_bwd";
-    require_shape(x.ndim() >= 1 && dy.numel() == x.numel() && dx.numel() == x.numel(), op, dy, x);
-    const int64_t cols = x.dim(-1), rows = cols ? x.numel() / cols : 0;
-    require_shape(w.numel() == cols && dw.numel() == cols && rstd.numel() == rows, op, x, w);
-    require_dtype(op, rstd, DType::fp32, "rstd");
-    require_device(op, {&dy, &x, &w, &rstd, &dx, &dw});
-    const DType dt = common_float_dtype(op, {&dy, &x, &w, &dx, &dw});
-    if (!cols) return;
+  void rmsnorm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                        const Tensor& dw) override {
+    const DType dt = one_dtype("rmsnorm_bwd", {&dy, &x, &w, &dx, &dw});
+    const int64_t cols = w.numel(), rows = x.numel() / cols;
     Tensor ws = empty({cuda::rmsnorm_bwd_workspace_floats(rows, cols)}, DType::fp32);
     cuda::rmsnorm_bwd(dt, dy.data(), x.data(), w.data(), rstd.data_as<float>(), dx.data(), dw.data(),
                       ws.data_as<float>(), rows, cols, stream_);
   }
-  void rope_fwd(const Tensor& x, double theta, const Tensor& y) override { rope("rope_fwd", x, theta, false, y); }
-  void rope_bwd(const Tensor& dy, double theta, const Tensor& dx) override { rope("rope_bwd", dy, theta, true, dx); }
-  void swiglu_fwd(const Tensor& x, const Tensor& y) override {
-    const char* op = "swiglu_fwd";
-    require_shape(x.ndim() >= 1 && y.ndim() >= 1 && x.dim(-1) == 2 * y.dim(-1) && x.numel() == 2 * y.numel(), op, x,
-                  y);
-    require_device(op, {&x, &y});
-    const DType dt = common_float_dtype(op, {&x, &y});
-    const int64_t N = y.dim(-1);
-    cuda::swiglu_fwd(dt, x.data(), y.data(), N ? y.numel() / N : 0, N, stream_);
+  void rope_fwd_impl(const Tensor& x, double theta, const Tensor& y) override { rope("rope_fwd", x, theta, false, y); }
+  void rope_bwd_impl(const Tensor& dy, double theta, const Tensor& dx) override { rope("rope_bwd", dy, theta, true, dx); }
+  void swiglu_fwd_impl(const Tensor& x, const Tensor& y) override {
+    const DType dt = one_dtype("swiglu_fwd", {&x, &y});
+    const int64_t N = y.dim(-1);  // >= 1 (the contract)
+    cuda::swiglu_fwd(dt, x.data(), y.data(), y.numel() / N, N, stream_);
   }
-  void swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
-    const char* op = "swiglu_bwd";
-    require_shape(x.ndim() >= 1 && dy.ndim() >= 1 && x.dim(-1) == 2 * dy.dim(-1) && x.numel() == 2 * dy.numel() &&
-                      dx.numel() == x.numel(),
-                  op, dy, x);
-    require_device(op, {&dy, &x, &dx});
-    const DType dt = common_float_dtype(op, {&dy, &x, &dx});
+  void swiglu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
+    const DType dt = one_dtype("swiglu_bwd", {&dy, &x, &dx});
     const int64_t N = dy.dim(-1);
-    cuda::swiglu_bwd(dt, dy.data(), x.data(), dx.data(), N ? dy.numel() / N : 0, N, stream_);
+    cuda::swiglu_bwd(dt, dy.data(), x.data(), dx.data(), dy.numel() / N, N, stream_);
   }
 
   // ---- attention head layout ----------------------------------------------------------
-  void split_heads(const Tensor& src, int64_t off, const Tensor& dst) override {
-    check_heads("split_heads", dst, off, src);
+  void split_heads_impl(const Tensor& src, int64_t off, const Tensor& dst) override {
     cuda::split_heads(src.dtype(), src.data(), dst.data(), src.dim(0), src.dim(1), src.dim(2), dst.dim(1), dst.dim(3),
                       off, stream_);
   }
-  void merge_heads(const Tensor& src, int64_t off, const Tensor& dst) override {
-    check_heads("merge_heads", src, off, dst);
+  void merge_heads_impl(const Tensor& src, int64_t off, const Tensor& dst) override {
     cuda::merge_heads(src.dtype(), src.data(), dst.data(), dst.dim(0), dst.dim(1), dst.dim(2), src.dim(1), src.dim(3),
                       off, stream_);
   }
 
- private:
-  // k, v [B / r, S, D] for q [B, S, D]: r query batches per key/value batch (GQA).
-  static int64_t kv_group(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-    require(k.defined() && v.defined(), op, "k or v is undefined");
-    // B = 0 (an empty batch) pairs with an empty k and v: group 1.
-    require(k.shape() == v.shape() && k.ndim() == 3 && k.dim(1) == q.dim(1) && k.dim(2) == q.dim(2) &&
-                (k.dim(0) >= 1 ? q.dim(0) % k.dim(0) == 0 : q.dim(0) == 0),
-            op, "k and v must be [B / r, S, D] with r dividing B for q " + shape_str(q.shape()) + ", got " +
-                    shape_str(k.shape()) + " and " + shape_str(v.shape()));
-    return k.dim(0) ? q.dim(0) / k.dim(0) : 1;
-  }
+  // k, v [B / r, S, D] for q [B, S, D]: r query batches per key/value batch (GQA; 1 for B = 0).
+  static int64_t kv_group(const Tensor& q, const Tensor& k) { return k.dim(0) ? q.dim(0) / k.dim(0) : 1; }
   void rope(const char* op, const Tensor& x, double theta, bool inverse, const Tensor& y) {
-    require(x.defined() && x.ndim() == 4 && x.dim(3) % 2 == 0, op,
-            "x must be [B, NH, S, D] with D even, got " + shape_str(x.shape()));
-    require_shape(y.numel() == x.numel(), op, x, y);
-    require(theta > 0, op, "theta must be positive");
-    require_device(op, {&x, &y});
-    const DType dt = common_float_dtype(op, {&x, &y});
+    const DType dt = one_dtype(op, {&x, &y});
     const int64_t D = x.dim(3);
     cuda::rope(dt, x.data(), y.data(), D ? x.numel() / D : 0, x.dim(2), D, theta, inverse, stream_);
-  }
-
-  // heads [B, NH, S, D] are columns [off, off + NH*D) of sbw [S, B, W].
-  static void check_heads(const char* op, const Tensor& heads, int64_t off, const Tensor& sbw) {
-    require_shape(heads.ndim() == 4 && sbw.ndim() == 3 && off >= 0 && off + heads.dim(1) * heads.dim(3) <= sbw.dim(2) &&
-                      sbw.dim(0) == heads.dim(2) && sbw.dim(1) == heads.dim(0),
-                  op, sbw, heads);
-    require(heads.dtype() == sbw.dtype(), op, std::string("dtypes differ: ") + dtype_name(sbw.dtype()) + " vs " +
-                                                  dtype_name(heads.dtype()));
-    require_device(op, {&heads, &sbw});
   }
 
   int device_;

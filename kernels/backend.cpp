@@ -1,0 +1,416 @@
+// The contract of kernels/backend.hpp, checked here once for every backend: each public op
+// checks its arguments, then calls the backend's <op>_impl. cpu, cuda and meta therefore
+// refuse the same calls with the same one-line message, and a meta run (the shapes of 530B)
+// proves what a cpu or cuda run of those shapes would accept.
+#include "kernels/backend.hpp"
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "runtime/error.hpp"
+
+namespace actbench {
+namespace {
+
+using Named = std::pair<const char*, const Tensor*>;
+
+// True when the bytes of a and b intersect (an in-place GEMM would read what it has written).
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const char* pa = static_cast<const char*>(a.data());
+  const char* pb = static_cast<const char*>(b.data());
+  return pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+// The checks of one call of one op. Every failure is InvalidArgument("op: what").
+class Contract {
+ public:
+  // Every tensor of the op is defined and, when it holds elements, lives on `device`.
+  Contract(const char* op, Device device, std::initializer_list<Named> tensors) : op_(op) {
+    for (const auto& [name, t] : tensors) {
+      if (!t->defined()) fail(std::string(name) + " is undefined");
+      if (t->numel() > 0 && t->device() != device)
+        fail(std::string(name) + " " + shape_str(t->shape()) + " is on " + device_name(t->device()) + ", not on the " +
+             device_name(device) + " device of this backend");
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what) const { throw InvalidArgument(std::string(op_) + ": " + what); }
+
+  void numel(const char* name, const Tensor& t, int64_t n) const {
+    if (t.numel() != n)
+      fail(std::string(name) + " has " + std::to_string(t.numel()) + " elements " + shape_str(t.shape()) +
+           ", expected " + std::to_string(n));
+  }
+  void floats(std::initializer_list<Named> tensors) const {
+    for (const auto& [name, t] : tensors)
+      if (t->dtype() == DType::u8) fail(std::string(name) + " must be a float tensor (bf16, fp16 or fp32), not u8");
+  }
+  void dtype(const char* name, const Tensor& t, DType want) const {
+    if (t.dtype() != want) fail(std::string(name) + " must be " + dtype_name(want) + ", got " + dtype_name(t.dtype()));
+  }
+  void same_dtype(const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) const {
+    if (a.dtype() != b.dtype())
+      fail(std::string("dtypes differ: ") + a_name + " " + dtype_name(a.dtype()) + ", " + b_name + " " +
+           dtype_name(b.dtype()));
+  }
+  void positive(const char* name, double value) const {
+    if (!(value > 0)) fail(std::string(name) + " must be positive, got " + std::to_string(value));
+  }
+  void probability(float p) const {
+    if (!(p >= 0.f && p < 1.f)) fail("dropout probability must be in [0, 1), got " + std::to_string(p));
+  }
+
+  // The size N of the last dimension of t, which must equal the N >= 1 elements of param.
+  int64_t last_dim(const char* name, const Tensor& t, const char* param_name, const Tensor& param) const {
+    const int64_t n = param.numel();
+    if (t.ndim() < 1 || n < 1 || t.dim(-1) != n)
+      fail(std::string(name) + " " + shape_str(t.shape()) + " must end in the " + std::to_string(n) +
+           " elements of " + param_name + " " + shape_str(param.shape()));
+    return n;
+  }
+
+  // t [..., S, S].
+  void square_last_dims(const char* name, const Tensor& t) const {
+    if (t.ndim() < 2 || t.dim(-1) != t.dim(-2))
+      fail(std::string(name) + " must be [..., S, S], got " + shape_str(t.shape()));
+  }
+
+  // A spec whose shard fits mid_global, with p in [0, 1), describing `numel` elements.
+  void dropout_spec(const DropoutSpec& spec, int64_t numel, const char* of) const {
+    if (spec.outer < 0 || spec.mid_local < 0 || spec.inner < 0 || spec.mid_offset < 0 ||
+        spec.mid_offset + spec.mid_local > spec.mid_global)
+      fail("dropout spec shard [" + std::to_string(spec.mid_offset) + ", " +
+           std::to_string(spec.mid_offset + spec.mid_local) + ") does not fit mid_global " +
+           std::to_string(spec.mid_global));
+    if (spec.numel() != numel)
+      fail("the dropout spec describes " + std::to_string(spec.numel()) + " elements, expected " +
+           std::to_string(numel) + " (" + of + ")");
+    probability(spec.p);
+  }
+
+  // q [B, S, D] with k, v [B / r, S, D], r dividing B (B = 0: empty k and v).
+  void attention_qkv(const Tensor& q, const Tensor& k, const Tensor& v) const {
+    if (q.ndim() != 3) fail("q must be [B, S, D], got " + shape_str(q.shape()));
+    if (k.shape() != v.shape() || k.ndim() != 3 || k.dim(1) != q.dim(1) || k.dim(2) != q.dim(2) ||
+        (k.dim(0) < 1 ? q.dim(0) != 0 : q.dim(0) % k.dim(0) != 0))
+      fail("k and v must be [B / r, S, D] with r dividing B for q " + shape_str(q.shape()) + ", got " +
+           shape_str(k.shape()) + " and " + shape_str(v.shape()));
+  }
+  void same_shape(const char* name, const Tensor& t, const char* like_name, const Tensor& like) const {
+    if (t.shape() != like.shape())
+      fail(std::string(name) + " must be " + shape_str(like.shape()) + " like " + like_name + ", got " +
+           shape_str(t.shape()));
+  }
+  // lse [B, S] fp32 and a spec of the B * S * S probabilities, for q [B, S, D].
+  void attention_rows(const Tensor& q, const Tensor& lse, const DropoutSpec& spec) const {
+    const int64_t B = q.dim(0), S = q.dim(1);
+    numel("lse", lse, B * S);
+    dtype("lse", lse, DType::fp32);
+    dropout_spec(spec, B * S * S, "the [B, S, S] probabilities");
+  }
+
+  // x [B, NH, S, D] with D even.
+  void rope_input(const char* name, const Tensor& x) const {
+    if (x.ndim() != 4 || x.dim(3) % 2 != 0)
+      fail(std::string(name) + " must be [B, NH, S, D] with D even, got " + shape_str(x.shape()));
+  }
+
+  // x [..., 2N] = [gate | up] and y [..., N] with the same rows, N >= 1.
+  void swiglu_widths(const Tensor& x, const char* y_name, const Tensor& y) const {
+    if (x.ndim() < 1 || y.ndim() < 1 || y.dim(-1) < 1 || x.dim(-1) != 2 * y.dim(-1) ||
+        x.numel() / x.dim(-1) != y.numel() / y.dim(-1))
+      fail("x must be [..., 2N] = [gate | up] for " + std::string(y_name) + " [..., N], got " + shape_str(x.shape()) +
+           " and " + shape_str(y.shape()));
+  }
+
+  // heads [B, NH, S, D] are columns [off, off + NH*D) of wide [S, B, W], of one dtype.
+  void heads(const Tensor& wide, int64_t off, const Tensor& heads) const {
+    if (wide.ndim() != 3 || heads.ndim() != 4)
+      fail("expected [S, B, W] and [B, NH, S, D], got " + shape_str(wide.shape()) + " and " +
+           shape_str(heads.shape()));
+    if (wide.dim(0) != heads.dim(2) || wide.dim(1) != heads.dim(0) || off < 0 ||
+        off + heads.dim(1) * heads.dim(3) > wide.dim(2))
+      fail("heads " + shape_str(heads.shape()) + " at column " + std::to_string(off) + " do not fit " +
+           shape_str(wide.shape()));
+    same_dtype("[S, B, W]", wide, "[B, NH, S, D]", heads);
+  }
+
+ private:
+  const char* op_;
+};
+
+}  // namespace
+
+// ---- data movement ----------------------------------------------------------------------
+
+void Backend::fill_zero(const Tensor& t) {
+  Contract("fill_zero", allocator_->device(), {{"t", &t}});
+  fill_zero_impl(t);
+}
+
+void Backend::copy(const Tensor& src, const Tensor& dst) {
+  const Contract c("copy", allocator_->device(), {{"src", &src}, {"dst", &dst}});
+  c.numel("dst", dst, src.numel());
+  c.same_dtype("src", src, "dst", dst);
+  copy_impl(src, dst);
+}
+
+void Backend::upload(const float* host, const Tensor& dst) {
+  Contract("upload", allocator_->device(), {{"dst", &dst}});
+  upload_impl(host, dst);
+}
+
+void Backend::download(const Tensor& src, float* host) {
+  Contract("download", allocator_->device(), {{"src", &src}});
+  download_impl(src, host);
+}
+
+void Backend::add_inplace(const Tensor& dst, const Tensor& src) {
+  const Contract c("add_inplace", allocator_->device(), {{"dst", &dst}, {"src", &src}});
+  c.numel("src", src, dst.numel());
+  c.floats({{"dst", &dst}, {"src", &src}});
+  add_inplace_impl(dst, src);
+}
+
+// ---- GEMM and bias ------------------------------------------------------------------------
+
+void Backend::gemm(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c) {
+  const Contract k("gemm", allocator_->device(), {{"A", &a}, {"B", &b}, {"C", &c}});
+  if (g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0)
+    k.fail("negative size m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+           " batch=" + std::to_string(g.batch));
+  k.numel("A", a, g.batch * g.m * g.k);
+  k.numel("B", b, g.batch * g.k * g.n);
+  k.numel("C", c, g.batch * g.m * g.n);
+  k.floats({{"A", &a}, {"B", &b}, {"C", &c}});
+  if (overlaps(c, a) || overlaps(c, b)) k.fail("C must not overlap A or B");
+  gemm_impl(g, a, b, c);
+}
+
+void Backend::add_bias(const Tensor& y, const Tensor& bias) {
+  const Contract c("add_bias", allocator_->device(), {{"y", &y}, {"bias", &bias}});
+  c.last_dim("y", y, "bias", bias);
+  c.floats({{"y", &y}, {"bias", &bias}});
+  add_bias_impl(y, bias);
+}
+
+void Backend::bias_grad(const Tensor& dy, const Tensor& db) {
+  const Contract c("bias_grad", allocator_->device(), {{"dy", &dy}, {"db", &db}});
+  c.last_dim("dy", dy, "db", db);
+  c.floats({{"dy", &dy}, {"db", &db}});
+  bias_grad_impl(dy, db);
+}
+
+// ---- LayerNorm ----------------------------------------------------------------------------
+
+void Backend::layernorm_fwd(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, const Tensor& y,
+                            const Tensor& mean, const Tensor& rstd) {
+  const Contract c("layernorm_fwd", allocator_->device(),
+                   {{"x", &x}, {"weight", &weight}, {"bias", &bias}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}});
+  const int64_t H = c.last_dim("x", x, "weight", weight), M = x.numel() / H;
+  c.numel("bias", bias, H);
+  c.numel("y", y, x.numel());
+  c.numel("mean", mean, M);
+  c.numel("rstd", rstd, M);
+  c.floats({{"x", &x}, {"weight", &weight}, {"bias", &bias}, {"y", &y}});
+  c.dtype("mean", mean, DType::fp32);
+  c.dtype("rstd", rstd, DType::fp32);
+  layernorm_fwd_impl(x, weight, bias, eps, y, mean, rstd);
+}
+
+void Backend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                            const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  const Contract c("layernorm_bwd", allocator_->device(),
+                   {{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"mean", &mean}, {"rstd", &rstd}, {"dx", &dx},
+                    {"dweight", &dweight}, {"dbias", &dbias}});
+  const int64_t H = c.last_dim("x", x, "weight", weight), M = x.numel() / H;
+  c.numel("dy", dy, x.numel());
+  c.numel("dx", dx, x.numel());
+  c.numel("mean", mean, M);
+  c.numel("rstd", rstd, M);
+  c.numel("dweight", dweight, H);
+  c.numel("dbias", dbias, H);
+  c.floats({{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"dx", &dx}, {"dweight", &dweight}, {"dbias", &dbias}});
+  c.dtype("mean", mean, DType::fp32);
+  c.dtype("rstd", rstd, DType::fp32);
+  layernorm_bwd_impl(dy, x, weight, mean, rstd, dx, dweight, dbias);
+}
+
+// ---- causal softmax -----------------------------------------------------------------------
+
+void Backend::softmax_causal_fwd(const Tensor& scores, const Tensor& probs) {
+  const Contract c("softmax_causal_fwd", allocator_->device(), {{"scores", &scores}, {"probs", &probs}});
+  c.square_last_dims("scores", scores);
+  c.numel("probs", probs, scores.numel());
+  c.floats({{"scores", &scores}, {"probs", &probs}});
+  softmax_causal_fwd_impl(scores, probs);
+}
+
+void Backend::softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores) {
+  const Contract c("softmax_causal_bwd", allocator_->device(),
+                   {{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
+  c.square_last_dims("probs", probs);
+  c.numel("dprobs", dprobs, probs.numel());
+  c.numel("dscores", dscores, probs.numel());
+  c.floats({{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
+  softmax_causal_bwd_impl(dprobs, probs, dscores);
+}
+
+// ---- dropout, GeLU, residual --------------------------------------------------------------
+
+void Backend::dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) {
+  const Contract c("dropout_fwd", allocator_->device(), {{"x", &x}, {"y", &y}, {"mask", &mask}});
+  c.dropout_spec(spec, x.numel(), "x");
+  c.numel("y", y, x.numel());
+  c.numel("mask", mask, x.numel());
+  c.floats({{"x", &x}, {"y", &y}});
+  c.dtype("mask", mask, DType::u8);
+  dropout_fwd_impl(x, spec, y, mask);
+}
+
+void Backend::dropout_bwd(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) {
+  const Contract c("dropout_bwd", allocator_->device(), {{"dy", &dy}, {"mask", &mask}, {"dx", &dx}});
+  c.numel("mask", mask, dy.numel());
+  c.numel("dx", dx, dy.numel());
+  c.floats({{"dy", &dy}, {"dx", &dx}});
+  c.dtype("mask", mask, DType::u8);
+  c.probability(p);
+  dropout_bwd_impl(dy, mask, p, dx);
+}
+
+void Backend::gelu_fwd(const Tensor& x, const Tensor& y) {
+  const Contract c("gelu_fwd", allocator_->device(), {{"x", &x}, {"y", &y}});
+  c.numel("y", y, x.numel());
+  c.floats({{"x", &x}, {"y", &y}});
+  gelu_fwd_impl(x, y);
+}
+
+void Backend::gelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const Contract c("gelu_bwd", allocator_->device(), {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  c.numel("dy", dy, x.numel());
+  c.numel("dx", dx, x.numel());
+  c.floats({{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  gelu_bwd_impl(dy, x, dx);
+}
+
+void Backend::bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                        const DropoutSpec& spec, const Tensor& out, const Tensor& mask) {
+  const Contract c("bias_dropout_residual_fwd", allocator_->device(),
+                   {{"x", &x}, {"bias", &bias}, {"residual", &residual}, {"out", &out}, {"mask", &mask}});
+  c.last_dim("x", x, "bias", bias);
+  c.dropout_spec(spec, x.numel(), "x");
+  c.numel("residual", residual, x.numel());
+  c.numel("out", out, x.numel());
+  c.numel("mask", mask, x.numel());
+  c.floats({{"x", &x}, {"bias", &bias}, {"residual", &residual}, {"out", &out}});
+  c.dtype("mask", mask, DType::u8);
+  bias_dropout_residual_fwd_impl(x, bias, residual, spec, out, mask);
+}
+
+// ---- fused attention ----------------------------------------------------------------------
+
+void Backend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
+                            const Tensor& out, const Tensor& lse) {
+  const Contract c("attention_fwd", allocator_->device(),
+                   {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
+  c.attention_qkv(q, k, v);
+  c.same_shape("out", out, "q", q);
+  c.attention_rows(q, lse, spec);
+  c.floats({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
+  attention_fwd_impl(q, k, v, scale, spec, out, lse);
+}
+
+void Backend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                            const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
+                            const Tensor& dv) {
+  const Contract c("attention_bwd", allocator_->device(),
+                   {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}, {"dq", &dq},
+                    {"dk", &dk}, {"dv", &dv}});
+  c.attention_qkv(q, k, v);
+  c.same_shape("out", out, "q", q);
+  c.same_shape("dout", dout, "q", q);
+  c.same_shape("dq", dq, "q", q);
+  c.same_shape("dk", dk, "k", k);
+  c.same_shape("dv", dv, "k", k);
+  c.attention_rows(q, lse, spec);
+  c.floats({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+  attention_bwd_impl(q, k, v, out, dout, lse, scale, spec, dq, dk, dv);
+}
+
+// ---- the llama family ---------------------------------------------------------------------
+
+void Backend::rmsnorm_fwd(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd) {
+  const Contract c("rmsnorm_fwd", allocator_->device(), {{"x", &x}, {"weight", &weight}, {"y", &y}, {"rstd", &rstd}});
+  const int64_t H = c.last_dim("x", x, "weight", weight);
+  c.numel("y", y, x.numel());
+  c.numel("rstd", rstd, x.numel() / H);
+  c.floats({{"x", &x}, {"weight", &weight}, {"y", &y}});
+  c.dtype("rstd", rstd, DType::fp32);
+  c.positive("eps", eps);
+  rmsnorm_fwd_impl(x, weight, eps, y, rstd);
+}
+
+void Backend::rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+                          const Tensor& dweight) {
+  const Contract c("rmsnorm_bwd", allocator_->device(),
+                   {{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"rstd", &rstd}, {"dx", &dx}, {"dweight", &dweight}});
+  const int64_t H = c.last_dim("x", x, "weight", weight);
+  c.numel("dy", dy, x.numel());
+  c.numel("dx", dx, x.numel());
+  c.numel("rstd", rstd, x.numel() / H);
+  c.numel("dweight", dweight, H);
+  c.floats({{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"dx", &dx}, {"dweight", &dweight}});
+  c.dtype("rstd", rstd, DType::fp32);
+  rmsnorm_bwd_impl(dy, x, weight, rstd, dx, dweight);
+}
+
+void Backend::rope_fwd(const Tensor& x, double theta, const Tensor& y) {
+  const Contract c("rope_fwd", allocator_->device(), {{"x", &x}, {"y", &y}});
+  c.rope_input("x", x);
+  c.numel("y", y, x.numel());
+  c.floats({{"x", &x}, {"y", &y}});
+  c.positive("theta", theta);
+  rope_fwd_impl(x, theta, y);
+}
+
+void Backend::rope_bwd(const Tensor& dy, double theta, const Tensor& dx) {
+  const Contract c("rope_bwd", allocator_->device(), {{"dy", &dy}, {"dx", &dx}});
+  c.rope_input("dy", dy);
+  c.numel("dx", dx, dy.numel());
+  c.floats({{"dy", &dy}, {"dx", &dx}});
+  c.positive("theta", theta);
+  rope_bwd_impl(dy, theta, dx);
+}
+
+void Backend::swiglu_fwd(const Tensor& x, const Tensor& y) {
+  const Contract c("swiglu_fwd", allocator_->device(), {{"x", &x}, {"y", &y}});
+  c.swiglu_widths(x, "y", y);
+  c.floats({{"x", &x}, {"y", &y}});
+  swiglu_fwd_impl(x, y);
+}
+
+void Backend::swiglu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const Contract c("swiglu_bwd", allocator_->device(), {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  c.swiglu_widths(x, "dy", dy);
+  c.numel("dx", dx, x.numel());
+  c.floats({{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  swiglu_bwd_impl(dy, x, dx);
+}
+
+// ---- attention head layout ----------------------------------------------------------------
+
+void Backend::split_heads(const Tensor& src, int64_t col_offset, const Tensor& dst) {
+  const Contract c("split_heads", allocator_->device(), {{"src", &src}, {"dst", &dst}});
+  c.heads(src, col_offset, dst);
+  split_heads_impl(src, col_offset, dst);
+}
+
+void Backend::merge_heads(const Tensor& src, int64_t col_offset, const Tensor& dst) {
+  const Contract c("merge_heads", allocator_->device(), {{"src", &src}, {"dst", &dst}});
+  c.heads(dst, col_offset, src);
+  merge_heads_impl(src, col_offset, dst);
+}
+
+}  // namespace actbench
