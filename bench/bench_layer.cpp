@@ -4,7 +4,7 @@
 //   mpirun -np 2 bench_layer --backend=cpu  real ranks; rank 0 reports the max over ranks
 // Manual time is the forward + backward of one layer (Backend::mark: CUDA events on GPU),
 // the same LayerStackRunner that layer_run times. Counters: activation bytes per layer
-// (measured), forward and backward ms, model TFLOP/s per rank (PAPER.md Eq. 7 per layer).
+// (measured), forward and backward ms, model TFLOP/s per rank (docs/paper.md Eq. 7 per layer).
 #include "bench/bench_common.hpp"
 #include "kernels/backend_comm.hpp"
 #include "layers/config.hpp"

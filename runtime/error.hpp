@@ -1,6 +1,6 @@
 #pragma once
 // Error types shared by every layer of actbench. Bad user input and out-of-memory are
-// distinct so that runners can map them to exit status 2 and 3 (DESIGN.md contracts).
+// distinct so that runners can map them to exit status 2 and 3 (docs/layer_run.md, "Contracts").
 #include <stdexcept>
 #include <string>
 

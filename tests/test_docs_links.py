@@ -5,6 +5,7 @@
 - In every text file (code, scripts, tests, docs), every citation of a page under docs/ names
   a page that exists; `docs/<page>.md#anchor` names one of its headings' anchors, and
   `docs/<page>.md, "Heading"` one of its headings.
+- No file cites the reference documents that are not part of the repository.
 
 Anchors are GitHub's: the heading in lower case, punctuation dropped, spaces as hyphens, and
 -1, -2, ... appended to repeats.
@@ -22,6 +23,8 @@ MARKDOWN_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 DOCS_CITATION = re.compile(r"(?<![\w/.-])(?:\.\./)*(docs/[\w./-]+?\.md)(#[\w-]+)?(?:,? \"([^\"\n]+)\")?")
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+# Documents that were never part of the repository; spelled in pieces so this file does not cite them.
+FOREIGN_DOCUMENTS = ["PAPER" + ".md", "DESIGN" + ".md", "GPU_" + "SIMULATOR"]
 
 
 def repository_files():
@@ -141,6 +144,15 @@ class DocsLinksTest(unittest.TestCase):
                     if quoted and os.path.exists(os.path.join(ROOT, page)):
                         if plain(quoted) not in {plain(h) for h in heading_texts(self.markdown_of(page))}:
                             problems.append('%s: %s has no heading "%s"' % (where, page, quoted))
+        self.assertEqual(problems, [], "\n" + "\n".join(problems))
+
+    def test_no_citation_of_documents_outside_the_repository(self):
+        problems = []
+        for path, text in self.texts.items():
+            for n, line in enumerate(text.splitlines(), 1):
+                for name in FOREIGN_DOCUMENTS:
+                    if name in line:
+                        problems.append("%s:%d: cites %s, which is not in the repository" % (path, n, name))
         self.assertEqual(problems, [], "\n" + "\n".join(problems))
 
     def test_anchor_rule(self):

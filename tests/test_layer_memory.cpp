@@ -45,7 +45,7 @@ void expect_matches_table2(const ExperimentResult& r, const LayerDims& d, int t,
   EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layernorm_stats_bytes(td, p)) << what;
   // The allocator agrees with the struct: nothing else survives forward.
   EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
-  // Category by category, as PAPER.md lists them.
+  // Category by category, as docs/paper.md lists them.
   std::map<std::string, int64_t> measured(r.act_by_category.begin(), r.act_by_category.end());
   for (const auto& [name, bytes] : theory::activation_bytes_by_category(td, p, prec))
     EXPECT_EQ(static_cast<double>(measured[name]), bytes) << what << " category " << name;
@@ -93,7 +93,7 @@ TEST(Table2Stack, PerLayerBytesHoldForAStackOfLayers) {
 }
 
 // Figure 7 of the paper, computed from the bytes the meta backend measures at the four
-// models' per-rank shapes (t = 8 emulated). PAPER.md's table, +-0.1 percentage points.
+// models' per-rank shapes (t = 8 emulated). docs/paper.md's table, +-0.1 percentage points.
 TEST(Figure7, MetaAtPaperModelsReproducesPercentages) {
   const std::map<std::string, std::map<std::string, double>> paper = {
       {"22b", {{"sp", 66.8}, {"selective", 49.4}, {"selective+sp", 16.1}, {"full", 7.6}}},

@@ -295,7 +295,7 @@ class TheoryRunner(unittest.TestCase):
         self.assertEqual([n for n in os.listdir(self.tmp) if ".tmp." in n], [])
         fig1 = {r["model"]: r for r in self.table("fig1.csv")}
         self.assertEqual(list(fig1), ["22b", "175b", "530b", "1t"])
-        # PAPER.md Figure 1: 59.0 GiB of baseline activations for 22B, 114.0 for 530B.
+        # docs/paper.md Figure 1: 59.0 GiB of baseline activations for 22B, 114.0 for 530B.
         self.assertAlmostEqual(float(fig1["22b"]["activations_baseline_gib"]), 59.0, delta=0.5)
         self.assertAlmostEqual(float(fig1["530b"]["activations_baseline_gib"]), 114.0, delta=0.5)
         fig7 = {(r["model"], r["config"]): float(r["percent_of_tp_baseline"]) for r in self.table("fig7.csv")}

@@ -1,4 +1,4 @@
-// The paper's formulas against the paper's own numbers (PAPER.md), typed in here — never
+// The paper's formulas against the paper's own numbers (docs/paper.md), typed in here — never
 // against the same formula — plus hand-worked pipeline schedules for small p and m.
 #include <gtest/gtest.h>
 
@@ -69,7 +69,7 @@ TEST(Table2, AnyElementAndMaskSize) {
 }
 
 TEST(Table2, TheTenThatTensorParallelismCannotSplit) {
-  // PAPER.md: LN inputs 4, QKV and fc1 inputs 4, dropout masks 2 stay whole under TP.
+  // docs/paper.md: LN inputs 4, QKV and fc1 inputs 4, dropout masks 2 stay whole under TP.
   const Dims d{64, 1, 128, 4, 4};
   const double sbh = 64.0 * 128;
   double unsplit = 0;
@@ -86,7 +86,7 @@ TEST(Table2, ConfigNamesRoundTripAndUnknownNamesThrow) {
 }
 
 TEST(SequenceLength, GptThreeCrossoverNear870) {
-  // PAPER.md / issue: the attention term overtakes 34·sbh at s = 34h/(5a) ≈ 870 for GPT-3.
+  // docs/paper.md / issue: the attention term overtakes 34·sbh at s = 34h/(5a) ≈ 870 for GPT-3.
   EXPECT_NEAR(attention_crossover_seq(12288, 96), 870.4, 0.05);
   const Dims at{870.4, 1, 12288, 96, 8};
   const ActivationTerms terms = activation_terms(at, kSp);
@@ -96,7 +96,7 @@ TEST(SequenceLength, GptThreeCrossoverNear870) {
 // ---------------------------------------------------------------- Figure 7
 
 TEST(Figure7, PercentOfTheTensorParallelBaseline) {
-  // PAPER.md Figure 7 table: +SP, +selective, SP + selective, full recompute.
+  // docs/paper.md Figure 7 table: +SP, +selective, SP + selective, full recompute.
   const std::map<std::string, std::vector<double>> paper = {
       {"22b", {66.8, 49.4, 16.1, 7.6}},
       {"175b", {62.0, 56.5, 18.5, 8.7}},
@@ -139,7 +139,7 @@ TEST(Totals, FullRecomputeWithAndWithoutDistributedCheckpoints) {
 }
 
 TEST(Totals, EmbeddingAndOutputExtrasAreAboutHalfAPercentFor22B) {
-  // PAPER.md: the extras formula gives "about 0.55%" of Eq. 5 for 22B (the paper says <0.01%).
+  // docs/paper.md: the extras formula gives "about 0.55%" of Eq. 5 for 22B (the paper says <0.01%).
   const ModelSpec m = paper_model("22b");
   EXPECT_NEAR(100 * extras_closed_form(m) / eq5_first_stage_bytes(m), 0.55, 0.05);
   // With SP and 16-bit, the term-by-term count equals the closed form.
@@ -184,7 +184,7 @@ TEST(Flops, ExactIntegersEqualTheClosedForms) {
 // ---------------------------------------------------------------- Figure 1
 
 TEST(Figure1, AgainstTheFigure) {
-  // PAPER.md Figure 1 (GiB, read off the figure): params + optimizer, baseline, present work.
+  // docs/paper.md Figure 1 (GiB, read off the figure): params + optimizer, baseline, present work.
   struct Row {
     std::string model;
     double params, baseline, present;
@@ -235,7 +235,7 @@ struct Table5 {
   std::string model;
   double full_s, present_s, gain, mfu, hfu, hfu_exact;
 };
-// PAPER.md Table 5 and the exact-count HFU quoted under "Known inconsistency".
+// docs/paper.md Table 5 and the exact-count HFU quoted under "Known inconsistency".
 const std::vector<Table5> kTable5 = {
     {"22b", 1.42, 1.10, 29.0, 41.5, 43.7, 42.4},
     {"175b", 18.13, 13.75, 31.8, 51.4, 52.8, 51.8},
@@ -409,7 +409,7 @@ TEST(LayerCost, SameShapeComesBackUnchangedAndWiderLayersGainEfficiency) {
                             layer_work(d, kBaseline).fwd.gemm_flops;
   EXPECT_NEAR(flop_ratio, 4.17, 0.01);
   EXPECT_LT(wide.fwd_ms, lt.fwd_ms * flop_ratio);
-  // SP moves the same collective bytes as TP's all-reduces in the forward (PAPER.md).
+  // SP moves the same collective bytes as TP's all-reduces in the forward (docs/paper.md).
   EXPECT_DOUBLE_EQ(layer_work(d, kSp).fwd.comm_bytes, layer_work(d, kBaseline).fwd.comm_bytes);
 }
 

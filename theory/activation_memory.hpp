@@ -1,6 +1,6 @@
 #pragma once
 // Table 2 of Korthikanti et al.: activation bytes one transformer layer stores for the
-// backward pass, per tensor-parallel rank, by category (PAPER.md, "What one layer stores").
+// backward pass, per tensor-parallel rank, by category (docs/paper.md, "What one layer stores").
 // Pure functions of the shape; nothing here looks at a tensor.
 #include <string>
 #include <utility>
@@ -20,7 +20,7 @@ struct Precision {
   double elem = 2, mask = 1;
 };
 
-// (category, bytes) in the order of PAPER.md's table; categories a configuration does not
+// (category, bytes) in the order of docs/paper.md's table; categories a configuration does not
 // store are left out. Category names match layers/saved_activations.hpp.
 // Beyond the paper: fused (FlashAttention-style) attention stores no a·s² tensors (scores,
 // probabilities, mask); it keeps an fp32 log-sum-exp per row of each head instead

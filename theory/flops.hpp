@@ -1,5 +1,5 @@
 #pragma once
-// FLOPs per training iteration (PAPER.md "FLOPs", paper Appendix A) and utilization.
+// FLOPs per training iteration (docs/paper.md "FLOPs", paper Appendix A) and utilization.
 // A multiply-add is 2 FLOPs. B is the global batch: everything is per iteration, all GPUs.
 #include <string>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Iteration time of a whole training step (PAPER.md Table 5) built from per-layer times:
+// Iteration time of a whole training step (docs/paper.md Table 5) built from per-layer times:
 // the pipeline schedule (theory/pipeline.hpp) over the layers' forward/backward times,
 // the output layer on the last stage, pipeline point-to-point transfers, the optimizer
 // step and the data-parallel gradient all-reduce. A model, not a fit: nothing in it is

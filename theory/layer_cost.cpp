@@ -29,7 +29,7 @@ LayerWork layer_work(const Dims& d, LayerPolicy c, double E) {
                      + 2 * (2 * E + 1) * sbh / k    // dropout backward of the two residual branches
                      + 2 * (3 * E) * sbh / k;       // residual gradient sums
   bwd.comm_bytes = 4 * ring * E * sbh + (c.sequence_parallel ? 2 * ring * E * sbh : 0);  // SP re-gathers its shards
-  bwd.exposed_comm_bytes = 0;  // overlapped with the weight-gradient GEMMs (PAPER.md Table 4 note)
+  bwd.exposed_comm_bytes = 0;  // overlapped with the weight-gradient GEMMs (docs/paper.md Table 4 note)
 
   switch (c.recompute) {
     case Recompute::none: break;

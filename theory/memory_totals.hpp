@@ -1,5 +1,5 @@
 #pragma once
-// Whole-model memory per GPU: activation totals on the first pipeline stage (PAPER.md
+// Whole-model memory per GPU: activation totals on the first pipeline stage (docs/paper.md
 // "Totals, pipeline, extras", Eq. 5 / Eq. 6), the embedding/output extras, full
 // recompute, parameters + optimizer state, and Figure 1's bars.
 #include "theory/activation_memory.hpp"
@@ -11,7 +11,7 @@ namespace actbench::theory {
 
 // Layers' worth of activations the first stage holds, divided by L: 1 for plain 1F1B
 // (p microbatches × L/p layers) and 1 + (p−1)/(p·m) for the interleaved schedule with m
-// chunks per stage (PAPER.md; 1.2917 for 175B, 1.3238 for 530B). m = 1 means plain 1F1B.
+// chunks per stage (docs/paper.md; 1.2917 for 175B, 1.3238 for 530B). m = 1 means plain 1F1B.
 double interleave_factor(int p, int m);
 // Layers' worth of activations stage 0 holds at its peak, counting fewer microbatches than
 // the schedule's warm-up when the iteration has fewer (N < p): L · factor at N ≥ p.
@@ -19,9 +19,9 @@ double first_stage_layers_in_flight(const ModelSpec& m);
 
 // ---- activation totals, first pipeline stage ----
 
-// PAPER.md Eq. 5: (sbhL/t)(34 + 5as/h) — TP + SP, no recompute, 1F1B, 16-bit.
+// docs/paper.md Eq. 5: (sbhL/t)(34 + 5as/h) — TP + SP, no recompute, 1F1B, 16-bit.
 double eq5_first_stage_bytes(const ModelSpec& m);
-// PAPER.md Eq. 6: 34·sbhL/t — TP + SP + selective recompute, 1F1B, 16-bit.
+// docs/paper.md Eq. 6: 34·sbhL/t — TP + SP + selective recompute, 1F1B, 16-bit.
 double eq6_first_stage_bytes(const ModelSpec& m);
 // Table 2's row for c × the layers in flight on stage 0 (interleaving included), any precision.
 double first_stage_activation_bytes(const ModelSpec& m, LayerPolicy c, Precision p = {});
@@ -35,18 +35,18 @@ double full_recompute_total_bytes(const ModelSpec& m, bool distributed, Precisio
 int first_chunk_microbatches(const ModelSpec& m);
 // Token ids (int64, 8 bytes per token) of those micro-batches: not in the paper's extras.
 double token_id_bytes(const ModelSpec& m);
-// The terms outside the transformer layers (PAPER.md "Extras"): embedding dropout mask for
+// The terms outside the transformer layers (docs/paper.md "Extras"): embedding dropout mask for
 // the microbatches in flight on chunk 0 of stage 0 (first_chunk_microbatches: the paper's p
 // for 1F1B with N >= p); with p = 1 also the final LayerNorm input, the output
 // layer's input and the fp32 logits. With SP the 16-bit terms are split over t, as in the
 // paper's (sbhL/t)(p/L + δ(p=1)·(4/L)(1 + v/h)); without SP only the logits are.
 double embedding_output_extra_bytes(const ModelSpec& m, LayerPolicy c, Precision p = {});
-// PAPER.md's closed form of the extras (SP, 16-bit): (sbhL/t)(p/L + δ(p=1)·(4/L)(1 + v/h)).
+// docs/paper.md's closed form of the extras (SP, 16-bit): (sbhL/t)(p/L + δ(p=1)·(4/L)(1 + v/h)).
 double extras_closed_form(const ModelSpec& m);
 
 // ---- parameters and optimizer state ----
 
-// Transformer-layer parameters on one GPU as PAPER.md's Figure 1 note writes it: 12h²·(L/p)/t.
+// Transformer-layer parameters on one GPU as docs/paper.md's Figure 1 note writes it: 12h²·(L/p)/t.
 double layer_parameters_per_gpu(const ModelSpec& m);
 // Whole-model parameters, Narayanan et al. 2021: 12Lh²(1 + 13/(12h) + (v + s)/(12Lh))
 // (layers with biases and LayerNorms, word and position embeddings, output tied).
@@ -75,7 +75,7 @@ OptimizerPrecision optimizer_precision_from_name(const std::string& name);
 // ---- Figure 1 ----
 struct Figure1Bar {
   double params_optimizer_bytes = 0;              // average_parameters_per_gpu × bytes/param
-  double params_optimizer_layers_only_bytes = 0;  // 12h²(L/p)/t × bytes/param (PAPER.md's note)
+  double params_optimizer_layers_only_bytes = 0;  // 12h²(L/p)/t × bytes/param (docs/paper.md's note)
   double activations_baseline_bytes = 0;         // TP baseline (Table 2 row 2) × L × factor
   double activations_present_bytes = 0;          // TP + SP + selective (Eq. 6) × factor
   double activations_full_bytes = 0;             // full recompute, 2sbhL × factor

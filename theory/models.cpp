@@ -46,7 +46,7 @@ void validate(const ModelSpec& m) {
 }
 
 const std::vector<Gpu>& gpus() {
-  // PAPER.md "Hardware limits"; memory is the total nvidia-smi reports (81920, 81559 and
+  // docs/paper.md "Hardware limits"; memory is the total nvidia-smi reports (81920, 81559 and
   // 143771 MiB), network is one 200 Gb/s HDR (A100) or 400 Gb/s NDR (H100/H200) port per GPU.
   static const std::vector<Gpu> list = {
       {"a100", "A100 SXM 80GB", 81920.0 * 1024 * 1024, 312e12, 2.0e12, 300e9, 25e9},

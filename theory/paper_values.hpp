@@ -1,5 +1,5 @@
 #pragma once
-// The numbers the paper reports (PAPER.md), as data for the "paper_*" columns of the
+// The numbers the paper reports (docs/paper.md), as data for the "paper_*" columns of the
 // theory CSVs that the plots draw beside ours. Tests do not read these: they type the
 // paper's numbers themselves, so that a typo here cannot hide a wrong formula.
 #include <optional>

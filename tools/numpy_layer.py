@@ -4,7 +4,7 @@
     python3 tools/numpy_layer.py DUMP_DIR [--rtol 1e-4]
 
 Recomputes y, dx and every parameter gradient from the dumped x, dy and parameters (the
-layer of PAPER.md: pre-LN, causal softmax attention, tanh GeLU, LayerNorm eps 1e-5; or, for a
+layer of docs/paper.md: pre-LN, causal softmax attention, tanh GeLU, LayerNorm eps 1e-5; or, for a
 dump of --arch llama, RMSNorm, grouped-query attention with rotate-half RoPE and SwiGLU, no
 biases) and compares. Dropout must be 0 in the dump (masks come from Philox, not reproduced here).
 Exit status 0 when every tensor matches, 1 otherwise (one line per tensor either way).
