@@ -8,7 +8,9 @@
 #include <limits>
 #include <utility>
 
+#include "runners/facts_json.hpp"
 #include "runners/hf_config.hpp"
+#include "runners/presets.hpp"
 #include "runners/result_columns.hpp"
 #include "runners/run_args.hpp"
 #include "runtime/error.hpp"
@@ -32,7 +34,7 @@ struct Args {
                                                 seed = "1234", link_gbps = "450";
   std::string csv, dump, cupti, memory_limit;
   std::string arch, kv_heads, ffn_hidden, rope_theta, norm_eps, hf_config;
-  bool emulate_tp = false, print_header = false, print_schema = false;
+  bool emulate_tp = false, print_header = false, print_schema = false, list_presets = false, json = false;
 };
 
 // The value options in the order --help lists them, each with whether it was given.
@@ -72,6 +74,9 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   app.add_flag("--print-csv-header", a.print_header, "print the CSV header line and exit (for sweep drivers)");
   app.add_flag("--print-csv-schema", a.print_schema,
                "print every CSV column with its unit and meaning (markdown, docs/results_schema.md) and exit");
+  app.add_flag("--list-presets", a.list_presets, "print the model presets (--model) with their shapes and exit");
+  app.add_flag("--json", a.json,
+               "with --list-presets: the presets, configurations and attention modes as JSON (runners/facts.json)");
   value("--dump", a.dump, "write canonical .npy tensors of one layer here (rank 0)", false);
   value("--cupti", a.cupti, "write GPU kernel time per phase (CUPTI) to this CSV (cuda backend; Figure 8's split)",
         false);
@@ -234,6 +239,11 @@ void parse_layer_run_options(int argc, char** argv, LayerRunOptions& o) {
     return;
   } catch (const CLI::ParseError& e) {
     throw InvalidArgument(e.what());
+  }
+  if (a.json && !a.list_presets) throw InvalidArgument("--json needs --list-presets");
+  if (a.list_presets) {
+    o.print_only = a.json ? facts_json() : presets_table();
+    return;
   }
   if (a.print_header || a.print_schema) {
     o.print_only = a.print_header ? csv_line(column_names(result_columns())) : results_schema_markdown();

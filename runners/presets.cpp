@@ -1,5 +1,7 @@
 #include "runners/presets.hpp"
 
+#include <cstdio>
+
 #include "runtime/error.hpp"
 #include "theory/model_table.hpp"
 
@@ -22,6 +24,22 @@ const std::vector<ModelPreset>& model_presets() {
     return list;
   }();
   return presets;
+}
+
+std::string presets_table() {
+  char line[160];
+  std::snprintf(line, sizeof line, "%-12s %-6s %6s %3s %6s %4s %4s %6s %3s %4s\n", "model", "arch", "seq", "b", "hidden",
+                "a", "g", "ffn", "t", "L");
+  std::string text = line;
+  for (const ModelPreset& p : model_presets()) {
+    const LayerDims& d = p.dims;
+    std::snprintf(line, sizeof line, "%-12s %-6s %6lld %3lld %6lld %4lld %4lld %6lld %3d %4d\n", p.name.c_str(),
+                  arch_name(d.arch), static_cast<long long>(d.s), static_cast<long long>(d.b),
+                  static_cast<long long>(d.h), static_cast<long long>(d.a), static_cast<long long>(d.groups()),
+                  static_cast<long long>(d.ffn()), p.tp, p.layers);
+    text += line;
+  }
+  return text;
 }
 
 const ModelPreset& find_preset(const std::string& name) {

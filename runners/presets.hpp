@@ -17,6 +17,8 @@ struct ModelPreset {
 };
 
 const std::vector<ModelPreset>& model_presets();
+// layer_run --list-presets: one line per preset (name, arch, s, b, h, a, g, F, t, L), aligned.
+std::string presets_table();
 // Throws InvalidArgument for an unknown name.
 const ModelPreset& find_preset(const std::string& name);
 

@@ -4,6 +4,7 @@
 Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXEC at mpirun).
 """
 import csv
+import json
 import os
 import shutil
 import signal
@@ -122,6 +123,20 @@ class LayerRunTest(unittest.TestCase):
         r = self.run_layer("--backend", "meta", csv_path=False)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--csv", r.stderr)
+
+    def test_list_presets_shows_every_exported_preset_and_json_is_the_facts_file(self):
+        with open(os.path.join(HERE, "..", "runners", "facts.json")) as f:
+            facts = json.load(f)
+        r = self.run_layer("--list-presets", csv_path=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = [line.split() for line in r.stdout.splitlines()[1:]]
+        self.assertEqual([row[0] for row in rows], [p["name"] for p in facts["presets"]])
+        for row, p in zip(rows, facts["presets"]):
+            self.assertEqual((row[1], int(row[4]), int(row[5])), (p["arch"], p["hidden"], p["heads"]), p["name"])
+        r = self.run_layer("--list-presets", "--json", csv_path=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout), facts)
+        self.assert_bad_input(self.run_layer("--json", csv_path=False), "--json alone", needle="--list-presets")
 
     def test_cuda_without_device_names_the_reason(self):
         r = self.run_layer("--backend", "cuda")
