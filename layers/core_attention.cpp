@@ -33,8 +33,10 @@ Tensor LayerBase::core_attention_fwd(const char* stage, QkvHeads qkv, SavedActiv
   Tensor context = be_.empty({s, b, heads_per_rank_ * head_dim_}, opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "core_attn"), phase_log_);
-    Tensor ctx_heads = be_.empty({b, heads_per_rank_, s, head_dim_}, opt_.dtype);
+    const Shape ctx_heads_shape = {b, heads_per_rank_, s, head_dim_};
+    Tensor ctx_heads;
     if (opt_.policy.attention == Attention::fused) {
+      ctx_heads = be_.empty(ctx_heads_shape, opt_.dtype);
       // Tiles of scores live only inside the kernel: out and the row log-sum-exp are all
       // that backward needs besides q, k, v (the mask comes back from the Philox counter).
       const Shape q_shape = {b * heads_per_rank_, s, head_dim_}, kv_shape = {b * kv_heads_per_rank_, s, head_dim_};
@@ -43,7 +45,11 @@ Tensor LayerBase::core_attention_fwd(const char* stage, QkvHeads qkv, SavedActiv
                         attn_dropout_spec(), ctx_heads.view(q_shape), lse.view({b * heads_per_rank_, s}));
       if (keep != Keep::input_only) save.attn_lse = lse;
     } else {
+      // Each family keeps the allocation order it was measured with: where an a·s² allocation
+      // fails (an OOM row's peak) and the allocator's reserved bytes depend on it.
+      if (attention_output_first_) ctx_heads = be_.empty(ctx_heads_shape, opt_.dtype);
       AttentionWeights weights = attention_weights(qkv.q, qkv.k);
+      if (!ctx_heads.defined()) ctx_heads = be_.empty(ctx_heads_shape, opt_.dtype);
       be_.gemm(per_kv_head(false, false, queries_per_group * s, head_dim_, s), weights.times_v(), qkv.v, ctx_heads);
       if (keep == Keep::all) {
         save.softmax_out = weights.probs;

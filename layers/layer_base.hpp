@@ -127,6 +127,8 @@ class LayerBase : public Layer {
   int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); h/a
   int64_t kv_heads_per_rank_;
   bool attention_dropout_;
+  // Unfused attention allocates its output before the weights (llama) or after them (gpt).
+  bool attention_output_first_ = false;
   std::vector<ParamInfo> table_;
   LayerParams params_, grads_;
   SavedActivations saved_;

@@ -17,6 +17,7 @@ LlamaLayer::LlamaLayer(Backend& be, Communicator& comm, LayerOptions opt)
     : LayerBase(be, comm, opt, opt.dims.groups(), /*attention_dropout=*/false) {
   if (opt_.dropout != 0.f) throw InvalidArgument("--arch llama has no dropout: use --dropout 0");
   ffn_per_rank_ = opt_.dims.ffn() / tp_size_;
+  attention_output_first_ = true;
   allocate_parameters();
 }
 

@@ -48,14 +48,8 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
   QkvHeads qkv = qkv_projection_fwd(comm, std::move(ln1_out), &params_.qkv_bias, keep_any, save);
   Tensor context = core_attention_fwd(stage, std::move(qkv), save, keep);
   Tensor attn_out = row_parallel_linear_fwd(comm, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
-  Tensor x1 = be_.empty({s_local, b, h}, opt_.dtype);
-  {
-    PhaseRange phase(phase_name(stage, "attn_residual"), phase_log_);
-    Tensor mask = be_.empty({s_local, b, h}, DType::u8);
-    be_.bias_dropout_residual_fwd(as_matrix(attn_out), params_.proj_bias, as_matrix(x),
-                                  residual_dropout_spec(kSiteAttnOut), as_matrix(x1), as_matrix(mask));
-    if (keep_any) save.attn_residual_mask = mask;
-  }
+  Tensor x1 = bias_dropout_residual_fwd(stage, "attn_residual", attn_out, params_.proj_bias, x, kSiteAttnOut,
+                                        keep_any ? &save.attn_residual_mask : nullptr);
   attn_out = Tensor();
 
   // ---- MLP block ----
@@ -83,14 +77,20 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
   }
   fc1_out = Tensor();
   Tensor mlp_out = row_parallel_linear_fwd(comm, "fc2", std::move(gelu_out), params_.fc2_weight);  // f̄ | ḡ
-  Tensor y = be_.empty({s_local, b, h}, opt_.dtype);
-  {
-    PhaseRange phase(phase_name(stage, "mlp_residual"), phase_log_);
-    Tensor mask = be_.empty({s_local, b, h}, DType::u8);
-    be_.bias_dropout_residual_fwd(as_matrix(mlp_out), params_.fc2_bias, as_matrix(x1),
-                                  residual_dropout_spec(kSiteMlpOut), as_matrix(y), as_matrix(mask));
-    if (keep_any) save.mlp_residual_mask = mask;
-  }
+  return bias_dropout_residual_fwd(stage, "mlp_residual", mlp_out, params_.fc2_bias, x1, kSiteMlpOut,
+                                   keep_any ? &save.mlp_residual_mask : nullptr);
+}
+
+// residual + dropout(out + bias), the end of both blocks; the mask goes to *kept_mask when kept.
+Tensor TransformerLayer::bias_dropout_residual_fwd(const char* stage, const char* op, const Tensor& out,
+                                                   const Tensor& bias, const Tensor& residual, uint32_t site,
+                                                   Tensor* kept_mask) {
+  Tensor y = be_.empty(residual.shape(), opt_.dtype);
+  PhaseRange phase(phase_name(stage, op), phase_log_);
+  Tensor mask = be_.empty(residual.shape(), DType::u8);
+  be_.bias_dropout_residual_fwd(as_matrix(out), bias, as_matrix(residual), residual_dropout_spec(site), as_matrix(y),
+                                as_matrix(mask));
+  if (kept_mask) *kept_mask = mask;
   return y;
 }
 

@@ -24,6 +24,8 @@ class TransformerLayer final : public LayerBase {
  private:
   Tensor forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) override;
   DropoutSpec residual_dropout_spec(uint32_t site) const;
+  Tensor bias_dropout_residual_fwd(const char* stage, const char* op, const Tensor& out, const Tensor& bias,
+                                   const Tensor& residual, uint32_t site, Tensor* kept_mask);
 
   int64_t hidden_per_rank_;  // h/t
 };
