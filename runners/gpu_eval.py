@@ -102,7 +102,7 @@ MIN = {"tests": 20, "table4": 30, "table4_cupti": 30, "table4_fused": 30, "bench
        "sanitize_memcheck": 60, "sanitize_racecheck": 60}
 RESERVE_S = 10         # seconds of the budget kept for the last packing
 SWEEP_POINT_MAX_S = 90  # one sweep point's timeout, at most
-CONFIGS = "baseline,sp,full,selective,selective+sp"
+CONFIGS = ",".join(sweep.PAPER_CONFIGS)  # the paper's five, from runners/facts.json
 ATTENTION_SEQS = (2048, 8192, 32768)
 NO_GPU = "no GPU (nvidia-smi -L lists none)"
 ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the benchmarks' console colours

@@ -18,6 +18,22 @@
 namespace actbench {
 namespace {
 
+// The names parse_config takes beyond the paper's five (full+sp).
+std::string extra_configs_option() {
+  std::string text;
+  for (const std::string& c : config_names())
+    if (std::find(paper_config_names().begin(), paper_config_names().end(), c) == paper_config_names().end())
+      text += (text.empty() ? "" : ",") + c;
+  return text;
+}
+
+// --model's choices: "tiny | 22b | ...", the presets' names.
+std::string preset_names_option() {
+  std::string text;
+  for (const ModelPreset& p : model_presets()) text += (text.empty() ? "" : " | ") + p.name;
+  return text;
+}
+
 // --config's default: the paper's five.
 std::string paper_configs_option() {
   std::string text;
@@ -48,20 +64,20 @@ bool is_given(const GivenOptions& given, const char* name) {
 
 GivenOptions declare_options(CLI::App& app, Args& a) {
   GivenOptions given;
-  auto value = [&](const char* name, std::string& field, const char* help, bool show_default) {
+  auto value = [&](const char* name, std::string& field, const std::string& help, bool show_default) {
     CLI::Option* opt = app.add_option(name, field, help);
     if (show_default) opt->capture_default_str();
     given.emplace_back(name, opt);
   };
   value("--backend", a.backend, "cpu | cuda | meta", true);
-  value("--model", a.model, "tiny | 22b | 175b | 530b | 1t", true);
+  value("--model", a.model, preset_names_option() + " (--list-presets shows their shapes)", true);
   value("--hidden", a.hidden, "override the preset's hidden size h", false);
   value("--heads", a.heads, "override the preset's attention heads a", false);
   value("--seq", a.seq, "override the preset's sequence length s", false);
   value("--batch", a.batch, "override the preset's microbatch b", false);
   value("--tp", a.tp, "tensor-parallel size (default: MPI world size; with --emulate-tp the preset's t)", false);
   app.add_flag("--emulate-tp", a.emulate_tp, "one process plays rank 0 of --tp ranks; communication modeled");
-  value("--config", a.configs, "comma-separated: baseline,sp,full,selective,selective+sp[,full+sp]", true);
+  value("--config", a.configs, "comma-separated: " + paper_configs_option() + "[," + extra_configs_option() + "]", true);
   value("--attention", a.attention,
         "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)", true);
   value("--dtype", a.dtype, "bf16 | fp16 | fp32", true);
