@@ -111,10 +111,14 @@ class Contract {
     dropout_spec(spec, B * S * S, "the [B, S, S] probabilities");
   }
 
-  // x [B, NH, S, D] with D even.
-  void rope_input(const char* name, const Tensor& x) const {
-    if (x.ndim() != 4 || x.dim(3) % 2 != 0)
-      fail(std::string(name) + " must be [B, NH, S, D] with D even, got " + shape_str(x.shape()));
+  // A rotary embedding (either direction): in [B, NH, S, D] with D even, out of its size,
+  // both float, theta > 0.
+  void rotation(const char* in_name, const Tensor& in, const char* out_name, const Tensor& out, double theta) const {
+    if (in.ndim() != 4 || in.dim(3) % 2 != 0)
+      fail(std::string(in_name) + " must be [B, NH, S, D] with D even, got " + shape_str(in.shape()));
+    numel(out_name, out, in.numel());
+    floats({{in_name, &in}, {out_name, &out}});
+    positive("theta", theta);
   }
 
   // x [..., 2N] = [gate | up] and y [..., N] with the same rows, N >= 1.
@@ -367,20 +371,12 @@ void Backend::rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weigh
 }
 
 void Backend::rope_fwd(const Tensor& x, double theta, const Tensor& y) {
-  const Contract c("rope_fwd", allocator_->device(), {{"x", &x}, {"y", &y}});
-  c.rope_input("x", x);
-  c.numel("y", y, x.numel());
-  c.floats({{"x", &x}, {"y", &y}});
-  c.positive("theta", theta);
+  Contract("rope_fwd", allocator_->device(), {{"x", &x}, {"y", &y}}).rotation("x", x, "y", y, theta);
   rope_fwd_impl(x, theta, y);
 }
 
 void Backend::rope_bwd(const Tensor& dy, double theta, const Tensor& dx) {
-  const Contract c("rope_bwd", allocator_->device(), {{"dy", &dy}, {"dx", &dx}});
-  c.rope_input("dy", dy);
-  c.numel("dx", dx, dy.numel());
-  c.floats({{"dy", &dy}, {"dx", &dx}});
-  c.positive("theta", theta);
+  Contract("rope_bwd", allocator_->device(), {{"dy", &dy}, {"dx", &dx}}).rotation("dy", dy, "dx", dx, theta);
   rope_bwd_impl(dy, theta, dx);
 }
 
