@@ -17,6 +17,7 @@
 #include "runtime/error.hpp"
 #include "runtime/npy.hpp"
 #include "runtime/philox.hpp"
+#include "runtime/user_file.hpp"
 
 using namespace actbench;
 
@@ -191,6 +192,31 @@ TEST(Csv, ConcurrentWritersNeverInterleave) {
     seen.insert(w + "/" + r);
   }
   EXPECT_EQ(seen.size(), static_cast<size_t>(writers * rows));
+}
+
+// A user-named path that is not a regular file is refused at once (a FIFO never blocks).
+TEST(UserFile, ReadsRegularFilesAndRefusesEverythingElse) {
+  const std::string dir = "/tmp/actbench_user_file_" + std::to_string(::getpid());
+  ASSERT_EQ(::system(("rm -rf " + dir + " && mkdir -p " + dir + " && mkfifo " + dir + "/fifo").c_str()), 0);
+  { std::ofstream(dir + "/a.json") << "{}"; }
+  EXPECT_EQ(actbench::read_user_file("--x", dir + "/a.json"), "{}");
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const actbench::InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([&] { actbench::read_user_file("--x", dir + "/fifo"); }), "--x: is a FIFO (named pipe), not a file");
+  EXPECT_EQ(message([&] { actbench::read_user_file("--x", dir); }), "--x: is a folder, not a file");
+  EXPECT_EQ(message([&] { actbench::read_user_file("--x", ""); }), "--x: an empty file name");
+  EXPECT_NE(message([&] { actbench::read_user_file("--x", dir + "/missing"); }).find("No such file"), std::string::npos);
+  EXPECT_NE(message([&] { actbench::read_user_file("--x", dir + "/a.json", 1); }).find("more than the 1 bytes"),
+            std::string::npos);
+  EXPECT_EQ(message([&] { actbench::check_user_file("--x", dir + "/missing", false); }), "no error");
+  EXPECT_EQ(message([&] { actbench::check_user_file("--x", dir + "/fifo", false); }), "--x: is a FIFO (named pipe), not a file");
+  ASSERT_EQ(::system(("rm -rf " + dir).c_str()), 0);
 }
 
 TEST(Npy, RoundTrip) {
