@@ -104,7 +104,10 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   value("--ffn-hidden", a.ffn_hidden, "llama: SwiGLU width F (fc1 has 2F outputs; default 4 x hidden)", false);
   value("--rope-theta", a.rope_theta, "llama: RoPE base theta (default 10000, the preset's or the config's)", false);
   value("--norm-eps", a.norm_eps, "llama: RMSNorm epsilon (default 1e-5 or the config's)", false);
-  value("--hf-config", a.hf_config, "a Hugging Face config.json of a LLaMA-style model (sets --arch llama)", false);
+  value("--hf-config", a.hf_config,
+        "a Hugging Face config.json of a LLaMA-style model (sets --arch llama; instead of --model and the shape "
+        "flags the file defines)",
+        false);
   return given;
 }
 
