@@ -11,6 +11,7 @@
 
 #include "kernels/backend_comm.hpp"
 #include "runtime/error.hpp"
+#include "runtime/user_file.hpp"
 
 namespace actbench::bench {
 
@@ -209,6 +210,9 @@ int bench_main(int argc, char** argv, const std::function<void()>& register_all,
     const std::string limit = take_flag(argc, argv, "memory-limit", "");
     const size_t capacity = limit.empty() ? 0 : parse_memory_limit(limit);
     if (parse_flags) parse_flags(argc, argv);
+    // Google Benchmark opens --benchmark_out itself, and would wait forever on a FIFO.
+    if (const std::string out = peek_flag(argc, argv, "benchmark_out"); !out.empty())
+      check_user_file("--benchmark_out " + out, out, false);
     if (mpi_launched()) {
       // One GPU per rank, chosen before MPI_Init (as CUDA-aware MPI and NCCL expect). Without
       // a GPU, make_backend below fails the same way and the cuda benchmarks skip.

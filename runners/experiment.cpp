@@ -4,13 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "layers/params.hpp"
 #include "layers/layer.hpp"
+#include "runtime/csv.hpp"
 #include "runtime/error.hpp"
 #include "runtime/npy.hpp"
 
@@ -278,7 +278,7 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   const std::vector<CanonicalTensor> tensors = run_layer_canonical(be, comm, spec);
   if (comm.rank() == 0) {
     for (const CanonicalTensor& t : tensors) write_npy_f32(dir + "/" + t.name + ".npy", t.shape, t.data);
-    std::ofstream(dir + "/layer.json") << layer_json(spec, comm.size()).dump() << "\n";
+    write_file_atomic(dir + "/layer.json", layer_json(spec, comm.size()).dump() + "\n");
   }
   comm.barrier();
 }

@@ -3,23 +3,21 @@
 //   actbench_facts                 the JSON on stdout
 //   actbench_facts --out FILE      writes FILE (the update_facts target)
 //   actbench_facts --check FILE    exit 1, naming the first differing line, when FILE is stale
-#include <fstream>
+// A FILE that is not a regular file (a folder, a FIFO) is refused: exit 2, one line.
+#include <unistd.h>
+
 #include <iostream>
 #include <sstream>
 #include <string>
 
 #include "runners/facts_json.hpp"
+#include "runtime/csv.hpp"
+#include "runtime/error.hpp"
+#include "runtime/user_file.hpp"
 
 namespace {
 
 constexpr const char* kRegenerate = "cmake --build build --target update_facts";
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // "line N: committed `...`, generated `...`" for the first line where a and b differ.
 std::string first_difference(const std::string& a, const std::string& b) {
@@ -37,11 +35,12 @@ std::string first_difference(const std::string& a, const std::string& b) {
 }
 
 int check(const std::string& path) {
-  if (!std::ifstream(path)) {
+  actbench::check_user_file("--check " + path, path, false);
+  if (::access(path.c_str(), F_OK) != 0) {
     std::cerr << "actbench_facts: " << path << " cannot be read; generate it: " << kRegenerate << "\n";
     return 1;
   }
-  const std::string committed = read_file(path), generated = actbench::facts_json();
+  const std::string committed = actbench::read_user_file("--check " + path, path), generated = actbench::facts_json();
   if (committed == generated) return 0;
   std::cerr << "actbench_facts: " << path << " is stale (" << first_difference(committed, generated)
             << "); regenerate it: " << kRegenerate << "\n";
@@ -49,12 +48,8 @@ int check(const std::string& path) {
 }
 
 int write(const std::string& path) {
-  std::ofstream out(path, std::ios::binary);
-  out << actbench::facts_json();
-  if (!out.flush()) {
-    std::cerr << "actbench_facts: error: cannot write " << path << "\n";
-    return 1;
-  }
+  actbench::check_user_file("--out " + path, path, false);
+  actbench::write_file_atomic(path, actbench::facts_json());
   return 0;
 }
 
@@ -66,8 +61,13 @@ int main(int argc, char** argv) {
     std::cout << actbench::facts_json();
     return 0;
   }
-  if (argc == 3 && option == "--out") return write(argv[2]);
-  if (argc == 3 && option == "--check") return check(argv[2]);
+  try {
+    if (argc == 3 && option == "--out") return write(argv[2]);
+    if (argc == 3 && option == "--check") return check(argv[2]);
+  } catch (const actbench::InvalidArgument& e) {
+    std::cerr << "actbench_facts: error: " << e.what() << "\n";
+    return 2;
+  }
   std::cerr << "actbench_facts: error: usage: actbench_facts [--out FILE | --check FILE]\n";
   return 2;
 }

@@ -3,7 +3,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <utility>
@@ -104,7 +103,10 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   value("--ffn-hidden", a.ffn_hidden, "llama: SwiGLU width F (fc1 has 2F outputs; default 4 x hidden)", false);
   value("--rope-theta", a.rope_theta, "llama: RoPE base theta (default 10000, the preset's or the config's)", false);
   value("--norm-eps", a.norm_eps, "llama: RMSNorm epsilon (default 1e-5 or the config's)", false);
-  value("--hf-config", a.hf_config, "a Hugging Face config.json of a LLaMA-style model (sets --arch llama)", false);
+  value("--hf-config", a.hf_config,
+        "a Hugging Face config.json of a LLaMA-style model (sets --arch llama; instead of --model and the shape "
+        "flags the file defines)",
+        false);
   return given;
 }
 
@@ -132,26 +134,49 @@ void take_run_values(const Args& a, const GivenOptions& given, LayerRunOptions& 
   o.dropout_given = is_given(given, "--dropout");
 }
 
+// The flags that say what a --hf-config file already defines, with what defines it there.
+const std::pair<const char*, const char*> kFlagsTheConfigDefines[] = {
+    {"--model", "the model"},
+    {"--hidden", "hidden_size"},
+    {"--heads", "num_attention_heads"},
+    {"--kv-heads", "num_key_value_heads"},
+    {"--ffn-hidden", "intermediate_size"},
+    {"--rope-theta", "rope_theta"},
+    {"--norm-eps", "rms_norm_eps"}};
+
+// --hf-config: the model is the file's; a flag that would say it again is refused, not ignored.
+void take_hf_config(const GivenOptions& given, LayerRunOptions& o) {
+  for (const auto& [flag, what] : kFlagsTheConfigDefines)
+    if (is_given(given, flag))
+      throw InvalidArgument(std::string(flag) + " cannot be combined with --hf-config: the config file defines " + what);
+  o.hf = read_hf_config(o.hf_config);
+  o.model = o.hf->name;
+}
+
+// A bounded real flag: the same bounds as the config's key (hf_config.hpp).
+double parse_bounded_real(const std::string& option, const std::string& text, double min, double max) {
+  const double v = parse_real_option(option, text);
+  if (!(v >= min && v <= max))
+    throw InvalidArgument(option + " must be in " + real_range_text(min, max) + ", got " + text);
+  return v;
+}
+
 // --arch llama's shape flags.
 void take_llama_values(const Args& a, const GivenOptions& given, LayerRunOptions& o) {
   o.arch = a.arch;
   o.hf_config = a.hf_config;
   if (is_given(given, "--kv-heads")) o.kv_heads = parse_int_option("--kv-heads", a.kv_heads, 1, kMaxDim);
   if (is_given(given, "--ffn-hidden")) o.ffn_hidden = parse_int_option("--ffn-hidden", a.ffn_hidden, 1, kMaxDim);
-  if (is_given(given, "--rope-theta")) {
-    o.rope_theta = parse_real_option("--rope-theta", a.rope_theta);
-    if (!(o.rope_theta > 0)) throw InvalidArgument("--rope-theta must be positive, got " + a.rope_theta);
-  }
-  if (is_given(given, "--norm-eps")) {
-    o.norm_eps = static_cast<float>(parse_real_option("--norm-eps", a.norm_eps));
-    if (!(o.norm_eps > 0 && std::isfinite(o.norm_eps)))
-      throw InvalidArgument("--norm-eps must be a positive float, got " + a.norm_eps);
-  }
+  if (is_given(given, "--rope-theta"))
+    o.rope_theta = parse_bounded_real("--rope-theta", a.rope_theta, kMinRopeTheta, kMaxRopeTheta);
+  if (is_given(given, "--norm-eps"))
+    o.norm_eps = static_cast<float>(parse_bounded_real("--norm-eps", a.norm_eps, kMinNormEps, kMaxNormEps));
+  if (is_given(given, "--hf-config")) take_hf_config(given, o);
 }
 
-// --hf-config: the model's shape from its config.json.
-void apply_hf_config(LayerRunOptions& o, LayerDims& dims, bool seq_given) {
-  const HfModelConfig c = read_hf_config(o.hf_config);
+// --hf-config's model as a layer: its own default sequence length, one sequence per batch.
+LayerDims hf_dims(const HfModelConfig& c) {
+  LayerDims dims;
   dims.arch = Arch::llama;
   dims.h = c.hidden;
   dims.a = c.heads;
@@ -159,15 +184,14 @@ void apply_hf_config(LayerRunOptions& o, LayerDims& dims, bool seq_given) {
   dims.ffn_hidden = c.ffn_hidden;
   dims.rope_theta = c.rope_theta;
   dims.norm_eps = static_cast<float>(c.rms_norm_eps);
-  if (!seq_given) dims.s = c.max_positions;
+  dims.s = c.max_positions;
   dims.b = 1;
-  o.model = c.name;
+  return dims;
 }
 
-// The layer family's flags on top of the preset: --hf-config, --arch, --kv-heads, --ffn-hidden,
+// The layer family's flags on top of the model: --arch, --kv-heads, --ffn-hidden,
 // --rope-theta, --norm-eps.
-void apply_arch_options(LayerRunOptions& o, LayerDims& dims, bool seq_given) {
-  if (!o.hf_config.empty()) apply_hf_config(o, dims, seq_given);
+void apply_arch_options(LayerRunOptions& o, LayerDims& dims) {
   if (!o.arch.empty()) {
     const Arch a = parse_arch(o.arch);
     if (a == Arch::gpt && dims.arch == Arch::llama)
@@ -193,13 +217,16 @@ bool same_path(const std::string& a, const std::string& b) {
   return a == b || (!ea && !eb && ca == cb);
 }
 
-// --tp: with --emulate-tp the preset's t unless given; else the MPI world's size.
-void resolve_tp(LayerRunOptions& o, const ModelPreset& preset, int world) {
+// --tp: with --emulate-tp the preset's t unless given (a --hf-config file has none); else the
+// MPI world's size.
+void resolve_tp(LayerRunOptions& o, const ModelPreset* preset, int world) {
   if (o.emulate_tp) {
     if (world > 1) throw InvalidArgument("--emulate-tp runs in one process; do not launch it with mpirun -np > 1");
     if (!o.dump.empty())
       throw InvalidArgument("--dump cannot be combined with --emulate-tp (emulated values are not the layer's)");
-    if (o.tp == 0) o.tp = preset.tp;
+    if (o.tp == 0 && !preset)
+      throw InvalidArgument("--emulate-tp with --hf-config needs --tp: the config file has no tensor-parallel size");
+    if (o.tp == 0) o.tp = preset->tp;
     return;
   }
   if (o.tp == 0) o.tp = world;
@@ -208,13 +235,14 @@ void resolve_tp(LayerRunOptions& o, const ModelPreset& preset, int world) {
                           " rank(s): run under mpirun -np " + std::to_string(o.tp) + " or add --emulate-tp");
 }
 
-LayerDims resolve_dims(LayerRunOptions& o, const ModelPreset& preset) {
-  LayerDims dims = preset.dims;
+// The model's shape (the config file's or the preset's) under the shape and family flags.
+LayerDims resolve_dims(LayerRunOptions& o, const ModelPreset* preset) {
+  LayerDims dims = preset ? preset->dims : hf_dims(*o.hf);
   if (o.hidden) dims.h = o.hidden;
   if (o.heads) dims.a = o.heads;
   if (o.seq) dims.s = o.seq;
   if (o.batch) dims.b = o.batch;
-  apply_arch_options(o, dims, o.seq != 0);
+  apply_arch_options(o, dims);
   return dims;
 }
 
@@ -283,7 +311,7 @@ void parse_layer_run_options(int argc, char** argv, LayerRunOptions& o) {
 }
 
 LayerRunPlan plan_layer_run(LayerRunOptions& o, int world) {
-  const ModelPreset& preset = find_preset(o.model);
+  const ModelPreset* preset = o.hf ? nullptr : &find_preset(o.model);
   resolve_tp(o, preset, world);
   LayerRunPlan plan;
   plan.dims = resolve_dims(o, preset);

@@ -2,10 +2,12 @@
 // layer_run's command line: parsed strictly (run_args.hpp: a given value is used or refused),
 // then resolved against the preset and checked, every refusal an InvalidArgument.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "layers/config.hpp"
+#include "runners/hf_config.hpp"
 #include "runners/presets.hpp"
 #include "runtime/csv.hpp"
 
@@ -25,13 +27,15 @@ struct LayerRunOptions {
   std::string print_only;     // --help, --print-csv-header or --print-csv-schema: print this, run nothing
   // --arch llama and its shape (0 or empty: the preset's or the config's)
   std::string arch, hf_config;
+  std::optional<HfModelConfig> hf;  // --hf-config's model, read while parsing (o.model is its name)
   int64_t kv_heads = 0, ffn_hidden = 0;
   double rope_theta = 0;
   float norm_eps = 0;
   bool dropout_given = false;
 };
 
-// Parses the command line into `o` (o.print_only set for --help and the --print-* flags).
+// Parses the command line into `o` (o.print_only set for --help and the --print-* flags). With
+// --hf-config the file is read here, so that ranks compare what it says (rank_agreement.hpp).
 void parse_layer_run_options(int argc, char** argv, LayerRunOptions& o);
 
 // What one call runs, resolved against the preset.

@@ -124,13 +124,30 @@ int fail(Communicator* world) {
   return mine.code;
 }
 
+namespace {
+
+std::string exact_text(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return buf;
+}
+
+// What a --hf-config file says, not its name: ranks started in different working folders read
+// different files under one name.
+std::string hf_config_contents(const std::optional<HfModelConfig>& c) {
+  if (!c) return "";
+  std::string text = c->name;
+  for (int64_t v : {c->hidden, c->heads, c->kv_heads, c->ffn_hidden, c->layers, c->vocab, c->max_positions})
+    text.append(" ").append(std::to_string(v));
+  for (double v : {c->rms_norm_eps, c->rope_theta}) text.append(" ").append(exact_text(v));
+  return text;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, std::string>> normalized(const LayerRunOptions& o) {
   auto given = [](int64_t v) { return v ? std::to_string(v) : std::string("preset"); };
-  auto real = [](double v) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%a", v);
-    return std::string(buf);
-  };
+  auto real = exact_text;
   std::string configs;
   for (const std::string& c : o.configs) configs += (configs.empty() ? "" : ",") + c;
   return {{"layer_run build (git sha)", build_git_sha()},
@@ -161,7 +178,7 @@ std::vector<std::pair<std::string, std::string>> normalized(const LayerRunOption
           {"--ffn-hidden", given(o.ffn_hidden)},
           {"--rope-theta", real(o.rope_theta)},
           {"--norm-eps", real(o.norm_eps)},
-          {"--hf-config", o.hf_config}};
+          {"--hf-config contents", hf_config_contents(o.hf)}};
 }
 
 }  // namespace actbench

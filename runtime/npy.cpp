@@ -1,9 +1,9 @@
 #include "runtime/npy.hpp"
 
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 
+#include "runtime/csv.hpp"
 #include "runtime/error.hpp"
 
 namespace actbench {
@@ -18,19 +18,13 @@ void write_npy_f32(const std::string& path, const std::vector<int64_t>& shape, c
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) throw InvalidArgument("cannot write '" + tmp + "'");
-    f.write("\x93NUMPY\x01\x00", 8);
-    uint16_t len = static_cast<uint16_t>(header.size());
-    char le[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
-    f.write(le, 2);
-    f.write(header.data(), static_cast<std::streamsize>(header.size()));
-    f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(float)));
-    if (!f) throw RuntimeFailure("write failed for '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw RuntimeFailure("cannot rename '" + tmp + "'");
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  std::string file("\x93NUMPY\x01\x00", 8);
+  file += static_cast<char>(len & 0xff);
+  file += static_cast<char>(len >> 8);
+  file += header;
+  file.append(reinterpret_cast<const char*>(data.data()), data.size() * sizeof(float));
+  write_file_atomic(path, file);
 }
 
 std::vector<float> read_npy_f32(const std::string& path, std::vector<int64_t>* shape) {

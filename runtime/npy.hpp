@@ -1,5 +1,6 @@
 #pragma once
-// Minimal .npy (format 1.0) writer for float32 arrays, written atomically (tmp + rename).
+// Minimal .npy (format 1.0) writer for float32 arrays, written atomically (write_file_atomic:
+// a reader sees the old file or the whole new one; whatever sat at the name is replaced).
 #include <cstdint>
 #include <string>
 #include <vector>

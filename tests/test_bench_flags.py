@@ -26,6 +26,21 @@ class BenchFlagsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         return r.stdout
 
+    def test_benchmark_out_that_is_not_a_file_is_refused_at_once(self):
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        for what, path in [("a FIFO", fifo), ("a folder", self.tmp)]:
+            with self.subTest(what):
+                try:
+                    r = subprocess.run([BENCH, *ARGS, "--benchmark_out=" + path], capture_output=True, text=True,
+                                       timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.fail("bench_kernels blocked on --benchmark_out " + what)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                lines = [l for l in r.stderr.splitlines() if l.strip()]
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn("error: --benchmark_out " + path, lines[0])
+
     def test_json_on_stdout(self):
         doc = json.loads(self.bench("--benchmark_format=json"))
         self.assertEqual(doc["context"]["actbench_backend"], "cpu")

@@ -124,6 +124,51 @@ class LayerRunTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--csv", r.stderr)
 
+    def run_quick(self, *args, csv_path=None):
+        """layer_run that must answer at once: a hang fails the test instead of blocking it."""
+        try:
+            return subprocess.run([LAYER_RUN, *args, "--csv", csv_path or self.csv], capture_output=True, text=True,
+                                  timeout=30)
+        except subprocess.TimeoutExpired:
+            self.fail("layer_run blocked: " + " ".join(args))
+
+    def test_user_paths_that_are_not_files_or_folders_are_refused_at_once(self):
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        folder = os.path.join(self.tmp, "folder")
+        os.mkdir(folder)
+        two = os.path.join(self.tmp, "two")  # --dump of two configurations: a subfolder each
+        os.mkdir(two)
+        os.mkfifo(os.path.join(two, "sp"))
+        cpu = ["--backend", "cpu", "--iters", "1", "--config", "baseline"]
+        cases = [
+            ("--csv a FIFO", ["--backend", "meta"], fifo, fifo),
+            ("--csv a folder", ["--backend", "meta"], folder, folder),
+            ("--cupti a FIFO", ["--backend", "cuda", "--cupti", fifo], None, fifo),
+            ("--cupti a folder", ["--backend", "cuda", "--cupti", folder], None, folder),
+            ("--dump a FIFO", cpu + ["--dump", fifo], None, fifo),
+            ("--dump subfolder a FIFO", ["--backend", "cpu", "--iters", "1", "--config", "baseline,sp", "--dump", two],
+             None, os.path.join(two, "sp")),
+        ]
+        for what, args, csv_path, needle in cases:
+            with self.subTest(what):
+                self.assert_bad_input(self.run_quick(*args, csv_path=csv_path), what, needle=needle)
+
+    def test_dump_writes_its_files_past_fifos_in_the_folder(self):
+        # Whatever sits in the dump folder under the names it writes (or their temporary names),
+        # the files are written whole, by rename, and nothing opens a FIFO.
+        dump = os.path.join(self.tmp, "dump")
+        os.mkdir(dump)
+        for name in ["x.npy", "x.npy.tmp", "layer.json", "layer.json.tmp", "y.npy.tmp"]:
+            os.mkfifo(os.path.join(dump, name))
+        r = self.run_quick("--backend", "cpu", "--iters", "1", "--config", "baseline", "--dropout", "0",
+                           "--dump", dump)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for name in ["x.npy", "y.npy", "layer.json"]:
+            self.assertTrue(os.path.isfile(os.path.join(dump, name)), name)
+        with open(os.path.join(dump, "layer.json")) as f:
+            self.assertEqual(json.load(f)["config"], "baseline")
+
     def test_list_presets_shows_every_exported_preset_and_json_is_the_facts_file(self):
         with open(os.path.join(HERE, "..", "runners", "facts.json")) as f:
             facts = json.load(f)
@@ -400,7 +445,7 @@ class LayerRunTest(unittest.TestCase):
     def test_mpi_failure_on_one_rank_mid_run_ends_the_job(self):
         # Rank 0 alone writes the dump; a file it cannot write fails it while rank 1 waits.
         dump = os.path.join(self.tmp, "dump")
-        os.makedirs(os.path.join(dump, "x.npy.tmp"))
+        os.makedirs(os.path.join(dump, "x.npy"))  # a folder where a tensor goes
         args = ["--backend", "cpu", "--model", "tiny", "--tp", "2", "--iters", "1", "--config", "baseline",
                 "--dropout", "0", "--dump", dump, "--csv", self.csv]
         r, elapsed = self.run_mpi((2, args))

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kernels/backend.hpp"
@@ -465,4 +466,56 @@ TEST(HfConfig, RefusesWhatTheFamilyCannotExpress) {
   refuses("kv", with("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 7"), "num_key_value_heads");
   refuses("json", "{ not json", "JSON");
   EXPECT_THROW(read_hf_config("/nonexistent/config.json"), InvalidArgument);
+}
+
+TEST(HfConfig, EveryKeyHasItsTypeAndBounds) {
+  auto refuses = [](const std::string& name, const std::string& body, const std::string& words) {
+    try {
+      read_hf_config(write_config(name, body));
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  std::string base = kLlama3_70b;
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = base;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  refuses("act", with("\"silu\"", "5"), "\"hidden_act\" must be a string");
+  refuses("eps", with("1e-05", "1e300"), "\"rms_norm_eps\" must be in");
+  refuses("theta", with("500000.0", "\"500000\""), "\"rope_theta\" must be a number");
+  refuses("layers", with("\"num_hidden_layers\": 80", "\"num_hidden_layers\": 1000000000000"),
+          "\"num_hidden_layers\" must be in 1..1024");
+  refuses("hidden", with("\"hidden_size\": 8192", "\"hidden_size\": 4611686018427387904"), "\"hidden_size\" must be in");
+  refuses("float", with("\"hidden_size\": 8192", "\"hidden_size\": 8192.0"), "\"hidden_size\" must be an integer");
+  refuses("bias", with("\"mlp_bias\": false", "\"mlp_bias\": 0"), "\"mlp_bias\" must be true or false");
+  // null is the key's default, as in Hugging Face
+  EXPECT_EQ(read_hf_config(write_config("null", with("\"num_key_value_heads\": 8", "\"num_key_value_heads\": null"))).kv_heads, 64);
+}
+
+TEST(HfConfig, TheBoundsHoldEveryPreset) {
+  for (const char* name : {"llama3-8b", "llama3-70b", "llama3-405b"}) {
+    const ModelPreset& p = find_preset(name);
+    EXPECT_LE(p.dims.h, kMaxModelWidth);
+    EXPECT_LE(p.dims.ffn(), kMaxModelWidth);
+    EXPECT_LE(p.layers, kMaxModelLayers);
+    EXPECT_LE(p.vocab, kMaxVocab);
+    EXPECT_LE(p.dims.s, kMaxPositions);
+    EXPECT_GE(p.dims.rope_theta, kMinRopeTheta);
+    EXPECT_LE(p.dims.rope_theta, kMaxRopeTheta);
+    EXPECT_GE(p.dims.norm_eps, kMinNormEps);
+    EXPECT_LE(p.dims.norm_eps, kMaxNormEps);
+  }
+}
+
+TEST(HfConfig, AFolderOrAFifoIsRefusedAtOnce) {
+  const auto dir = std::filesystem::temp_directory_path() / ("actbench_hf_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "folder.json");
+  const std::string fifo = (dir / "fifo.json").string();
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THROW(read_hf_config((dir / "folder.json").string()), InvalidArgument);
+  EXPECT_THROW(read_hf_config(fifo), InvalidArgument);  // at once: nobody writes to it
 }

@@ -8,9 +8,11 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,6 +116,168 @@ class LlamaCliTest(unittest.TestCase):
                 self.assertEqual(len(lines), 1, what + ": " + r.stderr)
                 self.assertTrue(lines[0].startswith("layer_run: error:"), lines[0])
                 self.assertFalse(os.path.exists(self.csv), what + " left a CSV behind")
+
+    def fresh_csv(self):
+        if os.path.exists(self.csv):
+            os.remove(self.csv)
+
+    def assert_refused(self, r, what, *needles):
+        """Exit 2, exactly one line on stderr (layer_run's) naming every needle, no row."""
+        self.assertEqual(r.returncode, 2, "%s: rc %s: %s" % (what, r.returncode, r.stderr))
+        lines = [l for l in r.stderr.splitlines() if l.strip()]
+        self.assertEqual(len(lines), 1, what + ": " + r.stderr)
+        self.assertTrue(lines[0].startswith("layer_run: error:"), what + ": " + lines[0])
+        for needle in needles:
+            self.assertIn(needle, lines[0], what)
+        self.assertEqual(self.rows(), [], what + " wrote a row")
+
+    def run_quick(self, *args):
+        """layer_run that must answer at once: a hang fails the test instead of blocking it."""
+        try:
+            return subprocess.run([LAYER_RUN, *args, "--csv", self.csv], capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            self.fail("layer_run blocked: " + " ".join(args))
+
+    # ---- --hf-config: every value the reader uses is checked like a flag ----
+    def test_hf_config_values_of_the_wrong_type_or_out_of_range_are_refused(self):
+        bad = [
+            ("hidden_act", 5), ("hidden_act", ["silu"]), ("hidden_act", True), ("hidden_act", {"a": 1}),
+            ("rms_norm_eps", 1e300), ("rms_norm_eps", 0), ("rms_norm_eps", -1e-5), ("rms_norm_eps", "1e-5"),
+            ("rms_norm_eps", 1e-50), ("rms_norm_eps", 2.0), ("rms_norm_eps", [1e-5]),
+            ("rope_theta", 0), ("rope_theta", -1.0), ("rope_theta", 1e300), ("rope_theta", "500000"),
+            ("rope_theta", 0.5), ("rope_theta", True),
+            ("num_hidden_layers", 1000000000000), ("num_hidden_layers", 0), ("num_hidden_layers", -1),
+            ("num_hidden_layers", 2.5), ("num_hidden_layers", 32.0), ("num_hidden_layers", "32"),
+            ("num_hidden_layers", True), ("num_hidden_layers", 1e12),
+            ("hidden_size", 2 ** 62), ("hidden_size", 2 ** 63), ("hidden_size", 2 ** 64), ("hidden_size", -4096),
+            ("hidden_size", 4096.5), ("hidden_size", None),
+            ("num_attention_heads", 0), ("num_attention_heads", 2 ** 40), ("num_attention_heads", "32"),
+            ("num_key_value_heads", 0), ("num_key_value_heads", "8"), ("num_key_value_heads", 2 ** 62),
+            ("intermediate_size", 2 ** 62), ("intermediate_size", 0), ("intermediate_size", 1.5),
+            ("vocab_size", 2 ** 40), ("vocab_size", 0), ("vocab_size", "128256"),
+            ("max_position_embeddings", 2 ** 40), ("max_position_embeddings", 0), ("max_position_embeddings", -5),
+            ("max_position_embeddings", "8192"),
+            ("head_dim", "128"), ("head_dim", 2 ** 62), ("head_dim", 0), ("head_dim", 64),
+            ("attention_bias", "no"), ("attention_bias", 1), ("mlp_bias", [False]),
+            ("model_type", 5), ("model_type", ""), ("model_type", "x" * 100), ("model_type", "lla,ma"),
+            ("model_type", "llama\nnext"),
+            ("num_local_experts", "8"), ("sliding_window", 4096),
+        ]
+        for key, value in bad:
+            what = "%s: %r" % (key, value)
+            with self.subTest(what):
+                self.fresh_csv()
+                path = self.write_config("bad")
+                with open(path) as f:
+                    cfg = json.load(f)
+                cfg[key] = value
+                with open(path, "w") as f:
+                    json.dump(cfg, f)
+                self.assert_refused(self.run_quick("--backend", "meta", "--hf-config", path), what, path, key)
+
+    def test_hf_config_that_is_not_a_json_object_is_refused(self):
+        cases = {"a list": "[1, 2]", "NaN": '{"rms_norm_eps": NaN}', "not JSON": "{ not json",
+                 "a number overflowing a double": '{"rope_theta": 1e400}', "empty": "",
+                 "deep nesting": '{"x": ' + "[" * 100000 + "]" * 100000 + "}", "bad UTF-8": b'{"\xff": 1}'}
+        for what, text in cases.items():
+            with self.subTest(what):
+                path = os.path.join(self.tmp, "config.json")
+                with open(path, "wb") as f:
+                    f.write(text if isinstance(text, bytes) else text.encode())
+                self.assert_refused(self.run_quick("--backend", "meta", "--hf-config", path), what, path)
+
+    def test_hf_config_that_is_a_folder_or_a_fifo_is_refused_at_once(self):
+        folder = os.path.join(self.tmp, "folder.json")
+        os.mkdir(folder)
+        fifo = os.path.join(self.tmp, "fifo.json")
+        os.mkfifo(fifo)
+        for what, path in [("a folder", folder), ("a FIFO", fifo)]:
+            with self.subTest(what):
+                self.assert_refused(self.run_quick("--backend", "meta", "--hf-config", path), what, "--hf-config",
+                                    path)
+
+    def test_a_valid_hf_config_writes_a_layer_json_that_is_json(self):
+        path = self.write_config("small", hidden_size=48, num_attention_heads=4, num_key_value_heads=2,
+                                 intermediate_size=40, max_position_embeddings=16, rms_norm_eps=1e-6,
+                                 rope_theta=1e6)
+        dump = os.path.join(self.tmp, "dump")
+        r = self.run_quick("--backend", "cpu", "--hf-config", path, "--config", "baseline", "--dump", dump)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(dump, "layer.json")) as f:
+            meta = json.load(f)
+        self.assertEqual((meta["hidden"], meta["kv_heads"], meta["rope_theta"]), (48, 2, 1e6))
+        self.assertAlmostEqual(meta["norm_eps"], 1e-6)
+
+    # ---- --hf-config with the other flags: what the file defines cannot be given again ----
+    def test_flags_the_hf_config_defines_are_refused(self):
+        path = self.write_config("Meta-Llama-3-8B")
+        for flag, value in [("--model", "llama3-8b"), ("--model", "tiny"), ("--hidden", "4096"), ("--heads", "16"),
+                            ("--kv-heads", "4"), ("--ffn-hidden", "1024"), ("--rope-theta", "10000"),
+                            ("--norm-eps", "1e-6")]:
+            with self.subTest(flag):
+                self.fresh_csv()
+                r = self.run_quick("--backend", "meta", "--hf-config", path, flag, value)
+                self.assert_refused(r, flag, flag, "--hf-config")
+        # --emulate-tp takes its tensor-parallel size from a preset; the file has none
+        r = self.run_quick("--backend", "meta", "--hf-config", path, "--emulate-tp")
+        self.assert_refused(r, "--emulate-tp without --tp", "--emulate-tp", "--tp", "--hf-config")
+
+    def test_flags_the_hf_config_does_not_define_are_used(self):
+        path = self.write_config("Meta-Llama-3-8B")
+        r = self.run_quick("--backend", "meta", "--hf-config", path, "--batch", "3", "--seq", "512", "--layers", "2",
+                           "--tp", "4", "--emulate-tp", "--arch", "llama", "--config", "baseline")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        row = self.rows()[0]
+        self.assertEqual((row["model"], row["hidden"], row["heads"], row["kv_heads"], row["ffn_hidden"]),
+                         ("llama:Meta-Llama-3-8B", "4096", "32", "8", "14336"))
+        self.assertEqual((row["batch"], row["seq"], row["layers"], row["tp"]), ("3", "512", "2", "4"))
+        self.assertEqual(int(row["act_bytes"]), llama_bytes(512, 3, 4096, 32, 8, 14336, 4, "baseline"))
+
+    def run_mpi_in_folders(self, args, folders, timeout=60):
+        """One rank per folder, each started there (MPMD, -wdir) with the same arguments. A hang past
+        `timeout` kills the whole process group and fails the test instead of hanging CI."""
+        cmd = [MPIEXEC, "-q"]
+        for i, folder in enumerate(folders):
+            cmd += ([":"] if i else []) + ["-np", "1", "-wdir", folder, os.path.abspath(LAYER_RUN), *args]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            self.fail("mpirun hung for %d s: %s" % (timeout, " ".join(cmd)))
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_ranks_compare_what_the_hf_config_says_not_its_name(self):
+        folders = [os.path.join(self.tmp, "rank%d" % i) for i in range(2)]
+        for folder in folders:
+            os.makedirs(folder)
+        small = dict(LLAMA3_8B, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                     max_position_embeddings=16)
+
+        def write(folder, **changes):
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(dict(small, **changes), f)
+
+        args = ["--backend", "cpu", "--hf-config", "config.json", "--tp", "2", "--iters", "1", "--config", "baseline",
+                "--csv", self.csv]
+        for key, other in [("hidden_size", 128), ("num_key_value_heads", 4), ("rope_theta", 1e6),
+                           ("rms_norm_eps", 1e-6), ("max_position_embeddings", 32)]:
+            with self.subTest(key):
+                write(folders[0])
+                write(folders[1], **{key: other})
+                start = time.monotonic()
+                self.assert_refused(self.run_mpi_in_folders(args, folders), key, "--hf-config")
+                self.assertLess(time.monotonic() - start, 60)
+        # a file only one rank can read: that rank's line, every rank stops
+        os.remove(os.path.join(folders[1], "config.json"))
+        self.assert_refused(self.run_mpi_in_folders(args, folders), "missing on rank 1", "config.json")
+        # the same contents in two folders are the same arguments
+        write(folders[1])
+        r = self.run_mpi_in_folders(args, folders)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([(row["hidden"], row["tp"]) for row in self.rows()], [("64", "2")])
 
     def test_meta_presets_equal_the_closed_forms(self):
         shapes = {"llama3-8b": (4096, 32, 8, 14336, 1), "llama3-70b": (8192, 64, 8, 28672, 8),
