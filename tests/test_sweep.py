@@ -45,7 +45,7 @@ def processes_with(text):
 
 def keys_of(path):
     header, rows, problems = results_csv.read(path)
-    return [tuple(sweep.norm(row[header.index(c)]) for c in sweep.KEY_COLUMNS) for _, row in rows], problems
+    return [tuple(row[header.index(c)] for c in sweep.KEY_COLUMNS) for _, row in rows], problems
 
 
 def read_rows(path):
