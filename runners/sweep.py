@@ -17,6 +17,9 @@ list ("baseline,sp" or, in fixed, ["baseline", "sp"]) is one point per configura
 of a point: model hidden heads seq batch tp config attention dtype dropout layers arch
 kv_heads ffn_hidden (plus the backend and whether t is emulated); a point whose key is
 already in the CSV is skipped, so a sweep killed at any moment is resumed by running it again.
+Keys are compared as the exact text layer_run writes (dropout: the shortest %.{p}g that reads
+back as its float32). Numbers in a plan or an option are taken only as layer_run spells them
+(ASCII digits); a plan file is at most 4 levels deep and 1000000 points.
 
 Models: tiny 22b 175b 530b 1t (arch gpt) and llama3-8b llama3-70b llama3-405b (arch llama),
 each with layer_run's preset shape unless the plan sets it. "arch": "llama" on a gpt model
@@ -31,8 +34,9 @@ same way. Out-of-memory points are rows with status=oom (layer_run exit status 3
 sweep goes on. Malformed lines already in the CSV (half-written or glued rows, bytes that
 are not UTF-8, runaway fields) are named with their line number; their points run again.
 
-One sweep at a time per CSV: a sweep holds FILE.lock (flock) from start to end, and every
-point's process inherits it, so a second sweep on the same CSV, or a rerun right after a
+One sweep at a time per CSV file: a sweep holds FILE.lock (flock) and a lock named after the
+file's device and inode (so every hard-linked name is one lock) from start to end, and every
+point's process inherits both, so a second sweep on the same file, or a rerun right after a
 sweep was killed while a point was still running, waits for it (--no-wait: exit 2 instead)
 and then runs only the points still missing. Each point's process runs in its own process
 group: SIGINT / SIGTERM to the sweep are passed on to it, and on Linux it is sent SIGTERM
@@ -779,7 +783,7 @@ def main(argv=None):
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan", help=" | ".join(BUILTIN_PLANS) + " | PLAN.json")
-    ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable; FILE.lock beside it)")
+    ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable; FILE.lock beside it; created with its header)")
     ap.add_argument("--backend", default="meta", choices=["cpu", "cuda", "meta"])
     ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
