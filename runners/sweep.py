@@ -312,7 +312,8 @@ def resolve(plan, given, defaults):
         p.setdefault("kv_heads", preset.get("kv_heads") or p["heads"])
         p.setdefault("ffn_hidden", preset.get("ffn_hidden") or 4 * p["hidden"])
         if "dropout" in given and given["dropout"] != 0:
-            raise SweepError(f"{where}, arch llama: dropout={key_text('dropout', given['dropout'])}, but llama has no dropout (0)")
+            raise SweepError(f"{where}, arch llama: dropout={key_text('dropout', given['dropout'])}, "
+                             f"but llama has no dropout (0)")
         p["dropout"] = 0.0
     return p
 
@@ -783,7 +784,8 @@ def main(argv=None):
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan", help=" | ".join(BUILTIN_PLANS) + " | PLAN.json")
-    ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable; FILE.lock beside it; created with its header)")
+    ap.add_argument("--csv", required=True,
+                    help="results CSV (appended to; resumable; FILE.lock beside it; created with its header)")
     ap.add_argument("--backend", default="meta", choices=["cpu", "cuda", "meta"])
     ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
