@@ -1,21 +1,24 @@
 """Shared by the plot scripts: finding matplotlib, reading the CSVs, one figure style.
 
-Every plot reads CSVs only: layer_run results (any *.csv in RESULTS_DIR with layer_run's
-header), CUPTI phase breakdowns (columns config, phase, gpu_ms), and the tables that
-`theory --out DIR` writes (which carry the paper's numbers in their paper_* columns).
-Malformed lines (wrong field count, glued or half-written rows, bytes that are not UTF-8,
-runaway fields), values that are not numbers, status=ok rows without their measurements and
-CSVs meant as results but missing a required column are each named (file and line), left
-out of every plot, and make the run end with status 2; the figures the rest allows are made.
+Every plot reads CSVs only: layer_run results (any *.csv file in RESULTS_DIR with layer_run's
+header; folders, FIFOs and devices named *.csv are ignored and named, never opened), CUPTI
+phase breakdowns (columns config, phase, gpu_ms), and the tables that `theory --out DIR`
+writes (which carry the paper's numbers in their paper_* columns). Malformed lines (wrong
+field count, glued or half-written rows, bytes that are not UTF-8, runaway fields), values
+that are not numbers as layer_run writes them (ASCII digits: not '１２', '1_000' or ' 7'),
+status=ok rows without their measurements and CSVs meant as results but missing a required
+column are each named (file and line), left out of every plot, and make the run end with
+status 2; the figures the rest allows are made.
 """
 import glob
 import json
-import math
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runners"))
+import number_text  # noqa: E402  (numbers spelled as layer_run writes them, shared with sweep.py)
 import results_csv  # noqa: E402  (the line-by-line CSV reader shared with sweep.py)
+import user_files  # noqa: E402
 
 
 def ensure_matplotlib():
@@ -153,19 +156,33 @@ class Inputs:
 
     def __init__(self):
         self.cache = {}
-        self.problems = []   # errors: malformed lines, missing columns, unreadable files
+        self.problems = []   # errors: malformed lines, missing columns, unreadable files; every one
+        self.summary = []    # the same, at most a few lines per file plus a count: for stderr
         self.ignored = []    # CSVs in RESULTS_DIR that are neither layer_run nor CUPTI ones
+
+    def problem(self, text):
+        self.problems.append(text)
+        self.summary.append(text)
+
+    def line_problems(self, path, problems):
+        """[(line, why)] of one file: each named in problems, the first few in summary."""
+        self.problems += results_csv.summarize(path, problems, limit=len(problems))
+        self.summary += results_csv.summarize(path, problems)
 
     def read(self, path):
         """(header, rows as dicts with _file and _line) or (None, []) when the file is unusable."""
         if path not in self.cache:
             try:
+                user_files.check_file(path, path)  # a FIFO would block the reader
                 header, rows, problems = results_csv.read(path)
+            except user_files.UserFileError as e:
+                self.problem(str(e))
+                self.cache[path] = (None, [])
             except results_csv.BadFile as e:
-                self.problems.append(f"{path}: {e}")
+                self.problem(f"{path}: {e}")
                 self.cache[path] = (None, [])
             else:
-                self.problems += results_csv.summarize(path, problems)
+                self.line_problems(path, problems)
                 name = os.path.basename(path)
                 self.cache[path] = (header, [dict(zip(header, row), _file=name, _line=line) for line, row in rows])
         return self.cache[path]
@@ -176,7 +193,7 @@ class Inputs:
         for r in rows:
             why = check(r)
             (bad if why else good).append((r["_line"], why) if why else r)
-        self.problems += results_csv.summarize(path, bad)
+        self.line_problems(path, bad)
         return good
 
 
@@ -188,14 +205,9 @@ def read_csv(path):
 
 
 def num(v):
-    """float of a CSV cell, None for an empty, unreadable or non-finite one."""
-    if v is None or v == "":
-        return None
-    try:
-        f = float(v)
-    except ValueError:
-        return None
-    return f if math.isfinite(f) else None
+    """float of a CSV cell spelled as layer_run writes numbers (ASCII), None for any other
+    (empty, '１２', '1_000', ' 7', 'inf')."""
+    return number_text.real(v)
 
 
 def layer_run_row_problem(r):
@@ -204,10 +216,10 @@ def layer_run_row_problem(r):
             continue
         x = num(v)
         if x is None:
-            return f"{c} is '{v[:40]}', not a finite number"
+            return f"{c} is '{v[:40]}', not a finite number as layer_run writes one (ASCII digits)"
         if x < 0 or x > 2.0 ** 63:  # times, bytes and sizes: none is negative or past 64 bits
             return f"{c} is {v[:40]}, out of range"
-        if c in SHAPE_COLUMNS and (x < 1 or not x.is_integer()):
+        if c in SHAPE_COLUMNS and number_text.integer(v, 1, number_text.INT64_MAX) is None:
             return f"{c} is {v[:40]}, not a positive integer"
     if r.get("status") == "ok":
         for c in OK_ROW_NEEDS:
@@ -221,7 +233,7 @@ def layer_run_row_problem(r):
 
 def cupti_row_problem(r):
     if num(r.get("gpu_ms")) is None:
-        return f"gpu_ms is '{(r.get('gpu_ms') or '')[:40]}', not a finite number"
+        return f"gpu_ms is '{(r.get('gpu_ms') or '')[:40]}', not a finite number (ASCII digits)"
     return None
 
 
@@ -243,7 +255,7 @@ def classify(path, header):
                                         ("CUPTI", CUPTI_COLUMNS, CUPTI_MARKERS, 3)):
         if cols & markers or len(cols & needed) >= most:
             missing = ", ".join(sorted(needed - cols))
-            INPUTS.problems.append(f"{path}: a {kind} CSV without the required column(s) {missing}: not read")
+            INPUTS.problem(f"{path}: a {kind} CSV without the required column(s) {missing}: not read")
             return None
     INPUTS.ignored.append(f"{os.path.basename(path)} (neither a layer_run nor a CUPTI CSV)")
     return None
@@ -253,10 +265,13 @@ def load_results(results_dir):
     """(layer_run rows, CUPTI rows) of every CSV in results_dir; what is wrong goes to INPUTS."""
     runs, cupti = [], []
     for path in csv_files(results_dir):
-        if os.path.isdir(path):
-            INPUTS.ignored.append(f"{os.path.basename(path)} (a folder)")
-            continue
-        header, rows = INPUTS.read(path)
+        try:
+            user_files.check_file(os.path.basename(path), path)
+        except user_files.UserFileError as e:
+            if os.path.exists(path):  # a folder, FIFO or device: no results file, never opened
+                INPUTS.ignored.append(str(e))
+                continue
+        header, rows = INPUTS.read(path)  # one that cannot be read is a problem
         if header is None:
             continue
         kind = classify(path, header)
@@ -330,8 +345,9 @@ def latest_by_config(rows):
 
 
 def report(prog, inputs, out=sys.stderr):
-    """Prints each input problem as one line; returns the exit status (2 when there was one)."""
-    for p in inputs.problems:
+    """Prints the input problems (a few lines per file, then a count); returns the exit status
+    (2 when there was one)."""
+    for p in inputs.summary:
         print(f"{prog}: error: {p}", file=out)
     return 2 if inputs.problems else 0
 

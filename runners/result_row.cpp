@@ -1,6 +1,8 @@
 #include "runners/result_row.hpp"
 
+#include <charconv>
 #include <cstdio>
+#include <cstring>
 
 #include "runners/result_columns.hpp"
 #include "runtime/allocator.hpp"
@@ -19,6 +21,21 @@ std::string fmt_ms(double v, bool have) {
 std::string fmt_num(double v, const char* f = "%.0f") {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// The one spelling of a float value (the row's dropout): the shortest "%.{p}g", p = 1..9, that
+// reads back as the same float the way --dropout is read (text -> double -> float). The
+// sweep (runners/number_text.py, float32_text) spells its points' keys by the same rule, so a
+// point's row is found again whatever digits its plan gave; "%g" alone cut 0.1234567 to 0.123457.
+std::string float32_text(float v) {
+  char buf[32] = "";
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+    double back = 0;
+    std::from_chars(buf, buf + std::strlen(buf), back);
+    if (static_cast<float>(back) == v) break;
+  }
   return buf;
 }
 
@@ -52,7 +69,7 @@ void set_run_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
   row.set("emulated", run.options.emulate_tp ? "1" : "0");
   row.set("config", config_name(m.spec.policy));
   row.set("dtype", dtype_name(m.spec.dtype));
-  row.set("dropout", fmt_num(m.spec.dropout, "%g"));
+  row.set("dropout", float32_text(m.spec.dropout));
   row.set("layers", std::to_string(m.spec.layers));
   row.set("iters", std::to_string(m.spec.iters));
   row.set("git_sha", build_git_sha());

@@ -17,6 +17,9 @@ list ("baseline,sp" or, in fixed, ["baseline", "sp"]) is one point per configura
 of a point: model hidden heads seq batch tp config attention dtype dropout layers arch
 kv_heads ffn_hidden (plus the backend and whether t is emulated); a point whose key is
 already in the CSV is skipped, so a sweep killed at any moment is resumed by running it again.
+Keys are compared as the exact text layer_run writes (dropout: the shortest %.{p}g that reads
+back as its float32). Numbers in a plan or an option are taken only as layer_run spells them
+(ASCII digits); a plan file is at most 4 levels deep and 1000000 points.
 
 Models: tiny 22b 175b 530b 1t (arch gpt) and llama3-8b llama3-70b llama3-405b (arch llama),
 each with layer_run's preset shape unless the plan sets it. "arch": "llama" on a gpt model
@@ -31,8 +34,9 @@ same way. Out-of-memory points are rows with status=oom (layer_run exit status 3
 sweep goes on. Malformed lines already in the CSV (half-written or glued rows, bytes that
 are not UTF-8, runaway fields) are named with their line number; their points run again.
 
-One sweep at a time per CSV: a sweep holds FILE.lock (flock) from start to end, and every
-point's process inherits it, so a second sweep on the same CSV, or a rerun right after a
+One sweep at a time per CSV file: a sweep holds FILE.lock (flock) and a lock named after the
+file's device and inode (so every hard-linked name is one lock) from start to end, and every
+point's process inherits both, so a second sweep on the same file, or a rerun right after a
 sweep was killed while a point was still running, waits for it (--no-wait: exit 2 instead)
 and then runs only the points still missing. Each point's process runs in its own process
 group: SIGINT / SIGTERM to the sweep are passed on to it, and on Linux it is sent SIGTERM
@@ -57,6 +61,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -64,7 +69,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import number_text  # noqa: E402
 import results_csv  # noqa: E402
+import user_files  # noqa: E402
 
 # layer_run's facts (runners/facts.json, written by actbench_facts from the C++ tables): its
 # presets (the paper's Table 3 models, the llama family with g = kv_heads and F = ffn_hidden, tiny),
@@ -134,47 +141,84 @@ class SweepError(Exception):
 
 # ---------------------------------------------------------------- plans
 
+MAX_PLAN_DEPTH = 4  # the plan > "grid" > a field's list > a list of configurations
+MAX_POINTS = 1000000  # each point is a process: more is a mistake, not a sweep
+MAX_SHOWN_CHARS = 60  # of a bad value, in its error line
+
+
 def load_plan(name):
     if name in BUILTIN_PLANS:
         plan = dict(BUILTIN_PLANS[name])
         plan["name"] = name
         return plan
-    if not os.path.exists(name):
+    if not os.path.lexists(name):
         raise SweepError(f"unknown plan '{name}': not one of {', '.join(BUILTIN_PLANS)} and no such file")
     try:
-        with open(name, encoding="utf-8") as f:
-            plan = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SweepError(f"cannot read plan file {name}: {e}")
+        text = user_files.read_text(f"plan file {name}", name)
+    except user_files.UserFileError as e:
+        raise SweepError(str(e))
+    try:
+        plan = json.loads(text, parse_constant=refuse_constant)
+    except RecursionError:
+        plan = None  # deeper than the parser goes: refused below as too deep
+    except ValueError as e:  # not JSON, NaN or Infinity, an integer of thousands of digits
+        raise SweepError(f"plan file {name}: not a JSON plan ({e})")
+    if plan is None or nesting_depth(plan) > MAX_PLAN_DEPTH:
+        raise SweepError(f"plan file {name}: nested deeper than a plan is (at most {MAX_PLAN_DEPTH} levels: "
+                         f"the plan, grid, a field's list, a list of configurations)")
     if not isinstance(plan, dict) or not isinstance(plan.get("grid", {}), dict) \
             or not isinstance(plan.get("fixed", {}), dict):
         raise SweepError(f"plan file {name}: expected an object with 'grid' (and optional 'fixed') objects")
     plan.setdefault("name", os.path.splitext(os.path.basename(name))[0])
+    if isinstance(plan["name"], (list, dict)):
+        raise SweepError(f"plan file {name}: name={shown(plan['name'])} is not a name")
     plan["name"] = str(plan["name"])
     return plan
 
 
+def refuse_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def nesting_depth(value):
+    """How many lists and objects deep value goes (without recursion: any depth is measured)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def shown(v):
+    """A plan value as JSON, cut short for an error line."""
+    text = json.dumps(v, ensure_ascii=False)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + "..."
+
+
 def plan_value(plan, k, v):
-    """A plan's value for field k as layer_run takes it; SweepError names what is wrong."""
-    where = f"plan '{plan['name']}': {k}={json.dumps(v)}"
+    """A plan's value for field k as layer_run takes it; SweepError names what is wrong.
+    Numbers are JSON numbers or strings spelled as layer_run reads them (number_text)."""
+    where = f"plan '{plan['name']}': {k}={shown(v)}"
     if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
         raise SweepError(f"{where} is not a single value")
     if k in INT_FIELDS:
-        if isinstance(v, str) and v.strip().isdigit():
+        if isinstance(v, str):
+            v = number_text.integer(v, 1, number_text.INT64_MAX)
+        elif isinstance(v, float) and v.is_integer():
             v = int(v)
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        if not isinstance(v, int) or v <= 0:
-            raise SweepError(f"{where} is not a positive integer")
+        if not isinstance(v, int) or not 1 <= v <= number_text.INT64_MAX:
+            raise SweepError(f"{where} is not a positive integer (1 .. 2^63-1, ASCII digits)")
         return v
     if k == "dropout":
-        try:
-            v = float(v)
-        except ValueError:
-            raise SweepError(f"{where} is not a number")
-        if not math.isfinite(v):
-            raise SweepError(f"{where} is not a finite number")
-        return v
+        if isinstance(v, str):
+            v = number_text.real(v)
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SweepError(f"{where} is not a finite number (ASCII digits)")
+        if not 0 <= v < 1 or number_text.to_float32(v) >= 1:
+            raise SweepError(f"{where} is not in [0, 1) (as a float32, which layer_run runs)")
+        return float(v)
     if not isinstance(v, str) or not v.strip():
         raise SweepError(f"{where} is not a name")
     return v.strip()
@@ -185,14 +229,14 @@ def config_list(plan, v):
     out = []
     for item in (v if isinstance(v, list) else [v]):
         if not isinstance(item, str):
-            raise SweepError(f"plan '{plan['name']}': config={json.dumps(v)}: configurations are names")
+            raise SweepError(f"plan '{plan['name']}': config={shown(v)}: configurations are names")
         for c in item.split(","):
             if not c.strip():
-                raise SweepError(f"plan '{plan['name']}': config={json.dumps(v)} has an empty configuration")
+                raise SweepError(f"plan '{plan['name']}': config={shown(v)} has an empty configuration")
             if c.strip() not in out:
                 out.append(c.strip())
     if not out:
-        raise SweepError(f"plan '{plan['name']}': config={json.dumps(v)} is empty")
+        raise SweepError(f"plan '{plan['name']}': config={shown(v)} is empty")
     return out
 
 
@@ -221,12 +265,16 @@ def expand(plan, defaults):
             raise SweepError(f"plan '{plan['name']}': fixed field '{k}' is a list: put it in 'grid'")
         fixed[k] = plan_value(plan, k, v)
     names = list(dims)
+    if math.prod(len(dims[k]) for k in names) > MAX_POINTS:
+        raise SweepError(f"plan '{plan['name']}': its grid has "
+                         + " x ".join(f"{len(dims[k])} {k}" for k in names)
+                         + f" values: more than {MAX_POINTS} points")
     points, seen = [], set()
     for values in itertools.product(*(dims[k] for k in names)):
         given = dict(fixed)
         given.update(zip(names, values))
         p = resolve(plan, given, defaults)
-        ident = tuple(norm(p[k]) for k in KEY_COLUMNS if k in p)
+        ident = tuple(key_text(k, p[k]) for k in KEY_COLUMNS if k in p)
         if ident not in seen:  # a value listed twice (or a default spelled out) is still one point
             seen.add(ident)
             points.append(p)
@@ -264,26 +312,24 @@ def resolve(plan, given, defaults):
         p.setdefault("kv_heads", preset.get("kv_heads") or p["heads"])
         p.setdefault("ffn_hidden", preset.get("ffn_hidden") or 4 * p["hidden"])
         if "dropout" in given and given["dropout"] != 0:
-            raise SweepError(f"{where}, arch llama: dropout={norm(given['dropout'])}, but llama has no dropout (0)")
+            raise SweepError(f"{where}, arch llama: dropout={key_text('dropout', given['dropout'])}, "
+                             f"but llama has no dropout (0)")
         p["dropout"] = 0.0
     return p
 
 
-def norm(v):
-    """One spelling per value, so that 0.1, '0.10' and 1e-1 are the same key."""
-    s = str(v).strip()
-    try:
-        f = float(s)
-    except ValueError:
-        return s
-    if not math.isfinite(f):
-        return s
-    return str(int(f)) if f.is_integer() and abs(f) < 2 ** 63 else repr(f)
+def key_text(column, value):
+    """The one spelling of a key column's value: the text layer_run writes in its row (decimal
+    integers, names as given, dropout as number_text.float32_text of the float32 it runs).
+    A point is in the CSV when a row holds exactly these texts."""
+    if column == "dropout":
+        return number_text.float32_text(value)
+    return str(value)
 
 
 def point_key(p, backend, emulated):
     values = dict(p, backend=backend, emulated=1 if emulated else 0)
-    return tuple(norm(values[c]) for c in KEY_COLUMNS)
+    return tuple(key_text(c, values[c]) for c in KEY_COLUMNS)
 
 
 # ---------------------------------------------------------------- the CSV
@@ -339,7 +385,7 @@ def done_keys(path, header, retry_failed):
     for _, row in rows:
         if retry_failed and row[status] == "failed":
             continue
-        keys.add(tuple(norm(row[i]) for i in idx))
+        keys.add(tuple(row[i] for i in idx))
     return keys, results_csv.summarize(path, problems, MAX_WARNINGS)
 
 
@@ -379,7 +425,7 @@ def end_last_line(path):
 def failed_row(header, p, backend, emulated, status, message, command):
     values = {c: "" for c in header}
     values.update({k: str(v) for k, v in p.items() if k in values})
-    values["dropout"] = norm(p["dropout"])  # "0" and "0.1", as layer_run writes them
+    values["dropout"] = key_text("dropout", p["dropout"])  # "0" and "0.1", as layer_run writes them
     values.update(backend=backend, emulated="1" if emulated else "0", status=status,
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=command)
     if "message" in values:
@@ -387,64 +433,137 @@ def failed_row(header, p, backend, emulated, status, message, command):
     return [values[c] for c in header]
 
 
+def create_csv(path, header):
+    """A CSV that does not exist yet is made holding its header line, so that the sweep can lock
+    the file (not only its name) and a sweep stopped before its first row leaves a CSV, not an
+    empty file. The same discipline as append_row: one write, under flock, only into an empty file."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_size == 0:  # a layer_run run by hand may have been first
+            buf = io.StringIO()
+            csv.writer(buf, lineterminator="\n").writerow(header)
+            os.write(fd, buf.getvalue().encode())
+    finally:
+        os.close(fd)
+
+
+# Locks named after a file's identity (device, inode), shared by every user of this host.
+FILE_LOCK_DIR = "/tmp/actbench-sweep-locks"
+MAX_NOTE_BYTES = 1 << 16  # a lock file's note: the holder's pid, point and CSV
+
+
 class SweepLock:
-    """FILE.lock beside the CSV, flock'd for the whole sweep and inherited by each point's
-    process: whoever holds it may run points into the CSV. It names its holder."""
+    """Whoever holds it may run points into the CSV: two flocks, held for the whole sweep and
+    inherited by each point's process. First FILE.lock beside the CSV's name (as a sweep on
+    another host sharing the folder sees it), then, once the CSV exists, a lock named after the
+    file's identity in FILE_LOCK_DIR, so that every name of one file (hard links) is one lock.
+    Each lock file names its holder."""
 
     def __init__(self, csv_path):
-        self.path = os.path.realpath(csv_path) + ".lock"
-        self.fd = None
-        self.writable = True
+        self.csv = os.path.realpath(csv_path)
+        self.fds = []
 
-    def holder(self):
+    def acquire(self, wait, stopped, header):
+        """Both locks (creating the CSV with its header when missing); False when stopped()
+        while waiting."""
+        if not self._take(self.csv + ".lock", wait, stopped):
+            return False
         try:
-            with open(self.path) as f:
-                info = json.load(f)
-            pid = int(info["sweep_pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return "another sweep"
-        try:
-            os.kill(pid, 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
-        point = info.get("point")
-        if alive:
-            return f"sweep pid {pid}" + (f" (running {point})" if point else "")
-        return f"a point left running by sweep pid {pid}, which has exited" + (f" ({point})" if point else "")
+            create_csv(self.csv, header)
+            st = os.stat(self.csv)
+        except OSError as e:
+            raise SweepError(f"--csv {self.csv}: cannot create ({e.strerror or e})")
+        return self._take(self._file_lock_path(st), wait, stopped)
 
-    def acquire(self, wait, stopped):
+    def _file_lock_path(self, st):
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            os.mkdir(FILE_LOCK_DIR, 0o700)
+            os.chmod(FILE_LOCK_DIR, 0o1777)  # every user's sweeps, like /tmp (umask aside)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise SweepError(f"cannot create the lock folder {FILE_LOCK_DIR}: {e.strerror or e}")
+        if not os.path.isdir(FILE_LOCK_DIR) or os.path.islink(FILE_LOCK_DIR):
+            raise SweepError(f"the lock folder {FILE_LOCK_DIR} is not a folder")
+        return os.path.join(FILE_LOCK_DIR, f"{st.st_dev}-{st.st_ino}.lock")
+
+    def _open(self, path):
+        """(fd, writable): a lock file made by another user may be flock'd read-only."""
+        flags = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # no FIFO blocks the open
+        try:
+            fd, writable = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644), True
         except PermissionError:
-            self.fd = os.open(self.path, os.O_RDONLY)
-            self.writable = False
+            try:
+                fd, writable = os.open(path, os.O_RDONLY | flags), False
+            except OSError as e:
+                raise SweepError(f"cannot open the lock file {path}: {e.strerror or e}")
+        except OSError as e:
+            raise SweepError(f"cannot open the lock file {path}: {e.strerror or e}")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SweepError(f"the lock file {path} is not a file: remove it")
+        return fd, writable
+
+    def _take(self, path, wait, stopped):
+        fd, writable = self._open(path)
         told = False
         while True:
             try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 pass
             if not wait:
-                raise SweepError(f"{self.path[:-5]} is in use by {self.holder()} (without --no-wait: wait for it)")
+                os.close(fd)
+                raise SweepError(f"{self.csv} is in use by {self._holder(path)} (without --no-wait: wait for it)")
             if not told:
-                print(f"sweep: {self.path[:-5]} is in use by {self.holder()}; waiting for it to end "
+                print(f"sweep: {self.csv} is in use by {self._holder(path)}; waiting for it to end "
                       f"(Ctrl-C to stop)", file=sys.stderr, flush=True)
                 told = True
             if stopped():
+                os.close(fd)
                 return False
             time.sleep(0.2)  # polled, so that a signal is answered at once
+        self.fds.append((fd, writable))
         self.note(None)
         return True
 
+    def _holder(self, path):
+        try:
+            info = json.loads(user_files.read_text("lock file", path, MAX_NOTE_BYTES))
+            pid = int(info["sweep_pid"])
+        except (user_files.UserFileError, ValueError, KeyError, TypeError, RecursionError):
+            return "another sweep"
+        try:
+            os.kill(pid, 0)
+            alive = True
+        except (ProcessLookupError, OverflowError):
+            alive = False
+        except PermissionError:
+            alive = True
+        point = info.get("point")
+        other = info.get("csv")
+        via = f" through its other name {other}" if isinstance(other, str) and other != self.csv else ""
+        if alive:
+            return f"sweep pid {pid}" + (f" (running {point})" if point else "") + via
+        return (f"a point left running by sweep pid {pid}, which has exited" + (f" ({point})" if point else "")
+                + via)
+
+    @property
+    def inherited(self):
+        """The lock fds each point's process keeps open (and so holds the locks while it runs)."""
+        return tuple(fd for fd, _ in self.fds)
+
     def note(self, point):
-        if self.writable:
-            text = json.dumps({"sweep_pid": os.getpid(), "point": point}) + "\n"
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, text.encode(), 0)
+        text = (json.dumps({"sweep_pid": os.getpid(), "point": point, "csv": self.csv}) + "\n").encode()
+        for fd, writable in self.fds:
+            if writable:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, text, 0)
 
 
 # ---------------------------------------------------------------- running points
@@ -470,7 +589,7 @@ def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
     cmd = [layer_run, "--backend", args.backend, "--model", p["model"], "--hidden", str(p["hidden"]),
            "--heads", str(p["heads"]), "--seq", str(p["seq"]), "--batch", str(p["batch"]), "--tp", str(p["tp"]),
            "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"],
-           "--dropout", norm(p["dropout"]), "--layers", str(p["layers"]), "--arch", p["arch"]]
+           "--dropout", key_text("dropout", p["dropout"]), "--layers", str(p["layers"]), "--arch", p["arch"]]
     if p["arch"] == "llama":  # given, not left to defaults: the row says what the key says
         cmd += ["--kv-heads", str(p["kv_heads"]), "--ffn-hidden", str(p["ffn_hidden"])]
     cmd += ["--csv", args.csv]
@@ -628,6 +747,10 @@ def check_args(args):
         raise SweepError(f"--csv {args.csv} is a folder")
     if not os.path.isdir(folder):
         raise SweepError(f"--csv {args.csv}: folder {folder} does not exist")
+    try:
+        user_files.check_file(f"--csv {args.csv}", args.csv, must_exist=False)
+    except user_files.UserFileError as e:
+        raise SweepError(str(e))
     if args.extra:
         try:
             words = shlex.split(args.extra)
@@ -643,8 +766,17 @@ def check_args(args):
             raise SweepError(f"--extra may not set {', '.join(unkeyed)}: it changes what runs but no CSV column "
                              f"records it, so a resumed sweep could not tell its points apart ("
                              + "; ".join(f"{o}: {UNKEYED_OPTIONS[o]}" for o in unkeyed) + ")")
-    if args.timeout <= 0 or not math.isfinite(args.timeout):
-        raise SweepError("--timeout must be a positive number of seconds")
+    timeout = number_text.real(args.timeout)
+    if timeout is None or timeout <= 0:
+        raise SweepError(f"--timeout must be a positive number of seconds (ASCII digits), got '{args.timeout}'")
+    args.timeout = timeout
+    for option, least in (("warmup", 0), ("iters", 1), ("layers", 1)):  # layer_run bounds them from above
+        given = getattr(args, option)
+        if given is not None:
+            value = number_text.integer(given, least, number_text.INT64_MAX)
+            if value is None:
+                raise SweepError(f"--{option} must be a whole number >= {least} (ASCII digits), got '{given}'")
+            setattr(args, option, value)
 
 
 def main(argv=None):
@@ -652,18 +784,19 @@ def main(argv=None):
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("plan", help=" | ".join(BUILTIN_PLANS) + " | PLAN.json")
-    ap.add_argument("--csv", required=True, help="results CSV (appended to; resumable; FILE.lock beside it)")
+    ap.add_argument("--csv", required=True,
+                    help="results CSV (appended to; resumable; FILE.lock beside it; created with its header)")
     ap.add_argument("--backend", default="meta", choices=["cpu", "cuda", "meta"])
     ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--attention", default="unfused", choices=ATTENTIONS,
                     help="default for points whose plan does not set it")
-    ap.add_argument("--dropout", type=float,
+    ap.add_argument("--dropout",
                     help=f"default for gpt points whose plan does not set it ({DEFAULT_DROPOUT}); llama points "
                          f"have no dropout (0)")
-    ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--warmup", type=int)
-    ap.add_argument("--iters", type=int)
+    ap.add_argument("--layers", default="1")
+    ap.add_argument("--warmup")
+    ap.add_argument("--iters")
     ap.add_argument("--memory-limit", help="e.g. 80GiB: points past it are recorded as oom")
     ap.add_argument("--build", help="build folder holding runners/layer_run")
     ap.add_argument("--extra", help="more layer_run arguments, one string (not the ones the sweep sets, nor "
@@ -672,7 +805,7 @@ def main(argv=None):
     ap.add_argument("--retry-failed", action="store_true", help="run points recorded as failed again")
     ap.add_argument("--no-wait", action="store_true",
                     help="exit 2 at once when another sweep holds the CSV, instead of waiting for it")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds per point before it is failed")
+    ap.add_argument("--timeout", default="3600", help="seconds per point before it is failed")
     args = ap.parse_args(argv)
 
     runner = Runner()
@@ -683,13 +816,13 @@ def main(argv=None):
     try:
         check_args(args)
         plan = load_plan(args.plan)
-        defaults = {"dtype": args.dtype, "layers": args.layers, "attention": args.attention}
+        defaults = {"dtype": args.dtype, "layers": args.layers, "attention": args.attention}  # checked
         if args.dropout is not None:
             defaults["dropout"] = plan_value({"name": "--dropout"}, "dropout", args.dropout)
         points = expand(plan, defaults)
         layer_run = find_layer_run(args.build)
         header = read_header(layer_run)
-        if not args.dry_run and not lock.acquire(not args.no_wait, lambda: runner.stop is not None):
+        if not args.dry_run and not lock.acquire(not args.no_wait, lambda: runner.stop is not None, header):
             print("sweep: stopped while waiting; nothing ran", file=sys.stderr)
             return 128 + runner.stop
         done, warnings = done_keys(args.csv, header, args.retry_failed)
@@ -733,13 +866,14 @@ def main(argv=None):
         label = (f"{p['model']} s={p['seq']} b={p['batch']} t={p['tp']} {p['config']}"
                  + (f" {p['arch']} g={p['kv_heads']} F={p['ffn_hidden']}" if p["arch"] == "llama" else "")
                  + (f" {p['attention']}" if p["attention"] != "unfused" else "")
-                 + (f" p={norm(p['dropout'])}" if p["arch"] == "gpt" and norm(p["dropout"]) != norm(DEFAULT_DROPOUT)
+                 + (f" p={key_text('dropout', p['dropout'])}" if p["arch"] == "gpt"
+                    and key_text("dropout", p["dropout"]) != key_text("dropout", DEFAULT_DROPOUT)
                     else ""))
         lock.note(label)
-        code, err, timed_out = runner.run(cmd, env, args.timeout, (lock.fd,))
+        code, err, timed_out = runner.run(cmd, env, args.timeout, lock.inherited)
         if flavor == "openmpi" and code != 0 and "not enough slots" in err and "--oversubscribe" not in cmd:
             cmd.insert(3, "--oversubscribe")  # more ranks than Open MPI counts cores: run them anyway
-            code, err, timed_out = runner.run(cmd, env, args.timeout, (lock.fd,))
+            code, err, timed_out = runner.run(cmd, env, args.timeout, lock.inherited)
         lock.note(None)
         if runner.stop is not None and code != 0 and not timed_out:
             break  # stopped mid-point: no result, the point runs again next time

@@ -43,8 +43,8 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
-def run(args, **kw):
-    return subprocess.run(args, capture_output=True, text=True, timeout=120, **kw)
+def run(args, timeout=120, **kw):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
 
 
 def theory_args():
@@ -201,6 +201,64 @@ class MakeAll(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("layer_runs.csv:68", p.stderr)
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "one", "table4_layer_times.png")))
+
+    def test_numbers_not_spelled_as_layer_run_writes_them_and_every_bad_line_in_the_index(self):
+        # float() takes '６１４４', '1_0.5', ' 2048' and '+4'; layer_run writes none of them: each
+        # such row is named and left out. Thirty malformed lines: all named in index.md, while
+        # stderr names the first few and counts the rest.
+        bad = os.path.join(self.tmp, "bad")
+        shutil.copytree(RESULTS, bad)
+        with open(os.path.join(RESULTS, "layer_runs.csv"), encoding="utf-8") as f:
+            lines = f.read().splitlines(keepends=True)
+        header = lines[0].rstrip("\n").split(",")
+        cols = lines[1].rstrip("\n").split(",")
+
+        def with_value(col, value):
+            row = list(cols)
+            row[header.index(col)] = value
+            return ",".join(row) + "\n"
+
+        spelled = [("hidden", "\uff16\uff11\uff14\uff14"), ("fwd_ms", "1_0.5"), ("seq", " 2048"), ("batch", "+4"),
+                   ("act_bytes", "\u0661\u0662\u0663"), ("dropout", "\uff10.1"), ("bwd_ms", "nan")]
+        tail = [with_value(col, value) for col, value in spelled] + [lines[1][:40] + "\n"] * 30
+        with open(os.path.join(bad, "layer_runs.csv"), "a", encoding="utf-8") as f:
+            f.write("".join(tail))
+        out = os.path.join(self.tmp, "out")
+        p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), bad, out, "--theory", THEORY_SNAPSHOT], timeout=120)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertIn("read 63 layer_run rows", p.stdout)  # only the fixture's own rows
+        with open(os.path.join(out, "index.md"), encoding="utf-8") as f:
+            index = f.read()
+        first = len(lines) + 1
+        for i, (col, value) in enumerate(spelled):
+            self.assertRegex(index, rf"layer_runs\.csv:{first + i}: {col} is ", (col, value))
+        for line in range(first + len(spelled), first + len(tail)):
+            self.assertRegex(index, rf"layer_runs\.csv:{line}: .*half-written")
+        named = [e for e in p.stderr.splitlines() if re.search(r"layer_runs\.csv:\d+:", e)]
+        self.assertEqual(len(named), 10, p.stderr)  # five of the malformed lines, five of the bad values
+        self.assertIn("layer_runs.csv: 25 more malformed lines", p.stderr)
+        self.assertIn("layer_runs.csv: 2 more malformed lines", p.stderr)
+
+    def test_a_fifo_among_the_inputs_blocks_nothing(self):
+        results = os.path.join(self.tmp, "results")
+        shutil.copytree(RESULTS, results)
+        os.mkfifo(os.path.join(results, "pipe.csv"))
+        theory = os.path.join(self.tmp, "theory")
+        shutil.copytree(THEORY_SNAPSHOT, theory)
+        os.unlink(os.path.join(theory, "fig7.csv"))
+        os.mkfifo(os.path.join(theory, "fig7.csv"))
+        out = os.path.join(self.tmp, "out")
+        # Nobody writes to either FIFO: a script that opened one would wait for ever.
+        p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), results, out, "--theory", theory], timeout=120)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertIn("ignored: pipe.csv: is a FIFO", p.stdout)
+        self.assertEqual([e for e in p.stderr.splitlines() if "fig7.csv" in e],
+                         [f"make_all: error: {os.path.join(theory, 'fig7.csv')}: is a FIFO (named pipe), not a file"])
+        p = run([PYTHON, os.path.join(PLOTS, "table4.py"), results, os.path.join(self.tmp, "one"),
+                 "--theory", THEORY_SNAPSHOT], timeout=120)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
 
     def test_a_failing_theory_binary_is_a_problem(self):
         empty = os.path.join(self.tmp, "empty")

@@ -45,7 +45,7 @@ def processes_with(text):
 
 def keys_of(path):
     header, rows, problems = results_csv.read(path)
-    return [tuple(sweep.norm(row[header.index(c)]) for c in sweep.KEY_COLUMNS) for _, row in rows], problems
+    return [tuple(row[header.index(c)] for c in sweep.KEY_COLUMNS) for _, row in rows], problems
 
 
 def read_rows(path):
@@ -116,6 +116,39 @@ class PlanExpansion(unittest.TestCase):
             self.assertEqual(len(keys), 6)
         finally:
             shutil.rmtree(tmp)
+
+    def test_numbers_only_as_layer_run_spells_them(self):
+        # int() and float() take other scripts' digits, underscores, blanks and '+'; layer_run
+        # takes ASCII digits only: a plan value it would refuse is refused here, naming it.
+        tmp = tempfile.mkdtemp()
+        try:
+            path = os.path.join(tmp, "p.json")
+            for field, value in (("seq", "\u0661\u0662\u0663"), ("batch", "\uff11\uff12"), ("seq", "1_000"),
+                                 ("seq", " 16"), ("seq", "+16"), ("hidden", "6.4e1"), ("tp", 2 ** 64),
+                                 ("dropout", "\uff10.\uff11"), ("dropout", "0.1_0"), ("dropout", " 0.1"),
+                                 ("dropout", "+0.1"), ("dropout", "infinity"), ("dropout", 1.0),
+                                 ("dropout", 0.9999999999), ("dropout", -0.1)):
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump({"fixed": {"model": "tiny", field: value}}, f, ensure_ascii=False)
+                with self.assertRaisesRegex(sweep.SweepError, rf"{field}=", msg=(field, value)):
+                    sweep.expand(sweep.load_plan(path), {})
+            with open(path, "w") as f:  # the spellings layer_run takes
+                json.dump({"fixed": {"model": "tiny", "seq": "0016", "batch": 2.0, "dropout": "1.e-1"},
+                           "grid": {"heads": ["4", 8]}}, f)
+            pts = sweep.expand(sweep.load_plan(path), {})
+            self.assertEqual({(p["seq"], p["batch"], p["heads"], p["dropout"]) for p in pts},
+                             {(16, 2, 4, 0.1), (16, 2, 8, 0.1)})
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_one_spelling_of_a_dropout(self):
+        # The float32 that layer_run runs, as the shortest text that reads back as it: the
+        # usual dropouts keep the spelling layer_run has always written ("%g").
+        for value, text in ((0.1, "0.1"), (0, "0"), (0.05, "0.05"), (-0.0, "0"), ("0.10", "0.1"), (1e-5, "1e-05"),
+                            (0.1234567, "0.1234567"), (0.123456789, "0.12345679"), (0.30000001, "0.3")):
+            p = sweep.plan_value({"name": "t"}, "dropout", value)
+            self.assertEqual(sweep.key_text("dropout", p), text, value)
+
 
     def test_llama_points_fill_their_family_keys(self):
         pts = self.points("llama")
@@ -265,9 +298,9 @@ class SweepRuns(unittest.TestCase):
             json.dump({"fixed": fixed or {"model": "tiny"}, "grid": grid}, f)
         return path
 
-    def sweep(self, *args, csv_path=None):
+    def sweep(self, *args, csv_path=None, timeout=600):
         return subprocess.run([sys.executable, SWEEP, *args, "--csv", csv_path or self.csv],
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=timeout)
 
     def test_bad_plan_is_one_line_and_exit_2(self):
         r = self.sweep("nonsense")
@@ -577,6 +610,89 @@ class SweepRuns(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
         self.assertIn("not UTF-8", r.stderr)
+
+    def assert_refused(self, r, said):
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        self.assertIn(said, r.stderr)
+
+    def test_plan_files_that_are_no_plans_are_one_line_and_exit_2(self):
+        def plan_text(text):
+            path = os.path.join(self.tmp, "bad.json")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return path
+
+        deep = '{"grid": {"seq": ' + "[" * 100000 + "]" * 100000 + "}}"
+        for text, said in ((deep, "nested deeper than a plan"),
+                           ('{"grid": {"seq": [[[[[16]]]]]}}', "nested deeper than a plan"),
+                           ('{"grid": {"dropout": [NaN]}}', "NaN is not a JSON number"),
+                           ('{"grid": {"seq": [' + "1" * 5000 + "]}}", "not a JSON plan"),
+                           ('{"grid": {"seq": ["\u0661\u0662"]}}', "seq="),
+                           ('{"grid": {"seq": [' + ", ".join(map(str, range(1, 1001))) + '], "batch": ['
+                            + ", ".join(map(str, range(1, 1001))) + '], "config": ["baseline", "sp"]}}',
+                            "more than 1000000 points")):
+            self.assert_refused(self.sweep(plan_text(text), timeout=60), said)
+        fifo = os.path.join(self.tmp, "fifo.json")
+        os.mkfifo(fifo)
+        self.assert_refused(self.sweep(fifo, timeout=60), "a FIFO")  # answered at once: nobody writes to it
+        folder = os.path.join(self.tmp, "plans.json")
+        os.mkdir(folder)
+        self.assert_refused(self.sweep(folder, timeout=60), "a folder")
+        self.assertFalse(os.path.exists(self.csv))
+
+    def test_options_take_numbers_as_layer_run_spells_them(self):
+        for option, value in (("--layers", "\uff11"), ("--iters", "\u0663"), ("--warmup", "1_0"),
+                              ("--timeout", "\uff11\uff10"), ("--dropout", "0.1_0"), ("--dropout", "\u0660.\u0661")):
+            self.assert_refused(self.sweep("smoke", option, value, timeout=60), option.lstrip("-"))
+        fifo = os.path.join(self.tmp, "fifo.csv")
+        os.mkfifo(fifo)
+        self.assert_refused(self.sweep("smoke", csv_path=fifo, timeout=60), "a FIFO")
+
+    def test_a_dropout_of_many_digits_is_one_point(self):
+        # layer_run runs a float32 and records it with the sweep's own spelling of that float32,
+        # so a dropout of more than six significant digits is found again on every re-run.
+        values = [0.1234567, 0.123456789, 0.1, 0.05, 0, 1e-05, "0.30000001"]
+        plan = self.plan({"dropout": values}, fixed={"model": "tiny", "seq": 8, "config": "baseline"})
+        for run in range(2):
+            r = self.sweep(plan, "--backend", "meta")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"{len(values)} points, {len(values) if run else 0} already in", r.stderr)
+        header, rows = read_rows(self.csv)
+        self.assertEqual(sorted(row[header.index("dropout")] for row in rows),
+                         sorted(["0.1234567", "0.12345679", "0.1", "0.05", "0", "1e-05", "0.3"]))
+
+    def test_two_names_of_one_csv_are_one_lock(self):
+        plan = self.plan({"seq": [8, 16], "config": ["baseline"]})
+        self.assertEqual(self.sweep(self.plan({"seq": [24], "config": ["baseline"]})).returncode, 0)
+        other = os.path.join(self.tmp, "other.csv")
+        os.link(self.csv, other)  # a hard link: another name of the same file
+        first = subprocess.Popen(self.slow_args(plan, 30000), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True)
+        try:
+            self.wait_for_point(first)
+            r = self.sweep(plan, "--no-wait", csv_path=other, timeout=60)
+            self.assert_refused(r, f"in use by sweep pid {first.pid}")
+            self.assertIn(f"through its other name {os.path.realpath(self.csv)}", r.stderr)
+            second = subprocess.Popen([sys.executable, SWEEP, plan, "--csv", other], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True)
+            said = []
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                line = second.stderr.readline()
+                if not line:
+                    break
+                said.append(line)
+                if "waiting for it to end" in line:
+                    break
+            self.assertIn("waiting for it to end", "".join(said))
+        finally:
+            first.send_signal(signal.SIGINT)
+            first.communicate(timeout=60)
+        _, err = second.communicate(timeout=120)
+        self.assertEqual(second.returncode, 0, "".join(said) + err)
+        self.assert_each_point_once(3)
 
     def test_bad_arguments_exit_2(self):
         for args in (["smoke", "--extra=--dropout 0.3"], ["smoke", "--extra=--csv=x.csv"],
