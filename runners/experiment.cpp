@@ -10,6 +10,7 @@
 
 #include "layers/params.hpp"
 #include "layers/layer.hpp"
+#include "runners/run_args.hpp"
 #include "runtime/csv.hpp"
 #include "runtime/error.hpp"
 #include "runtime/npy.hpp"
@@ -69,7 +70,7 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
                               {"config", config_name(spec.policy)},
                               {"attention", attention_name(spec.policy.attention)},
                               {"dtype", dtype_name(spec.dtype)},
-                              {"dropout", as_printed(spec.dropout, "%g")},
+                              {"dropout", std::strtod(float32_text(spec.dropout).c_str(), nullptr)},
                               {"seed", spec.seed}};
   if (d.arch == Arch::llama) {
     j["arch"] = "llama";

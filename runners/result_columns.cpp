@@ -30,7 +30,9 @@ const std::vector<Column>& result_columns() {
       {"sequence_parallel", "", "1: the config is sequence parallel (the norms', dropouts' and residuals' activations sharded "
                                 "along s over the t ranks)"},
       {"dtype", "", "the layer's tensors' type (`bf16`, `fp16`, `fp32`); masks are 1 byte, norm statistics fp32"},
-      {"dropout", "probability", "dropout probability (0 for the llama family, which has none)"},
+      {"dropout", "probability",
+       "dropout probability (0 for the llama family, which has none), written as the shortest %.{p}g that reads "
+       "back as the float32 the run used"},
       {"layers", "", "layers in the stack that ran; times and bytes are divided by it"},
       {"warmup", "iterations", "untimed iterations before the timed ones (meta and the simulator: 0 unless given)"},
       {"iters", "iterations",

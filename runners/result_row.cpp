@@ -1,10 +1,9 @@
 #include "runners/result_row.hpp"
 
-#include <charconv>
 #include <cstdio>
-#include <cstring>
 
 #include "runners/result_columns.hpp"
+#include "runners/run_args.hpp"
 #include "runtime/allocator.hpp"
 #include "runtime/provenance.hpp"
 #include "layers/theory_dims.hpp"
@@ -24,20 +23,6 @@ std::string fmt_num(double v, const char* f = "%.0f") {
   return buf;
 }
 
-// The one spelling of a float value (the row's dropout): the shortest "%.{p}g", p = 1..9, that
-// reads back as the same float the way --dropout is read (text -> double -> float). The
-// sweep (runners/number_text.py, float32_text) spells its points' keys by the same rule, so a
-// point's row is found again whatever digits its plan gave; "%g" alone cut 0.1234567 to 0.123457.
-std::string float32_text(float v) {
-  char buf[32] = "";
-  for (int digits = 1; digits <= 9; ++digits) {
-    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
-    double back = 0;
-    std::from_chars(buf, buf + std::strlen(buf), back);
-    if (static_cast<float>(back) == v) break;
-  }
-  return buf;
-}
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -38,6 +39,17 @@ int64_t checked_add(int64_t a, int64_t b, const std::string& quantity, const std
 }
 
 }  // namespace
+
+std::string float32_text(float v) {
+  char buf[32] = "";
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+    double back = 0;
+    std::from_chars(buf, buf + std::strlen(buf), back);
+    if (static_cast<float>(back) == v) break;
+  }
+  return buf;
+}
 
 int64_t parse_int_option(const std::string& option, const std::string& text, int64_t min, int64_t max) {
   require_text(option, text);

@@ -17,6 +17,12 @@ int64_t parse_int_option(const std::string& option, const std::string& text, int
 uint64_t parse_uint64_option(const std::string& option, const std::string& text);
 // A finite real number, the whole text.
 double parse_real_option(const std::string& option, const std::string& text);
+// The one spelling of a float value (the row's dropout, layer.json's): the shortest "%.{p}g",
+// p = 1..9, that reads back as the same float the way --dropout is read (text -> double ->
+// float). The sweep (runners/number_text.py, float32_text) spells its points' keys by the same
+// rule, so a point's row is found again whatever digits its plan gave ("%g" alone cut 0.1234567
+// to 0.123457).
+std::string float32_text(float v);
 // "80GiB", "1.5GB", "512MiB", "1e9" (bytes): a whole number of bytes in 1 .. 2^63.
 uint64_t parse_memory_size(const std::string& option, const std::string& text);
 // "baseline,sp,...": known names, no empty entries, none twice; in the given order.

@@ -98,7 +98,7 @@ class Campaign:
         listing = sorted(os.listdir(out_dir)) if out_dir and os.path.isdir(out_dir) else None
         try:
             p = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S,
-                               stdin=subprocess.DEVNULL)
+                               stdin=subprocess.DEVNULL, cwd=self.work)  # stray outputs land in the scratch folder
         except subprocess.TimeoutExpired:
             return self.fail(label, f"no answer within {TIMEOUT_S} s (blocked or unbounded work)")
         err_lines = [l for l in p.stderr.splitlines() if l.strip()]
@@ -292,8 +292,8 @@ def fuzz_row_kills(c, layer_run, root, kills=60):
 
 
 def main():
-    layer_run = os.environ.get("ACTBENCH_LAYER_RUN", "build/runners/layer_run")
-    theory = os.environ.get("ACTBENCH_THEORY", "build/runners/theory")
+    layer_run = os.path.abspath(os.environ.get("ACTBENCH_LAYER_RUN", "build/runners/layer_run"))
+    theory = os.path.abspath(os.environ.get("ACTBENCH_THEORY", "build/runners/theory"))
     verbose = "-v" in sys.argv
     work = tempfile.mkdtemp(prefix="actbench_fuzz_")
     try:
