@@ -140,7 +140,8 @@ void check_output_file(const std::string& option, const std::string& path) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     refuse(option + " " + quoted(path) + ": its folder " + quoted(dir) + " does not exist");
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) refuse(option + " " + quoted(path) + ": its folder " + quoted(dir) + " is not writable");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    refuse(option + " " + quoted(path) + ": its folder " + quoted(dir) + " is not writable");
 }
 
 }  // namespace actbench

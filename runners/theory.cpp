@@ -139,8 +139,10 @@ ModelSpec fit_model(const std::string& name) {
   } catch (const std::invalid_argument& e) {
     for (const PlanModel& m : llama_plan_models())
       if (m.name == name)
-        throw InvalidArgument("--model " + name + ": the fit planner (theory plan without --gpus) takes 22b, 175b, 530b "
-                              "or 1t; give --gpus N and --global-batch B to search the layouts of " + name);
+        throw InvalidArgument("--model " + name +
+                              ": the fit planner (theory plan without --gpus) takes 22b, 175b, 530b "
+                              "or 1t; give --gpus N and --global-batch B to search the layouts of " +
+                              name);
     throw InvalidArgument(std::string("--model: ") + e.what());
   }
 }

@@ -20,19 +20,27 @@ enum Reader : unsigned { kTables = 1, kFit = 2, kSearch = 4, kLlamaTable = 8 };
 
 std::string command_words(unsigned reader) {
   switch (reader) {
-    case kTables: return "the tables (theory --out DIR)";
-    case kFit: return "the fit planner (theory plan without --gpus)";
-    case kSearch: return "the layout search (theory plan --gpus N)";
-    default: return "theory llama-table";
+    case kTables:
+      return "the tables (theory --out DIR)";
+    case kFit:
+      return "the fit planner (theory plan without --gpus)";
+    case kSearch:
+      return "the layout search (theory plan --gpus N)";
+    default:
+      return "theory llama-table";
   }
 }
 
 Reader reader_of(TheoryCommand c) {
   switch (c) {
-    case TheoryCommand::fit_plan: return kFit;
-    case TheoryCommand::layout_search: return kSearch;
-    case TheoryCommand::llama_table: return kLlamaTable;
-    default: return kTables;
+    case TheoryCommand::fit_plan:
+      return kFit;
+    case TheoryCommand::layout_search:
+      return kSearch;
+    case TheoryCommand::llama_table:
+      return kLlamaTable;
+    default:
+      return kTables;
   }
 }
 
@@ -76,7 +84,9 @@ class Options {
     const unsigned chosen = reader_of(command);
     for (const Declared& d : all_) {
       if (!d.given()) continue;
-      if (!(d.readers & chosen)) throw InvalidArgument(d.name + " is not used by " + command_words(chosen) + "; only by " + readers_words(d.readers));
+      if (!(d.readers & chosen))
+        throw InvalidArgument(d.name + " is not used by " + command_words(chosen) + "; only by " +
+                              readers_words(d.readers));
       if (d.takes_text && d.text.empty()) throw InvalidArgument(d.name + " needs a value (got an empty string)");
     }
   }
@@ -102,24 +112,30 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   Apps apps{&app, nullptr, nullptr};
   app.require_subcommand(0, 1);
   opts.value(app, "--out", kTables, "folder to write the CSV tables to (created if missing)");
-  opts.track(app, app.add_option("--results", results, "layer_run CSV(s) or folder(s) of them: measured layer times for Table 5"),
-             kTables);
-  opts.value(app, "--dtype", kTables | kFit, "activation element type for the byte tables and the fit planner: bf16 | fp16 | fp32",
-             "bf16");
+  opts.track(
+      app,
+      app.add_option("--results", results, "layer_run CSV(s) or folder(s) of them: measured layer times for Table 5"),
+      kTables);
+  opts.value(app, "--dtype", kTables | kFit,
+             "activation element type for the byte tables and the fit planner: bf16 | fp16 | fp32", "bf16");
   opts.value(app, "--optimizer", kTables | kFit,
              "mixed-fp32-grads (18 B/param) | mixed-bf16-grads (16) | fp32 (16); the tables and the fit planner",
              "mixed-fp32-grads");
-  CLI::App& plan = *app.add_subcommand("plan", "which configurations fit: one layout (fit planner) or every layout (--gpus)");
+  CLI::App& plan =
+      *app.add_subcommand("plan", "which configurations fit: one layout (fit planner) or every layout (--gpus)");
   apps.plan = &plan;
   const unsigned both = kFit | kSearch;
   const std::string gpus = std::to_string(theory::kMaxPlanGpus);
   opts.value(plan, "--model", both, "22b | 175b | 530b | 1t; with --gpus also llama3-8b | llama3-70b | llama3-405b");
   opts.value(plan, "--hf-config", kSearch, "with --gpus: a Hugging Face config.json of a LLaMA-style model");
-  opts.value(plan, "--gpus", kSearch, "search every layout of this many GPUs, 1.." + gpus + " (chooses the layout search)");
-  opts.value(plan, "--global-batch", kSearch,
-             "with --gpus: sequences per iteration, 1.." + std::to_string(static_cast<int64_t>(theory::kMaxGlobalBatch)));
-  opts.track(plan, plan.add_flag("--distributed-optimizer", distributed_optimizer,
-                                 "with --gpus: Adam state sharded over data-parallel ranks"),
+  opts.value(plan, "--gpus", kSearch,
+             "search every layout of this many GPUs, 1.." + gpus + " (chooses the layout search)");
+  opts.value(
+      plan, "--global-batch", kSearch,
+      "with --gpus: sequences per iteration, 1.." + std::to_string(static_cast<int64_t>(theory::kMaxGlobalBatch)));
+  opts.track(plan,
+             plan.add_flag("--distributed-optimizer", distributed_optimizer,
+                           "with --gpus: Adam state sharded over data-parallel ranks"),
              kSearch);
   opts.value(plan, "--attention", kSearch, "with --gpus: fused | unfused", "fused");
   opts.value(plan, "--efficiency", kSearch, "with --gpus: achieved fraction of peak FLOP/s, in (0, 1]", "0.5");
@@ -133,12 +149,14 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   opts.value(plan, "--seq", both, "sequence length s, 1.." + std::to_string(kMaxTheorySeq) + " (default: the model's)");
   opts.value(plan, "--headroom", both, "memory kept free, e.g. 2GiB", "0");
   opts.value(plan, "--csv", both, "also write the plan to this CSV");
-  CLI::App& table = *app.add_subcommand("llama-table", "the llama family's Table 2: bytes per category and configuration");
+  CLI::App& table =
+      *app.add_subcommand("llama-table", "the llama family's Table 2: bytes per category and configuration");
   apps.llama_table = &table;
   opts.value(table, "--model", kLlamaTable, "llama3-8b | llama3-70b | llama3-405b");
   opts.value(table, "--hf-config", kLlamaTable, "a Hugging Face config.json of a LLaMA-style model");
   opts.value(table, "--tp", kLlamaTable, "tensor-parallel size", "1");
-  opts.value(table, "--seq", kLlamaTable, "sequence length, 1.." + std::to_string(kMaxTheorySeq) + " (default: the model's)");
+  opts.value(table, "--seq", kLlamaTable,
+             "sequence length, 1.." + std::to_string(kMaxTheorySeq) + " (default: the model's)");
   opts.value(table, "--batch", kLlamaTable, "micro-batch, 1.." + std::to_string(kMaxTheoryMicroBatch), "1");
   return apps;
 }
@@ -154,8 +172,8 @@ void take_settings(const Options& opts, const CLI::App* top, TheoryOptions& o) {
   o.settings.precision = named("--dtype", [&] { return tables::precision_of(dtype); });
   o.settings.dtype = dtype;
   const std::string& optimizer = opts.text(top, "--optimizer");
-  o.settings.bytes_per_param =
-      theory::bytes_per_parameter(named("--optimizer", [&] { return theory::optimizer_precision_from_name(optimizer); }));
+  o.settings.bytes_per_param = theory::bytes_per_parameter(
+      named("--optimizer", [&] { return theory::optimizer_precision_from_name(optimizer); }));
 }
 
 void take_tables(const Options& opts, const CLI::App* top, TheoryOptions& o) {
@@ -192,7 +210,8 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
     o.pp = static_cast<int>(int_value(opts, plan, "--pp", 1, theory::kMaxPlanGpus, 0));
     o.interleave = static_cast<int>(int_value(opts, plan, "--interleave", 1, theory::kMaxPlanGpus, 0));
     o.batch = int_value(opts, plan, "--batch", 1, kMaxTheoryMicroBatch, 0);
-    if (opts.given(plan, "--gpu-memory")) o.gpu_memory = parse_memory_size("--gpu-memory", opts.text(plan, "--gpu-memory"));
+    if (opts.given(plan, "--gpu-memory"))
+      o.gpu_memory = parse_memory_size("--gpu-memory", opts.text(plan, "--gpu-memory"));
     return;
   }
   o.gpus = static_cast<int>(int_value(opts, plan, "--gpus", 1, theory::kMaxPlanGpus, 0));
@@ -235,15 +254,20 @@ TheoryOptions parse_theory_options(int argc, char** argv) {
     std::replace(what.begin(), what.end(), '\n', ' ');
     throw InvalidArgument(what);
   }
-  if (apps.llama_table->parsed()) o.command = TheoryCommand::llama_table;
+  if (apps.llama_table->parsed())
+    o.command = TheoryCommand::llama_table;
   else if (apps.plan->parsed())
     o.command = opts.given(apps.plan, "--gpus") ? TheoryCommand::layout_search : TheoryCommand::fit_plan;
-  else o.command = TheoryCommand::tables;
+  else
+    o.command = TheoryCommand::tables;
   opts.check_given(o.command);
   take_settings(opts, apps.top, o);
-  if (o.command == TheoryCommand::tables) take_tables(opts, apps.top, o);
-  else if (o.command == TheoryCommand::llama_table) take_llama_table(opts, apps.llama_table, o);
-  else take_plan(opts, apps.plan, o);
+  if (o.command == TheoryCommand::tables)
+    take_tables(opts, apps.top, o);
+  else if (o.command == TheoryCommand::llama_table)
+    take_llama_table(opts, apps.llama_table, o);
+  else
+    take_plan(opts, apps.plan, o);
   return o;
 }
 

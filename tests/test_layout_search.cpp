@@ -47,7 +47,8 @@ StageZeroPeaks peaks_of_whole_order(int p, int n, int m) {
   whole.chunks = max_in_flight(order)[0];
   int live = 0;
   for (const PipelineOp& op : order[0])
-    if (op.chunk == 0) whole.first_chunk_microbatches = std::max(whole.first_chunk_microbatches, live += op.forward ? 1 : -1);
+    if (op.chunk == 0)
+      whole.first_chunk_microbatches = std::max(whole.first_chunk_microbatches, live += op.forward ? 1 : -1);
   return whole;
 }
 
