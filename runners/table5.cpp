@@ -5,13 +5,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include "runners/theory_tables.hpp"
 #include "runtime/csv.hpp"
 #include "runtime/error.hpp"
+#include "runtime/user_file.hpp"
 #include "theory/flops.hpp"
 #include "theory/iteration_model.hpp"
 #include "theory/paper_values.hpp"
@@ -28,13 +27,10 @@ const std::vector<std::string> kNeededColumns = {"backend", "device", "model", "
                                                  "config", "dtype", "fwd_ms", "bwd_ms", "comm_mode",
                                                  "comm_ms_modeled", "status"};
 
-// Returns false when the file is not a layer_run CSV (other header).
+// Returns false when the file is not a layer_run CSV (other header). Opened through
+// read_user_file: a FIFO or device refused, never waited on.
 bool read_layer_run_csv(const fs::path& path, std::vector<MeasuredLayer>& out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw InvalidArgument("cannot read " + path.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const auto rows = csv_parse(ss.str());
+  const auto rows = csv_parse(read_user_file("--results " + path.string(), path.string()));
   if (rows.empty()) return false;
   std::map<std::string, size_t> col;
   for (size_t i = 0; i < rows[0].size(); ++i) col[rows[0][i]] = i;
@@ -161,17 +157,17 @@ std::vector<MeasuredLayer> read_measured_layers(const std::vector<std::string>& 
   std::vector<MeasuredLayer> out;
   for (const auto& p : paths) {
     const fs::path path(p);
-    if (fs::is_directory(path)) {
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+      // Its regular *.csv files; other CSVs, and anything that is not a regular file, skipped.
       std::vector<fs::path> files;
-      for (const auto& e : fs::directory_iterator(path))
-        if (e.is_regular_file() && e.path().extension() == ".csv") files.push_back(e.path());
+      for (const auto& e : fs::directory_iterator(path, ec))
+        if (e.is_regular_file(ec) && e.path().extension() == ".csv") files.push_back(e.path());
+      if (ec) throw InvalidArgument("--results " + p + ": cannot list the folder (" + ec.message() + ")");
       std::sort(files.begin(), files.end());
-      for (const auto& f : files) read_layer_run_csv(f, out);  // other CSVs in a folder are skipped
-    } else if (fs::is_regular_file(path)) {
-      if (!read_layer_run_csv(path, out))
-        throw InvalidArgument(p + " is not a layer_run CSV (its header lacks fwd_ms, ...)");
-    } else {
-      throw InvalidArgument("--results " + p + ": no such file or folder");
+      for (const auto& f : files) read_layer_run_csv(f, out);
+    } else if (!read_layer_run_csv(path, out)) {
+      throw InvalidArgument("--results " + p + " is not a layer_run CSV (its header lacks fwd_ms, ...)");
     }
   }
   return out;

@@ -40,6 +40,65 @@ TEST(LayoutSearch, FirstChunkHoldsMinPNFor1F1BAnd2PInterleaved) {
   }
 }
 
+// Stage 0's peaks walked on the whole order, op by op.
+StageZeroPeaks peaks_of_whole_order(int p, int n, int m) {
+  const auto order = pipeline_order(p, n, m);
+  StageZeroPeaks whole;
+  whole.chunks = max_in_flight(order)[0];
+  int live = 0;
+  for (const PipelineOp& op : order[0])
+    if (op.chunk == 0)
+      whole.first_chunk_microbatches = std::max(whole.first_chunk_microbatches, live += op.forward ? 1 : -1);
+  return whole;
+}
+
+TEST(LayoutSearch, StageZeroPeaksEqualTheWholeOrdersAtEveryLength) {
+  for (int p = 1; p <= 9; ++p)
+    for (int m = 1; m <= 4; ++m)
+      for (int n = 1; n <= 14 * p; ++n) {
+        if (m > 1 && n % p != 0) continue;
+        const StageZeroPeaks got = stage_zero_in_flight(p, n, m), want = peaks_of_whole_order(p, n, m);
+        EXPECT_EQ(got.chunks, want.chunks) << "p=" << p << " n=" << n << " m=" << m;
+        EXPECT_EQ(got.first_chunk_microbatches, want.first_chunk_microbatches) << "p=" << p << " n=" << n << " m=" << m;
+      }
+}
+
+TEST(LayoutSearch, StageZeroPeaksDoNotWalkEveryMicrobatch) {
+  // 2^24 micro-batches on 64 stages: a whole order would hold billions of ops.
+  const StageZeroPeaks peaks = stage_zero_in_flight(64, 1 << 24, 4);
+  EXPECT_EQ(peaks.chunks, 64 * 4 + 64 - 1);
+  EXPECT_EQ(peaks.first_chunk_microbatches, 2 * 64);
+  EXPECT_EQ(stage_zero_in_flight(64, 1 << 24, 1).chunks, 64);
+}
+
+TEST(LayoutSearch, ManyLayersOrAHugeBatchCostNoMoreThanTheGpuCount) {
+  PlanRequest r;
+  r.model = plan_model("llama3-8b");
+  r.model.L = 1e12;  // divisors are looked for among the pipeline sizes the GPUs allow, not up to L
+  r.gpu = plan_gpu("h100");
+  r.gpus = 64;
+  r.global_batch = 1 << 24;
+  const auto plans = plan_search(r);
+  ASSERT_FALSE(plans.empty());
+  for (const PlanCandidate& k : plans) {
+    EXPECT_EQ(k.t * k.p * k.dp, 64);
+    EXPECT_EQ(std::fmod(r.model.L, k.p), 0);
+  }
+}
+
+TEST(LayoutSearch, PipelineSizesAreTheDivisorsOfLThatTheGpusAllowInOrder) {
+  PlanRequest r;
+  r.model = plan_model("llama3-8b");  // L = 32
+  r.gpu = plan_gpu("b200");
+  r.gpus = 96;
+  r.global_batch = 96;
+  std::vector<int> seen;
+  for (const PlanCandidate& k : plan_search(r))
+    if (std::find(seen.begin(), seen.end(), k.p) == seen.end()) seen.push_back(k.p);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 4, 8, 16, 32}));
+}
+
 TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   PlanRequest r;
   r.model = plan_model("llama3-70b");

@@ -38,6 +38,13 @@ TEST(RunArgs, IntegersAreTheWholeTextInRange) {
     EXPECT_NE(why.find("--seq"), std::string::npos) << "'" << bad << "' accepted or unnamed: " << why;
   }
   EXPECT_EQ(refusal([] { parse_int_option("--layers", "1025", 1, kMaxLayers); }), "--layers must be in 1..1024, got 1025");
+  // Past 64 bits the problem is the size, not the sign.
+  EXPECT_EQ(refusal([] { parse_int_option("--seq", "99999999999999999999999", 1, INT64_MAX); }),
+            "--seq must be at most 9223372036854775807, got 99999999999999999999999");
+  EXPECT_EQ(refusal([] { parse_int_option("--seq", "-99999999999999999999999", 1, INT64_MAX); }),
+            "--seq must be >= 1, got -99999999999999999999999");
+  // A value with a line break is quoted on one line.
+  EXPECT_EQ(refusal([] { parse_int_option("--seq", "8\n", 1, INT64_MAX); }), "--seq expects a whole number, got '8\\n'");
 }
 
 TEST(RunArgs, SeedTakesTheWholeUnsignedRangeAndNoMore) {
@@ -61,7 +68,10 @@ TEST(RunArgs, MemorySizesAreOneByteTo2To63) {
   EXPECT_EQ(parse_memory_size("--memory-limit", "9223372036854775808"), 1ull << 63);
   for (const char* bad : {"", "0", "0.5", "1e-12GiB", "inf", "nan", "1e30", "-1GiB", "1 GiB", "1XB", "GiB", "9EiB"})
     EXPECT_NE(refusal([&] { parse_memory_size("--memory-limit", bad); }).find("--memory-limit"), std::string::npos)
-        << bad;
+        << bad;  // A size that may be zero (theory's --headroom).
+  EXPECT_EQ(parse_memory_size("--headroom", "0", 0), 0u);
+  EXPECT_EQ(refusal([] { parse_memory_size("--headroom", "-1GiB", 0); }),
+            "--headroom must be between 0 bytes and 8EiB (2^63 bytes), got '-1GiB'");
 }
 
 TEST(RunArgs, ConfigListsHaveNoEmptyOrRepeatedEntries) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 
 #include "theory/llama_memory.hpp"
@@ -83,11 +84,16 @@ double layer_fwd_flops(const PlanModel& m, double s, double b, bool causal) {
   return 2 * b * s * h * ((m.a + 2 * g) * d + h + 3 * F) + attn;
 }
 
-std::vector<double> divisors(double n) {
-  std::vector<double> out;
-  for (double d = 1; d <= n; ++d)
-    if (std::fmod(n, d) == 0) out.push_back(d);
-  return out;
+// The divisors of n in increasing order, found up to sqrt(n): the cost grows with sqrt(n).
+std::vector<int> divisors(int n) {
+  std::vector<int> low, high;
+  for (int d = 1; d <= n / d; ++d)
+    if (n % d == 0) {
+      low.push_back(d);
+      if (d != n / d) high.push_back(n / d);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 }  // namespace
@@ -95,8 +101,11 @@ std::vector<double> divisors(double n) {
 std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
   const PlanModel& M = r.model;
   const double s = r.seq > 0 ? r.seq : M.s, B = r.global_batch;
-  if (r.gpus < 1) throw std::invalid_argument("--gpus must be >= 1");
-  if (!(B >= 1) || std::floor(B) != B) throw std::invalid_argument("--global-batch must be a whole number >= 1");
+  if (r.gpus < 1 || r.gpus > kMaxPlanGpus)
+    throw std::invalid_argument("--gpus must be in 1.." + std::to_string(kMaxPlanGpus));
+  if (!(B >= 1 && B <= kMaxGlobalBatch) || std::floor(B) != B)
+    throw std::invalid_argument("--global-batch must be a whole number in 1.." +
+                                std::to_string(static_cast<int>(kMaxGlobalBatch)));
   if (!(s >= 1) || std::floor(s) != s) throw std::invalid_argument("--seq must be a whole number >= 1");
   if (!(r.efficiency > 0 && r.efficiency <= 1)) throw std::invalid_argument("--efficiency must be in (0, 1]");
   const Gpu& G = r.gpu;
@@ -108,9 +117,10 @@ std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
     if (r.gpus % t != 0 || std::fmod(M.a, t) != 0 || std::fmod(g, t) != 0 || std::fmod(M.h, t) != 0 ||
         std::fmod(F, t) != 0)
       continue;
-    for (double pd : divisors(M.L)) {
-      const int p = static_cast<int>(pd);
-      if (r.gpus % (t * p) != 0) continue;
+    // p divides both the layers and the GPUs left by t: looked for among the latter, so a
+    // model with very many layers costs no more than one with few.
+    for (const int p : divisors(r.gpus / t)) {
+      if (std::fmod(M.L, p) != 0) continue;
       const int dp = r.gpus / (t * p);
       if (std::fmod(B, dp) != 0) continue;
       for (int m : {1, 2, 4}) {
@@ -121,8 +131,8 @@ std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
           if (m > 1 && N % p != 0) continue;  // Megatron's interleaved schedule needs N % p == 0
           const auto key = std::make_tuple(p, N, m);
           if (!in_flight.count(key)) {
-            const auto order = pipeline_order(p, N, m);
-            in_flight[key] = {max_in_flight(order)[0], first_chunk_microbatches_in_flight(p, N, m)};
+            const StageZeroPeaks peaks = stage_zero_in_flight(p, N, m);
+            in_flight[key] = {peaks.chunks, peaks.first_chunk_microbatches};
           }
           const auto [stage0_chunks, chunk0_mbs] = in_flight[key];
           for (const std::string& name : config_names()) {

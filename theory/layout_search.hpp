@@ -46,6 +46,12 @@ PlanModel plan_model(const std::string& name);
 // a100, h100, h200 (models.hpp) and b200.
 const Gpu& plan_gpu(const std::string& name);
 
+// The largest request plan_search takes: more GPUs than any cluster has, more sequences per
+// iteration than any run uses. Within them every count stays an int; the search's cost grows
+// with the divisors of the GPU count, not with the global batch or the layers.
+constexpr int kMaxPlanGpus = 1 << 20;
+constexpr double kMaxGlobalBatch = 1 << 24;
+
 struct PlanRequest {
   PlanModel model;
   Gpu gpu;

@@ -18,37 +18,74 @@ PipelineOp interleaved_op(int k, bool forward, int p, int m) {
   return {forward, (k / (p * m)) * p + k % p, chunk};
 }
 
-}  // namespace
+// One stage's order, op by op: `warmup` forwards, then one forward and one backward at a
+// time (the steady phase), then the remaining backwards.
+struct StageOrder {
+  int p = 1, m = 1, total = 0, warmup = 0;
 
-std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int m) {
+  int size() const { return 2 * total; }
+  int steady() const { return total - warmup; }
+  PipelineOp forward(int k) const { return m == 1 ? PipelineOp{true, k, 0} : interleaved_op(k, true, p, m); }
+  PipelineOp backward(int k) const { return m == 1 ? PipelineOp{false, k, 0} : interleaved_op(k, false, p, m); }
+  PipelineOp at(int i) const {
+    if (i < warmup) return forward(i);
+    const int j = i - warmup;
+    if (j < 2 * steady()) return j % 2 == 0 ? forward(warmup + j / 2) : backward(j / 2);
+    return backward(j - steady());
+  }
+};
+
+StageOrder stage_order(int p, int microbatches, int m, int stage) {
   if (p < 1 || microbatches < 1 || m < 1)
     throw std::invalid_argument("pipeline: p, microbatches and m must be >= 1");
   if (m > 1 && microbatches % p != 0)
     throw std::invalid_argument("pipeline: the interleaved schedule needs the microbatches (" +
                                 std::to_string(microbatches) + ") to be a multiple of p (" + std::to_string(p) + ")");
+  StageOrder o;
+  o.p = p;
+  o.m = m;
+  o.total = microbatches * m;
+  if (m == 1) {
+    o.warmup = std::min(p - stage - 1, microbatches);
+  } else if (microbatches == p) {
+    o.warmup = o.total;  // Megatron: all forwards first when N == p
+  } else {
+    o.warmup = std::min((p - stage - 1) * 2 + (m - 1) * p, o.total);
+  }
+  return o;
+}
+
+}  // namespace
+
+std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int m) {
+  stage_order(p, microbatches, m, 0);  // throws for p, N, m it cannot schedule
   std::vector<std::vector<PipelineOp>> order(p);
   for (int stage = 0; stage < p; ++stage) {
+    const StageOrder o = stage_order(p, microbatches, m, stage);
     auto& ops = order[stage];
-    const int total = microbatches * m;
-    int warmup;
-    if (m == 1) {
-      warmup = std::min(p - stage - 1, microbatches);
-    } else if (microbatches == p) {
-      warmup = total;  // Megatron: all forwards first when N == p
-    } else {
-      warmup = std::min((p - stage - 1) * 2 + (m - 1) * p, total);
-    }
-    auto fwd = [&](int k) { return m == 1 ? PipelineOp{true, k, 0} : interleaved_op(k, true, p, m); };
-    auto bwd = [&](int k) { return m == 1 ? PipelineOp{false, k, 0} : interleaved_op(k, false, p, m); };
-    for (int k = 0; k < warmup; ++k) ops.push_back(fwd(k));
-    const int steady = total - warmup;
-    for (int i = 0; i < steady; ++i) {
-      ops.push_back(fwd(warmup + i));
-      ops.push_back(bwd(i));
-    }
-    for (int k = steady; k < total; ++k) ops.push_back(bwd(k));
+    ops.reserve(o.size());
+    for (int i = 0; i < o.size(); ++i) ops.push_back(o.at(i));
   }
   return order;
+}
+
+StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m) {
+  const StageOrder o = stage_order(p, microbatches, m, 0);
+  // The chunk an op works on repeats every p·m ops of each kind, so the steady phase's live
+  // counts repeat every p·m steps; the cool-down only frees. The warm-up and one period of
+  // the steady phase hold both peaks.
+  const int prefix = o.warmup + 2 * std::min(o.steady(), p * m);
+  StageZeroPeaks peaks;
+  int live = 0, first_chunk_live = 0;
+  for (int i = 0; i < prefix; ++i) {
+    const PipelineOp op = o.at(i);
+    const int step = op.forward ? 1 : -1;  // a backward frees its chunk's activations when it ends
+    live += step;
+    if (op.chunk == 0) first_chunk_live += step;
+    peaks.chunks = std::max(peaks.chunks, live);
+    peaks.first_chunk_microbatches = std::max(peaks.first_chunk_microbatches, first_chunk_live);
+  }
+  return peaks;
 }
 
 std::vector<int> max_in_flight(const std::vector<std::vector<PipelineOp>>& order) {
@@ -132,14 +169,7 @@ PipelineResult simulate_pipeline(int p, int microbatches, int m, const PipelineC
 }
 
 int first_chunk_microbatches_in_flight(int p, int microbatches, int m) {
-  const auto order = pipeline_order(p, microbatches, m);
-  int live = 0, peak = 0;
-  for (const PipelineOp& op : order[0]) {
-    if (op.chunk != 0) continue;
-    live += op.forward ? 1 : -1;
-    peak = std::max(peak, live);
-  }
-  return peak;
+  return stage_zero_in_flight(p, microbatches, m).first_chunk_microbatches;
 }
 
 }  // namespace actbench::theory

@@ -27,8 +27,18 @@ std::vector<int> max_in_flight(const std::vector<std::vector<PipelineOp>>& order
 // Micro-batches chunk 0 of stage 0 holds at its peak (forwards whose backward has not run):
 // the ones whose embedding output, embedding dropout mask and token ids are alive. 1F1B:
 // min(p, N); interleaved (m > 1): 2p once N >= 2p, since chunk 0 runs p·(m−1) + 2(p−1)
-// warm-up forwards ahead of the first backward. Counted on pipeline_order, not assumed.
+// warm-up forwards ahead of the first backward. Counted on the schedule (stage_zero_in_flight), not assumed.
 int first_chunk_microbatches_in_flight(int p, int microbatches, int m = 1);
+
+// Stage 0's two peaks, counted on its order: the chunk-microbatches it holds
+// (max_in_flight(order)[0]) and the micro-batches its chunk 0 holds
+// (first_chunk_microbatches_in_flight). Only the warm-up and one period (p·m steps) of the
+// steady phase are walked, so the cost grows with p·m, not with the micro-batches.
+struct StageZeroPeaks {
+  int chunks = 0;
+  int first_chunk_microbatches = 0;
+};
+StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m = 1);
 
 struct PipelineCosts {
   // Duration of one microbatch's forward / backward on each virtual stage (size p·m,
