@@ -1,5 +1,6 @@
-// actbench_facts: prints runners/facts.json (the presets, configurations, attention modes and
-// architectures the Python scripts read), writes it, or checks that a committed copy is current.
+// actbench_facts: prints runners/facts.json (the presets, configurations, attention modes,
+// architectures and the CSV field limit the Python scripts read), writes it, or checks that a
+// committed copy is current.
 //   actbench_facts                 the JSON on stdout
 //   actbench_facts --out FILE      writes FILE (the update_facts target)
 //   actbench_facts --check FILE    exit 1, naming the first differing line, when FILE is stale

@@ -116,6 +116,8 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
   std::exception_ptr parse_error;
   try {
     parse_layer_run_options(argc, argv, o);
+    // The command line is a column of every row: refused now if no row could hold it.
+    check_csv_field("the command line (the rows' command column)", joined_command_line(argc, argv));
   } catch (...) {
     parse_error = std::current_exception();
   }

@@ -371,9 +371,9 @@ def done_keys(path, header, retry_failed):
 
     A failed point counts as done unless retry_failed. A malformed line is no result: its
     point runs again."""
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
-        return set(), []
     try:
+        if not results_csv.check_appendable(path, header):  # as layer_run decides: nothing yet, or refused
+            return set(), []
         got, rows, problems = results_csv.read(path)
     except results_csv.BadFile as e:
         raise SweepError(f"{path}: {e}")
@@ -390,36 +390,18 @@ def done_keys(path, header, retry_failed):
 
 
 def append_row(path, header, row):
-    """One row with one write() under an exclusive lock, on a line of its own: the same
-    discipline as layer_run (a half-written last line is ended first, never glued onto)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    """One row appended as layer_run appends it (results_csv.append_row: under an exclusive lock,
+    after cutting away an unfinished last row, taken back when the write fails); every refusal
+    is an OSError naming the cause."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        size = os.fstat(fd).st_size
-        if size == 0:
-            writer.writerow(header)
-        elif os.pread(fd, 1, size - 1) != b"\n":
-            buf.write("\n")
-        writer.writerow(row)
-        os.write(fd, buf.getvalue().encode())
-    finally:
-        os.close(fd)
+        results_csv.append_row(path, header, row)
+    except results_csv.BadFile as e:
+        raise OSError(str(e)) from e
 
 
 def end_last_line(path):
-    """Ends a half-written last line, so that the next row (ours or layer_run's) is not glued onto it."""
-    if not os.path.exists(path):
-        return
-    fd = os.open(path, os.O_RDWR | os.O_APPEND)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            os.write(fd, b"\n")
-    finally:
-        os.close(fd)
+    """Makes the CSV end with its last whole row: an unfinished one (its writer was killed) is cut away."""
+    results_csv.drop_unfinished_row(path)
 
 
 def failed_row(header, p, backend, emulated, status, message, command):

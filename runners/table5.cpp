@@ -30,7 +30,15 @@ const std::vector<std::string> kNeededColumns = {"backend", "device", "model", "
 // Returns false when the file is not a layer_run CSV (other header). Opened through
 // read_user_file: a FIFO or device refused, never waited on.
 bool read_layer_run_csv(const fs::path& path, std::vector<MeasuredLayer>& out) {
-  const auto rows = csv_parse(read_user_file("--results " + path.string(), path.string()));
+  std::string text = read_user_file("--results " + path.string(), path.string());
+  // A row is whole once its "\n" is written: what follows the last one is still being written,
+  // or its writer was killed, and is no measurement.
+  if (const size_t whole = csv_whole_rows_end(text); whole < text.size()) {
+    std::fprintf(stderr, "theory: note: %s: an unfinished last row (being written, or its writer was killed) is "
+                         "not read\n", path.string().c_str());
+    text.resize(whole);
+  }
+  const auto rows = csv_parse(text);
   if (rows.empty()) return false;
   std::map<std::string, size_t> col;
   for (size_t i = 0; i < rows[0].size(); ++i) col[rows[0][i]] = i;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,14 @@
 namespace fs = std::filesystem;
 
 namespace actbench {
+
+void check_csv_field(const std::string& what, const std::string& value) {
+  if (value.size() > kMaxCsvFieldBytes)
+    throw InvalidArgument(what + " is " + std::to_string(value.size()) + " bytes long; a CSV field holds at most " +
+                          std::to_string(kMaxCsvFieldBytes));
+  if (value.find_first_of("\n\r") != std::string::npos)
+    throw InvalidArgument(what + " holds a line break; a CSV row is one line");
+}
 
 std::string csv_escape(const std::string& field) {
   if (field.find_first_of(",\"\n\r") == std::string::npos) return field;
@@ -60,6 +69,11 @@ std::vector<std::vector<std::string>> csv_parse(const std::string& text) {
   return rows;
 }
 
+size_t csv_whole_rows_end(const std::string& text) {
+  const size_t last = text.rfind('\n');
+  return last == std::string::npos ? 0 : last + 1;
+}
+
 void write_file_atomic(const std::string& path, const std::string& data) {
   const fs::path target(path);
   std::string name = ".";  // hidden, beside the target: same file system, so rename is atomic
@@ -99,50 +113,85 @@ class LockedFile {
     ::flock(fd_, LOCK_UN);
     ::close(fd_);
   }
-  int fd() const { return fd_; }
+  LockedFile(const LockedFile&) = delete;
+  LockedFile& operator=(const LockedFile&) = delete;
 
-  // The first line of the file (without newline); empty for an empty file.
+  // The first line of the file, "\n" included when it has one; empty for an empty file.
   std::string first_line() const {
     std::string line;
     char buf[4096];
-    off_t off = 0;
-    for (;;) {
-      ssize_t n = ::pread(fd_, buf, sizeof buf, off);
-      if (n <= 0) break;
-      for (ssize_t i = 0; i < n; ++i) {
-        if (buf[i] == '\n') return line;
-        line += buf[i];
-      }
+    for (off_t off = 0;;) {
+      const ssize_t n = read_at(buf, sizeof buf, off);
+      if (n == 0) return line;
+      const char* end = static_cast<const char*>(std::memchr(buf, '\n', n));
+      if (end) return line.append(buf, static_cast<size_t>(end - buf) + 1);
+      line.append(buf, n);
       off += n;
     }
-    return line;
   }
-  // Whether the file ends inside a line (a killed writer, a truncated copy, a header
-  // written without its newline): the next row must then start on a fresh line.
-  bool ends_mid_line() const {
-    const off_t n = size();
-    if (n == 0) return false;
-    char last = '\n';
-    if (::pread(fd_, &last, 1, n - 1) != 1) throw RuntimeFailure("cannot read CSV '" + path_ + "': " + std::strerror(errno));
-    return last != '\n';
+  // Just after the file's last "\n" (0 without one): the end of its whole rows.
+  off_t whole_rows_end() const {
+    char buf[65536];
+    for (off_t end = size(); end > 0;) {
+      const off_t start = end > off_t{sizeof buf} ? end - off_t{sizeof buf} : 0;
+      const ssize_t n = read_at(buf, end - start, start);
+      for (ssize_t i = n - 1; i >= 0; --i)
+        if (buf[i] == '\n') return start + i + 1;
+      end = start;
+    }
+    return 0;
   }
   off_t size() const {
     struct stat st {};
-    if (::fstat(fd_, &st) != 0) throw RuntimeFailure("cannot stat CSV '" + path_ + "'");
+    if (::fstat(fd_, &st) != 0) throw RuntimeFailure("cannot stat CSV '" + path_ + "': " + std::strerror(errno));
     return st.st_size;
   }
-  void write_all(const std::string& data) const {
-    // One write() with O_APPEND: the row lands whole at the end or not at all.
-    ssize_t n = ::write(fd_, data.data(), data.size());
-    if (n != static_cast<ssize_t>(data.size()))
-      throw RuntimeFailure("short write to CSV '" + path_ + "': " + std::strerror(errno));
-    ::fsync(fd_);
+  void truncate(off_t length) const {
+    if (::ftruncate(fd_, length) != 0)
+      throw RuntimeFailure("cannot truncate CSV '" + path_ + "': " + std::strerror(errno));
+  }
+  // Appends all of `data` (the fd is O_APPEND) and syncs it. A write that fails part-way (a
+  // full disk, a file size limit) is taken back, so the file ends where it ended before.
+  void append_all(const std::string& data) const {
+    const off_t before = size();
+    for (size_t done = 0; done < data.size();) {
+      const ssize_t n = ::write(fd_, data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail_append(before, n < 0 ? errno : EIO);
+      done += static_cast<size_t>(n);
+    }
+    if (::fsync(fd_) != 0) fail_append(before, errno);
   }
 
  private:
+  ssize_t read_at(char* buf, size_t n, off_t off) const {
+    const ssize_t got = ::pread(fd_, buf, n, off);
+    if (got < 0) throw RuntimeFailure("cannot read CSV '" + path_ + "': " + std::strerror(errno));
+    return got;
+  }
+  [[noreturn]] void fail_append(off_t before, int error) const {
+    const bool restored = ::ftruncate(fd_, before) == 0;
+    throw RuntimeFailure("cannot append to CSV '" + path_ + "': " + std::strerror(error) +
+                         (restored ? " (the file is left as it was)" : " (and it cannot be cut back: check its end)"));
+  }
+
   std::string path_;
   int fd_ = -1;
 };
+
+// Whether a file whose first line is `first` ("\n" included when it has one) can take rows
+// under `header_line` (with its "\n"): the same line, byte for byte, or a header line its
+// writer was killed in the middle of (no "\n" yet, a prefix of ours: it is written again).
+void check_header_line(const std::string& path, const std::string& first, const std::string& header_line) {
+  if (first.empty() || first == header_line) return;
+  if (first.back() != '\n' && header_line.compare(0, first.size(), first) == 0) return;
+  std::string without_cr = first;
+  if (first.size() >= 2 && first.compare(first.size() - 2, 2, "\r\n") == 0) without_cr.erase(first.size() - 2, 1);
+  if (without_cr == header_line)
+    throw InvalidArgument("CSV '" + path + "' has this header, but its line ends differ (\\r\\n where rows end in "
+                          "\\n); use a new file");
+  throw InvalidArgument("CSV '" + path + "' has a different header (written by another version?); use a new file");
+}
 
 }  // namespace
 
@@ -164,28 +213,24 @@ void CsvAppender::check() const {
   if (!S_ISREG(st.st_mode)) throw InvalidArgument("CSV '" + path_ + "' is not a regular file");
   if (::access(path_.c_str(), W_OK) != 0) throw InvalidArgument("CSV '" + path_ + "' is not writable");
   LockedFile f(path_, O_RDONLY);
-  std::string first = f.first_line();
-  std::string expected = csv_line(header_);
-  expected.pop_back();
-  if (f.size() > 0 && first != expected)
-    throw InvalidArgument("CSV '" + path_ + "' has a different header (written by another version?); use a new file");
+  check_header_line(path_, f.first_line(), csv_line(header_));
 }
 
 void CsvAppender::append(const std::vector<std::string>& row) const {
   if (row.size() != header_.size())
     throw RuntimeFailure("CSV row has " + std::to_string(row.size()) + " fields, header " + std::to_string(header_.size()));
+  for (size_t i = 0; i < row.size(); ++i) check_csv_field("CSV field '" + header_[i] + "'", row[i]);
   LockedFile f(path_, O_RDWR | O_APPEND | O_CREAT);
-  std::string data;
-  std::string expected = csv_line(header_);
-  if (f.size() == 0) {
-    data = expected;
-  } else if (f.first_line() + "\n" != expected) {
-    throw InvalidArgument("CSV '" + path_ + "' has a different header (written by another version?); use a new file");
-  } else if (f.ends_mid_line()) {
-    data = "\n";  // never glue the row onto a fragment; readers report the fragment
+  const std::string header_line = csv_line(header_);
+  check_header_line(path_, f.first_line(), header_line);
+  // Under the lock no writer is mid-row: what follows the last "\n" was left by a killed one.
+  const off_t whole = f.whole_rows_end(), size = f.size();
+  if (whole < size) {
+    std::fprintf(stderr, "actbench: warning: CSV '%s': removed an unfinished last row (%lld bytes; its writer "
+                         "stopped mid-row)\n", path_.c_str(), static_cast<long long>(size - whole));
+    f.truncate(whole);
   }
-  data += csv_line(row);
-  f.write_all(data);
+  f.append_all((whole == 0 ? header_line : std::string()) + csv_line(row));
 }
 
 }  // namespace actbench

@@ -16,6 +16,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, os.path.join(HERE, "..", "runners"))
+import results_csv  # noqa: E402  (the readers' CSV limit and unfinished-row rule)
 
 LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build", "runners", "layer_run"))
 MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
@@ -295,25 +297,61 @@ class LayerRunTest(unittest.TestCase):
                 r = self.run_layer("--backend", "meta", csv_path=path)
                 self.assert_bad_input(r, path, csv_path=path if path != self.tmp else None, needle=path)
 
-    def test_row_starts_on_a_fresh_line_after_a_fragment(self):
-        r = self.run_layer("--backend", "meta", "--config", "baseline")
+    def test_an_unfinished_row_is_cut_away_before_the_next(self):
+        # The CSV's name holds a comma and a quote, so the command column is a quoted field.
+        path = os.path.join(self.tmp, 'a, "b".csv')
+        r = self.run_layer("--backend", "meta", "--config", "baseline", csv_path=path)
         self.assertEqual(r.returncode, 0, r.stderr)
-        with open(self.csv) as f:
-            header, first = f.read().splitlines()
-        with open(self.csv, "w") as f:  # a killed writer: half a row, no newline
-            f.write(header + "\n" + first + "\n" + first[:40])
-        r = self.run_layer("--backend", "meta", "--config", "sp")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(self.csv) as f:
-            lines = f.read().splitlines()
-        self.assertEqual(lines[:3], [header, first, first[:40]])
-        self.assertEqual(len(lines), 4)
-        self.assertEqual(next(csv.reader([lines[3]]))[9], "sp")
-        with open(self.csv, "w") as f:  # a header without its newline
-            f.write(header)
-        r = self.run_layer("--backend", "meta", "--config", "full")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual([row["config"] for row in self.rows()], ["full"])
+        with open(path, "rb") as f:
+            header, first = f.read().splitlines(keepends=True)
+        quote = first.index(b'"')
+        for cut in (1, 40, quote, quote + 1, len(first) - 2, len(first) - 1):  # a killed writer's row
+            with self.subTest(cut=cut):
+                with open(path, "wb") as f:
+                    f.write(header + first + first[:cut])
+                header_, rows, problems = results_csv.read(path)
+                self.assertEqual((len(rows), problems), (1, [(3, results_csv.UNFINISHED)]))
+                r = self.run_layer("--backend", "meta", "--config", "sp", csv_path=path)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("removed an unfinished last row (%d bytes" % cut, r.stderr)
+                with open(path, "rb") as f:
+                    lines = f.read().splitlines(keepends=True)
+                self.assertEqual(lines[:2], [header, first])
+                self.assertEqual(len(lines), 3)
+                self.assertEqual([row["config"] for row in self.rows(path)], ["baseline", "sp"])
+        for cut in (0, 5, len(header) - 1):  # the file's first write (header and row) cut short
+            with self.subTest(header_cut=cut):
+                with open(path, "wb") as f:
+                    f.write(header[:cut])
+                r = self.run_layer("--backend", "meta", "--config", "full", csv_path=path)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual([row["config"] for row in self.rows(path)], ["full"])
+
+    def test_the_command_line_fits_one_csv_field(self):
+        # layer_run refuses, before running, a command line no row may hold; one that just fits
+        # gives a row the sweep and the plots read (results_csv, the same limit from facts.json).
+        for over in (0, 1):
+            with self.subTest(over=over):
+                path = os.path.join(self.tmp, "fits%d.csv" % over)
+                args = ["--backend", "meta", "--config", "baseline", "--csv", path, "--seed"]
+                pad = results_csv.MAX_FIELD_BYTES - len(" ".join([LAYER_RUN, *args, "1234"])) + over
+                r = subprocess.run([LAYER_RUN, *args, "0" * pad + "1234"], capture_output=True, text=True,
+                                   timeout=120)
+                if over:
+                    self.assert_bad_input(r, "command line too long", csv_path=path, needle="the command line")
+                    self.assertFalse(os.path.exists(path))
+                    continue
+                self.assertEqual(r.returncode, 0, r.stderr)
+                header, rows, problems = results_csv.read(path)
+                self.assertEqual(problems, [])
+                self.assertEqual(len(rows[0][1][header.index("command")]), results_csv.MAX_FIELD_BYTES)
+                self.assertEqual(rows[0][1][header.index("seed")], "1234")
+        for name in ("two\nlines.csv", "a\rb.csv"):  # a row is one line
+            with self.subTest(name=name):
+                path = os.path.join(self.tmp, name)
+                r = self.run_layer("--backend", "meta", "--config", "baseline", csv_path=path)
+                self.assert_bad_input(r, repr(name), csv_path=path, needle="holds a line break")
+                self.assertFalse(os.path.exists(path))
 
     # ---- the issue's "done when": 530B on meta, Table 2's bytes, in under a second ----
     def test_meta_530b_all_configs_match_table2(self):

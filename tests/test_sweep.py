@@ -3,8 +3,11 @@ duplicating rows, failures and OOMs are recorded and the sweep goes on, concurre
 never interleave rows and run each point once, killing the sweep ends its point, malformed
 CSV lines are named. Needs ACTBENCH_BUILD (the build folder) for layer_run.
 """
+import contextlib
 import csv
+import errno
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -267,21 +270,177 @@ class ResultsCsvReader(unittest.TestCase):
             b'a,b,c\r\n1,2,3\r\n1,"x\ny",3\n1,2\n\n1,2,31,2,3\n1,"open,3\n4,5,6\n\x00\x00\n7,"8"9,9\n1,2,\xff\n7,8,9')
         self.assertEqual(header, ["a", "b", "c"])
         # A quoted field may hold a line end; an open quote never swallows the rows after it.
-        self.assertEqual(rows, [(2, ["1", "2", "3"]), (3, ["1", "x\ny", "3"]), (9, ["4", "5", "6"]),
-                                (13, ["7", "8", "9"])])
+        self.assertEqual(rows, [(2, ["1", "2", "3"]), (3, ["1", "x\ny", "3"]), (9, ["4", "5", "6"])])
         why = dict(problems)
-        self.assertEqual(sorted(why), [5, 7, 8, 10, 11, 12])
+        self.assertEqual(sorted(why), [5, 7, 8, 10, 11, 12, 13])
         self.assertIn("half-written", why[5])
         self.assertIn("glued", why[7])
         self.assertIn("never closed", why[8])
         self.assertIn("NUL", why[10])
         self.assertIn("glued", why[11])
         self.assertIn("not UTF-8", why[12])
+        self.assertEqual(why[13], results_csv.UNFINISHED)  # no line end yet: no row, whatever it looks like
 
     def test_unusable_files(self):
-        for data in (b"", b"\n\n", b"a,\xff\n1,2\n", b"a,a\n1,2\n", b'a,"b\n'):
+        for data in (b"", b"\n\n", b"a,\xff\n1,2\n", b"a,a\n1,2\n", b'a,"b\n', b"a,b"):
             with self.assertRaises(results_csv.BadFile, msg=data):
                 self.read(data)
+        # Not regular files: refused at once, never read (a FIFO would block).
+        folder = tempfile.mkdtemp(prefix="actbench_results_")
+        try:
+            os.mkfifo(os.path.join(folder, "fifo.csv"))
+            for path, kind in ((folder, "a folder"), (os.path.join(folder, "fifo.csv"), "a FIFO")):
+                with self.assertRaisesRegex(results_csv.BadFile, f"^is {kind}"):
+                    results_csv.read(path)
+        finally:
+            shutil.rmtree(folder)
+
+
+def layer_run_row(folder):
+    """(header, one row) as layer_run writes them, its command a quoted field (a comma and a
+    quote in the CSV's name)."""
+    path = os.path.join(folder, 'one, "row".csv')
+    layer_run = sweep.find_layer_run(os.environ.get("ACTBENCH_BUILD"))
+    subprocess.run([layer_run, "--backend", "meta", "--model", "tiny", "--config", "baseline", "--csv", path],
+                   check=True, capture_output=True, timeout=120)
+    with open(path, "rb") as f:
+        header, row = f.read().splitlines(keepends=True)
+    os.unlink(path)
+    assert row.count(b'"') >= 4, row
+    return header, row
+
+
+class ResultsCsvAppend(unittest.TestCase):
+    """results_csv's writer keeps runtime/csv.cpp's protocol: a row is whole when its line end
+    is written; a killed writer costs only its own row; a failed write leaves the file as it was."""
+
+    def setUp(self):
+        # Thousands of synced appends below: in memory where there is a tmpfs.
+        self.tmp = tempfile.mkdtemp(prefix="actbench_rows_", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+        self.csv = os.path.join(self.tmp, "out.csv")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def append(self, header, row):
+        """results_csv.append_row; what it said on stderr."""
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            results_csv.append_row(self.csv, header, row)
+        return err.getvalue()
+
+    def test_a_kill_at_any_byte_costs_only_the_row_being_written(self):
+        header_line, row_line = layer_run_row(self.tmp)
+        header = next(csv.reader([header_line.decode()]))
+        row = next(csv.reader([row_line.decode()]))
+        longer = list(row)  # a long command line with commas and quotes, crossing a 4 KiB page
+        longer[header.index("command")] += ' --seed 0000000000000000000000000001234,"x"' * 100
+        killed = results_csv._csv_line(longer)
+        self.assertGreater(len(killed), 4096)
+        nxt = list(row)
+        nxt[header.index("seq")] = "64"
+        head = header_line + row_line
+        for cut in range(len(killed) + 1):
+            whole = cut == len(killed)
+            with open(self.csv, "wb") as f:
+                f.write(head + killed[:cut])
+            got_header, rows, problems = results_csv.read(self.csv)
+            self.assertEqual((got_header, [r for _, r in rows]), (header, [row] + ([longer] if whole else [])), cut)
+            self.assertEqual(problems, [(3, results_csv.UNFINISHED)] if 0 < cut < len(killed) else [], cut)
+            said = self.append(header, nxt)
+            with open(self.csv, "rb") as f:
+                self.assertEqual(f.read(), head + (killed if whole else b"") + results_csv._csv_line(nxt), cut)
+            self.assertEqual(said.count("removed an unfinished last row"), 1 if 0 < cut < len(killed) else 0, cut)
+        # The file's first write (header and row together) cut anywhere: the header is written again.
+        for cut in range(len(head)):
+            with open(self.csv, "wb") as f:
+                f.write(head[:cut])
+            self.assertEqual(results_csv.check_appendable(self.csv, header), cut >= len(header_line), cut)
+            self.append(header, nxt)
+            with open(self.csv, "rb") as f:
+                self.assertEqual(f.read(), header_line + results_csv._csv_line(nxt), cut)
+
+    def test_the_sweep_cuts_an_unfinished_row_before_it_runs(self):
+        header_line, row_line = layer_run_row(self.tmp)
+        for tail in (row_line[:40], b""):
+            with open(self.csv, "wb") as f:
+                f.write(header_line + row_line + tail)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                sweep.end_last_line(self.csv)
+            with open(self.csv, "rb") as f:
+                self.assertEqual(f.read(), header_line + row_line)
+            self.assertEqual(err.getvalue().count("removed an unfinished last row"), 1 if tail else 0)
+        with open(self.csv, "wb") as f:
+            f.write(b"notes without a line end")  # no whole line: not ours to cut
+        sweep.end_last_line(self.csv)
+        with open(self.csv, "rb") as f:
+            self.assertEqual(f.read(), b"notes without a line end")
+
+    def test_a_failed_write_leaves_the_file_as_it_was_and_says_why(self):
+        header = ["a", "b"]
+        self.append(header, ["1", "2"])
+        with open(self.csv, "rb") as f:
+            before = f.read()
+        # The file size limit (EFBIG; a full disk gives ENOSPC the same way) cuts the write short.
+        code = (f"import resource, sys; sys.path.insert(0, {RUNNERS!r}); import results_csv\n"
+                f"resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) + 100}, {len(before) + 100}))\n"
+                f"try:\n    results_csv.append_row({self.csv!r}, ['a', 'b'], ['3', 'x' * 5000])\n"
+                f"except OSError as e:\n    print(e.strerror)\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.stdout.strip(), os.strerror(errno.EFBIG) + " (the file is left as it was)", r.stderr)
+        with open(self.csv, "rb") as f:
+            self.assertEqual(f.read(), before)
+
+    def test_fields_are_bounded_and_hold_no_line_break(self):
+        header = ["a", "command"]
+        self.append(header, ["1", "y" * results_csv.MAX_FIELD_BYTES])
+        with open(self.csv, "rb") as f:
+            before = f.read()
+        self.assertEqual(len(results_csv.read(self.csv)[1][0][1][1]), results_csv.MAX_FIELD_BYTES)
+        for bad in ("y" * (results_csv.MAX_FIELD_BYTES + 1), "\u00e9" * (results_csv.MAX_FIELD_BYTES // 2 + 1),
+                    "two\nlines", "a\rb"):
+            with self.assertRaisesRegex(results_csv.BadFile, "CSV field 'command'"):
+                results_csv.append_row(self.csv, header, ["2", bad])
+            with self.assertRaisesRegex(OSError, "CSV field 'command'"):  # as the sweep reports it
+                sweep.append_row(self.csv, header, ["2", bad])
+        with open(self.csv, "rb") as f:
+            self.assertEqual(f.read(), before)
+        # A longer field written by something else is named by the reader, in bytes.
+        with open(self.csv, "ab") as f:
+            f.write(b"3," + "\u00e9".encode() * (results_csv.MAX_FIELD_BYTES // 2 + 1) + b"\n")
+        self.assertIn(f"at most {results_csv.MAX_FIELD_BYTES}", dict(results_csv.read(self.csv)[2])[3])
+
+    def test_check_appendable_decides_as_layer_run_does(self):
+        layer_run = sweep.find_layer_run(os.environ.get("ACTBENCH_BUILD"))
+        header_line = subprocess.run([layer_run, "--print-csv-header"], capture_output=True, check=True).stdout
+        header = next(csv.reader([header_line.decode()]))
+        crlf = header_line[:-1] + b"\r\n"
+        cases = {"missing": None, "empty": b"", "unfinished header": header_line[:30], "our header": header_line,
+                 "crlf header": crlf, "crlf rows": crlf + b"1,2\r\n", "other header": b"a,b\n",
+                 "text without a line end": b"notes"}
+        for name, data in cases.items():
+            with self.subTest(name):
+                if os.path.exists(self.csv):
+                    os.unlink(self.csv)
+                if data is not None:
+                    with open(self.csv, "wb") as f:
+                        f.write(data)
+                try:
+                    verdict = results_csv.check_appendable(self.csv, header)
+                except results_csv.BadFile as e:
+                    verdict = str(e)
+                r = subprocess.run([layer_run, "--backend", "meta", "--model", "tiny", "--config", "baseline",
+                                    "--csv", self.csv], capture_output=True, text=True, timeout=120)
+                if isinstance(verdict, str):
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertIn(f"CSV '{self.csv}' {verdict}", r.stderr)
+                else:
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    self.assertEqual(verdict, name == "our header")
+                if name.startswith("crlf"):
+                    self.assertIn("line ends differ", verdict)
+
 
 
 class SweepRuns(unittest.TestCase):
@@ -581,14 +740,14 @@ class SweepRuns(unittest.TestCase):
         self.assert_each_point_once(4)
         self.assertIn("4 already in", self.sweep(plan).stderr)
 
-    def test_malformed_lines_are_named_and_rows_start_on_a_fresh_line(self):
+    def test_malformed_lines_are_named_and_an_unfinished_row_is_cut_away(self):
         plan = self.plan({"seq": [8, 16, 24]}, fixed={"model": "tiny", "config": "baseline"})
         self.assertEqual(self.sweep(plan).returncode, 0)
         with open(self.csv, "rb") as f:
             lines = f.read().splitlines(keepends=True)
         good = lines[1]
         # Line 2 glued to line 3 (its point is lost), a non-UTF-8 line, a huge field, and a last
-        # row cut in half without its line end.
+        # row cut in half without its line end (its writer was killed).
         body = [lines[0], lines[1].rstrip(b"\n") + lines[2], b"x,\xff\xfe," + good[6:],
                 good.replace(b",ok,", b",ok," + b"y" * 200000 + b","), lines[3][:40]]
         with open(self.csv, "wb") as f:
@@ -596,11 +755,12 @@ class SweepRuns(unittest.TestCase):
         r = self.sweep(plan)
         self.assertEqual(r.returncode, 0, r.stderr)
         name = os.path.basename(self.csv)
-        for line, why in ((2, "glued"), (3, "not UTF-8"), (4, "characters long"), (5, "half-written")):
+        for line, why in ((2, "glued"), (3, "not UTF-8"), (4, "bytes long"), (5, "unfinished last row")):
             self.assertRegex(r.stderr, rf"warning: .*{name}:{line}: .*{why}")
+        self.assertEqual(r.stderr.count("removed an unfinished last row"), 1)
         self.assertIn("0 already in", r.stderr)  # every point's row is malformed: all run again
         keys, problems = keys_of(self.csv)
-        self.assertEqual([line for line, _ in problems], [2, 3, 4, 5])  # the fragment kept its own line
+        self.assertEqual([line for line, _ in problems], [2, 3, 4])  # the unfinished row was cut away
         self.assertEqual(sorted(keys), sorted(set(keys)))
         self.assertEqual(len(keys), 3)
         # A header that is not UTF-8: one line, exit 2, nothing run.
