@@ -1,5 +1,6 @@
 #include "runners/result_columns.hpp"
 
+#include "runtime/csv.hpp"
 #include "runtime/error.hpp"
 
 namespace actbench {
@@ -171,9 +172,14 @@ std::string results_schema_markdown() {
          "## layer_run rows (`layer_run --csv FILE`)\n"
          "\n"
          "One row per configuration of one `layer_run` call, appended whole under a lock, the header\n"
-         "once (`layer_run --print-csv-header` prints it). Bytes and times are **per layer and per\n"
-         "tensor-parallel rank** (rank 0's, which writes the row) unless the meaning says otherwise;\n"
-         "\"empty unless ok\" means empty in rows whose `status` is not `ok`.\n"
+         "once (`layer_run --print-csv-header` prints it). Each row is one line, whole once its line\n"
+         "end is written: a last line without one is an unfinished row (still being written, or its\n"
+         "writer was killed), never read as a row. A field holds at most " +
+         std::to_string(kMaxCsvFieldBytes) +
+         " bytes and no line break.\n"
+         "Bytes and times are **per layer and per tensor-parallel rank** (rank 0's, which writes the\n"
+         "row) unless the meaning says otherwise; \"empty unless ok\" means empty in rows whose\n"
+         "`status` is not `ok`.\n"
          "\n" +
          markdown_table(result_columns()) +
          "\n"

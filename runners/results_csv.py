@@ -192,7 +192,7 @@ def check_appendable(path, header):
         raise BadFile("is not writable")
     header_line = _csv_line(header)
     with open(path, "rb") as f:
-        first = f.readline(len(header_line) + 2)
+        first = f.readline(len(header_line) + 1)
     why = _header_problem(first, header_line)
     if why:
         raise BadFile(why)
@@ -265,7 +265,7 @@ def append_row(path, header, row):
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        why = _header_problem(_first_line(fd, len(header_line) + 2), header_line)
+        why = _header_problem(_first_line(fd, len(header_line) + 1), header_line)
         if why:
             raise BadFile(why)
         whole = _cut_unfinished_row(fd, path)

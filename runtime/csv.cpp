@@ -116,18 +116,18 @@ class LockedFile {
   LockedFile(const LockedFile&) = delete;
   LockedFile& operator=(const LockedFile&) = delete;
 
-  // The first line of the file, "\n" included when it has one; empty for an empty file.
-  std::string first_line() const {
-    std::string line;
-    char buf[4096];
-    for (off_t off = 0;;) {
-      const ssize_t n = read_at(buf, sizeof buf, off);
-      if (n == 0) return line;
-      const char* end = static_cast<const char*>(std::memchr(buf, '\n', n));
-      if (end) return line.append(buf, static_cast<size_t>(end - buf) + 1);
-      line.append(buf, n);
-      off += n;
+  // The file's first line, its "\n" included, or its first `limit` bytes when they hold none.
+  std::string first_line(size_t limit) const {
+    std::string head(limit, '\0');
+    size_t got = 0;
+    while (got < limit) {
+      const ssize_t n = read_at(head.data() + got, limit - got, static_cast<off_t>(got));
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
     }
+    head.resize(got);
+    const size_t end = head.find('\n');
+    return end == std::string::npos ? head : head.substr(0, end + 1);
   }
   // Just after the file's last "\n" (0 without one): the end of its whole rows.
   off_t whole_rows_end() const {
@@ -179,9 +179,10 @@ class LockedFile {
   int fd_ = -1;
 };
 
-// Whether a file whose first line is `first` ("\n" included when it has one) can take rows
-// under `header_line` (with its "\n"): the same line, byte for byte, or a header line its
-// writer was killed in the middle of (no "\n" yet, a prefix of ours: it is written again).
+// Whether a file whose first line is `first` ("\n" included when it has one; at most one byte
+// longer than ours is read) can take rows under `header_line` (with its "\n"): the same line,
+// byte for byte, or a header line its writer was killed in the middle of (no "\n" yet, a
+// prefix of ours: it is written again).
 void check_header_line(const std::string& path, const std::string& first, const std::string& header_line) {
   if (first.empty() || first == header_line) return;
   if (first.back() != '\n' && header_line.compare(0, first.size(), first) == 0) return;
@@ -213,7 +214,8 @@ void CsvAppender::check() const {
   if (!S_ISREG(st.st_mode)) throw InvalidArgument("CSV '" + path_ + "' is not a regular file");
   if (::access(path_.c_str(), W_OK) != 0) throw InvalidArgument("CSV '" + path_ + "' is not writable");
   LockedFile f(path_, O_RDONLY);
-  check_header_line(path_, f.first_line(), csv_line(header_));
+  const std::string header_line = csv_line(header_);
+  check_header_line(path_, f.first_line(header_line.size() + 1), header_line);
 }
 
 void CsvAppender::append(const std::vector<std::string>& row) const {
@@ -222,7 +224,7 @@ void CsvAppender::append(const std::vector<std::string>& row) const {
   for (size_t i = 0; i < row.size(); ++i) check_csv_field("CSV field '" + header_[i] + "'", row[i]);
   LockedFile f(path_, O_RDWR | O_APPEND | O_CREAT);
   const std::string header_line = csv_line(header_);
-  check_header_line(path_, f.first_line(), header_line);
+  check_header_line(path_, f.first_line(header_line.size() + 1), header_line);
   // Under the lock no writer is mid-row: what follows the last "\n" was left by a killed one.
   const off_t whole = f.whole_rows_end(), size = f.size();
   if (whole < size) {
