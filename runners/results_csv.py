@@ -2,11 +2,11 @@
 
 Shared by runners/sweep.py, runners/gpu_eval.py and plots/ (standard library only).
 
-A row is one line, and it is whole exactly when its "\\n" is in the file: whatever follows the
-last "\\n" is an unfinished last row (being written, or its writer was killed). read() names it
-and never returns it as a row; append_row() cuts it away before appending. Fields hold no line
-break and at most MAX_FIELD_BYTES bytes (runtime/csv.hpp's kMaxCsvFieldBytes, read from
-runners/facts.json), the limit layer_run's rows keep too.
+A row is whole exactly when its "\\n" is in the file (layer_run's rows are one line each):
+whatever follows the last "\\n" is an unfinished last row (being written, or its writer was
+killed). read() names it and never returns it as a row; append_row() cuts it away before
+appending. Fields hold at most MAX_FIELD_BYTES bytes (runtime/csv.hpp's kMaxCsvFieldBytes, read
+from runners/facts.json): the writers refuse a longer one and read() names it.
 
 read() names every malformed line instead of skipping it: a half-written row left inside the
 file by an older version, two rows glued into one, bytes that are not UTF-8, a runaway field.
@@ -89,6 +89,21 @@ def _read_bytes(path):
         raise BadFile(str(e).removeprefix(f"{path}: "))  # the caller names the file
 
 
+def _header(line):
+    """The column names of a header line (its line end taken off); BadFile when it is none."""
+    if not line.strip():
+        raise BadFile("empty (no header line)")
+    header, why = _parse(line)
+    if header is None:
+        raise BadFile(f"line 1 (the header): {why}")
+    why = _field_problem(header)
+    if why:
+        raise BadFile(f"line 1 (the header): {why}")
+    if len(set(header)) != len(header) or any(not h for h in header):
+        raise BadFile("line 1 (the header): empty or repeated column names")
+    return header
+
+
 def read(path):
     data = _read_bytes(path)
     whole = data.rfind(b"\n") + 1  # the whole rows end at the last line end
@@ -97,16 +112,7 @@ def read(path):
     lines = data[:whole].decode("utf-8", errors="surrogateescape").split("\n")
     lines.pop()  # the last row's line end
     lines = [l[:-1] if l.endswith("\r") else l for l in lines]
-    if not lines[0].strip():
-        raise BadFile("empty (no header line)")
-    header, why = _parse(lines[0])
-    if header is None:
-        raise BadFile(f"line 1 (the header): {why}")
-    why = _field_problem(header)
-    if why:
-        raise BadFile(f"line 1 (the header): {why}")
-    if len(set(header)) != len(header) or any(not h for h in header):
-        raise BadFile("line 1 (the header): empty or repeated column names")
+    header = _header(lines[0])
     rows, problems = [], []
     i = 1
     while i < len(lines):
@@ -176,7 +182,8 @@ def check_appendable(path, header):
     """What CsvAppender::check decides before layer_run appends to path, in its words: False
     when path holds nothing to keep yet (missing, empty, or only an unfinished header line),
     True when its header line is this header's, byte for byte; BadFile when no row may be
-    appended to it (not a regular file, not writable, another header or other line ends)."""
+    appended to it (not a regular file, not writable, another header or other line ends; a
+    header line that is no header at all, e.g. not UTF-8, is named as read() names it)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -194,17 +201,17 @@ def check_appendable(path, header):
     with open(path, "rb") as f:
         first = f.readline(len(header_line) + 1)
     why = _header_problem(first, header_line)
+    if why and first.endswith(b"\n"):
+        _header(first.decode("utf-8", errors="surrogateescape").rstrip("\r\n"))  # an unreadable one: say why
     if why:
         raise BadFile(why)
     return first.endswith(b"\n")
 
 
-def _check_field(name, value):
+def _check_field_length(name, value):
     n = _byte_length(value)
     if n > MAX_FIELD_BYTES:
         raise BadFile(f"CSV field '{name}' is {n} bytes long; a CSV field holds at most {MAX_FIELD_BYTES}")
-    if "\n" in value or "\r" in value:
-        raise BadFile(f"CSV field '{name}' holds a line break; a CSV row is one line")
 
 
 def _first_line(fd, limit):
@@ -255,19 +262,23 @@ def _append_all(fd, data):
 
 
 def append_row(path, header, row):
-    """Appends row as CsvAppender::append does: each field checked, then under an exclusive
-    lock the header checked (written first into an empty file), an unfinished last row cut
-    away, and the row written whole. BadFile for a field no row may hold or another header;
-    OSError, the file as it was, when the write fails."""
+    """Appends row under an exclusive lock, as CsvAppender::append does: an unfinished last
+    row is cut away first, the header goes first into a file without a whole line, and the row
+    is written whole or not at all (OSError, the file as it was). BadFile for a field longer
+    than MAX_FIELD_BYTES, or a file without a whole line that is not our header cut short.
+    Unlike layer_run it takes fields with line breaks (other programs' CSVs, merged by
+    gpu_eval) and leaves the header of a file with whole lines to its caller (check_appendable
+    for layer_run's CSVs; gpu_eval compares parsed headers)."""
     for name, value in zip(header, row):
-        _check_field(name, value)
+        _check_field_length(name, value)
     header_line = _csv_line(header)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        why = _header_problem(_first_line(fd, len(header_line) + 1), header_line)
-        if why:
-            raise BadFile(why)
+        if _whole_rows_end(fd) == 0:
+            why = _header_problem(_first_line(fd, len(header_line) + 1), header_line)
+            if why:
+                raise BadFile(why)
         whole = _cut_unfinished_row(fd, path)
         _append_all(fd, (header_line if whole == 0 else b"") + _csv_line(row))
     finally:

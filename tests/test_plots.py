@@ -147,7 +147,7 @@ class MakeAll(unittest.TestCase):
                 lines[2].rstrip(b"\r\n") + lines[3],                      # line 68: two rows glued
                 with_value("fwd_ms", "fast"),                              # line 69: not a number
                 with_value("act_bytes", "1e308"),                          # line 70: past 64 bits
-                lines[4][:50]]                                             # line 71: half-written
+                lines[4][:50]]                                             # line 71: unfinished (no line end)
         with open(os.path.join(bad, "layer_runs.csv"), "ab") as f:
             f.write(b"".join(tail))
         # A layer_run CSV without a required column, a CUPTI one with a bad gpu_ms, a peer's CSV.
@@ -177,7 +177,7 @@ class MakeAll(unittest.TestCase):
                     rf"layer_runs\.csv:66: field {header.index('message') + 1} is 300000",
                     r"layer_runs\.csv:67: bytes that are not UTF-8", r"layer_runs\.csv:68: .*glued",
                     r"layer_runs\.csv:69: fwd_ms is 'fast'", r"layer_runs\.csv:70: act_bytes is 1e308, out of range",
-                    r"layer_runs\.csv:71: .* half-written",
+                    r"layer_runs\.csv:71: an unfinished last row",
                     r"old\.csv: a layer_run CSV without the required column\(s\) act_bytes_formula",
                     r"cupti_bad\.csv:2: gpu_ms is 'abc'", r"Figure 1 .*cannot write .*fig1_memory\.png: is a folder"]
         for pattern in expected:
@@ -368,6 +368,21 @@ class TheoryRunner(unittest.TestCase):
         # GPT-3's crossover of the two Table 2 terms.
         crossover = {r["model"]: float(r["crossover_seq"]) for r in self.table("seqlen.csv")}
         self.assertAlmostEqual(crossover["175b"], 870.4, delta=0.1)
+
+    def test_an_unfinished_row_is_no_measurement(self):
+        # A 22b selective+sp row and a full row, the last one cut after its status (its writer
+        # was killed): the whole row is used, the unfinished one is not, and a note says so.
+        with open(os.path.join(RESULTS, "layer_runs.csv"), "rb") as f:
+            lines = f.read().splitlines(keepends=True)
+        rows = [next(l for l in lines if l.startswith(b"cuda,") and f",22b,6144,64,2048,4,8,1,{c},".encode() in l
+                     and b",ok," in l) for c in ("selective+sp", "full")]
+        path = os.path.join(self.tmp, "killed.csv")
+        with open(path, "wb") as f:
+            f.write(lines[0] + rows[0] + rows[1][:rows[1].index(b",ok,") + 4])
+        p = run([THEORY, "--out", self.tmp, "--results", path])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("(1 measured layer rows used)", p.stdout + p.stderr)
+        self.assertIn(f"{path}: an unfinished last row", p.stderr)
 
     def test_bad_input_is_one_line_and_status_2(self):
         for args in (["--out", self.tmp, "--dtype", "fp8"], ["--nonsense"], [],

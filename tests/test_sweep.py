@@ -392,14 +392,13 @@ class ResultsCsvAppend(unittest.TestCase):
         with open(self.csv, "rb") as f:
             self.assertEqual(f.read(), before)
 
-    def test_fields_are_bounded_and_hold_no_line_break(self):
+    def test_fields_are_bounded_as_the_readers_bound_them(self):
         header = ["a", "command"]
         self.append(header, ["1", "y" * results_csv.MAX_FIELD_BYTES])
         with open(self.csv, "rb") as f:
             before = f.read()
         self.assertEqual(len(results_csv.read(self.csv)[1][0][1][1]), results_csv.MAX_FIELD_BYTES)
-        for bad in ("y" * (results_csv.MAX_FIELD_BYTES + 1), "\u00e9" * (results_csv.MAX_FIELD_BYTES // 2 + 1),
-                    "two\nlines", "a\rb"):
+        for bad in ("y" * (results_csv.MAX_FIELD_BYTES + 1), "\u00e9" * (results_csv.MAX_FIELD_BYTES // 2 + 1)):
             with self.assertRaisesRegex(results_csv.BadFile, "CSV field 'command'"):
                 results_csv.append_row(self.csv, header, ["2", bad])
             with self.assertRaisesRegex(OSError, "CSV field 'command'"):  # as the sweep reports it
