@@ -593,6 +593,22 @@ def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
     return cmd
 
 
+def check_recordable(todo, args, layer_run, mpirun, flavor):
+    """Every point's command fits in its row's command column, one line of at most
+    results_csv.MAX_FIELD_BYTES bytes (layer_run refuses a longer one, and so would the failed
+    row the sweep writes for it): refused before any point runs, not at the first point."""
+    for p, emulated, _, skip in todo:
+        if skip:
+            continue
+        cmd = command_for(p, args, layer_run, emulated, mpirun, flavor)
+        if any("\n" in w or "\r" in w for w in cmd):
+            raise SweepError("--extra holds a line break: a row's command column is one line")
+        size = len(shlex.join(cmd).encode("utf-8", "surrogateescape"))
+        if size > results_csv.MAX_FIELD_BYTES:
+            raise SweepError(f"the command of a point is {size} bytes, more than a CSV field holds "
+                             f"({results_csv.MAX_FIELD_BYTES}); shorten --extra or --csv")
+
+
 def launcher_env(flavor):
     """What our own launcher needs: Open MPI refuses root without these two variables."""
     env = dict(os.environ)
@@ -829,6 +845,11 @@ def main(argv=None):
         todo.append((p, emulated, key, key in done))
     flavor = mpirun_flavor(mpirun) if any(not e and int(p["tp"]) > 1 for p, e, _, _ in todo) else None
     env = launcher_env(flavor)
+    try:
+        check_recordable(todo, args, layer_run, mpirun, flavor)
+    except SweepError as e:
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
     n_skip = sum(1 for t in todo if t[3])
     print(f"sweep {plan['name']}: {len(points)} points, {n_skip} already in {args.csv}, "
           f"{len(points) - n_skip} to run ({args.backend})", file=sys.stderr)

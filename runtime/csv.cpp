@@ -80,13 +80,27 @@ void write_file_atomic(const std::string& path, const std::string& data) {
   name += target.filename().string();
   name += ".tmp." + std::to_string(::getpid());
   const fs::path tmp = target.parent_path() / name;
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw InvalidArgument("cannot write " + tmp.string());
-    f << data;
-    f.flush();
-    if (!f) throw InvalidArgument("cannot write " + tmp.string());
+  auto fail = [&](const std::string& what) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw InvalidArgument("cannot " + what + " " + tmp.string() + ": " + why);
+  };
+  // The name is ours: whatever a killed run (or anyone) left there is replaced, never opened,
+  // so a FIFO or a link at that name cannot block the write or redirect it.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT && errno != EISDIR) fail("replace");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) fail("write");
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;  // no progress and no reason given
+      ::close(fd);
+      fail("write");
+    }
+    done += static_cast<size_t>(n);
   }
+  if (::close(fd) != 0) fail("write");
   std::error_code ec;
   fs::rename(tmp, target, ec);
   if (ec) {

@@ -317,6 +317,24 @@ TEST(Csv, ParseReadsWhatCsvLineWrites) {
   EXPECT_EQ(csv_whole_rows_end("a,b"), 0u);
 }
 
+// The temporary name beside the target is ours: a FIFO or a link left there is replaced, not
+// opened (opening a FIFO for writing would wait for a reader forever).
+TEST(Csv, WriteFileAtomicReplacesWhateverHoldsItsTemporaryName) {
+  const std::string dir = "/tmp/actbench_atomic_" + std::to_string(::getpid());
+  const std::string tmp = dir + "/.t.txt.tmp." + std::to_string(::getpid());
+  ASSERT_EQ(::system(("rm -rf " + dir + " && mkdir -p " + dir + " && mkfifo " + tmp).c_str()), 0);
+  actbench::write_file_atomic(dir + "/t.txt", "whole\n");
+  std::ifstream in(dir + "/t.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "whole\n");
+  ASSERT_EQ(::system(("ln -s /etc/hostname " + tmp + " && rm -f " + dir + "/t.txt").c_str()), 0);
+  actbench::write_file_atomic(dir + "/t.txt", "again\n");
+  std::ifstream again(dir + "/t.txt");
+  std::string text2((std::istreambuf_iterator<char>(again)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text2, "again\n");
+  ASSERT_EQ(::system(("rm -rf " + dir).c_str()), 0);
+}
+
 TEST(Csv, WriteFileAtomicReplacesTheFileWhole) {
   const std::string path = temp_path("atomic.csv");
   write_file_atomic(path, "a,b\n1,2\n");

@@ -853,6 +853,19 @@ class SweepRuns(unittest.TestCase):
         self.assertEqual(second.returncode, 0, "".join(said) + err)
         self.assert_each_point_once(3)
 
+    def test_a_command_no_row_could_hold_is_refused_before_any_point(self):
+        # layer_run refuses a command line longer than a CSV field or holding a line break, and
+        # so would the failed row the sweep writes for it: the sweep refuses it up front.
+        # One argument holds at most 128 KiB (the kernel's limit): with the rest of the command, enough.
+        for extra, said in (("--seed " + "0" * 130980 + "7", "more than a CSV field holds"),
+                            ("--seed '7\n'", "line break")):
+            r = self.sweep("smoke", f"--extra={extra}")
+            self.assertEqual(r.returncode, 2, r.stderr[-300:])
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr[-300:])
+            self.assertIn(said, r.stderr)
+            if os.path.exists(self.csv):  # the sweep may have made it, holding its header only
+                self.assertEqual(read_rows(self.csv)[1], [])
+
     def test_bad_arguments_exit_2(self):
         for args in (["smoke", "--extra=--dropout 0.3"], ["smoke", "--extra=--csv=x.csv"],
                      ["smoke", "--timeout", "0"], ["smoke", "--dropout", "nan"]):
