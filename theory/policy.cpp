@@ -1,5 +1,7 @@
 #include "theory/policy.hpp"
 
+#include <utility>
+
 #include "runtime/error.hpp"  // InvalidArgument: header only, no link to the runtime library
 
 namespace actbench {
@@ -49,6 +51,33 @@ Attention parse_attention(const std::string& name) {
   if (name == "unfused") return Attention::unfused;
   if (name == "fused") return Attention::fused;
   throw InvalidArgument("unknown attention '" + name + "' (expected unfused or fused)");
+}
+
+RecomputeModules parse_recompute_modules(const std::string& list) {
+  RecomputeModules out{false, false, false};
+  const std::string expected = " (expected a comma-separated subset of core_attn, mlp, layernorm)";
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = list.find(',', begin);
+    const std::string word = list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    bool* flag = word == "core_attn" ? &out.core_attn : word == "mlp" ? &out.mlp : word == "layernorm" ? &out.layernorm : nullptr;
+    if (flag == nullptr) throw InvalidArgument("unknown recompute module '" + word + "'" + expected);
+    if (*flag) throw InvalidArgument("recompute module '" + word + "' named twice" + expected);
+    *flag = true;
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
+}
+
+std::string recompute_modules_name(RecomputeModules m) {
+  std::string out;
+  const std::pair<bool, const char*> words[] = {{m.core_attn, "core_attn"}, {m.mlp, "mlp"}, {m.layernorm, "layernorm"}};
+  for (const auto& [on, word] : words) {
+    if (!on) continue;
+    if (!out.empty()) out += ',';
+    out += word;
+  }
+  return out;
 }
 
 }  // namespace actbench

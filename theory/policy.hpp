@@ -13,10 +13,21 @@ enum class Recompute { none, selective, full };
 // fused: FlashAttention-style, only the output and a per-row log-sum-exp are kept.
 enum class Attention { unfused, fused };
 
+// Megatron-Core's selective recompute modules (--recompute-modules): what a layer rebuilds in
+// backward when recompute is selective; ignored otherwise. core_attn alone (Megatron's
+// default) is the paper's selective recompute. theory/layer_pieces.hpp says what each frees.
+struct RecomputeModules {
+  bool core_attn = true;   // the core attention, from q, k, v (scores, softmax, dropout; fused: the lse)
+  bool mlp = false;        // the whole MLP, from its input
+  bool layernorm = false;  // both norms' outputs, dropped once the GEMM that reads them has run
+  bool operator==(const RecomputeModules&) const = default;
+};
+
 struct LayerPolicy {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
   Attention attention = Attention::unfused;
+  RecomputeModules modules = {};  // read only when recompute is selective
   bool operator==(const LayerPolicy&) const = default;
 };
 
@@ -31,5 +42,9 @@ const std::vector<std::string>& config_names();
 const char* recompute_name(Recompute r);
 const char* attention_name(Attention a);
 Attention parse_attention(const std::string& name);  // "unfused" | "fused"; throws InvalidArgument
+// Megatron's spelling: a comma-separated subset of core_attn, mlp, layernorm, each at most
+// once, at least one ("core_attn,mlp"); throws InvalidArgument naming the bad word.
+RecomputeModules parse_recompute_modules(const std::string& list);
+std::string recompute_modules_name(RecomputeModules m);  // the canonical list, e.g. "core_attn,mlp"
 
 }  // namespace actbench

@@ -1,0 +1,335 @@
+// The composed layer's bytes (theory/layer_pieces.hpp): the two presets against the formulas
+// written before it (Table 2, the llama family), category by category over a grid; each
+// recompute module's and each option's effect against a number worked out by hand here.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/error.hpp"
+#include "theory/activation_memory.hpp"
+#include "theory/layer_pieces.hpp"
+#include "theory/layer_spec.hpp"
+#include "theory/llama_memory.hpp"
+
+using namespace actbench;
+using namespace actbench::theory;
+
+namespace {
+
+const std::vector<Dims> kShapes = {
+    {2048, 1, 12288, 96, 1}, {512, 4, 1024, 16, 1}, {1024, 2, 2560, 32, 1}, {128, 3, 768, 16, 1}};
+const std::vector<Precision> kPrecisions = {{2, 1}, {4, 1}, {2, 2}};
+
+LayerPolicy policy(Recompute r, bool sp, Attention a, RecomputeModules m = {}) { return {r, sp, a, m}; }
+LayerPolicy selective(RecomputeModules m, Attention a = Attention::unfused, bool sp = false) {
+  return {Recompute::selective, sp, a, m};
+}
+const RecomputeModules kCoreAttn{true, false, false}, kMlp{false, true, false}, kNorms{false, false, true};
+
+std::vector<std::string> names(const ByteCategories& categories) {
+  std::vector<std::string> out;
+  for (const auto& [name, bytes] : categories) out.push_back(name);
+  return out;
+}
+
+ByteCategories without(ByteCategories categories, const std::string& name) {
+  std::erase_if(categories, [&](const auto& entry) { return entry.first == name; });
+  return categories;
+}
+
+double bytes_of(const ByteCategories& categories, const std::string& name) {
+  for (const auto& [n, bytes] : categories)
+    if (n == name) return bytes;
+  return 0;
+}
+
+// The shape of the hand-worked tests: s 1024, b 2, h 2048, a 16, t 2.
+// s·b·h = 4194304, s·b = 2048, a·s²·b = 33554432, a·s·b = 32768; 16-bit, 1-byte masks.
+const Dims kHand{1024, 2, 2048, 16, 2};
+
+}  // namespace
+
+// ---------------------------------------------------------------- the presets
+
+// Today's selective under fused attention keeps the log-sum-exp (there is nothing a·s² to skip);
+// Megatron's core_attn checkpoint frees it, so that one row differs by exactly 4·a·s·b/t.
+TEST(LayerPiecesTheory, GptPresetIsTable2CategoryByCategory) {
+  for (Dims d : kShapes)
+    for (double t : {1, 2, 4, 8})
+      for (const std::string& name : config_names())
+        for (Attention attention : {Attention::unfused, Attention::fused})
+          for (Precision p : kPrecisions) {
+            d.t = t;
+            LayerPolicy c = parse_config(name);
+            c.attention = attention;
+            const ByteCategories table2 = activation_bytes_by_category(d, c, p);
+            const ByteCategories composed = layer_bytes_by_category(d, gpt_layer_spec(), c, p);
+            const std::string where = name + " " + attention_name(attention) + " t=" + std::to_string(t);
+            if (c.recompute == Recompute::selective && attention == Attention::fused) {
+              EXPECT_EQ(composed, without(table2, "attn_lse")) << where;
+              EXPECT_EQ(bytes_of(table2, "attn_lse"), 4 * d.a * d.s * d.b / t) << where;
+            } else {
+              EXPECT_EQ(composed, table2) << where;
+            }
+            EXPECT_EQ(layer_extra_bytes(d, gpt_layer_spec(), c), layernorm_stats_bytes(d, c)) << where;
+          }
+}
+
+TEST(LayerPiecesTheory, LlamaPresetIsTheLlamaFamilyCategoryByCategory) {
+  for (const Dims& shape : kShapes)
+    for (double g : {shape.a, 8.0, 2.0})
+      for (double f : {0.0, 3 * shape.h, 11008.0})
+        for (double t : {1, 2, 4, 8})
+          for (const std::string& name : config_names())
+            for (Attention attention : {Attention::unfused, Attention::fused})
+              for (Precision p : kPrecisions) {
+                const LlamaDims ld{shape.s, shape.b, shape.h, shape.a, g, f, t};
+                const Dims d{shape.s, shape.b, shape.h, shape.a, t};
+                LayerPolicy c = parse_config(name);
+                c.attention = attention;
+                const ByteCategories family = llama_activation_bytes_by_category(ld, c, p);
+                const ByteCategories composed = layer_bytes_by_category(d, llama_layer_spec(g, f), c, p);
+                const std::string where = name + " " + attention_name(attention) + " g=" + std::to_string(g) +
+                                          " F=" + std::to_string(f) + " t=" + std::to_string(t);
+                if (c.recompute == Recompute::selective && attention == Attention::fused)
+                  EXPECT_EQ(composed, without(family, "attn_lse")) << where;
+                else
+                  EXPECT_EQ(composed, family) << where;
+                EXPECT_EQ(layer_extra_bytes(d, llama_layer_spec(g, f), c), llama_norm_stats_bytes(ld, c)) << where;
+              }
+}
+
+// ---------------------------------------------------------------- recompute modules
+
+TEST(LayerPiecesTheory, FusedCoreAttnFreesOnlyTheLogSumExp) {
+  for (const LayerSpec& spec : {gpt_layer_spec(), llama_layer_spec(4, 0)}) {
+    const LayerPolicy none = policy(Recompute::none, false, Attention::fused);
+    const ByteCategories kept = layer_bytes_by_category(kHand, spec, none);
+    const ByteCategories rebuilt = layer_bytes_by_category(kHand, spec, selective(kCoreAttn, Attention::fused));
+    EXPECT_EQ(rebuilt, without(kept, "attn_lse"));                 // q, k, v and proj_input stay
+    EXPECT_EQ(layer_bytes(kHand, spec, none) - layer_bytes(kHand, spec, selective(kCoreAttn, Attention::fused)),
+              65536.0);                                             // 4 bytes · a·s·b/t = 4 · 16384
+  }
+}
+
+TEST(LayerPiecesTheory, UnfusedCoreAttnFreesTheScoreTensors) {
+  const LayerPolicy none = policy(Recompute::none, false, Attention::unfused);
+  // With attention dropout: softmax, mask, dropped probabilities, (2 + 1 + 2)·a·s²·b/t.
+  EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), none) - layer_bytes(kHand, gpt_layer_spec(), selective(kCoreAttn)),
+            5 * 16777216.0);
+  // Without: the probabilities alone, 2·a·s²·b/t.
+  const LayerSpec llama = llama_layer_spec(4, 0);
+  EXPECT_EQ(layer_bytes(kHand, llama, none) - layer_bytes(kHand, llama, selective(kCoreAttn)), 2 * 16777216.0);
+}
+
+TEST(LayerPiecesTheory, LayernormModuleFreesBothNormOutputsAndTheirStatistics) {
+  for (bool sp : {false, true}) {
+    const double region = sp ? 2097152.0 : 4194304.0;  // s·b·h/r
+    const LayerPolicy none = policy(Recompute::none, sp, Attention::unfused);
+    const ByteCategories kept = layer_bytes_by_category(kHand, gpt_layer_spec(), none);
+    const ByteCategories rebuilt = layer_bytes_by_category(kHand, gpt_layer_spec(), selective(kNorms, Attention::unfused, sp));
+    EXPECT_EQ(rebuilt, without(without(kept, "qkv_input"), "fc1_input"));
+    EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), none) - layer_bytes(kHand, gpt_layer_spec(), selective(kNorms, Attention::unfused, sp)),
+              2 * 2 * region);
+    // LayerNorm's mean and rstd: 2 norms · 2 · 4 bytes per row before, none after.
+    EXPECT_EQ(layer_extra_bytes(kHand, gpt_layer_spec(), none), 16 * (sp ? 1024.0 : 2048.0));  // · s·b/r
+    EXPECT_EQ(layer_extra_bytes(kHand, gpt_layer_spec(), selective(kNorms, Attention::unfused, sp)), 0.0);
+  }
+  // The q/k norms are not block norms: the module keeps their inputs and statistics.
+  LayerSpec qk = llama_layer_spec(4, 0);
+  qk.qk_layernorm = true;
+  const ByteCategories extras = layer_extra_bytes_by_category(kHand, qk, selective(kNorms));
+  EXPECT_EQ(names(extras), (std::vector<std::string>{"q_norm_stats", "k_norm_stats"}));
+  EXPECT_EQ(layer_extra_bytes(kHand, qk, selective(kNorms)), 4 * (16384.0 + 4096.0));  // rstd per head row
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(kHand, qk, selective(kNorms)), "q_norm_input"), 4194304.0);
+}
+
+TEST(LayerPiecesTheory, MlpModuleKeepsOnlyTheMlpInput) {
+  const LayerPolicy none = policy(Recompute::none, false, Attention::unfused);
+  const ByteCategories rebuilt = layer_bytes_by_category(kHand, gpt_layer_spec(), selective(kMlp));
+  EXPECT_EQ(names(rebuilt), (std::vector<std::string>{"ln1_input", "qkv_input", "q", "k", "softmax_out",
+                                                      "attn_dropout_mask", "attn_dropout_out", "v", "proj_input",
+                                                      "attn_residual_mask", "ln2_input", "fc1_input",
+                                                      "mlp_residual_mask"}));
+  // GeLU: its input and fc2's, 2 · 2 bytes · s·b·4h/t = 4 · 8388608.
+  EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), none) - layer_bytes(kHand, gpt_layer_spec(), selective(kMlp)),
+            4 * 8388608.0);
+  // SwiGLU of F = 5632: gate | up and fc2's input, 3 · 2 bytes · s·b·F/t = 6 · 5767168.
+  const LayerSpec llama = llama_layer_spec(4, 5632);
+  EXPECT_EQ(layer_bytes(kHand, llama, none) - layer_bytes(kHand, llama, selective(kMlp)), 6 * 5767168.0);
+  // With layernorm too, the checkpoint's input is discarded as well: the MLP keeps nothing.
+  const ByteCategories both = layer_bytes_by_category(kHand, llama, selective({false, true, true}));
+  EXPECT_EQ(names(both).back(), "ln2_input");
+}
+
+TEST(LayerPiecesTheory, AllModulesAndFullAgainstTheirSums) {
+  // gpt, unfused, t 2, no SP, every module: ln1 2 + q, k, v, proj 4 · 1 + masks 2 · 1 + ln2 2
+  // = 10 · s·b·h bytes.
+  EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), selective({true, true, true})), 10 * 4194304.0);
+  // No module at all rebuilds nothing.
+  EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), selective({false, false, false})),
+            layer_bytes(kHand, gpt_layer_spec(), LayerPolicy{}));
+  // Full: the layer input, 2·s·b·h/r, whatever the spec and the modules.
+  LayerSpec any = llama_layer_spec(4, 5632);
+  any.qk_layernorm = true;
+  EXPECT_EQ(layer_bytes_by_category(kHand, any, policy(Recompute::full, true, Attention::fused, {true, true, true})),
+            (ByteCategories{{"layer_input", 4194304.0}}));
+  EXPECT_EQ(layer_extra_bytes(kHand, any, policy(Recompute::full, false, Attention::unfused)), 0.0);
+}
+
+// ---------------------------------------------------------------- each option's piece
+
+TEST(LayerPiecesTheory, QkLayernormAddsExactlyItsInputs) {
+  LayerSpec spec = gpt_layer_spec();
+  spec.kv_heads = 4;
+  LayerSpec with = spec;
+  with.qk_layernorm = true;
+  for (Attention attention : {Attention::unfused, Attention::fused})
+    for (const LayerPolicy& c : {policy(Recompute::none, false, attention), selective({true, true, true}, attention)}) {
+      // q: 2 bytes · s·b·h/t = 4194304; k: a quarter of it (g/a = 4/16).
+      EXPECT_EQ(layer_bytes(kHand, with, c) - layer_bytes(kHand, spec, c), 4194304.0 + 1048576.0);
+      const ByteCategories kept = layer_bytes_by_category(kHand, with, c);
+      EXPECT_EQ(bytes_of(kept, "q_norm_input"), 4194304.0);
+      EXPECT_EQ(bytes_of(kept, "k_norm_input"), 1048576.0);
+    }
+  // LayerNorm statistics: 8 bytes per row of each head, a·s·b/t + g·s·b/t rows.
+  EXPECT_EQ(layer_extra_bytes(kHand, with, LayerPolicy{}) - layer_extra_bytes(kHand, spec, LayerPolicy{}),
+            8 * (16384.0 + 4096.0));
+}
+
+TEST(LayerPiecesTheory, BiasesAndRotaryKeepNothing) {
+  for (const LayerSpec& base : {gpt_layer_spec(), llama_layer_spec(4, 5632)})
+    for (const std::string& name : config_names())
+      for (Attention attention : {Attention::unfused, Attention::fused}) {
+        LayerPolicy c = parse_config(name);
+        c.attention = attention;
+        for (int variant = 0; variant < 4; ++variant) {
+          LayerSpec changed = base;
+          if (variant == 0) changed.add_bias_linear = !base.add_bias_linear;
+          if (variant == 1) changed.add_qkv_bias = !base.add_qkv_bias;
+          if (variant == 2) changed.position = base.position == PositionEmbedding::rope ? PositionEmbedding::none
+                                                                                          : PositionEmbedding::rope;
+          if (variant == 3) changed.rotary_percent = 0.5;
+          EXPECT_EQ(layer_bytes_by_category(kHand, changed, c), layer_bytes_by_category(kHand, base, c))
+              << name << " variant " << variant;
+        }
+      }
+}
+
+TEST(LayerPiecesTheory, DropoutsEachAddTheirMasks) {
+  LayerSpec spec = llama_layer_spec(16, 0);  // no dropout
+  LayerSpec attention = spec;
+  attention.attention_dropout = 0.1;
+  // Unfused, nothing recomputed: a 1-byte mask and the dropped probabilities, 3 · a·s²·b/t.
+  const LayerPolicy none = policy(Recompute::none, false, Attention::unfused);
+  EXPECT_EQ(layer_bytes(kHand, attention, none) - layer_bytes(kHand, spec, none), 3 * 16777216.0);
+  // Fused regenerates the mask; core_attn rebuilds both.
+  EXPECT_EQ(layer_bytes(kHand, attention, policy(Recompute::none, false, Attention::fused)),
+            layer_bytes(kHand, spec, policy(Recompute::none, false, Attention::fused)));
+  EXPECT_EQ(layer_bytes(kHand, attention, selective(kCoreAttn)), layer_bytes(kHand, spec, selective(kCoreAttn)));
+  // Hidden dropout: two 1-byte masks of s·b·h/r, under any recompute but full.
+  LayerSpec hidden = spec;
+  hidden.hidden_dropout = 0.1;
+  for (bool sp : {false, true})
+    for (const LayerPolicy& c : {policy(Recompute::none, sp, Attention::fused), selective({true, true, true}, Attention::fused, sp)})
+      EXPECT_EQ(layer_bytes(kHand, hidden, c) - layer_bytes(kHand, spec, c), 2 * (sp ? 2097152.0 : 4194304.0));
+}
+
+TEST(LayerPiecesTheory, GroupedQueryAttentionShrinksKAndV) {
+  LayerSpec gqa = gpt_layer_spec();
+  gqa.kv_heads = 4;
+  for (Attention attention : {Attention::unfused, Attention::fused}) {
+    const LayerPolicy c = policy(Recompute::none, false, attention);
+    // k and v: 2 · 2 bytes · s·b·h/t · (1 − 4/16) = 4 · 2097152 · 0.75.
+    EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), c) - layer_bytes(kHand, gqa, c), 6291456.0);
+  }
+}
+
+TEST(LayerPiecesTheory, ActivationsAndNorms) {
+  const LayerPolicy none = policy(Recompute::none, false, Attention::unfused);
+  LayerSpec swiglu = gpt_layer_spec(), squared = gpt_layer_spec(), rms = gpt_layer_spec();
+  swiglu.activation = Activation::swiglu;
+  squared.activation = Activation::squared_relu;
+  rms.normalization = Norm::rmsnorm;
+  // SwiGLU keeps the up half besides GeLU's one tensor: 2 bytes · s·b·4h/t = 16777216.
+  EXPECT_EQ(layer_bytes(kHand, swiglu, none) - layer_bytes(kHand, gpt_layer_spec(), none), 16777216.0);
+  // Squared ReLU keeps one tensor of the MLP's width, as GeLU does.
+  EXPECT_EQ(layer_bytes(kHand, squared, none), layer_bytes(kHand, gpt_layer_spec(), none));
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(kHand, squared, none), "squared_relu_input"), 16777216.0);
+  // RMSNorm keeps what LayerNorm keeps; its statistics are half: rstd alone, 2 norms · 4 bytes · s·b.
+  EXPECT_EQ(layer_bytes_by_category(kHand, rms, none), layer_bytes_by_category(kHand, gpt_layer_spec(), none));
+  EXPECT_EQ(layer_extra_bytes(kHand, rms, none), 8 * 2048.0);
+}
+
+// A Qwen3-like layer: RMSNorm with QK-norm, GQA g 8 of a 32 with RoPE, SwiGLU F 12288, no bias,
+// no dropout, s 4096, b 1, h 4096, t 4 with SP, fused attention, core_attn + layernorm.
+// s·b·h = 16777216, e/r = e/t = 1/2: ln1 + ln2 2 · ½ sbh, q-norm + q + proj 3 · ½ sbh,
+// k-norm + k + v 3 · ½ · ¼ sbh, gate|up + fc2's input 3 · 2 · s·b·F/4 = 75497472.
+TEST(LayerPiecesTheory, AQwenThreeLikeCombinationByHand) {
+  LayerSpec spec = llama_layer_spec(8, 12288, 1000000, 1e-6);
+  spec.qk_layernorm = true;
+  const Dims d{4096, 1, 4096, 32, 4};
+  const LayerPolicy c = selective({true, false, true}, Attention::fused, true);
+  const ByteCategories kept = layer_bytes_by_category(d, spec, c);
+  EXPECT_EQ(names(kept), (std::vector<std::string>{"ln1_input", "q_norm_input", "k_norm_input", "q", "k", "v",
+                                                   "proj_input", "ln2_input", "swiglu_input", "fc2_input"}));
+  EXPECT_EQ(layer_bytes(d, spec, c), 16777216.0 + 3 * 8388608.0 + 3 * 2097152.0 + 75497472.0);
+}
+
+// ---------------------------------------------------------------- spec and names
+
+TEST(LayerSpecTheory, PresetsAndNames) {
+  const LayerSpec gpt = gpt_layer_spec();
+  EXPECT_EQ(gpt.normalization, Norm::layernorm);
+  EXPECT_EQ(gpt.activation, Activation::gelu);
+  EXPECT_TRUE(gpt.add_bias_linear && gpt.qkv_bias());
+  EXPECT_EQ(gpt.attention_dropout, 0.1);
+  EXPECT_EQ(gpt.hidden_dropout, 0.1);
+  EXPECT_EQ(gpt.position, PositionEmbedding::none);
+  const LayerSpec llama = llama_layer_spec(8, 14336, 500000);
+  EXPECT_EQ(llama.normalization, Norm::rmsnorm);
+  EXPECT_EQ(llama.activation, Activation::swiglu);
+  EXPECT_FALSE(llama.qkv_bias());
+  EXPECT_EQ(llama.position, PositionEmbedding::rope);
+  EXPECT_EQ(llama.rotary_base, 500000);
+  EXPECT_EQ(llama.groups({1, 1, 4096, 32, 1}), 8);
+  EXPECT_EQ(gpt.ffn({1, 1, 4096, 32, 1}), 16384);
+  EXPECT_EQ(parse_norm("RMSNorm"), Norm::rmsnorm);
+  EXPECT_EQ(std::string(norm_name(Norm::layernorm)), "LayerNorm");
+  EXPECT_EQ(parse_position("learned_absolute"), PositionEmbedding::none);
+  EXPECT_THROW(parse_norm("rmsnorm"), InvalidArgument);
+  EXPECT_THROW(parse_position("alibi"), InvalidArgument);
+}
+
+TEST(LayerSpecTheory, RecomputeModulesParseAndName) {
+  EXPECT_EQ(parse_recompute_modules("core_attn"), RecomputeModules{});
+  EXPECT_EQ(parse_recompute_modules("layernorm,core_attn,mlp"), (RecomputeModules{true, true, true}));
+  EXPECT_EQ(recompute_modules_name(parse_recompute_modules("mlp,layernorm")), "mlp,layernorm");
+  EXPECT_EQ(recompute_modules_name(RecomputeModules{}), "core_attn");
+  for (const char* bad : {"", "mlp,", "core_attn,core_attn", "moe", "MLP"})
+    EXPECT_THROW(parse_recompute_modules(bad), InvalidArgument) << bad;
+  // The paper's names leave the modules at Megatron's default.
+  EXPECT_EQ(parse_config("selective").modules, RecomputeModules{});
+}
+
+TEST(LayerSpecTheory, CheckRefusesWhatCannotBeBuilt) {
+  const Dims d{1024, 1, 4096, 32, 4};
+  EXPECT_NO_THROW(check_layer_spec(d, llama_layer_spec(8, 0)));
+  EXPECT_THROW(check_layer_spec(d, llama_layer_spec(12, 0)), InvalidArgument);  // 12 does not divide 32
+  EXPECT_THROW(check_layer_spec(d, llama_layer_spec(2, 0)), InvalidArgument);   // t 4 does not divide g 2
+  LayerSpec bad = gpt_layer_spec();
+  bad.rotary_percent = 0;
+  EXPECT_THROW(check_layer_spec(d, bad), InvalidArgument);
+  bad = gpt_layer_spec();
+  bad.hidden_dropout = 1;
+  EXPECT_THROW(check_layer_spec(d, bad), InvalidArgument);
+  bad = gpt_layer_spec();
+  bad.norm_epsilon = 0;
+  EXPECT_THROW(check_layer_spec(d, bad), InvalidArgument);
+  try {
+    check_layer_spec(d, llama_layer_spec(12, 0));
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "num-query-groups 12 must divide the heads (32)");
+  }
+}

@@ -1,0 +1,120 @@
+#include "theory/layer_pieces.hpp"
+
+namespace actbench::theory {
+
+namespace {
+
+// Elements per rank of each kind of tensor a layer keeps.
+struct Extents {
+  double region;  // s·b·h split along s under SP: norm inputs/outputs, residual masks
+  double heads;   // s·b·h/t: a/t heads of h/a (q, the attention output)
+  double groups;  // s·b·h·g/a/t: g/t key/value heads
+  double ffn;     // s·b·F/t: one tensor of the MLP's width
+  double scores;  // a·s²·b/t: one a·s² tensor of a/t heads
+  double rows;    // a·s·b/t: one value per row of each head
+};
+
+Extents extents_of(const Dims& d, const LayerSpec& spec, LayerPolicy c) {
+  const double sb = d.s * d.b, t = d.t, r = c.sequence_parallel ? t : 1.0;
+  // Each term multiplied out before dividing so that integer shapes give exact integers.
+  return {sb * d.h / r,          sb * d.h / t, sb * spec.groups(d) * (d.h / d.a) / t, sb * spec.ffn(d) / t,
+          d.a * d.s * sb / t, d.a * sb / t};
+}
+
+// What the selective modules rebuild; nothing outside selective recompute.
+RecomputeModules recomputed(LayerPolicy c) {
+  return c.recompute == Recompute::selective ? c.modules : RecomputeModules{false, false, false};
+}
+
+// Norm 1, QKV, the optional q/k norms, core attention, the projection, the residual dropout.
+void attention_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, ByteCategories& out) {
+  const double e = p.elem, m = p.mask;
+  const RecomputeModules rebuilt = recomputed(c);
+  out.push_back({"ln1_input", e * x.region});  // also the layernorm checkpoint's input: one tensor
+  // The layernorm module frees norm 1's output once the QKV GEMM has run; backward rebuilds it.
+  if (!rebuilt.layernorm) out.push_back({"qkv_input", e * x.region});
+  if (spec.qk_layernorm) {  // outside core_attn's checkpoint, so no module frees them
+    out.push_back({"q_norm_input", e * x.heads});
+    out.push_back({"k_norm_input", e * x.groups});
+  }
+  // q, k (after RoPE) and v are core attention's inputs: kept by its GEMMs, by the fused
+  // kernel, or as core_attn's checkpoint inputs alike.
+  out.push_back({"q", e * x.heads});
+  out.push_back({"k", e * x.groups});
+  if (!rebuilt.core_attn) {
+    if (c.attention == Attention::fused) {
+      out.push_back({"attn_lse", 4.0 * x.rows});  // fp32 whatever the activation type
+    } else {
+      out.push_back({"softmax_out", e * x.scores});  // without dropout also ·V's input
+      if (spec.attention_dropout > 0) {
+        out.push_back({"attn_dropout_mask", m * x.scores});
+        out.push_back({"attn_dropout_out", e * x.scores});
+      }
+    }
+  }
+  out.push_back({"v", e * x.groups});
+  out.push_back({"proj_input", e * x.heads});  // the attention output, outside core_attn's checkpoint
+  if (spec.hidden_dropout > 0) out.push_back({"attn_residual_mask", m * x.region});
+}
+
+// Norm 2, fc1, the activation, fc2, the residual dropout.
+void mlp_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, ByteCategories& out) {
+  const double e = p.elem, m = p.mask;
+  const RecomputeModules rebuilt = recomputed(c);
+  out.push_back({"ln2_input", e * x.region});
+  // fc1's input is also the mlp checkpoint's input; the layernorm module frees it either way.
+  if (!rebuilt.layernorm) out.push_back({"fc1_input", e * x.region});
+  if (!rebuilt.mlp) {
+    switch (spec.activation) {
+      case Activation::gelu: out.push_back({"gelu_input", e * x.ffn}); break;
+      case Activation::swiglu: out.push_back({"swiglu_input", 2 * e * x.ffn}); break;
+      case Activation::squared_relu: out.push_back({"squared_relu_input", e * x.ffn}); break;
+    }
+    out.push_back({"fc2_input", e * x.ffn});
+  }
+  if (spec.hidden_dropout > 0) out.push_back({"mlp_residual_mask", m * x.region});
+}
+
+double sum_of(const ByteCategories& categories) {
+  double sum = 0;
+  for (const auto& [name, bytes] : categories) sum += bytes;
+  return sum;
+}
+
+}  // namespace
+
+ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p) {
+  const Extents x = extents_of(d, spec, c);
+  if (c.recompute == Recompute::full) return {{"layer_input", p.elem * x.region}};
+  ByteCategories out;
+  attention_block(x, spec, c, p, out);
+  mlp_block(x, spec, c, p, out);
+  return out;
+}
+
+double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p) {
+  return sum_of(layer_bytes_by_category(d, spec, c, p));
+}
+
+ByteCategories layer_extra_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c) {
+  if (c.recompute == Recompute::full) return {};
+  const Extents x = extents_of(d, spec, c);
+  const double per_row = 4.0 /*fp32*/ * (spec.normalization == Norm::layernorm ? 2 /*mean, rstd*/ : 1 /*rstd*/);
+  const double sb = d.s * d.b, rows = sb / (c.sequence_parallel ? d.t : 1.0);  // the block norms' rows
+  const double q_rows = x.rows, k_rows = sb * spec.groups(d) / d.t;             // one per head and row
+  const bool block_norms = !recomputed(c).layernorm;
+  ByteCategories out;
+  if (block_norms) out.push_back({"ln1_stats", per_row * rows});
+  if (spec.qk_layernorm) {
+    out.push_back({"q_norm_stats", per_row * q_rows});
+    out.push_back({"k_norm_stats", per_row * k_rows});
+  }
+  if (block_norms) out.push_back({"ln2_stats", per_row * rows});
+  return out;
+}
+
+double layer_extra_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c) {
+  return sum_of(layer_extra_bytes_by_category(d, spec, c));
+}
+
+}  // namespace actbench::theory

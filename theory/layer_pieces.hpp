@@ -1,0 +1,60 @@
+#pragma once
+// Activation bytes one layer of any LayerSpec keeps for its backward pass, per layer and
+// tensor-parallel rank, by category, derived piece by piece under Megatron-Core's conventions
+// (each op keeps what its backward reads; a tensor two ops read is kept once). Table 2
+// (activation_memory.hpp) and the llama family (llama_memory.hpp) are two presets of it;
+// docs/theory.md ("One layer, piece by piece") derives each row.
+//
+// e bytes per element, m per dropout-mask element, r = t under SP (else 1), g key/value heads,
+// F the MLP width; "unless" names the recompute module (selective) that frees the piece.
+//
+//   category            kept by                                  bytes        kept when
+//   ln1_input           norm 1 (also layernorm's checkpoint)      e·sbh/r
+//   qkv_input           the QKV GEMM (norm 1's output)            e·sbh/r      unless layernorm
+//   q_norm_input        the q norm                                e·sbh/t      qk_layernorm
+//   k_norm_input        the k norm                                e·sbh·g/a/t  qk_layernorm
+//   q, k                scores GEMM / fused attention (after RoPE) e·sbh/t, e·sbh·g/a/t
+//   attn_lse            fused attention: fp32 per row             4·asb/t      fused, unless core_attn
+//   softmax_out         softmax (and ·V when no dropout)          e·as²b/t     unfused, unless core_attn
+//   attn_dropout_mask   attention dropout                         m·as²b/t     same, attention_dropout > 0
+//   attn_dropout_out    ·V                                        e·as²b/t     same, attention_dropout > 0
+//   v                   ·V / fused attention                      e·sbh·g/a/t
+//   proj_input          the output projection                     e·sbh/t
+//   attn_residual_mask  hidden dropout after attention           m·sbh/r      hidden_dropout > 0
+//   ln2_input           norm 2                                    e·sbh/r
+//   fc1_input           fc1 (norm 2's output; mlp's checkpoint)   e·sbh/r      unless layernorm
+//   gelu_input          GeLU: fc1's output (+ bias)               e·sbF/t      gelu, unless mlp
+//   swiglu_input        SwiGLU: fc1's output gate | up            2e·sbF/t     swiglu, unless mlp
+//   squared_relu_input  squared ReLU: one tensor of fc1's width   e·sbF/t      squared_relu, unless mlp
+//   fc2_input           fc2 (the activation's output)             e·sbF/t      unless mlp
+//   mlp_residual_mask   hidden dropout after the MLP              m·sbh/r      hidden_dropout > 0
+//   layer_input         full recompute: the only tensor           e·sbh/r      full only
+//
+// Biases (add_bias_linear, add_qkv_bias), RoPE and rotary_percent keep nothing: a bias's
+// gradient is a sum of the output's gradient, and RoPE is a fixed rotation whose backward is
+// the inverse rotation.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "theory/activation_memory.hpp"  // Dims, Precision
+#include "theory/layer_spec.hpp"
+#include "theory/policy.hpp"
+
+namespace actbench::theory {
+
+using ByteCategories = std::vector<std::pair<std::string, double>>;
+
+// (category, bytes) in the order of the table above; categories this layer does not keep are
+// left out. Names match layers/saved_activations.hpp and the two presets' functions.
+ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {});
+double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {});
+
+// Outside the count, as the paper leaves LayerNorm's statistics out: each norm's fp32 row
+// statistics (LayerNorm mean and rstd, RMSNorm rstd) — "ln1_stats", "q_norm_stats",
+// "k_norm_stats", "ln2_stats". None under full recompute, and none for the two block norms
+// under the layernorm module (they run without autograd in forward).
+ByteCategories layer_extra_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c);
+double layer_extra_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c);
+
+}  // namespace actbench::theory
