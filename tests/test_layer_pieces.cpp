@@ -127,11 +127,11 @@ TEST(LayerPiecesTheory, LayernormModuleFreesBothNormOutputsAndTheirStatistics) {
   for (bool sp : {false, true}) {
     const double region = sp ? 2097152.0 : 4194304.0;  // s·b·h/r
     const LayerPolicy none = policy(Recompute::none, sp, Attention::unfused);
+    const LayerPolicy norms = selective(kNorms, Attention::unfused, sp);
     const ByteCategories kept = layer_bytes_by_category(kHand, gpt_layer_spec(), none);
-    const ByteCategories rebuilt = layer_bytes_by_category(kHand, gpt_layer_spec(), selective(kNorms, Attention::unfused, sp));
+    const ByteCategories rebuilt = layer_bytes_by_category(kHand, gpt_layer_spec(), norms);
     EXPECT_EQ(rebuilt, without(without(kept, "qkv_input"), "fc1_input"));
-    EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), none) - layer_bytes(kHand, gpt_layer_spec(), selective(kNorms, Attention::unfused, sp)),
-              2 * 2 * region);
+    EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), none) - layer_bytes(kHand, gpt_layer_spec(), norms), 2 * 2 * region);
     // LayerNorm's mean and rstd: 2 norms · 2 · 4 bytes per row before, none after.
     EXPECT_EQ(layer_extra_bytes(kHand, gpt_layer_spec(), none), 16 * (sp ? 1024.0 : 2048.0));  // · s·b/r
     EXPECT_EQ(layer_extra_bytes(kHand, gpt_layer_spec(), selective(kNorms, Attention::unfused, sp)), 0.0);
@@ -232,7 +232,8 @@ TEST(LayerPiecesTheory, DropoutsEachAddTheirMasks) {
   LayerSpec hidden = spec;
   hidden.hidden_dropout = 0.1;
   for (bool sp : {false, true})
-    for (const LayerPolicy& c : {policy(Recompute::none, sp, Attention::fused), selective({true, true, true}, Attention::fused, sp)})
+    for (const LayerPolicy& c :
+         {policy(Recompute::none, sp, Attention::fused), selective({true, true, true}, Attention::fused, sp)})
       EXPECT_EQ(layer_bytes(kHand, hidden, c) - layer_bytes(kHand, spec, c), 2 * (sp ? 2097152.0 : 4194304.0));
 }
 

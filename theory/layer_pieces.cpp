@@ -17,8 +17,12 @@ struct Extents {
 Extents extents_of(const Dims& d, const LayerSpec& spec, LayerPolicy c) {
   const double sb = d.s * d.b, t = d.t, r = c.sequence_parallel ? t : 1.0;
   // Each term multiplied out before dividing so that integer shapes give exact integers.
-  return {sb * d.h / r,          sb * d.h / t, sb * spec.groups(d) * (d.h / d.a) / t, sb * spec.ffn(d) / t,
-          d.a * d.s * sb / t, d.a * sb / t};
+  return {.region = sb * d.h / r,
+          .heads = sb * d.h / t,
+          .groups = sb * spec.groups(d) * (d.h / d.a) / t,
+          .ffn = sb * spec.ffn(d) / t,
+          .scores = d.a * d.s * sb / t,
+          .rows = d.a * sb / t};
 }
 
 // What the selective modules rebuild; nothing outside selective recompute.

@@ -42,8 +42,10 @@ void require(bool ok, const std::string& what) {
 
 void check_layer_spec(const Dims& d, const LayerSpec& spec) {
   const double g = spec.groups(d);
-  require(spec.kv_heads >= 0 && divides(g, d.a), "num-query-groups " + number(g) + " must divide the heads (" + number(d.a) + ")");
-  require(divides(d.t, d.a) && divides(d.t, g), "the tensor-parallel size " + number(d.t) + " must divide the heads (" + number(d.a) + ") and the query groups (" + number(g) + ")");
+  const std::string heads = " the heads (" + number(d.a) + ")";
+  require(spec.kv_heads >= 0 && divides(g, d.a), "num-query-groups " + number(g) + " must divide" + heads);
+  require(divides(d.t, d.a) && divides(d.t, g), "the tensor-parallel size " + number(d.t) + " must divide" + heads +
+                                                    " and the query groups (" + number(g) + ")");
   require(spec.ffn_hidden >= 0, "ffn-hidden-size must not be negative");
   require(spec.norm_epsilon > 0, "norm-epsilon must be above 0");
   require(spec.attention_dropout >= 0 && spec.attention_dropout < 1, "attention-dropout must lie in [0, 1)");

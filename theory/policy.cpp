@@ -60,7 +60,10 @@ RecomputeModules parse_recompute_modules(const std::string& list) {
   while (true) {
     const size_t comma = list.find(',', begin);
     const std::string word = list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
-    bool* flag = word == "core_attn" ? &out.core_attn : word == "mlp" ? &out.mlp : word == "layernorm" ? &out.layernorm : nullptr;
+    bool* flag = word == "core_attn" ? &out.core_attn
+                 : word == "mlp"     ? &out.mlp
+                 : word == "layernorm" ? &out.layernorm
+                                       : nullptr;
     if (flag == nullptr) throw InvalidArgument("unknown recompute module '" + word + "'" + expected);
     if (*flag) throw InvalidArgument("recompute module '" + word + "' named twice" + expected);
     *flag = true;
