@@ -424,6 +424,23 @@ const char* kLlama3_70b = R"({
   "mlp_bias": false, "model_type": "llama", "num_attention_heads": 64, "num_hidden_layers": 80,
   "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "vocab_size": 128256,
   "torch_dtype": "bfloat16", "tie_word_embeddings": false})";
+
+// The config `name` with `body` is refused with a message holding `words`.
+void refuses(const std::string& name, const std::string& body, const std::string& words) {
+  try {
+    read_hf_config(write_config(name, body));
+    ADD_FAILURE() << name << " was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+  }
+}
+
+// Llama 3 70B's config with its first `from` replaced by `to`.
+std::string with(const std::string& from, const std::string& to) {
+  std::string s = kLlama3_70b;
+  s.replace(s.find(from), from.size(), to);
+  return s;
+}
 }  // namespace
 
 TEST(HfConfig, ReadsALlama3Config) {
@@ -444,20 +461,6 @@ TEST(HfConfig, ReadsALlama3Config) {
 }
 
 TEST(HfConfig, RefusesWhatTheFamilyCannotExpress) {
-  auto refuses = [](const std::string& name, const std::string& body, const std::string& words) {
-    try {
-      read_hf_config(write_config(name, body));
-      ADD_FAILURE() << name << " was accepted";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-  };
-  std::string base = kLlama3_70b;
-  auto with = [&](const std::string& from, const std::string& to) {
-    std::string s = base;
-    s.replace(s.find(from), from.size(), to);
-    return s;
-  };
   refuses("gelu", with("\"silu\"", "\"gelu\""), "hidden_act");
   refuses("bias", with("\"attention_bias\": false", "\"attention_bias\": true"), "attention_bias");
   refuses("mlpbias", with("\"mlp_bias\": false", "\"mlp_bias\": true"), "mlp_bias");
@@ -469,20 +472,6 @@ TEST(HfConfig, RefusesWhatTheFamilyCannotExpress) {
 }
 
 TEST(HfConfig, EveryKeyHasItsTypeAndBounds) {
-  auto refuses = [](const std::string& name, const std::string& body, const std::string& words) {
-    try {
-      read_hf_config(write_config(name, body));
-      ADD_FAILURE() << name << " was accepted";
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-    }
-  };
-  std::string base = kLlama3_70b;
-  auto with = [&](const std::string& from, const std::string& to) {
-    std::string s = base;
-    s.replace(s.find(from), from.size(), to);
-    return s;
-  };
   refuses("act", with("\"silu\"", "5"), "\"hidden_act\" must be a string");
   refuses("eps", with("1e-05", "1e300"), "\"rms_norm_eps\" must be in");
   refuses("theta", with("500000.0", "\"500000\""), "\"rope_theta\" must be a number");
