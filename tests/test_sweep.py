@@ -46,6 +46,20 @@ def processes_with(text):
     return pids
 
 
+def lines_until(proc, text, timeout=120):
+    """The stderr lines of proc up to the first holding text (or its end, or timeout seconds)."""
+    said = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        said.append(line)
+        if text in line:
+            break
+    return said
+
+
 def keys_of(path):
     header, rows, problems = results_csv.read(path)
     return [tuple(row[header.index(c)] for c in sweep.KEY_COLUMNS) for _, row in rows], problems
@@ -698,15 +712,7 @@ class SweepRuns(unittest.TestCase):
                                     stderr=subprocess.PIPE, text=True)
             # The lock is held until the sweep says it waits (however long a loaded machine takes
             # to get it there), so the sweep cannot find it free.
-            said = []
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                line = proc.stderr.readline()
-                if not line:
-                    break
-                said.append(line)
-                if "waiting for it to end" in line:
-                    break
+            said = lines_until(proc, "waiting for it to end")
             self.assertIn("waiting for it to end", "".join(said))
             self.assertIsNone(proc.poll(), "the sweep did not wait")
             self.assertFalse(os.path.exists(self.csv))
@@ -836,15 +842,7 @@ class SweepRuns(unittest.TestCase):
             self.assertIn(f"through its other name {os.path.realpath(self.csv)}", r.stderr)
             second = subprocess.Popen([sys.executable, SWEEP, plan, "--csv", other], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, text=True)
-            said = []
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                line = second.stderr.readline()
-                if not line:
-                    break
-                said.append(line)
-                if "waiting for it to end" in line:
-                    break
+            said = lines_until(second, "waiting for it to end")
             self.assertIn("waiting for it to end", "".join(said))
         finally:
             first.send_signal(signal.SIGINT)
