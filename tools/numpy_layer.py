@@ -3,16 +3,27 @@
 
     python3 tools/numpy_layer.py DUMP_DIR [--rtol 1e-4]
 
-Recomputes y, dx and every parameter gradient from the dumped x, dy and parameters (the
-layer of docs/paper.md: pre-LN, causal softmax attention, tanh GeLU, LayerNorm eps 1e-5; or, for a
-dump of --arch llama, RMSNorm, grouped-query attention with rotate-half RoPE and SwiGLU, no
-biases) and compares. Dropout must be 0 in the dump (masks come from Philox, not reproduced here).
-Exit status 0 when every tensor matches, 1 otherwise (one line per tensor either way).
+Recomputes y, dx and every parameter gradient from the dumped x, dy and parameters and
+compares. The layer is the one layer.json describes, any combination of its options: pre-norm
+(LayerNorm or RMSNorm), optional QK-norm, grouped-query causal attention with optional
+rotate-half RoPE, GeLU (tanh) / SwiGLU / squared-ReLU MLP, optional biases, and dropout on the
+attention probabilities and on both block outputs with the masks of runtime/philox.hpp
+reproduced here. Exit status 0 when every tensor matches, 1 otherwise (one line per tensor
+either way); 2 with one error line when the folder or --rtol is unusable.
+
+Functions for tests: spec_from_json, param_shapes, dropout_scales, forward, layer, check,
+philox4x32_10, philox_words, dropout_threshold.
 """
 import argparse
+import io
 import json
+import math
 import os
 import sys
+from collections import namedtuple
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runners"))
+from user_files import UserFileError, read_bytes, read_text  # noqa: E402
 
 try:
     import numpy as np
@@ -20,208 +31,358 @@ except ImportError:  # the first python3 on PATH may not be Debian's
     sys.exit("numpy_layer.py: error: numpy is missing; run it with /usr/bin/python3 (python3-numpy)")
 
 
-def layernorm_fwd(x, w, b, eps):
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(var + eps)
-    xhat = (x - mu) * rstd
-    return xhat * w + b, (xhat, rstd)
+# ---- the layer's description (layer.json) ---------------------------------------------------
+
+def _natural(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
-def layernorm_bwd(dy, w, cache):
-    xhat, rstd = cache
-    g = dy * w
-    dx = rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
-    return dx, (dy * xhat).reshape(-1, w.size).sum(0), dy.reshape(-1, w.size).sum(0)
+def _real(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-C = np.sqrt(2.0 / np.pi)
+def _choice(*names):
+    return lambda v: v in names
 
 
-def gelu(x):
-    return 0.5 * x * (1.0 + np.tanh(C * (x + 0.044715 * x ** 3)))
+# Every key layer.json must hold, with the test its value must pass (what the layer computes
+# reads only these; "arch" of older dumps and anything else is ignored).
+LAYER_KEYS = {
+    "seq": _natural, "batch": _natural, "hidden": _natural, "heads": _natural, "tp": _natural,
+    "config": lambda v: isinstance(v, str), "attention": _choice("unfused", "fused"),
+    "dtype": lambda v: isinstance(v, str),
+    "seed": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 64,
+    "recompute_modules": lambda v: isinstance(v, str),
+    "normalization": _choice("LayerNorm", "RMSNorm"), "norm_epsilon": lambda v: _real(v) and v > 0,
+    "qk_layernorm": lambda v: isinstance(v, bool), "activation": _choice("gelu", "swiglu", "squared_relu"),
+    "ffn_hidden": _natural, "add_bias_linear": lambda v: isinstance(v, bool),
+    "add_qkv_bias": lambda v: isinstance(v, bool), "kv_heads": _natural,
+    "position_embedding": _choice("rope", "none"), "rotary_percent": lambda v: _real(v) and 0 < v <= 1,
+    "rotary_base": lambda v: _real(v) and v > 0,
+    "attention_dropout": lambda v: _real(v) and 0 <= v < 1, "hidden_dropout": lambda v: _real(v) and 0 <= v < 1,
+}
+
+LayerSpec = namedtuple("LayerSpec", list(LAYER_KEYS))
 
 
-def gelu_grad(x):
-    u = C * (x + 0.044715 * x ** 3)
-    t = np.tanh(u)
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * C * (1.0 + 3 * 0.044715 * x * x)
+def spec_from_json(meta, where="layer.json"):
+    """A LayerSpec from layer.json's object; ValueError naming the first missing or bad key."""
+    if not isinstance(meta, dict):
+        raise ValueError("%s: not a JSON object" % where)
+    for key, valid in LAYER_KEYS.items():
+        if key not in meta:
+            raise ValueError("%s: missing key %r" % (where, key))
+        if not valid(meta[key]):
+            raise ValueError("%s: %r has the unusable value %s" % (where, key, json.dumps(meta[key])))
+    spec = LayerSpec(**{key: meta[key] for key in LAYER_KEYS})
+    d = spec.hidden // spec.heads
+    if spec.hidden % spec.heads:
+        raise ValueError("%s: hidden %d is not a multiple of heads %d" % (where, spec.hidden, spec.heads))
+    if spec.heads % spec.kv_heads:
+        raise ValueError("%s: heads %d is not a multiple of kv_heads %d" % (where, spec.heads, spec.kv_heads))
+    if spec.position_embedding == "rope" and rotary_dims(spec) % 2:
+        raise ValueError("%s: rotary_percent %g of head size %d gives an odd number of rotary dims"
+                         % (where, spec.rotary_percent, d))
+    return spec
 
 
-def layer(P, x, dy, a, eps):
-    """Forward and backward of one layer; P maps parameter names to float64 arrays."""
-    s, b, h = x.shape
-    d = h // a
-    scale = 1.0 / np.sqrt(d)
-    heads = lambda t: t.reshape(s, b, a, d).transpose(1, 2, 0, 3)        # [s,b,h] -> [b,a,s,d]
-    merge = lambda t: t.transpose(2, 0, 1, 3).reshape(s, b, h)           # [b,a,s,d] -> [s,b,h]
-    causal = np.triu(np.ones((s, s), dtype=bool), 1)
+def head_dim(spec):
+    return spec.hidden // spec.heads
 
-    ln1, c1 = layernorm_fwd(x, P["ln1.weight"], P["ln1.bias"], eps)
-    qkv = ln1 @ P["qkv.weight"].T + P["qkv.bias"]
-    q, k, v = heads(qkv[..., :h]), heads(qkv[..., h:2 * h]), heads(qkv[..., 2 * h:])
-    scores = np.where(causal, -np.inf, q @ k.transpose(0, 1, 3, 2) * scale)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    ctx = merge(probs @ v)
-    x1 = x + ctx @ P["proj.weight"].T + P["proj.bias"]
-    ln2, c2 = layernorm_fwd(x1, P["ln2.weight"], P["ln2.bias"], eps)
-    f1 = ln2 @ P["fc1.weight"].T + P["fc1.bias"]
-    g1 = gelu(f1)
-    y = x1 + g1 @ P["fc2.weight"].T + P["fc2.bias"]
 
-    G = {}
+def rotary_dims(spec):
+    """R, the leading dims of each head that RoPE rotates (0 without RoPE)."""
+    return int(head_dim(spec) * spec.rotary_percent) if spec.position_embedding == "rope" else 0
+
+
+def param_shapes(spec):
+    """The canonical parameters this layer has, in dump order: name -> shape."""
+    h, a, g, d, F = spec.hidden, spec.heads, spec.kv_heads, head_dim(spec), spec.ffn_hidden
+    layernorm = spec.normalization == "LayerNorm"
+    fc1_rows = 2 * F if spec.activation == "swiglu" else F
+    shapes = [("ln1.weight", (h,), True), ("ln1.bias", (h,), layernorm),
+              ("qkv.weight", ((a + 2 * g) * d, h), True),
+              ("qkv.bias", ((a + 2 * g) * d,), spec.add_bias_linear or spec.add_qkv_bias)]
+    for norm in ["q_norm", "k_norm"]:
+        shapes += [(norm + ".weight", (d,), spec.qk_layernorm), (norm + ".bias", (d,), spec.qk_layernorm and layernorm)]
+    shapes += [("proj.weight", (h, a * d), True), ("proj.bias", (h,), spec.add_bias_linear),
+               ("ln2.weight", (h,), True), ("ln2.bias", (h,), layernorm),
+               ("fc1.weight", (fc1_rows, h), True), ("fc1.bias", (fc1_rows,), spec.add_bias_linear),
+               ("fc2.weight", (h, F), True), ("fc2.bias", (h,), spec.add_bias_linear)]
+    return {name: shape for name, shape, present in shapes if present}
+
+
+# ---- dropout masks: Philox4x32-10 (Salmon et al., SC'11) as runtime/philox.hpp keys it ----
+
+MASK32 = 0xFFFFFFFF
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57    # round multipliers
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85    # key schedule (Weyl) increments
+SITE_ATTN_PROBS, SITE_ATTN_OUT, SITE_MLP_OUT = 0, 1, 2  # stream ids of the three dropout sites
+LAYER_INDEX = 0  # a dump holds one layer, the stack's first
+
+
+def philox4x32_10(counter, key):
+    """Ten Philox rounds on counters given as four arrays of 32-bit words (any integer dtype) under
+    key (k0, k1); returns the four output words as uint32 arrays. Products of two 32-bit words fit
+    a uint64 exactly, so hi and lo halves come from a shift and a mask."""
+    c0, c1, c2, c3 = (np.asarray(w).astype(np.uint64) for w in counter)
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = np.uint64(PHILOX_M0) * c0, np.uint64(PHILOX_M1) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0), p1 & np.uint64(MASK32),
+                          (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1), p0 & np.uint64(MASK32))
+        k0, k1 = (k0 + PHILOX_W0) & MASK32, (k1 + PHILOX_W1) & MASK32
+    return tuple(c.astype(np.uint32) for c in (c0, c1, c2, c3))
+
+
+def philox_words(seed, layer, stream, count):
+    """The random words of elements 0..count-1 of stream (seed, layer, stream): element i is word
+    i % 4 of the Philox output at counter {lo32(i/4), hi32(i/4), layer, stream}, key seed lo/hi."""
+    block = np.arange((count + 3) // 4, dtype=np.uint64)
+    counter = (block & np.uint64(MASK32), block >> np.uint64(32),
+               np.full_like(block, layer), np.full_like(block, stream))
+    out = philox4x32_10(counter, (seed & MASK32, seed >> 32))
+    return np.stack(out, axis=1).reshape(-1)[:count]
+
+
+def dropout_threshold(p):
+    """An element is kept iff its word >= this: float32(p) * 2^32 in double, truncated."""
+    t = float(np.float32(p)) * 4294967296.0
+    return MASK32 if t >= float(MASK32) else int(t)
+
+
+def dropout_scale(p, seed, stream, shape):
+    """keep / (1 - p) over the canonical tensor of `shape` (flat index = element index), or 1.0 for p = 0."""
+    if p == 0:
+        return 1.0
+    keep = philox_words(seed, LAYER_INDEX, stream, int(np.prod(shape))) >= dropout_threshold(p)
+    return keep.reshape(shape) / (1.0 - float(np.float32(p)))
+
+
+Dropout = namedtuple("Dropout", "attn_probs attn_out mlp_out")
+
+
+def dropout_scales(spec):
+    """The three masks (already scaled) the layer of `spec` applies; fixed by the seed."""
+    s, b, h, a = spec.seq, spec.batch, spec.hidden, spec.heads
+    return Dropout(dropout_scale(spec.attention_dropout, spec.seed, SITE_ATTN_PROBS, (b, a, s, s)),
+                   dropout_scale(spec.hidden_dropout, spec.seed, SITE_ATTN_OUT, (s, b, h)),
+                   dropout_scale(spec.hidden_dropout, spec.seed, SITE_MLP_OUT, (s, b, h)))
+
+
+# ---- pieces: each forward returns what its backward needs ------------------------------------
+
+def linear(x, P, name):
+    y = x @ P[name + ".weight"].T
+    return y + P[name + ".bias"] if name + ".bias" in P else y
+
+
+def linear_bwd(dy, x, P, name, G):
+    """dx; writes the weight's (and bias's) gradient into G."""
     flat = lambda t: t.reshape(-1, t.shape[-1])
-    G["fc2.weight"] = flat(dy).T @ flat(g1)
-    G["fc2.bias"] = flat(dy).sum(0)
-    df1 = (dy @ P["fc2.weight"]) * gelu_grad(f1)
-    G["fc1.weight"] = flat(df1).T @ flat(ln2)
-    G["fc1.bias"] = flat(df1).sum(0)
-    dln2, G["ln2.weight"], G["ln2.bias"] = layernorm_bwd(df1 @ P["fc1.weight"], P["ln2.weight"], c2)
-    dx1 = dy + dln2
-    G["proj.weight"] = flat(dx1).T @ flat(ctx)
-    G["proj.bias"] = flat(dx1).sum(0)
-    dctx = heads(dx1 @ P["proj.weight"])
-    dprobs = dctx @ v.transpose(0, 1, 3, 2)
-    dv = probs.transpose(0, 1, 3, 2) @ dctx
-    dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True))
-    dq = dscores @ k * scale
-    dk = dscores.transpose(0, 1, 3, 2) @ q * scale
-    dqkv = np.concatenate([merge(dq), merge(dk), merge(dv)], axis=-1)
-    G["qkv.weight"] = flat(dqkv).T @ flat(ln1)
-    G["qkv.bias"] = flat(dqkv).sum(0)
-    dln1, G["ln1.weight"], G["ln1.bias"] = layernorm_bwd(dqkv @ P["qkv.weight"], P["ln1.weight"], c1)
-    return y, dx1 + dln1, G
+    G[name + ".weight"] = flat(dy).T @ flat(x)
+    if name + ".bias" in P:
+        G[name + ".bias"] = flat(dy).sum(0)
+    return dy @ P[name + ".weight"]
 
 
-def rmsnorm_fwd(x, w, eps):
-    rstd = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
-    return x * rstd * w, (x * rstd, rstd)
+def norm_fwd(spec, x, P, name):
+    """LayerNorm or RMSNorm over the last axis with weight (and bias) `name`; (out, (xhat, rstd))."""
+    if spec.normalization == "LayerNorm":
+        x = x - x.mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + spec.norm_epsilon)
+    xhat = x * rstd
+    out = xhat * P[name + ".weight"]
+    return (out + P[name + ".bias"] if name + ".bias" in P else out), (xhat, rstd)
 
 
-def rmsnorm_bwd(dy, w, cache):
+def norm_bwd(spec, dy, P, name, cache, G):
     xhat, rstd = cache
+    w = P[name + ".weight"]
     g = dy * w
-    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdims=True))
-    return dx, (dy * xhat).reshape(-1, w.size).sum(0)
+    dx = g - xhat * (g * xhat).mean(-1, keepdims=True)
+    if spec.normalization == "LayerNorm":
+        dx -= g.mean(-1, keepdims=True)
+    G[name + ".weight"] = (dy * xhat).reshape(-1, w.size).sum(0)
+    if name + ".bias" in P:
+        G[name + ".bias"] = dy.reshape(-1, w.size).sum(0)
+    return rstd * dx
 
 
-def rope_tables(s, d, theta):
-    """cos, sin [s, d/2]: angle = position * theta^(-2i/d), positions 0..s-1."""
-    inv_freq = theta ** (-2.0 * np.arange(d // 2) / d)
-    angle = np.arange(s)[:, None] * inv_freq[None, :]
+def rope_tables(spec):
+    """cos, sin [s, R/2]: angle = position * rotary_base^(-2i/R), positions 0..s-1."""
+    R = rotary_dims(spec)
+    inv_freq = float(spec.rotary_base) ** (-2.0 * np.arange(R // 2) / R) if R else np.zeros(0)
+    angle = np.arange(spec.seq)[:, None] * inv_freq[None, :]
     return np.cos(angle), np.sin(angle)
 
 
-def rope(t, cos, sin):
-    """Rotate-half: pairs (i, i + d/2) of t [..., s, d] rotated by the angle of their position."""
-    half = t.shape[-1] // 2
-    lo, hi = t[..., :half], t[..., half:]
-    return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
+def rotate(t, cos, sin):
+    """Rotate-half on the first R = 2·cos.shape[-1] dims of t [..., s, d]: pairs (i, i + R/2)
+    turned by their position's angle; dims >= R unchanged. With -sin, the inverse (backward)."""
+    half = cos.shape[-1]
+    lo, hi, rest = t[..., :half], t[..., half:2 * half], t[..., 2 * half:]
+    return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin, rest], axis=-1)
+
+
+C = math.sqrt(2.0 / math.pi)
 
 
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def llama_layer(P, x, dy, a, g, F, eps, theta):
-    """The llama family: GQA (a query heads, g key/value heads, head j reads group j // (a/g)),
-    RoPE on q and k, SwiGLU; forward and backward in float64."""
-    s, b, h = x.shape
-    d = h // a
-    r = a // g
-    scale = 1.0 / np.sqrt(d)
-    heads = lambda t, n: t.reshape(s, b, n, d).transpose(1, 2, 0, 3)     # [s,b,n*d] -> [b,n,s,d]
-    merge = lambda t: t.transpose(2, 0, 1, 3).reshape(s, b, -1)          # [b,n,s,d] -> [s,b,n*d]
-    expand = lambda t: np.repeat(t, r, axis=1)                           # [b,g,s,d] -> [b,a,s,d]
-    fold = lambda t: t.reshape(b, g, r, s, d).sum(2)                     # gradient of expand
-    causal = np.triu(np.ones((s, s), dtype=bool), 1)
-    cos, sin = rope_tables(s, d, theta)
+def activation_fwd(spec, f1):
+    if spec.activation == "gelu":  # tanh approximation
+        return 0.5 * f1 * (1.0 + np.tanh(C * (f1 + 0.044715 * f1 ** 3)))
+    if spec.activation == "squared_relu":
+        return np.maximum(f1, 0.0) ** 2
+    gate, up = np.split(f1, 2, axis=-1)  # swiglu: fc1 is gate; up
+    return gate * sigmoid(gate) * up
 
-    n1, c1 = rmsnorm_fwd(x, P["ln1.weight"], eps)
-    qkv = n1 @ P["qkv.weight"].T
-    q_raw, k_raw = heads(qkv[..., :a * d], a), heads(qkv[..., a * d:(a + g) * d], g)
-    v = heads(qkv[..., (a + g) * d:], g)
-    q, k = rope(q_raw, cos, sin), rope(k_raw, cos, sin)
-    ke, ve = expand(k), expand(v)
-    scores = np.where(causal, -np.inf, q @ ke.transpose(0, 1, 3, 2) * scale)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    ctx = merge(probs @ ve)
-    x1 = x + ctx @ P["proj.weight"].T
-    n2, c2 = rmsnorm_fwd(x1, P["ln2.weight"], eps)
-    f1 = n2 @ P["fc1.weight"].T
-    gate, up = f1[..., :F], f1[..., F:]
-    act = gate * sigmoid(gate) * up
-    y = x1 + act @ P["fc2.weight"].T
 
-    G = {}
-    flat = lambda t: t.reshape(-1, t.shape[-1])
-    G["fc2.weight"] = flat(dy).T @ flat(act)
-    dact = dy @ P["fc2.weight"]
+def activation_bwd(spec, dact, f1):
+    if spec.activation == "gelu":
+        t = np.tanh(C * (f1 + 0.044715 * f1 ** 3))
+        return dact * (0.5 * (1.0 + t) + 0.5 * f1 * (1.0 - t * t) * C * (1.0 + 3 * 0.044715 * f1 * f1))
+    if spec.activation == "squared_relu":
+        return dact * 2.0 * np.maximum(f1, 0.0)
+    gate, up = np.split(f1, 2, axis=-1)
     sg = sigmoid(gate)
-    df1 = np.concatenate([dact * up * sg * (1 + gate * (1 - sg)), dact * gate * sg], axis=-1)
-    G["fc1.weight"] = flat(df1).T @ flat(n2)
-    dn2, G["ln2.weight"] = rmsnorm_bwd(df1 @ P["fc1.weight"], P["ln2.weight"], c2)
-    dx1 = dy + dn2
-    G["proj.weight"] = flat(dx1).T @ flat(ctx)
-    dctx = heads(dx1 @ P["proj.weight"], a)
-    dprobs = dctx @ ve.transpose(0, 1, 3, 2)
-    dv = fold(probs.transpose(0, 1, 3, 2) @ dctx)
-    dscores = probs * (dprobs - (dprobs * probs).sum(-1, keepdims=True))
-    dq = dscores @ ke * scale
-    dk = fold(dscores.transpose(0, 1, 3, 2) @ q * scale)
-    dq, dk = rope(dq, cos, -sin), rope(dk, cos, -sin)                   # the inverse rotation
-    dqkv = np.concatenate([merge(dq), merge(dk), merge(dv)], axis=-1)
-    G["qkv.weight"] = flat(dqkv).T @ flat(n1)
-    dn1, G["ln1.weight"] = rmsnorm_bwd(dqkv @ P["qkv.weight"], P["ln1.weight"], c1)
-    return y, dx1 + dn1, G
+    return np.concatenate([dact * up * sg * (1.0 + gate * (1.0 - sg)), dact * gate * sg], axis=-1)
 
 
-LLAMA_PARAMS = ["ln1.weight", "qkv.weight", "proj.weight", "ln2.weight", "fc1.weight", "fc2.weight"]
+# ---- the layer --------------------------------------------------------------------------------
+
+def _shapes(spec):
+    """Reshapes between [s, b, n·d] and heads [b, n, s, d], and GQA's head expansion and its sum."""
+    s, b, a, g, d = spec.seq, spec.batch, spec.heads, spec.kv_heads, head_dim(spec)
+    r = a // g  # query heads per key/value head: query head j reads kv head j // r
+    heads = lambda t, n: t.reshape(s, b, n, d).transpose(1, 2, 0, 3)
+    merge = lambda t: t.transpose(2, 0, 1, 3).reshape(s, b, -1)
+    expand = lambda t: np.repeat(t, r, axis=1)
+    fold = lambda t: t.reshape(b, g, r, s, d).sum(2)
+    return heads, merge, expand, fold
 
 
-PARAMS = ["ln1.weight", "ln1.bias", "qkv.weight", "qkv.bias", "proj.weight", "proj.bias",
-          "ln2.weight", "ln2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+def layer_fwd(spec, P, x, drop):
+    """y and the intermediates layer_bwd reads (a dict)."""
+    a, g, d = spec.heads, spec.kv_heads, head_dim(spec)
+    heads, merge, expand, _ = _shapes(spec)
+    cos, sin = rope_tables(spec)
+    c = {}
+    c["n1"], c["ln1"] = norm_fwd(spec, x, P, "ln1")
+    qkv = linear(c["n1"], P, "qkv")
+    q, k, v = heads(qkv[..., :a * d], a), heads(qkv[..., a * d:(a + g) * d], g), heads(qkv[..., (a + g) * d:], g)
+    if spec.qk_layernorm:  # per head, before RoPE
+        q, c["q_norm"] = norm_fwd(spec, q, P, "q_norm")
+        k, c["k_norm"] = norm_fwd(spec, k, P, "k_norm")
+    c["q"], c["k"], c["v"] = rotate(q, cos, sin), expand(rotate(k, cos, sin)), expand(v)
+    causal = np.triu(np.ones((spec.seq, spec.seq), dtype=bool), 1)
+    scores = np.where(causal, -np.inf, c["q"] @ c["k"].transpose(0, 1, 3, 2) / math.sqrt(d))
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    c["probs"] = probs / probs.sum(-1, keepdims=True)
+    c["dropped"] = c["probs"] * drop.attn_probs
+    c["ctx"] = merge(c["dropped"] @ c["v"])
+    x1 = x + linear(c["ctx"], P, "proj") * drop.attn_out
+    c["n2"], c["ln2"] = norm_fwd(spec, x1, P, "ln2")
+    c["f1"] = linear(c["n2"], P, "fc1")
+    c["act"] = activation_fwd(spec, c["f1"])
+    return x1 + linear(c["act"], P, "fc2") * drop.mlp_out, c
+
+
+def layer_bwd(spec, P, dy, drop, c):
+    """dx and the gradient of every parameter (a dict) from layer_fwd's intermediates."""
+    heads, merge, _, fold = _shapes(spec)
+    cos, sin = rope_tables(spec)
+    G = {}
+    dact = linear_bwd(dy * drop.mlp_out, c["act"], P, "fc2", G)
+    dn2 = linear_bwd(activation_bwd(spec, dact, c["f1"]), c["n2"], P, "fc1", G)
+    dx1 = dy + norm_bwd(spec, dn2, P, "ln2", c["ln2"], G)
+    dctx = heads(linear_bwd(dx1 * drop.attn_out, c["ctx"], P, "proj", G), spec.heads)
+    dprobs = (dctx @ c["v"].transpose(0, 1, 3, 2)) * drop.attn_probs
+    dv = fold(c["dropped"].transpose(0, 1, 3, 2) @ dctx)
+    dscores = c["probs"] * (dprobs - (dprobs * c["probs"]).sum(-1, keepdims=True)) / math.sqrt(head_dim(spec))
+    dq = rotate(dscores @ c["k"], cos, -sin)
+    dk = rotate(fold(dscores.transpose(0, 1, 3, 2) @ c["q"]), cos, -sin)
+    if spec.qk_layernorm:
+        dq = norm_bwd(spec, dq, P, "q_norm", c["q_norm"], G)
+        dk = norm_bwd(spec, dk, P, "k_norm", c["k_norm"], G)
+    dn1 = linear_bwd(np.concatenate([merge(dq), merge(dk), merge(dv)], axis=-1), c["n1"], P, "qkv", G)
+    return dx1 + norm_bwd(spec, dn1, P, "ln1", c["ln1"], G), G
+
+
+def forward(spec, P, x, drop=None):
+    """y [s, b, h] of the layer `spec` with parameters P (name -> float64 array) on x [s, b, h]."""
+    return layer_fwd(spec, P, x, drop or dropout_scales(spec))[0]
+
+
+def layer(spec, P, x, dy, drop=None):
+    """Forward and backward in float64: (y, dx, G), G maps each parameter name to its gradient."""
+    drop = drop or dropout_scales(spec)
+    y, cache = layer_fwd(spec, P, x, drop)
+    dx, G = layer_bwd(spec, P, dy, drop, cache)
+    return y, dx, G
+
+
+# ---- checking a dump ---------------------------------------------------------------------------
+
+def _load(dump, name, shape):
+    path = os.path.join(dump, name + ".npy")
+    data = read_bytes(name + ".npy", path)
+    try:
+        t = np.load(io.BytesIO(data), allow_pickle=False).astype(np.float64)
+    except (ValueError, TypeError, EOFError, OSError) as e:
+        raise ValueError("%s: not a NumPy array of numbers (%s)" % (path, e))
+    if t.shape != tuple(shape):
+        raise ValueError("%s: shape %s, but layer.json gives %s" % (path, t.shape, tuple(shape)))
+    return t
 
 
 def check(dump, rtol=1e-4):
-    """Returns a list of (name, max_abs_err, scale, ok)."""
-    with open(os.path.join(dump, "layer.json")) as f:
-        meta = json.load(f)
-    if meta["dropout"] != 0:
-        raise ValueError("the dump has dropout %g; the NumPy reference needs --dropout 0" % meta["dropout"])
-    load = lambda n: np.load(os.path.join(dump, n + ".npy")).astype(np.float64)
-    if meta.get("arch", "gpt") == "llama":
-        names = LLAMA_PARAMS
-        P = {n: load(n) for n in names}
-        y, dx, G = llama_layer(P, load("x"), load("dy"), meta["heads"], meta["kv_heads"], meta["ffn_hidden"],
-                               meta["norm_eps"], meta["rope_theta"])
-    else:
-        names = PARAMS
-        P = {n: load(n) for n in names}
-        y, dx, G = layer(P, load("x"), load("dy"), meta["heads"], meta["ln_eps"])
+    """Returns a list of (name, max_abs_err, scale, ok) for y, dx and grad.<param> of every param."""
+    where = os.path.join(dump, "layer.json")
+    try:
+        meta = json.loads(read_text("layer.json", where))
+    except json.JSONDecodeError as e:
+        raise ValueError("%s: not JSON (%s)" % (where, e))
+    spec = spec_from_json(meta, where)
+    shapes = param_shapes(spec)
+    act = (spec.seq, spec.batch, spec.hidden)
+    P = {name: _load(dump, name, shape) for name, shape in shapes.items()}
+    y, dx, G = layer(spec, P, _load(dump, "x", act), _load(dump, "dy", act))
     results = []
-    for name, ref in [("y", y), ("dx", dx)] + [("grad." + n, G[n]) for n in names]:
-        got = load(name)
-        err = float(np.max(np.abs(got - ref))) if got.shape == ref.shape else float("inf")
+    for name, ref in [("y", y), ("dx", dx)] + [("grad." + n, G[n]) for n in shapes]:
+        got = _load(dump, name, ref.shape)
+        err = float(np.max(np.abs(got - ref)))
         scale = float(np.max(np.abs(ref))) or 1.0
         results.append((name, err, scale, err <= rtol * scale + 1e-6))
     return results
 
 
+def _tolerance(text):
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError("must be a finite number >= 0, got %r" % text)
+    return v
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dump")
-    ap.add_argument("--rtol", type=float, default=1e-4, help="tolerance relative to the tensor's largest value")
+    ap.add_argument("--rtol", type=_tolerance, default=1e-4, help="tolerance relative to the tensor's largest value")
     args = ap.parse_args()
     try:
         results = check(args.dump, args.rtol)
-    except (OSError, ValueError, KeyError) as e:
-        sys.exit("numpy_layer.py: error: %s" % e)
+    except (UserFileError, ValueError) as e:
+        print("numpy_layer.py: error: %s" % e, file=sys.stderr)
+        return 2
     bad = 0
     for name, err, scale, ok in results:
-        print("%-18s max|err| %.3e  max|ref| %.3e  %s" % (name, err, scale, "ok" if ok else "WRONG"))
+        print("%-20s max|err| %.3e  max|ref| %.3e  %s" % (name, err, scale, "ok" if ok else "WRONG"))
         bad += not ok
     print("%d passed, %d failed" % (len(results) - bad, bad))
     return 1 if bad else 0
