@@ -135,14 +135,15 @@ def philox4x32_10(counter, key):
     return tuple(c.astype(np.uint32) for c in (c0, c1, c2, c3))
 
 
-def philox_words(seed, layer, stream, count):
-    """The random words of elements 0..count-1 of stream (seed, layer, stream): element i is word
-    i % 4 of the Philox output at counter {lo32(i/4), hi32(i/4), layer, stream}, key seed lo/hi."""
-    block = np.arange((count + 3) // 4, dtype=np.uint64)
-    counter = (block & np.uint64(MASK32), block >> np.uint64(32),
-               np.full_like(block, layer), np.full_like(block, stream))
-    out = philox4x32_10(counter, (seed & MASK32, seed >> 32))
-    return np.stack(out, axis=1).reshape(-1)[:count]
+def philox_words(seed, layer, stream, index):
+    """The random word of each element `index` (a uint64 array) of stream (seed, layer, stream):
+    word index % 4 of the Philox output at counter {lo32(index/4), hi32(index/4), layer, stream}
+    under key {lo32(seed), hi32(seed)}, as runtime/philox.hpp's philox_word."""
+    index = np.asarray(index, dtype=np.uint64)
+    block = index >> np.uint64(2)
+    counter = (block & np.uint64(MASK32), block >> np.uint64(32), np.full_like(block, layer), np.full_like(block, stream))
+    out = np.stack(philox4x32_10(counter, (seed & MASK32, seed >> 32)), axis=-1)
+    return np.take_along_axis(out, (index & np.uint64(3)).astype(np.intp)[..., None], axis=-1)[..., 0]
 
 
 def dropout_threshold(p):
@@ -155,7 +156,8 @@ def dropout_scale(p, seed, stream, shape):
     """keep / (1 - p) over the canonical tensor of `shape` (flat index = element index), or 1.0 for p = 0."""
     if p == 0:
         return 1.0
-    keep = philox_words(seed, LAYER_INDEX, stream, int(np.prod(shape))) >= dropout_threshold(p)
+    index = np.arange(int(np.prod(shape)), dtype=np.uint64)
+    keep = philox_words(seed, LAYER_INDEX, stream, index) >= dropout_threshold(p)
     return keep.reshape(shape) / (1.0 - float(np.float32(p)))
 
 
@@ -370,8 +372,14 @@ def _tolerance(text):
     return v
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2 (argparse would print the usage too)."""
+    def error(self, message):
+        self.exit(2, "numpy_layer.py: error: %s\n" % message)
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n")[0])
     ap.add_argument("dump")
     ap.add_argument("--rtol", type=_tolerance, default=1e-4, help="tolerance relative to the tensor's largest value")
     args = ap.parse_args()
