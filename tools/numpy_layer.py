@@ -141,7 +141,8 @@ def philox_words(seed, layer, stream, index):
     under key {lo32(seed), hi32(seed)}, as runtime/philox.hpp's philox_word."""
     index = np.asarray(index, dtype=np.uint64)
     block = index >> np.uint64(2)
-    counter = (block & np.uint64(MASK32), block >> np.uint64(32), np.full_like(block, layer), np.full_like(block, stream))
+    counter = (block & np.uint64(MASK32), block >> np.uint64(32),
+               np.full_like(block, layer), np.full_like(block, stream))
     out = np.stack(philox4x32_10(counter, (seed & MASK32, seed >> 32)), axis=-1)
     return np.take_along_axis(out, (index & np.uint64(3)).astype(np.intp)[..., None], axis=-1)[..., 0]
 
