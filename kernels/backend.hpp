@@ -189,7 +189,7 @@ class Backend {
   // of x [B, NH, S, D] (R even, 2 <= R <= D; theta > 0): for position p (0..S-1) and
   // i < R/2, angle = p * theta^(-2i/R);
   //   y[i] = x[i] cos - x[i + R/2] sin,  y[i + R/2] = x[i + R/2] cos + x[i] sin;
-  // dims R..D-1 pass through unchanged (Megatron-Core's --rotary-percent: R = D * percent).
+  // dims R..D-1 pass through unchanged (Megatron-Core's --rotary-percent: R = int(D * percent)).
   // y may be x (in place). Backward is the rotation by -angle (dx may be dy).
   void rope_fwd(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y);
   void rope_bwd(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx);
