@@ -252,6 +252,25 @@ void BM_gelu_bwd(benchmark::State& state) {
   set_bandwidth_counters(state, 3.0 * static_cast<double>(x.bytes()));
 }
 
+void BM_squared_relu_fwd(benchmark::State& state) {
+  if (skip_if_unavailable(state)) return;
+  Backend& be = *context().backend;
+  const KernelShapes k = shapes();
+  Tensor x = random_tensor({k.rows, k.ffn}, bench_dtype()), y = be.empty({k.rows, k.ffn}, bench_dtype());
+  loop(state, [&] { be.squared_relu_fwd(x, y); });
+  set_bandwidth_counters(state, 2.0 * static_cast<double>(x.bytes()));
+}
+
+void BM_squared_relu_bwd(benchmark::State& state) {
+  if (skip_if_unavailable(state)) return;
+  Backend& be = *context().backend;
+  const KernelShapes k = shapes();
+  Tensor x = random_tensor({k.rows, k.ffn}, bench_dtype()), dy = random_tensor({k.rows, k.ffn}, bench_dtype());
+  Tensor dx = be.empty({k.rows, k.ffn}, bench_dtype());
+  loop(state, [&] { be.squared_relu_bwd(dy, x, dx); });
+  set_bandwidth_counters(state, 3.0 * static_cast<double>(x.bytes()));
+}
+
 void BM_bias_dropout_residual(benchmark::State& state) {
   if (skip_if_unavailable(state)) return;
   Backend& be = *context().backend;
@@ -600,6 +619,8 @@ void register_kernels() {
   reg("dropout_bwd_attention", BM_dropout_bwd_attention);
   reg("gelu_fwd", BM_gelu_fwd);
   reg("gelu_bwd", BM_gelu_bwd);
+  reg("squared_relu_fwd", BM_squared_relu_fwd);
+  reg("squared_relu_bwd", BM_squared_relu_bwd);
   reg("bias_dropout_residual", BM_bias_dropout_residual);
   // The layer's GEMMs on one rank (y = x W^T), then core attention's batched ones.
   reg("gemm_qkv", [k](benchmark::State& s) { gemm_bench(s, k.rows, 3 * k.h_tp, k.h, 1, true); });

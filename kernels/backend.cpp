@@ -27,13 +27,15 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 class Contract {
  public:
   // Every tensor of the op is defined and, when it holds elements, lives on `device`.
-  Contract(const char* op, Device device, std::initializer_list<Named> tensors) : op_(op) {
+  Contract(const char* op, Device device, std::initializer_list<Named> tensors) : op_(op), device_(device) {
     for (const auto& [name, t] : tensors) {
       if (!t->defined()) fail(std::string(name) + " is undefined");
-      if (t->numel() > 0 && t->device() != device)
-        fail(std::string(name) + " " + shape_str(t->shape()) + " is on " + device_name(t->device()) + ", not on the " +
-             device_name(device) + " device of this backend");
+      on_device(name, *t);
     }
+  }
+  // A tensor the op may go without (undefined: absent); when given, it lives on the device.
+  void optional(const char* name, const Tensor& t) const {
+    if (t.defined()) on_device(name, t);
   }
 
   [[noreturn]] void fail(const std::string& what) const { throw InvalidArgument(std::string(op_) + ": " + what); }
@@ -111,14 +113,29 @@ class Contract {
     dropout_spec(spec, B * S * S, "the [B, S, S] probabilities");
   }
 
-  // A rotary embedding (either direction): in [B, NH, S, D] with D even, out of its size,
-  // both float, theta > 0.
-  void rotation(const char* in_name, const Tensor& in, const char* out_name, const Tensor& out, double theta) const {
-    if (in.ndim() != 4 || in.dim(3) % 2 != 0)
-      fail(std::string(in_name) + " must be [B, NH, S, D] with D even, got " + shape_str(in.shape()));
+  // A rotary embedding (either direction): in [B, NH, S, D] rotated on its first rotary_dim
+  // dims (even, 2 <= rotary_dim <= D), out of its size, both float, theta > 0.
+  void rotation(const char* in_name, const Tensor& in, const char* out_name, const Tensor& out, double theta,
+                int64_t rotary_dim) const {
+    if (in.ndim() != 4) fail(std::string(in_name) + " must be [B, NH, S, D], got " + shape_str(in.shape()));
+    if (rotary_dim < 2 || rotary_dim > in.dim(3) || rotary_dim % 2 != 0)
+      fail("rotary_dim must be even and in [2, D = " + std::to_string(in.dim(3)) + "], got " +
+           std::to_string(rotary_dim));
     numel(out_name, out, in.numel());
     floats({{in_name, &in}, {out_name, &out}});
     positive("theta", theta);
+  }
+
+  // An elementwise activation's forward: y has the elements of x, both float.
+  void activation_fwd(const Tensor& x, const Tensor& y) const {
+    numel("y", y, x.numel());
+    floats({{"x", &x}, {"y", &y}});
+  }
+  // Its backward: dy, dx have the elements of x, all float.
+  void activation_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) const {
+    numel("dy", dy, x.numel());
+    numel("dx", dx, x.numel());
+    floats({{"dy", &dy}, {"x", &x}, {"dx", &dx}});
   }
 
   // x [..., 2N] = [gate | up] and y [..., N] with the same rows, N >= 1.
@@ -142,7 +159,14 @@ class Contract {
   }
 
  private:
+  void on_device(const char* name, const Tensor& t) const {
+    if (t.numel() > 0 && t.device() != device_)
+      fail(std::string(name) + " " + shape_str(t.shape()) + " is on " + device_name(t.device()) + ", not on the " +
+           device_name(device_) + " device of this backend");
+  }
+
   const char* op_;
+  Device device_;
 };
 
 }  // namespace
@@ -262,7 +286,7 @@ void Backend::softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, cons
   softmax_causal_bwd_impl(dprobs, probs, dscores);
 }
 
-// ---- dropout, GeLU, residual --------------------------------------------------------------
+// ---- dropout, activations, residual -----------------------------------------------------
 
 void Backend::dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) {
   const Contract c("dropout_fwd", allocator_->device(), {{"x", &x}, {"y", &y}, {"mask", &mask}});
@@ -285,30 +309,39 @@ void Backend::dropout_bwd(const Tensor& dy, const Tensor& mask, float p, const T
 }
 
 void Backend::gelu_fwd(const Tensor& x, const Tensor& y) {
-  const Contract c("gelu_fwd", allocator_->device(), {{"x", &x}, {"y", &y}});
-  c.numel("y", y, x.numel());
-  c.floats({{"x", &x}, {"y", &y}});
+  Contract("gelu_fwd", allocator_->device(), {{"x", &x}, {"y", &y}}).activation_fwd(x, y);
   gelu_fwd_impl(x, y);
 }
 
 void Backend::gelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  const Contract c("gelu_bwd", allocator_->device(), {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
-  c.numel("dy", dy, x.numel());
-  c.numel("dx", dx, x.numel());
-  c.floats({{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  Contract("gelu_bwd", allocator_->device(), {{"dy", &dy}, {"x", &x}, {"dx", &dx}}).activation_bwd(dy, x, dx);
   gelu_bwd_impl(dy, x, dx);
+}
+
+void Backend::squared_relu_fwd(const Tensor& x, const Tensor& y) {
+  Contract("squared_relu_fwd", allocator_->device(), {{"x", &x}, {"y", &y}}).activation_fwd(x, y);
+  squared_relu_fwd_impl(x, y);
+}
+
+void Backend::squared_relu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  Contract("squared_relu_bwd", allocator_->device(), {{"dy", &dy}, {"x", &x}, {"dx", &dx}}).activation_bwd(dy, x, dx);
+  squared_relu_bwd_impl(dy, x, dx);
 }
 
 void Backend::bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& residual,
                                         const DropoutSpec& spec, const Tensor& out, const Tensor& mask) {
   const Contract c("bias_dropout_residual_fwd", allocator_->device(),
-                   {{"x", &x}, {"bias", &bias}, {"residual", &residual}, {"out", &out}, {"mask", &mask}});
-  c.last_dim("x", x, "bias", bias);
+                   {{"x", &x}, {"residual", &residual}, {"out", &out}, {"mask", &mask}});
+  c.optional("bias", bias);  // undefined: no bias
+  if (bias.defined()) {
+    c.last_dim("x", x, "bias", bias);
+    c.floats({{"bias", &bias}});
+  }
   c.dropout_spec(spec, x.numel(), "x");
   c.numel("residual", residual, x.numel());
   c.numel("out", out, x.numel());
   c.numel("mask", mask, x.numel());
-  c.floats({{"x", &x}, {"bias", &bias}, {"residual", &residual}, {"out", &out}});
+  c.floats({{"x", &x}, {"residual", &residual}, {"out", &out}});
   c.dtype("mask", mask, DType::u8);
   bias_dropout_residual_fwd_impl(x, bias, residual, spec, out, mask);
 }
@@ -370,14 +403,15 @@ void Backend::rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weigh
   rmsnorm_bwd_impl(dy, x, weight, rstd, dx, dweight);
 }
 
-void Backend::rope_fwd(const Tensor& x, double theta, const Tensor& y) {
-  Contract("rope_fwd", allocator_->device(), {{"x", &x}, {"y", &y}}).rotation("x", x, "y", y, theta);
-  rope_fwd_impl(x, theta, y);
+void Backend::rope_fwd(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y) {
+  Contract("rope_fwd", allocator_->device(), {{"x", &x}, {"y", &y}}).rotation("x", x, "y", y, theta, rotary_dim);
+  rope_fwd_impl(x, theta, rotary_dim, y);
 }
 
-void Backend::rope_bwd(const Tensor& dy, double theta, const Tensor& dx) {
-  Contract("rope_bwd", allocator_->device(), {{"dy", &dy}, {"dx", &dx}}).rotation("dy", dy, "dx", dx, theta);
-  rope_bwd_impl(dy, theta, dx);
+void Backend::rope_bwd(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx) {
+  Contract("rope_bwd", allocator_->device(), {{"dy", &dy}, {"dx", &dx}})
+      .rotation("dy", dy, "dx", dx, theta, rotary_dim);
+  rope_bwd_impl(dy, theta, rotary_dim, dx);
 }
 
 void Backend::swiglu_fwd(const Tensor& x, const Tensor& y) {

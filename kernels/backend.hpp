@@ -146,11 +146,18 @@ class Backend {
   void dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask);
   void dropout_bwd(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx);
 
-  // ---- GeLU (tanh approximation); y, dy, dx have the elements of x ---------------------
+  // ---- MLP activations; y, dy, dx have the elements of x --------------------------------
+  // GeLU, tanh approximation.
   void gelu_fwd(const Tensor& x, const Tensor& y);
   void gelu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx);
+  // Squared ReLU (Megatron's --squared-relu): y = max(x, 0)^2; dx = 2 max(x, 0) dy. The
+  // backward reads x or, equally, relu(x) (max(relu(x), 0) = relu(x)).
+  void squared_relu_fwd(const Tensor& x, const Tensor& y);
+  void squared_relu_bwd(const Tensor& dy, const Tensor& x, const Tensor& dx);
 
   // ---- out = residual + dropout(x + bias); x, residual, out, mask [M, N], bias [N] ------
+  // bias may be an undefined Tensor: no bias, out = residual + dropout(x), x of any shape
+  // (a layer with dropout and --disable-bias-linear).
   void bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, const Tensor& residual, const DropoutSpec& spec,
                                  const Tensor& out, const Tensor& mask);
 
@@ -178,12 +185,14 @@ class Backend {
   // dy, dx have the elements of x; dweight [H] written (not accumulated).
   void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dx,
                    const Tensor& dweight);
-  // Rotary embedding, rotate-half convention, on x [B, NH, S, D] (D even, theta > 0): for
-  // position p (0..S-1) and i < D/2, angle = p * theta^(-2i/D);
-  //   y[i] = x[i] cos - x[i + D/2] sin,  y[i + D/2] = x[i + D/2] cos + x[i] sin.
+  // Rotary embedding, rotate-half convention, on the first R = rotary_dim dims of each head
+  // of x [B, NH, S, D] (R even, 2 <= R <= D; theta > 0): for position p (0..S-1) and
+  // i < R/2, angle = p * theta^(-2i/R);
+  //   y[i] = x[i] cos - x[i + R/2] sin,  y[i + R/2] = x[i + R/2] cos + x[i] sin;
+  // dims R..D-1 pass through unchanged (Megatron-Core's --rotary-percent: R = int(D * percent)).
   // y may be x (in place). Backward is the rotation by -angle (dx may be dy).
-  void rope_fwd(const Tensor& x, double theta, const Tensor& y);
-  void rope_bwd(const Tensor& dy, double theta, const Tensor& dx);
+  void rope_fwd(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y);
+  void rope_bwd(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx);
   // SwiGLU: x [M, 2N] is [gate | up] per row (N >= 1); y [M, N] = silu(gate) * up.
   void swiglu_fwd(const Tensor& x, const Tensor& y);
   // dx [M, 2N] = [d gate | d up].
@@ -218,6 +227,8 @@ class Backend {
   virtual void dropout_bwd_impl(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) = 0;
   virtual void gelu_fwd_impl(const Tensor& x, const Tensor& y) = 0;
   virtual void gelu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) = 0;
+  virtual void squared_relu_fwd_impl(const Tensor& x, const Tensor& y) = 0;
+  virtual void squared_relu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) = 0;
   virtual void bias_dropout_residual_fwd_impl(const Tensor& x, const Tensor& bias, const Tensor& residual,
                                               const DropoutSpec& spec, const Tensor& out, const Tensor& mask) = 0;
   virtual void split_heads_impl(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
@@ -240,8 +251,12 @@ class Backend {
                                 const Tensor& dx, const Tensor& dweight) {
     not_implemented("rmsnorm_bwd");
   }
-  virtual void rope_fwd_impl(const Tensor& x, double theta, const Tensor& y) { not_implemented("rope_fwd"); }
-  virtual void rope_bwd_impl(const Tensor& dy, double theta, const Tensor& dx) { not_implemented("rope_bwd"); }
+  virtual void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y) {
+    not_implemented("rope_fwd");
+  }
+  virtual void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx) {
+    not_implemented("rope_bwd");
+  }
   virtual void swiglu_fwd_impl(const Tensor& x, const Tensor& y) { not_implemented("swiglu_fwd"); }
   virtual void swiglu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) { not_implemented("swiglu_bwd"); }
 

@@ -41,8 +41,8 @@ Tensor LlamaLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep ke
   QkvHeads qkv = qkv_projection_fwd(comm, std::move(ln1_out), /*bias=*/nullptr, keep_any, save);
   {
     PhaseRange phase(phase_name(stage, "rope"), phase_log_);  // positions of the full sequence, also under SP
-    be_.rope_fwd(qkv.q, dims.rope_theta, qkv.q);
-    be_.rope_fwd(qkv.k, dims.rope_theta, qkv.k);
+    be_.rope_fwd(qkv.q, dims.rope_theta, head_dim_, qkv.q);
+    be_.rope_fwd(qkv.k, dims.rope_theta, head_dim_, qkv.k);
   }
   Tensor context = core_attention_fwd(stage, std::move(qkv), save, keep);  // keeps q and k rotated
   Tensor x1 = row_parallel_linear_fwd(comm, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
@@ -122,8 +122,8 @@ Tensor LlamaLayer::backward(const Tensor& dy) {
   Tensor d_qkv = be_.empty({s, b, qkv_width()}, opt_.dtype);
   {
     PhaseRange phase("bwd.rope", phase_log_);  // the gradient through a rotation is the inverse rotation
-    be_.rope_bwd(d_heads.q, dims.rope_theta, d_heads.q);
-    be_.rope_bwd(d_heads.k, dims.rope_theta, d_heads.k);
+    be_.rope_bwd(d_heads.q, dims.rope_theta, head_dim_, d_heads.q);
+    be_.rope_bwd(d_heads.k, dims.rope_theta, head_dim_, d_heads.k);
     be_.merge_heads(d_heads.q, q_column(), d_qkv);
     be_.merge_heads(d_heads.k, k_column(), d_qkv);
     be_.merge_heads(d_heads.v, v_column(), d_qkv);

@@ -178,6 +178,21 @@ TEST_P(BackendContract, Gelu) {
   refuses("gelu_bwd", "dx must be a float tensor", [&] { be_->gelu_bwd(DY, X, t({21}, u8)); });
 }
 
+TEST_P(BackendContract, SquaredRelu) {
+  Tensor X = t({3, 7}), Y = t({3, 7}), DY = t({3, 7}), DX = t({21});
+  accepts([&] { be_->squared_relu_fwd(X, Y); }, "squared_relu_fwd");
+  accepts([&] { be_->squared_relu_bwd(DY, X, DX); }, "squared_relu_bwd");
+  accepts([&] { be_->squared_relu_bwd(DY, X, DY); }, "squared_relu_bwd in place");
+
+  refuses("squared_relu_fwd", "y has 20 elements", [&] { be_->squared_relu_fwd(X, t({20})); });
+  refuses("squared_relu_fwd", "x must be a float tensor", [&] { be_->squared_relu_fwd(t({3, 7}, u8), Y); });
+  refuses("squared_relu_fwd", "x is undefined", [&] { be_->squared_relu_fwd(Tensor(), Y); });
+  refuses("squared_relu_fwd", "y [3, 7] is on", [&] { be_->squared_relu_fwd(X, elsewhere({3, 7})); });
+  refuses("squared_relu_bwd", "dy has 22 elements", [&] { be_->squared_relu_bwd(t({22}), X, DX); });
+  refuses("squared_relu_bwd", "dx has 20 elements", [&] { be_->squared_relu_bwd(DY, X, t({20})); });
+  refuses("squared_relu_bwd", "dx must be a float tensor", [&] { be_->squared_relu_bwd(DY, X, t({21}, u8)); });
+}
+
 TEST_P(BackendContract, BiasDropoutResidual) {
   const DropoutSpec spec = make_spec(0.1f, 1, 4, 4, 0, 8, 0);
   Tensor X = t({4, 8}), bias = t({8}), R = t({4, 8}), out = t({4, 8}), mask = t({4, 8}, u8);
@@ -192,6 +207,27 @@ TEST_P(BackendContract, BiasDropoutResidual) {
   refuses(op, "mask must be u8, got fp32", [&] { be_->bias_dropout_residual_fwd(X, bias, R, spec, out, t({4, 8})); });
   refuses(op, "dropout probability",
           [&] { be_->bias_dropout_residual_fwd(X, bias, R, make_spec(1.f, 1, 4, 4, 0, 8, 0), out, mask); });
+  refuses(op, "bias [8] is on", [&] { be_->bias_dropout_residual_fwd(X, elsewhere({8}), R, spec, out, mask); });
+  refuses(op, "bias must be a float tensor", [&] { be_->bias_dropout_residual_fwd(X, t({8}, u8), R, spec, out, mask); });
+}
+
+TEST_P(BackendContract, DropoutResidualWithoutBias) {
+  // An undefined bias is no bias: out = residual + dropout(x), x of any shape.
+  const DropoutSpec spec = make_spec(0.1f, 1, 4, 4, 0, 8, 0);
+  const Tensor none;
+  Tensor X = t({4, 8}), R = t({4, 8}), out = t({4, 8}), mask = t({4, 8}, u8);
+  accepts([&] { be_->bias_dropout_residual_fwd(X, none, R, spec, out, mask); }, "no bias");
+  accepts([&] { be_->bias_dropout_residual_fwd(t({32}), none, t({2, 16}), spec, t({8, 4}), t({32}, u8)); },
+          "no bias, the elements in other shapes");
+
+  const std::string op = "bias_dropout_residual_fwd";
+  refuses(op, "dropout spec describes 36 elements",
+          [&] { be_->bias_dropout_residual_fwd(X, none, R, make_spec(0.1f, 1, 4, 4, 0, 9, 0), out, mask); });
+  refuses(op, "residual has 24 elements", [&] { be_->bias_dropout_residual_fwd(X, none, t({3, 8}), spec, out, mask); });
+  refuses(op, "out has 40 elements", [&] { be_->bias_dropout_residual_fwd(X, none, R, spec, t({5, 8}), mask); });
+  refuses(op, "mask must be u8, got fp32", [&] { be_->bias_dropout_residual_fwd(X, none, R, spec, out, t({4, 8})); });
+  refuses(op, "x must be a float tensor", [&] { be_->bias_dropout_residual_fwd(t({4, 8}, u8), none, R, spec, out, mask); });
+  refuses(op, "x is undefined", [&] { be_->bias_dropout_residual_fwd(none, none, R, spec, out, mask); });
 }
 
 TEST_P(BackendContract, FusedAttention) {
@@ -255,16 +291,25 @@ TEST_P(BackendContract, RmsNorm) {
 }
 
 TEST_P(BackendContract, Rope) {
-  Tensor X = t({1, 2, 3, 4}), Y = t({1, 2, 3, 4});
-  accepts([&] { be_->rope_fwd(X, 10000.0, Y); }, "rope_fwd");
-  accepts([&] { be_->rope_bwd(Y, 10000.0, Y); }, "rope_bwd in place");
+  Tensor X = t({1, 2, 3, 6}), Y = t({1, 2, 3, 6});
+  accepts([&] { be_->rope_fwd(X, 10000.0, 6, Y); }, "rope_fwd");
+  accepts([&] { be_->rope_bwd(Y, 10000.0, 6, Y); }, "rope_bwd in place");
+  accepts([&] { be_->rope_fwd(X, 10000.0, 2, Y); }, "rope_fwd on the first 2 of 6 dims");
+  accepts([&] { be_->rope_bwd(Y, 10000.0, 4, Y); }, "rope_bwd on the first 4 of 6 dims, in place");
+  accepts([&] { be_->rope_fwd(t({1, 2, 3, 5}), 10000.0, 4, t({30})); }, "rope_fwd on 4 dims of an odd head size");
 
-  refuses("rope_fwd", "x must be [B, NH, S, D] with D even", [&] { be_->rope_fwd(t({2, 3, 4}), 10000.0, t({2, 3, 4})); });
-  refuses("rope_fwd", "x must be [B, NH, S, D] with D even", [&] { be_->rope_fwd(t({1, 2, 3, 5}), 10000.0, t({30})); });
-  refuses("rope_fwd", "y has 23 elements", [&] { be_->rope_fwd(X, 10000.0, t({23})); });
-  refuses("rope_fwd", "theta must be positive", [&] { be_->rope_fwd(X, 0.0, Y); });
-  refuses("rope_bwd", "dy must be [B, NH, S, D]", [&] { be_->rope_bwd(t({24}), 10000.0, Y); });
-  refuses("rope_bwd", "dx must be a float tensor", [&] { be_->rope_bwd(X, 10000.0, t({1, 2, 3, 4}, u8)); });
+  refuses("rope_fwd", "x must be [B, NH, S, D]", [&] { be_->rope_fwd(t({2, 3, 4}), 10000.0, 4, t({2, 3, 4})); });
+  refuses("rope_fwd", "rotary_dim must be even and in [2, D = 5], got 5",
+          [&] { be_->rope_fwd(t({1, 2, 3, 5}), 10000.0, 5, t({30})); });
+  refuses("rope_fwd", "rotary_dim must be even and in [2, D = 6], got 3", [&] { be_->rope_fwd(X, 10000.0, 3, Y); });
+  refuses("rope_fwd", "rotary_dim must be even and in [2, D = 6], got 8", [&] { be_->rope_fwd(X, 10000.0, 8, Y); });
+  refuses("rope_fwd", "rotary_dim must be even and in [2, D = 6], got 0", [&] { be_->rope_fwd(X, 10000.0, 0, Y); });
+  refuses("rope_fwd", "rotary_dim must be even and in [2, D = 6], got -2", [&] { be_->rope_fwd(X, 10000.0, -2, Y); });
+  refuses("rope_fwd", "y has 23 elements", [&] { be_->rope_fwd(X, 10000.0, 6, t({23})); });
+  refuses("rope_fwd", "theta must be positive", [&] { be_->rope_fwd(X, 0.0, 6, Y); });
+  refuses("rope_bwd", "dy must be [B, NH, S, D]", [&] { be_->rope_bwd(t({36}), 10000.0, 6, Y); });
+  refuses("rope_bwd", "rotary_dim must be even and in [2, D = 6], got 7", [&] { be_->rope_bwd(Y, 10000.0, 7, X); });
+  refuses("rope_bwd", "dx must be a float tensor", [&] { be_->rope_bwd(X, 10000.0, 6, t({1, 2, 3, 6}, u8)); });
 }
 
 TEST_P(BackendContract, Swiglu) {

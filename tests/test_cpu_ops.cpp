@@ -5,6 +5,7 @@
 // Tolerance per element, llm.c style: |got - ref| <= atol + rtol * |ref|.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -355,6 +357,100 @@ TEST_F(CpuOps, LayerNormShapeMismatchThrows) {
   EXPECT_THROW(be->layernorm_bwd(X, X, W, m, r, be->empty({5, 7}, DType::fp32), W, W), InvalidArgument);
 }
 
+// ---- norms over a head (--qk-layernorm) -------------------------------------------------
+
+// RMSNorm: rstd = 1 / sqrt(mean(x^2) + eps), y = x rstd w; with g = dy w, xhat = x rstd:
+// dx = rstd (g - xhat mean(g xhat)), dw = sum_rows dy xhat.
+struct RmsRef {
+  Vec y, rstd, dx, dw;
+};
+RmsRef rmsnorm_ref(const Vec& x, const Vec& w, const Vec& dy, int64_t M, int64_t H, double eps) {
+  RmsRef r{Vec(x.size()), Vec(M), Vec(x.size()), Vec(H, 0.0)};
+  for (int64_t i = 0; i < M; ++i) {
+    double ms = 0;
+    for (int64_t j = 0; j < H; ++j) ms += x[i * H + j] * x[i * H + j] / H;
+    const double rs = r.rstd[i] = 1 / std::sqrt(ms + eps);
+    double mgx = 0;
+    for (int64_t j = 0; j < H; ++j) mgx += dy[i * H + j] * w[j] * x[i * H + j] * rs / H;
+    for (int64_t j = 0; j < H; ++j) {
+      const double xhat = x[i * H + j] * rs;
+      r.y[i * H + j] = xhat * w[j];
+      r.dx[i * H + j] = rs * (dy[i * H + j] * w[j] - xhat * mgx);
+      r.dw[j] += dy[i * H + j] * xhat;
+    }
+  }
+  return r;
+}
+
+// q and k normalized per head: x viewed as [b * heads * s, D], D the head size (also odd sizes
+// like 24, 40, 72), many rows, so the weight and bias gradients sum thousands of rows.
+struct HeadNormCase {
+  int64_t rows, head;
+};
+constexpr HeadNormCase kHeadNormCases[] = {{5000, 8}, {1344, 16}, {2999, 24}, {1344, 32}, {777, 40},
+                                           {3072, 64}, {1344, 72}, {2048, 80}, {1001, 96}, {2304, 128}};
+
+TEST_F(CpuOps, LayerNormOverAHeadWithManyRowsMatchesFloat64) {
+  const double eps = 1e-6;
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (const auto [M, H] : kHeadNormCases) {
+      const std::string what = std::string(dtype_name(dt)) + " " + std::to_string(M) + "x" + std::to_string(H);
+      const uint32_t seed = static_cast<uint32_t>(100 + H);
+      Tensor X = make(random_vec(M * H, seed, -2, 3), {M, H}, dt), W = make(random_vec(H, seed + 1, 0.5, 1.5), {H}, dt),
+             B = make(random_vec(H, seed + 2), {H}, dt), DY = make(random_vec(M * H, seed + 3), {M, H}, dt);
+      const Vec x = read(X), w = read(W), b = read(B), dy = read(DY);
+      Tensor Y = poisoned({M, H}, dt), mean = poisoned({M}), rstd = poisoned({M});
+      be->layernorm_fwd(X, W, B, static_cast<float>(eps), Y, mean, rstd);
+      const LnRef f = layernorm_ref(x, w, b, M, H, eps);
+      const Tol tol = dt == DType::fp32 ? kFp32 : kBf16, grad_tol = dt == DType::fp32 ? kFp32Grad : kBf16;
+      EXPECT_TRUE(close(read(Y), f.y, tol)) << what;
+      EXPECT_TRUE(close(read(mean), f.mean, kFp32)) << what;
+      EXPECT_TRUE(close(read(rstd), f.rstd, kFp32)) << what;
+      Tensor DX = poisoned({M, H}, dt), DW = poisoned({H}, dt), DB = poisoned({H}, dt);
+      be->layernorm_bwd(DY, X, W, mean, rstd, DX, DW, DB);
+      const LnGrads an = layernorm_bwd_ref(dy, x, w, M, H, eps);
+      EXPECT_TRUE(close(read(DX), an.dx, grad_tol)) << what;
+      EXPECT_TRUE(close(read(DW), an.dw, grad_tol)) << what;
+      EXPECT_TRUE(close(read(DB), an.db, grad_tol)) << what;
+    }
+}
+
+TEST_F(CpuOps, RmsNormOverAHeadWithManyRowsMatchesFloat64) {
+  const double eps = 1e-6;
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (const auto [M, H] : kHeadNormCases) {
+      const std::string what = std::string(dtype_name(dt)) + " " + std::to_string(M) + "x" + std::to_string(H);
+      const uint32_t seed = static_cast<uint32_t>(200 + H);
+      Tensor X = make(random_vec(M * H, seed, -2, 3), {M, H}, dt), W = make(random_vec(H, seed + 1, 0.5, 1.5), {H}, dt),
+             DY = make(random_vec(M * H, seed + 2), {M, H}, dt);
+      const Vec x = read(X), w = read(W), dy = read(DY);
+      const RmsRef ref = rmsnorm_ref(x, w, dy, M, H, eps);
+      Tensor Y = poisoned({M, H}, dt), rstd = poisoned({M});
+      be->rmsnorm_fwd(X, W, static_cast<float>(eps), Y, rstd);
+      const Tol tol = dt == DType::fp32 ? kFp32 : kBf16, grad_tol = dt == DType::fp32 ? kFp32Grad : kBf16;
+      EXPECT_TRUE(close(read(Y), ref.y, tol)) << what;
+      EXPECT_TRUE(close(read(rstd), ref.rstd, kFp32)) << what;
+      Tensor DX = poisoned({M, H}, dt), DW = poisoned({H}, dt);
+      be->rmsnorm_bwd(DY, X, W, rstd, DX, DW);
+      EXPECT_TRUE(close(read(DX), ref.dx, grad_tol)) << what;
+      EXPECT_TRUE(close(read(DW), ref.dw, grad_tol)) << what;
+    }
+}
+
+TEST_F(CpuOps, RmsNormBackwardMatchesFiniteDifferences) {
+  const int64_t M = 5, H = 24;
+  const double eps = 1e-6;
+  Tensor X = make(random_vec(M * H, 45, -2, 3), {M, H}), W = make(random_vec(H, 46, 0.5, 1.5), {H}),
+         DY = make(random_vec(M * H, 47), {M, H});
+  const Vec x = read(X), w = read(W), dy = read(DY);
+  Tensor Y = poisoned({M, H}), rstd = poisoned({M}), DX = poisoned({M, H}), DW = poisoned({H});
+  be->rmsnorm_fwd(X, W, static_cast<float>(eps), Y, rstd);
+  be->rmsnorm_bwd(DY, X, W, rstd, DX, DW);
+  auto y_of = [&](const Vec& xx, const Vec& ww) { return rmsnorm_ref(xx, ww, dy, M, H, eps).y; };
+  EXPECT_TRUE(close(read(DX), finite_difference([&](const Vec& v) { return y_of(v, w); }, x, dy), kFp32Grad));
+  EXPECT_TRUE(close(read(DW), finite_difference([&](const Vec& v) { return y_of(x, v); }, w, dy), kFp32Grad));
+}
+
 // ---- causal softmax -------------------------------------------------------------------
 
 Vec softmax_ref(const Vec& s, int64_t B, int64_t S) {
@@ -568,6 +664,59 @@ TEST_F(CpuOps, GeluForwardBackward) {
   EXPECT_THROW(be->gelu_bwd(DY, X, be->empty({n - 1}, DType::fp32)), InvalidArgument);
 }
 
+Vec squared_relu_ref(const Vec& x) {
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] > 0 ? x[i] * x[i] : 0.0;
+  return y;
+}
+Vec squared_relu_bwd_ref(const Vec& dy, const Vec& x) {
+  Vec dx(x.size());
+  for (size_t i = 0; i < x.size(); ++i) dx[i] = x[i] > 0 ? 2 * x[i] * dy[i] : 0.0;
+  return dx;
+}
+
+TEST_F(CpuOps, SquaredReluForwardBackward) {
+  const int64_t n = 211;
+  Vec x0 = random_vec(n, 48, -5, 5);
+  x0[3] = 0;  // the kink: y = 0 and dx = 0 on both sides
+  x0[4] = -0.0;
+  Tensor X = make(x0, {n}), DY = make(random_vec(n, 49), {n});
+  const Vec x = read(X), dy = read(DY);
+  Tensor Y = poisoned({n}), DX = poisoned({n});
+  be->squared_relu_fwd(X, Y);
+  EXPECT_TRUE(close(read(Y), squared_relu_ref(x), kFp32));
+  be->squared_relu_bwd(DY, X, DX);
+  EXPECT_TRUE(close(read(DX), squared_relu_bwd_ref(dy, x), kFp32));
+  EXPECT_TRUE(close(read(DX), finite_difference(squared_relu_ref, x, dy), kFp32Grad));
+  // The backward from relu(x) instead of x (what a layer may keep) is the same.
+  Vec relu(n);
+  for (int64_t i = 0; i < n; ++i) relu[i] = std::max(x[i], 0.0);
+  Tensor Relu = make(relu, {n}), DX2 = poisoned({n});
+  be->squared_relu_bwd(DY, Relu, DX2);
+  EXPECT_EQ(read(DX2), read(DX));
+  // In place (dx = dy), and on 16-bit storage: one rounding of the output.
+  be->squared_relu_bwd(DY, X, DY);
+  EXPECT_EQ(read(DY), read(DX));
+  for (DType dt : {DType::bf16, DType::fp16}) {
+    Tensor Xb = make(x, {n}, dt), Yb = poisoned({n}, dt), DYb = make(dy, {n}, dt), DXb = poisoned({n}, dt);
+    be->squared_relu_fwd(Xb, Yb);
+    be->squared_relu_bwd(DYb, Xb, DXb);
+    EXPECT_TRUE(close(read(Yb), squared_relu_ref(read(Xb)), kBf16)) << dtype_name(dt);
+    EXPECT_TRUE(close(read(DXb), squared_relu_bwd_ref(read(DYb), read(Xb)), kBf16)) << dtype_name(dt);
+  }
+  // A NaN stays NaN (it must not come out as a clean 0); -inf is a negative like any other.
+  Tensor Special = make({NAN, -INFINITY, 2.0}, {3}), Ys = poisoned({3}), DXs = poisoned({3});
+  be->squared_relu_fwd(Special, Ys);
+  be->squared_relu_bwd(make({1.0, 1.0, 1.0}, {3}), Special, DXs);
+  const Vec ys = read(Ys), dxs = read(DXs);
+  EXPECT_TRUE(std::isnan(ys[0]));
+  EXPECT_TRUE(std::isnan(dxs[0]));
+  EXPECT_EQ(ys[1], 0.0);
+  EXPECT_EQ(dxs[1], 0.0);
+  EXPECT_EQ(ys[2], 4.0);
+  EXPECT_EQ(dxs[2], 4.0);
+}
+
 TEST_F(CpuOps, BiasDropoutResidualUsesTheDropoutMask) {
   const int64_t M = 9, N = 17;
   for (float p : {0.25f, 0.f}) {
@@ -587,6 +736,127 @@ TEST_F(CpuOps, BiasDropoutResidualUsesTheDropoutMask) {
   Tensor A = be->empty({4, 5}, DType::fp32), Mk = be->empty({4, 5}, DType::u8);
   EXPECT_THROW(be->bias_dropout_residual_fwd(A, be->empty({4}, DType::fp32), A, flat_spec(20, 0.1f), A, Mk), InvalidArgument);
   EXPECT_THROW(be->bias_dropout_residual_fwd(A, be->empty({5}, DType::fp32), A, flat_spec(21, 0.1f), A, Mk), InvalidArgument);
+}
+
+TEST_F(CpuOps, DropoutResidualWithoutBias) {
+  // An undefined bias (--disable-bias-linear): out = residual + dropout(x), the same mask.
+  const int64_t M = 9, N = 17;
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (float p : {0.25f, 0.f}) {
+      const std::string what = std::string(dtype_name(dt)) + " p=" + std::to_string(p);
+      Tensor X = make(random_vec(M * N, 50), {M, N}, dt), R = make(random_vec(M * N, 51), {M, N}, dt);
+      const Vec x = read(X), r = read(R);
+      const DropoutSpec spec = flat_spec(M * N, p, kSiteMlpOut);
+      Tensor OUT = poisoned({M, N}, dt), MASK = mask({M, N});
+      be->bias_dropout_residual_fwd(X, Tensor(), R, spec, OUT, MASK);
+      Tensor Y = poisoned({M, N}), M2 = mask({M, N});
+      be->dropout_fwd(X, spec, Y, M2);
+      const Vec m = read(MASK);
+      EXPECT_EQ(m, read(M2)) << what;
+      Vec ref(M * N);
+      for (int64_t i = 0; i < M * N; ++i) ref[i] = r[i] + (m[i] ? x[i] / (1 - p) : 0.0);
+      EXPECT_TRUE(close(read(OUT), ref, dt == DType::fp32 ? kFp32 : kBf16)) << what;
+      // A zero bias gives the same bits: without a bias nothing else changes.
+      Tensor OUT0 = poisoned({M, N}, dt), MASK0 = mask({M, N});
+      be->bias_dropout_residual_fwd(X, be->zeros({N}, dt), R, spec, OUT0, MASK0);
+      EXPECT_EQ(read(OUT0), read(OUT)) << what;
+    }
+}
+
+// ---- rotary embedding ----------------------------------------------------------------------
+
+// Rows of x [rows, D], row r at position r % S: pairs (i, i + R/2) of the first R dims rotated
+// by sign * p * theta^(-2i/R); dims R..D-1 unchanged.
+Vec rope_ref(const Vec& x, int64_t S, int64_t D, int64_t R, double theta, double sign) {
+  Vec y(x);
+  const int64_t half = R / 2;
+  for (size_t r = 0; r < x.size() / D; ++r) {
+    const double p = static_cast<double>(r % S);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = sign * p * std::pow(theta, -2.0 * i / R);
+      const double lo = x[r * D + i], hi = x[r * D + half + i];
+      y[r * D + i] = lo * std::cos(angle) - hi * std::sin(angle);
+      y[r * D + half + i] = hi * std::cos(angle) + lo * std::sin(angle);
+    }
+  }
+  return y;
+}
+
+// FNV-1a of a tensor's bytes.
+uint64_t bits_hash(const Tensor& t) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(t.data());
+  for (size_t i = 0; i < t.bytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+TEST_F(CpuOps, RopeOnAllDimsKeepsTheBitsOfTheFullRotation) {
+  // rotary_dim = D is the rotation over the whole head that rope_fwd/bwd computed before they
+  // took rotary_dim: the hashes of those results, recorded then, for a fixed input.
+  const int64_t B = 1, NH = 2, S = 7, D = 8, n = B * NH * S * D;
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 37 % 23) / 8.0 - 1.4);
+  const std::pair<DType, std::pair<uint64_t, uint64_t>> recorded[] = {
+      {DType::fp32, {0xf99d6931f25547d1ull, 0x4341477860bcad31ull}},
+      {DType::bf16, {0x4bf477ee7668681aull, 0xae4d013c233005feull}}};
+  for (const auto& [dt, hashes] : recorded) {
+    Tensor X = be->empty({B, NH, S, D}, dt), Y = poisoned({B, NH, S, D}, dt), DX = poisoned({B, NH, S, D}, dt);
+    be->upload(x.data(), X);
+    be->rope_fwd(X, 10000.0, D, Y);
+    be->rope_bwd(X, 500.0, D, DX);
+    EXPECT_EQ(bits_hash(Y), hashes.first) << dtype_name(dt);
+    EXPECT_EQ(bits_hash(DX), hashes.second) << dtype_name(dt);
+  }
+}
+
+TEST_F(CpuOps, RopeOnTheFirstDimsOfEachHeadMatchesFloat64) {
+  // Megatron-Core's --rotary-percent: R = D * percent dims rotate with inv_freq over R.
+  struct Case {
+    int64_t D, R;
+  };
+  const int64_t B = 2, NH = 3, S = 11;
+  for (const Case c : {Case{10, 4}, Case{16, 8}, Case{80, 20}, Case{24, 12}, Case{5, 4}, Case{12, 2}, Case{10, 10}})
+    for (DType dt : {DType::fp32, DType::bf16}) {
+      const std::string what = std::string(dtype_name(dt)) + " D=" + std::to_string(c.D) + " R=" + std::to_string(c.R);
+      const Shape shape = {B, NH, S, c.D};
+      const int64_t n = shape_numel(shape);
+      const double theta = 10000.0;
+      const Tol tol = dt == DType::fp32 ? Tol{1e-6, 1e-5} : kBf16;
+      Tensor X = make(random_vec(n, 52, -2, 2), shape, dt);
+      const Vec x = read(X);
+      Tensor Y = poisoned(shape, dt);
+      be->rope_fwd(X, theta, c.R, Y);
+      const Vec y = read(Y);
+      EXPECT_TRUE(close(y, rope_ref(x, S, c.D, c.R, theta, 1.0), tol)) << what;
+      for (int64_t i = 0; i < n; ++i) {  // the dims past R: the input's bits
+        if (i % c.D < c.R) continue;
+        ASSERT_EQ(y[i], x[i]) << what << " element " << i;
+      }
+      Tensor DX = poisoned(shape, dt);
+      be->rope_bwd(Y, theta, c.R, DX);  // R^T R = 1
+      EXPECT_TRUE(close(read(DX), rope_ref(read(Y), S, c.D, c.R, theta, -1.0), tol)) << what;
+      if (dt == DType::fp32) {
+        EXPECT_TRUE(close(read(DX), x, tol)) << what;
+      }
+      be->rope_fwd(X, theta, c.R, X);  // in place
+      EXPECT_EQ(read(X), y) << what;
+    }
+}
+
+TEST_F(CpuOps, RopeOnTheFirstDimsIsTheFullRotationOfThoseDims) {
+  // The first R dims of a head of D rotate exactly as a head of R would, bit for bit.
+  const int64_t B = 2, NH = 2, S = 9, D = 12, R = 8;
+  const Vec x = random_vec(B * NH * S * D, 53, -2, 2);
+  Vec head(B * NH * S * R);
+  for (int64_t r = 0; r < B * NH * S; ++r)
+    for (int64_t i = 0; i < R; ++i) head[r * R + i] = x[r * D + i];
+  Tensor X = make(x, {B, NH, S, D}), Y = poisoned({B, NH, S, D});
+  Tensor H = make(head, {B, NH, S, R}), HY = poisoned({B, NH, S, R});
+  be->rope_fwd(X, 500.0, R, Y);
+  be->rope_fwd(H, 500.0, R, HY);
+  const Vec y = read(Y), hy = read(HY);
+  for (int64_t r = 0; r < B * NH * S; ++r)
+    for (int64_t i = 0; i < R; ++i) ASSERT_EQ(y[r * D + i], hy[r * R + i]) << "row " << r << " dim " << i;
 }
 
 // ---- layout and data movement -----------------------------------------------------------

@@ -103,11 +103,11 @@ TEST_F(GpuLlama, RopeAndSwigluMatchCpu) {
     const std::string what = dtype_name(dt);
     for (double theta : {10000.0, 500000.0}) {
       Both x = random({2, 3, 70, 14}, dt), y = poisoned({2, 3, 70, 14}, dt);
-      gpu_->rope_fwd(x.g, theta, y.g);
-      cpu_->rope_fwd(x.c, theta, y.c);
+      gpu_->rope_fwd(x.g, theta, 14, y.g);
+      cpu_->rope_fwd(x.c, theta, 14, y.c);
       expect_close(y, tol_for(dt), "rope_fwd " + what);
-      gpu_->rope_bwd(y.g, theta, y.g);  // in place
-      cpu_->rope_bwd(y.c, theta, y.c);
+      gpu_->rope_bwd(y.g, theta, 14, y.g);  // in place
+      cpu_->rope_bwd(y.c, theta, 14, y.c);
       expect_close(y, tol_for(dt), "rope_bwd " + what);
     }
     Both x = random({23, 2 * 41}, dt, -4, 4), y = poisoned({23, 41}, dt), dy = random({23, 41}, dt);

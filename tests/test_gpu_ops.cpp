@@ -307,6 +307,62 @@ TEST_F(GpuOps, LayerNormForwardBackward) {
     }
 }
 
+// ---- norms over a head (--qk-layernorm) ------------------------------------------------------
+
+// q and k normalized per head: [b * heads * s, D] with D the head size (also odd sizes like
+// 24, 40, 72) and thousands of rows, which the weight and bias gradients sum.
+// 5000 rows: more than 64 per chunk of the column reduction.
+const std::pair<int64_t, int64_t> kHeadNormShapes[] = {{5000, 8},  {1344, 16}, {2999, 24}, {1344, 32}, {777, 40},
+                                                       {2048, 64}, {1344, 72}, {1000, 80}, {1001, 96}, {1200, 128}};
+
+// Tolerance of a sum over `rows` rows: fp32 partial sums in another order than the cpu's double
+// ones; 16-bit: one rounding of the result on both sides.
+Tol column_sum_tol(DType dt, int64_t rows) {
+  return dt == DType::fp32 ? Tol{2e-6 * std::sqrt(static_cast<double>(rows)), 1e-5} : tol_for(dt);
+}
+
+TEST_F(GpuOps, LayerNormOverAHeadWithManyRows) {
+  for (DType dt : kFloatTypes)
+    for (auto [rows, cols] : kHeadNormShapes) {
+      const std::string what = std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+      Both x = random({rows, cols}, dt, -2.f, 3.f), w = random({cols}, dt, 0.5f, 1.5f), b = random({cols}, dt);
+      Both y = poisoned({rows, cols}, dt), mean = poisoned({rows}, DType::fp32), rstd = poisoned({rows}, DType::fp32);
+      gpu_->layernorm_fwd(x.g, w.g, b.g, 1e-6f, y.g, mean.g, rstd.g);
+      cpu_->layernorm_fwd(x.c, w.c, b.c, 1e-6f, y.c, mean.c, rstd.c);
+      expect_close(y, tol_for(dt), "layernorm_fwd y " + what);
+      expect_close(mean, {1e-5, 1e-5}, "layernorm_fwd mean " + what);
+      expect_close(rstd, {1e-5, 1e-5}, "layernorm_fwd rstd " + what);
+      Both dy = random({rows, cols}, dt);
+      Both dx = poisoned({rows, cols}, dt), dw = poisoned({cols}, dt), db = poisoned({cols}, dt);
+      Both mean_ref = with_values({rows}, DType::fp32, get(*cpu_, mean.c));
+      Both rstd_ref = with_values({rows}, DType::fp32, get(*cpu_, rstd.c));
+      gpu_->layernorm_bwd(dy.g, x.g, w.g, mean_ref.g, rstd_ref.g, dx.g, dw.g, db.g);
+      cpu_->layernorm_bwd(dy.c, x.c, w.c, mean_ref.c, rstd_ref.c, dx.c, dw.c, db.c);
+      expect_close(dx, dt == DType::fp32 ? Tol{1e-4, 1e-5} : tol_for(dt), "layernorm_bwd dx " + what);
+      expect_close(dw, column_sum_tol(dt, rows), "layernorm_bwd dweight " + what);
+      expect_close(db, column_sum_tol(dt, rows), "layernorm_bwd dbias " + what);
+    }
+}
+
+TEST_F(GpuOps, RmsNormOverAHeadWithManyRows) {
+  for (DType dt : kFloatTypes)
+    for (auto [rows, cols] : kHeadNormShapes) {
+      const std::string what = std::string(dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+      Both x = random({rows, cols}, dt, -2.f, 3.f), w = random({cols}, dt, 0.5f, 1.5f), dy = random({rows, cols}, dt);
+      Both y = poisoned({rows, cols}, dt), rstd = poisoned({rows}, DType::fp32);
+      gpu_->rmsnorm_fwd(x.g, w.g, 1e-6f, y.g, rstd.g);
+      cpu_->rmsnorm_fwd(x.c, w.c, 1e-6f, y.c, rstd.c);
+      expect_close(y, tol_for(dt), "rmsnorm_fwd y " + what);
+      expect_close(rstd, {1e-5, 1e-5}, "rmsnorm_fwd rstd " + what);
+      Both rstd_ref = with_values({rows}, DType::fp32, get(*cpu_, rstd.c));
+      Both dx = poisoned({rows, cols}, dt), dw = poisoned({cols}, dt);
+      gpu_->rmsnorm_bwd(dy.g, x.g, w.g, rstd_ref.g, dx.g, dw.g);
+      cpu_->rmsnorm_bwd(dy.c, x.c, w.c, rstd_ref.c, dx.c, dw.c);
+      expect_close(dx, dt == DType::fp32 ? Tol{1e-4, 1e-5} : tol_for(dt), "rmsnorm_bwd dx " + what);
+      expect_close(dw, column_sum_tol(dt, rows), "rmsnorm_bwd dweight " + what);
+    }
+}
+
 // ---- causal softmax ------------------------------------------------------------------------
 
 TEST_F(GpuOps, CausalSoftmaxForwardBackward) {
@@ -447,6 +503,77 @@ TEST_F(GpuOps, GeluForwardBackward) {
   }
 }
 
+// ---- squared ReLU --------------------------------------------------------------------------
+
+TEST_F(GpuOps, SquaredReluForwardBackward) {
+  // One fp32 product per output (2 * relu is exact), rounded once: the cpu's bits.
+  for (DType dt : kFloatTypes) {
+    const Shape shape = {37, 123};
+    Both x = random(shape, dt, -5.f, 5.f), y = poisoned(shape, dt);
+    gpu_->squared_relu_fwd(x.g, y.g);
+    cpu_->squared_relu_fwd(x.c, y.c);
+    expect_equal(y, std::string("squared_relu_fwd ") + dtype_name(dt));
+    Both dy = random(shape, dt), dx = poisoned(shape, dt);
+    gpu_->squared_relu_bwd(dy.g, x.g, dx.g);
+    cpu_->squared_relu_bwd(dy.c, x.c, dx.c);
+    expect_equal(dx, std::string("squared_relu_bwd ") + dtype_name(dt));
+  }
+  // A NaN stays NaN; -inf, -0 and 0 give 0.
+  Both x = with_values({5}, DType::fp32, {kNaN, -INFINITY, -0.f, 0.f, 3.f}), y = poisoned({5}, DType::fp32);
+  Both ones = with_values({5}, DType::fp32, std::vector<float>(5, 1.f)), dx = poisoned({5}, DType::fp32);
+  gpu_->squared_relu_fwd(x.g, y.g);
+  gpu_->squared_relu_bwd(ones.g, x.g, dx.g);
+  const std::vector<float> yg = get(*gpu_, y.g), dxg = get(*gpu_, dx.g);
+  EXPECT_TRUE(std::isnan(yg[0]) && std::isnan(dxg[0]));
+  EXPECT_EQ(std::vector<float>(yg.begin() + 1, yg.end()), (std::vector<float>{0.f, 0.f, 0.f, 9.f}));
+  EXPECT_EQ(std::vector<float>(dxg.begin() + 1, dxg.end()), (std::vector<float>{0.f, 0.f, 0.f, 6.f}));
+}
+
+// ---- rotary embedding on the first dims of each head --------------------------------------------
+
+TEST_F(GpuOps, RopeOnTheFirstDimsOfEachHead) {
+  struct Case {
+    int64_t D, R;
+  };
+  const double theta = 10000.0;
+  for (const Case c : {Case{16, 8}, Case{80, 20}, Case{24, 12}, Case{5, 4}, Case{14, 14}})
+    for (DType dt : kFloatTypes) {
+      const std::string what = std::string(dtype_name(dt)) + " D=" + std::to_string(c.D) + " R=" + std::to_string(c.R);
+      const Shape shape = {2, 3, 37, c.D};
+      Both x = random(shape, dt, -2.f, 2.f), y = poisoned(shape, dt);
+      gpu_->rope_fwd(x.g, theta, c.R, y.g);
+      cpu_->rope_fwd(x.c, theta, c.R, y.c);
+      expect_close(y, tol_for(dt), "rope_fwd " + what);
+      const std::vector<float> xs = get(*gpu_, x.g), ys = get(*gpu_, y.g);
+      for (size_t i = 0; i < xs.size(); ++i) {  // the dims past R: the input's bits
+        if (static_cast<int64_t>(i) % c.D < c.R) continue;
+        ASSERT_EQ(ys[i], xs[i]) << what << " element " << i;
+      }
+      gpu_->rope_bwd(y.g, theta, c.R, y.g);  // in place, as the backward runs it
+      cpu_->rope_bwd(y.c, theta, c.R, y.c);
+      expect_close(y, tol_for(dt), "rope_bwd in place " + what);
+    }
+}
+
+TEST_F(GpuOps, RopeOnTheFirstDimsIsTheFullRotationOfThoseDims) {
+  // The first R dims of a head of D rotate exactly as a head of R would, bit for bit.
+  const int64_t rows = 2 * 2 * 29, D = 12, R = 8;
+  const std::vector<float> x = random_values(static_cast<size_t>(rows * D), 99, -2.f, 2.f);
+  std::vector<float> head(static_cast<size_t>(rows * R));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < R; ++i) head[r * R + i] = x[r * D + i];
+  for (DType dt : kFloatTypes) {
+    Both X = with_values({2, 2, 29, D}, dt, x), Y = poisoned({2, 2, 29, D}, dt);
+    Both H = with_values({2, 2, 29, R}, dt, head), HY = poisoned({2, 2, 29, R}, dt);
+    gpu_->rope_fwd(X.g, 500.0, R, Y.g);
+    gpu_->rope_fwd(H.g, 500.0, R, HY.g);
+    const std::vector<float> y = get(*gpu_, Y.g), hy = get(*gpu_, HY.g);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < R; ++i)
+        ASSERT_EQ(y[r * D + i], hy[r * R + i]) << dtype_name(dt) << " row " << r << " dim " << i;
+  }
+}
+
 // ---- bias + dropout + residual --------------------------------------------------------------
 
 TEST_F(GpuOps, BiasDropoutResidual) {
@@ -466,6 +593,26 @@ TEST_F(GpuOps, BiasDropoutResidual) {
         for (int64_t i = 0; i < spec.numel(); ++i)
           ASSERT_EQ(m[static_cast<size_t>(i)], spec.keep(i) ? 1.f : 0.f) << what << " element " << i;
         expect_close(out, tol_for(dt), "bias_dropout_residual out " + what);
+      }
+}
+
+TEST_F(GpuOps, DropoutResidualWithoutBias) {
+  // An undefined bias (--disable-bias-linear): out = residual + dropout(x), the same mask.
+  for (DType dt : kFloatTypes)
+    for (int64_t cols : {45, 44})  // 44: the groups-of-4 Philox path
+      for (float p : {0.f, 0.1f}) {
+        const int64_t rows = 7 * 2;
+        const DropoutSpec spec = make_spec(p, 1, rows, 3 * rows, 2 * rows, cols, kSiteMlpOut);
+        const std::string what = std::string(dtype_name(dt)) + " cols " + std::to_string(cols) + " p " + std::to_string(p);
+        Both x = random({rows, cols}, dt), res = random({rows, cols}, dt);
+        Both out = poisoned({rows, cols}, dt), mask = poisoned({rows, cols}, DType::u8);
+        gpu_->bias_dropout_residual_fwd(x.g, Tensor(), res.g, spec, out.g, mask.g);
+        cpu_->bias_dropout_residual_fwd(x.c, Tensor(), res.c, spec, out.c, mask.c);
+        expect_equal(mask, "dropout_residual mask " + what);
+        const std::vector<float> m = get(*gpu_, mask.g);
+        for (int64_t i = 0; i < spec.numel(); ++i)
+          ASSERT_EQ(m[static_cast<size_t>(i)], spec.keep(i) ? 1.f : 0.f) << what << " element " << i;
+        expect_close(out, tol_for(dt), "dropout_residual out " + what);
       }
 }
 

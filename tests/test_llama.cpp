@@ -183,21 +183,21 @@ TEST(LlamaOps, RopeRotatesHalvesByPositionAndBackwardInverts) {
   const Vec x = random_vec(B * NH * S * D, 4);
   Cpu c;
   Tensor tx = c.put(x, {B, NH, S, D}), ty = c.out({B, NH, S, D});
-  c.be->rope_fwd(tx, theta, ty);
+  c.be->rope_fwd(tx, theta, D, ty);
   EXPECT_TRUE(close(c.get(ty), rope_ref(x, S, D, theta, 1.0), 1e-6, 1e-5));
-  c.be->rope_fwd(tx, theta, tx);  // in place
+  c.be->rope_fwd(tx, theta, D, tx);  // in place
   EXPECT_TRUE(close(c.get(tx), rope_ref(x, S, D, theta, 1.0), 1e-6, 1e-5));
   Tensor tdx = c.out({B, NH, S, D});
-  c.be->rope_bwd(ty, theta, tdx);  // R^T R = 1
+  c.be->rope_bwd(ty, theta, D, tdx);  // R^T R = 1
   EXPECT_TRUE(close(c.get(tdx), x, 1e-6, 1e-5));
   // Position 0 is the identity; a shorter theta rotates differently (the argument is used).
   Tensor t50 = c.out({B, NH, S, D});
-  c.be->rope_fwd(c.put(x, {B, NH, S, D}), 50.0, t50);
+  c.be->rope_fwd(c.put(x, {B, NH, S, D}), 50.0, D, t50);
   const Vec y50 = c.get(t50);
   EXPECT_TRUE(close(y50, rope_ref(x, S, D, 50.0, 1.0), 1e-6, 1e-5));
   EXPECT_FALSE(close(y50, c.get(ty), 1e-3, 0));
   for (int64_t i = 0; i < D; ++i) EXPECT_NEAR(y50[i], x[i], 1e-7);
-  EXPECT_THROW(c.be->rope_fwd(c.out({1, 1, 2, 3}), theta, c.out({1, 1, 2, 3})), InvalidArgument);  // odd D
+  EXPECT_THROW(c.be->rope_fwd(c.out({1, 1, 2, 3}), theta, 3, c.out({1, 1, 2, 3})), InvalidArgument);  // odd D
 }
 
 TEST(LlamaOps, SwigluForwardAndBackwardMatchFloat64) {

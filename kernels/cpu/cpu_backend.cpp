@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,9 @@ float gelu_tanh_grad(float x) {
   const float t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
   return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * x * x);
 }
+
+// max(x, 0), NaN kept (a NaN input must not come out as a clean 0).
+float relu(float x) { return x < 0.f ? 0.f : x; }
 
 // 1 / (1 - p), the scale of kept elements (1 when nothing is dropped).
 float keep_scale(float p) { return p > 0.f ? 1.f / (1.f - p) : 1.f; }
@@ -323,22 +327,40 @@ class CpuBackend final : public Backend {
     out.commit();
   }
 
-  // ---- out = residual + dropout(x + bias) ----
+  // ---- squared ReLU ----
+  void squared_relu_fwd_impl(const Tensor& x, const Tensor& y) override {
+    const FloatIn xv(x);
+    FloatOut yv(y);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float r = relu(xv[i]);
+      yv[i] = r * r;
+    }
+    yv.commit();
+  }
+
+  void squared_relu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
+    const FloatIn g(dy), xv(x);
+    FloatOut out(dx);
+    for (int64_t i = 0; i < x.numel(); ++i) out[i] = 2.f * relu(xv[i]) * g[i];
+    out.commit();
+  }
+
+  // ---- out = residual + dropout(x + bias); no bias when bias is undefined ----
   void bias_dropout_residual_fwd_impl(const Tensor& x, const Tensor& bias, const Tensor& residual,
                                       const DropoutSpec& spec, const Tensor& out, const Tensor& mask) override {
-    const int64_t N = bias.numel();
-    const FloatIn xv(x), bv(bias), rv(residual);
+    const FloatIn xv(x), rv(residual);
+    std::optional<FloatIn> bv;
+    if (bias.defined()) bv.emplace(bias);
+    const int64_t N = bv ? bias.numel() : 1;
     FloatOut ov(out);
     uint8_t* m = mask.data_as<uint8_t>();
     const float scale = spec.scale();
-    const int64_t M = x.numel() / N;
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t j = 0; j < N; ++j) {
-        const int64_t i = r * N + j;
-        const bool keep = spec.p == 0.f || spec.keep(i);  // exactly dropout_fwd's mask
-        m[i] = keep ? 1 : 0;
-        ov[i] = rv[i] + (keep ? (xv[i] + bv[j]) * scale : 0.f);  // x + bias stays fp32: fused
-      }
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const bool keep = spec.p == 0.f || spec.keep(i);  // exactly dropout_fwd's mask
+      m[i] = keep ? 1 : 0;
+      const float v = bv ? xv[i] + (*bv)[i % N] : xv[i];  // x + bias stays fp32: fused
+      ov[i] = rv[i] + (keep ? v * scale : 0.f);
+    }
     ov.commit();
   }
 
@@ -407,8 +429,12 @@ class CpuBackend final : public Backend {
     store_doubles(dw, dweight);
   }
 
-  void rope_fwd_impl(const Tensor& x, double theta, const Tensor& y) override { rope(x, theta, 1.0, y); }
-  void rope_bwd_impl(const Tensor& dy, double theta, const Tensor& dx) override { rope(dy, theta, -1.0, dx); }
+  void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y) override {
+    rope(x, theta, rotary_dim, 1.0, y);
+  }
+  void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx) override {
+    rope(dy, theta, rotary_dim, -1.0, dx);
+  }
 
   void swiglu_fwd_impl(const Tensor& x, const Tensor& y) override {
     const int64_t N = y.dim(-1);
@@ -468,13 +494,15 @@ class CpuBackend final : public Backend {
   // k, v [B / r, S, D] for q [B, S, D]: r, the query batches per key/value batch (1 for B = 0).
   static int64_t kv_group(const Tensor& q, const Tensor& k) { return k.dim(0) ? q.dim(0) / k.dim(0) : 1; }
 
-  // y = rotation of x by sign * angle, pairs (i, i + D/2) of each row of x [B, NH, S, D].
-  static void rope(const Tensor& x, double theta, double sign, const Tensor& y) {
-    const int64_t S = x.dim(2), D = x.dim(3), half = D / 2, rows = x.numel() / D;
+  // y = rotation of x by sign * angle, pairs (i, i + R/2) of the first R = rotary_dim dims of
+  // each row of x [B, NH, S, D]; dims R..D-1 are copied.
+  static void rope(const Tensor& x, double theta, int64_t rotary_dim, double sign, const Tensor& y) {
+    const int64_t S = x.dim(2), D = x.dim(3), R = rotary_dim, half = R / 2, rows = x.numel() / D;
     std::vector<float> cosines(static_cast<size_t>(S * half)), sines(static_cast<size_t>(S * half));
     for (int64_t p = 0; p < S; ++p)
       for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+        const double exponent = -2.0 * static_cast<double>(i) / static_cast<double>(R);
+        const double angle = static_cast<double>(p) * std::pow(theta, exponent);
         cosines[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
         sines[static_cast<size_t>(p * half + i)] = static_cast<float>(sign * std::sin(angle));
       }
@@ -488,6 +516,7 @@ class CpuBackend final : public Backend {
         yv[r * D + i] = lo * c - hi * sn;
         yv[r * D + half + i] = hi * c + lo * sn;
       }
+      for (int64_t j = R; j < D; ++j) yv[r * D + j] = xv[r * D + j];  // y may be x: then a no-op
     }
     yv.commit();
   }

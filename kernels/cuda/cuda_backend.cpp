@@ -270,7 +270,7 @@ class CudaBackend final : public Backend {
     cuda::dropout_bwd(dt, dy.data(), mask.data_as<uint8_t>(), scale_of.scale(), dx.data(), dy.numel(), stream_);
   }
 
-  // ---- GeLU ---------------------------------------------------------------------------
+  // ---- activations --------------------------------------------------------------------
   void gelu_fwd_impl(const Tensor& x, const Tensor& y) override {
     const DType dt = one_dtype("gelu_fwd", {&x, &y});
     cuda::gelu_fwd(dt, x.data(), y.data(), x.numel(), stream_);
@@ -279,11 +279,26 @@ class CudaBackend final : public Backend {
     const DType dt = one_dtype("gelu_bwd", {&dy, &x, &dx});
     cuda::gelu_bwd(dt, dy.data(), x.data(), dx.data(), x.numel(), stream_);
   }
+  void squared_relu_fwd_impl(const Tensor& x, const Tensor& y) override {
+    const DType dt = one_dtype("squared_relu_fwd", {&x, &y});
+    cuda::squared_relu_fwd(dt, x.data(), y.data(), x.numel(), stream_);
+  }
+  void squared_relu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) override {
+    const DType dt = one_dtype("squared_relu_bwd", {&dy, &x, &dx});
+    cuda::squared_relu_bwd(dt, dy.data(), x.data(), dx.data(), x.numel(), stream_);
+  }
 
   // ---- residual -----------------------------------------------------------------------
   void bias_dropout_residual_fwd_impl(const Tensor& x, const Tensor& bias, const Tensor& r, const DropoutSpec& spec,
                                       const Tensor& out, const Tensor& mask) override {
-    const DType dt = one_dtype("bias_dropout_residual_fwd", {&x, &bias, &r, &out});
+    const char* op = "bias_dropout_residual_fwd";
+    if (!bias.defined()) {  // no bias: the elements as one row
+      const DType dt = one_dtype(op, {&x, &r, &out});
+      cuda::bias_dropout_residual_fwd(dt, x.data(), nullptr, r.data(), spec, out.data(), mask.data_as<uint8_t>(), 1,
+                                      x.numel(), stream_);
+      return;
+    }
+    const DType dt = one_dtype(op, {&x, &bias, &r, &out});
     const int64_t cols = bias.numel();
     cuda::bias_dropout_residual_fwd(dt, x.data(), bias.data(), r.data(), spec, out.data(), mask.data_as<uint8_t>(),
                                     x.numel() / cols, cols, stream_);
@@ -328,8 +343,12 @@ class CudaBackend final : public Backend {
     cuda::rmsnorm_bwd(dt, dy.data(), x.data(), w.data(), rstd.data_as<float>(), dx.data(), dw.data(),
                       ws.data_as<float>(), rows, cols, stream_);
   }
-  void rope_fwd_impl(const Tensor& x, double theta, const Tensor& y) override { rope("rope_fwd", x, theta, false, y); }
-  void rope_bwd_impl(const Tensor& dy, double theta, const Tensor& dx) override { rope("rope_bwd", dy, theta, true, dx); }
+  void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y) override {
+    rope("rope_fwd", x, theta, rotary_dim, false, y);
+  }
+  void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx) override {
+    rope("rope_bwd", dy, theta, rotary_dim, true, dx);
+  }
   void swiglu_fwd_impl(const Tensor& x, const Tensor& y) override {
     const DType dt = one_dtype("swiglu_fwd", {&x, &y});
     const int64_t N = y.dim(-1);  // >= 1 (the contract)
@@ -353,10 +372,10 @@ class CudaBackend final : public Backend {
 
   // k, v [B / r, S, D] for q [B, S, D]: r query batches per key/value batch (GQA; 1 for B = 0).
   static int64_t kv_group(const Tensor& q, const Tensor& k) { return k.dim(0) ? q.dim(0) / k.dim(0) : 1; }
-  void rope(const char* op, const Tensor& x, double theta, bool inverse, const Tensor& y) {
+  void rope(const char* op, const Tensor& x, double theta, int64_t rotary_dim, bool inverse, const Tensor& y) {
     const DType dt = one_dtype(op, {&x, &y});
-    const int64_t D = x.dim(3);
-    cuda::rope(dt, x.data(), y.data(), D ? x.numel() / D : 0, x.dim(2), D, theta, inverse, stream_);
+    const int64_t D = x.dim(3);  // >= rotary_dim >= 2 (the contract)
+    cuda::rope(dt, x.data(), y.data(), x.numel() / D, x.dim(2), D, rotary_dim, theta, inverse, stream_);
   }
 
   int device_;

@@ -44,12 +44,15 @@ void attention_bwd(DType dt, const void* q, const void* k, const void* v, const 
                    const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* delta,
                    int64_t B, int64_t S, int64_t D, cudaStream_t stream, int64_t group = 1);
 
-// ---- gelu.cu ---------------------------------------------------------------------------
+// ---- activation.cu: GeLU (tanh) and squared ReLU over n elements -------------------
 void gelu_fwd(DType dt, const void* x, void* y, int64_t n, cudaStream_t stream);
 void gelu_bwd(DType dt, const void* dy, const void* x, void* dx, int64_t n, cudaStream_t stream);
+void squared_relu_fwd(DType dt, const void* x, void* y, int64_t n, cudaStream_t stream);
+void squared_relu_bwd(DType dt, const void* dy, const void* x, void* dx, int64_t n, cudaStream_t stream);
 
 // ---- residual.cu -----------------------------------------------------------------------
 // out = residual + dropout(x + bias[col]); x, residual, out [rows, cols], spec.numel() == rows*cols.
+// bias == nullptr: no bias, out = residual + dropout(x) (cols then only divides the elements).
 void bias_dropout_residual_fwd(DType dt, const void* x, const void* bias, const void* residual, const DropoutSpec& spec,
                                void* out, uint8_t* mask, int64_t rows, int64_t cols, cudaStream_t stream);
 void add_bias(DType dt, void* y, const void* bias, int64_t rows, int64_t cols, cudaStream_t stream);
@@ -66,10 +69,10 @@ void rmsnorm_fwd(DType dt, const void* x, const void* weight, float eps, void* y
 int64_t rmsnorm_bwd_workspace_floats(int64_t rows, int64_t cols);
 void rmsnorm_bwd(DType dt, const void* dy, const void* x, const void* weight, const float* rstd, void* dx,
                  void* dweight, float* workspace, int64_t rows, int64_t cols, cudaStream_t stream);
-// Rotate-half RoPE on rows of x [rows, D], row r at position r % S; inverse: the backward.
-// y may be x.
-void rope(DType dt, const void* x, void* y, int64_t rows, int64_t S, int64_t D, double theta, bool inverse,
-          cudaStream_t stream);
+// Rotate-half RoPE on the first rotary_dim (even, <= D) dims of rows of x [rows, D], row r at
+// position r % S; the other dims are copied; inverse: the backward. y may be x.
+void rope(DType dt, const void* x, void* y, int64_t rows, int64_t S, int64_t D, int64_t rotary_dim, double theta,
+          bool inverse, cudaStream_t stream);
 // x [M, 2N] = [gate | up], y [M, N] = silu(gate) * up; dx [M, 2N].
 void swiglu_fwd(DType dt, const void* x, void* y, int64_t M, int64_t N, cudaStream_t stream);
 void swiglu_bwd(DType dt, const void* dy, const void* x, void* dx, int64_t M, int64_t N, cudaStream_t stream);

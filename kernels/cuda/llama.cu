@@ -1,6 +1,6 @@
 // The llama family's kernels: RMSNorm (forward, backward with the deterministic column
-// reduction for dweight), rotate-half RoPE (forward and its inverse, in place allowed) and
-// SwiGLU (forward, backward). The formulas of the cpu reference (kernels/cpu/cpu_backend.cpp)
+// reduction for dweight), rotate-half RoPE on all or the first dims of each head (forward and
+// its inverse, in place allowed) and SwiGLU (forward, backward). The formulas of the cpu reference (kernels/cpu/cpu_backend.cpp)
 // and of tools/numpy_layer.py; fp32 math, one rounding on store.
 #include "kernels/cuda/column_reduce.cuh"
 #include "kernels/cuda/common.cuh"
@@ -44,14 +44,22 @@ __global__ void rmsnorm_bwd_dx_kernel(const T* dy, const T* x, const T* w, const
   }
 }
 
-// x [rows, D], row r at position r % S: pairs (i, i + D/2) rotated by sign * p * theta^(-2i/D).
-// The angle and its sine/cosine in double, like the cpu reference (positions reach 10^5 and more).
+// x [rows, D], row r at position r % S: pairs (i, i + R/2) of the first R = rotary_dim dims
+// rotated by sign * p * theta^(-2i/R). The angle and its sine/cosine in double, like the cpu
+// reference (positions reach 10^5 and more). Each row has `half` threads of pairs, then
+// `passed` threads that copy dims R..R+passed-1 (passed = 0 in place: nothing to copy).
 template <class T>
-__global__ void rope_kernel(const T* x, T* y, int64_t rows, int64_t S, int64_t D, double theta, double sign) {
-  const int64_t half = D / 2, n = rows * half;
+__global__ void rope_kernel(const T* x, T* y, int64_t rows, int64_t S, int64_t D, int64_t R, int64_t passed,
+                            double theta, double sign) {
+  const int64_t half = R / 2, per_row = half + passed, n = rows * per_row;
   for (int64_t e = global_thread(); e < n; e += grid_threads()) {
-    const int64_t r = e / half, i = e % half;
-    const double angle = static_cast<double>(r % S) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    const int64_t r = e / per_row, i = e % per_row;
+    if (i >= half) {
+      y[r * D + R + (i - half)] = x[r * D + R + (i - half)];
+      continue;
+    }
+    const double exponent = -2.0 * static_cast<double>(i) / static_cast<double>(R);
+    const double angle = static_cast<double>(r % S) * pow(theta, exponent);
     double sn, cs;
     sincos(angle, &sn, &cs);
     const float c = static_cast<float>(cs), s = static_cast<float>(sign * sn);
@@ -118,12 +126,13 @@ void rmsnorm_bwd(DType dt, const void* dy, const void* x, const void* weight, co
   });
 }
 
-void rope(DType dt, const void* x, void* y, int64_t rows, int64_t S, int64_t D, double theta, bool inverse,
-          cudaStream_t stream) {
-  if (rows == 0 || D == 0) return;
+void rope(DType dt, const void* x, void* y, int64_t rows, int64_t S, int64_t D, int64_t rotary_dim, double theta,
+          bool inverse, cudaStream_t stream) {
+  if (rows == 0 || rotary_dim == 0) return;
+  const int64_t passed = x == y ? 0 : D - rotary_dim, per_row = rotary_dim / 2 + passed;
   ACTBENCH_DISPATCH_FLOAT(dt, "rope", T, {
-    rope_kernel<T><<<elementwise_blocks(rows * (D / 2)), kElementwiseThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), rows, S, D, theta, inverse ? -1.0 : 1.0);
+    rope_kernel<T><<<elementwise_blocks(rows * per_row), kElementwiseThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), rows, S, D, rotary_dim, passed, theta, inverse ? -1.0 : 1.0);
     CUDA_CHECK_LAUNCH();
   });
 }

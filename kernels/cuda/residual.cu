@@ -1,5 +1,5 @@
-// The residual-path ops: bias + dropout + residual (forward), bias add, bias gradient
-// (deterministic column sums), in-place add and scale.
+// The residual-path ops: bias + dropout + residual (forward, with or without a bias), bias
+// add, bias gradient (deterministic column sums), in-place add and scale.
 #include "kernels/cuda/column_reduce.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
@@ -8,14 +8,16 @@
 namespace actbench::cuda {
 namespace {
 
-// out = residual + (keep ? (x + bias) * scale : 0), one rounding at the store.
-template <class T, bool kGroups>
+// out = residual + (keep ? (x + bias) * scale : 0), one rounding at the store. Without kBias
+// there is no bias (bias is null, cols unused): a compile-time branch, no cost to the bias case.
+template <class T, bool kGroups, bool kBias>
 __global__ void bias_dropout_residual_kernel(const T* x, const T* bias,
                                              const T* residual, DropoutSpec spec, uint32_t threshold,
                                              float scale, T* out, uint8_t* mask, int64_t n,
                                              int64_t cols) {
   dropout_for_each<kGroups>(spec, threshold, n, [&](int64_t i, bool keep) {
-    const float v = to_float(x[i]) + to_float(bias[i % cols]);
+    float v = to_float(x[i]);
+    if constexpr (kBias) v += to_float(bias[i % cols]);
     mask[i] = keep ? 1 : 0;
     out[i] = from_float<T>(to_float(residual[i]) + (keep ? v * scale : 0.f));
   });
@@ -36,17 +38,27 @@ __global__ void scale_inplace_kernel(T* c, float beta, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) c[i] = from_float<T>(beta * to_float(c[i]));
 }
 
+template <class T, bool kBias>
+void launch_bias_dropout_residual(const T* x, const T* bias, const T* residual, const DropoutSpec& spec, T* out,
+                                  uint8_t* mask, int64_t n, int64_t cols, cudaStream_t stream) {
+  const uint32_t threshold = dropout_threshold(spec.p);
+  if (dropout_groups_of_4(spec))
+    bias_dropout_residual_kernel<T, true, kBias><<<elementwise_blocks(n, 4), kElementwiseThreads, 0, stream>>>(
+        x, bias, residual, spec, threshold, spec.scale(), out, mask, n, cols);
+  else
+    bias_dropout_residual_kernel<T, false, kBias><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
+        x, bias, residual, spec, threshold, spec.scale(), out, mask, n, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
+// A null bias picks the kernels without one.
 template <class T>
 void bias_dropout_residual(const T* x, const T* bias, const T* residual, const DropoutSpec& spec, T* out,
                            uint8_t* mask, int64_t n, int64_t cols, cudaStream_t stream) {
-  const uint32_t threshold = dropout_threshold(spec.p);
-  if (dropout_groups_of_4(spec))
-    bias_dropout_residual_kernel<T, true><<<elementwise_blocks(n, 4), kElementwiseThreads, 0, stream>>>(
-        x, bias, residual, spec, threshold, spec.scale(), out, mask, n, cols);
+  if (bias)
+    launch_bias_dropout_residual<T, true>(x, bias, residual, spec, out, mask, n, cols, stream);
   else
-    bias_dropout_residual_kernel<T, false><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
-        x, bias, residual, spec, threshold, spec.scale(), out, mask, n, cols);
-  CUDA_CHECK_LAUNCH();
+    launch_bias_dropout_residual<T, false>(x, bias, residual, spec, out, mask, n, cols, stream);
 }
 
 }  // namespace

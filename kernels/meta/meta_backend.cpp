@@ -34,6 +34,8 @@ class MetaBackend final : public Backend {
   void dropout_bwd_impl(const Tensor&, const Tensor&, float, const Tensor&) override {}
   void gelu_fwd_impl(const Tensor&, const Tensor&) override {}
   void gelu_bwd_impl(const Tensor&, const Tensor&, const Tensor&) override {}
+  void squared_relu_fwd_impl(const Tensor&, const Tensor&) override {}
+  void squared_relu_bwd_impl(const Tensor&, const Tensor&, const Tensor&) override {}
   void bias_dropout_residual_fwd_impl(const Tensor&, const Tensor&, const Tensor&, const DropoutSpec&, const Tensor&,
                                       const Tensor&) override {}
   void attention_fwd_impl(const Tensor&, const Tensor&, const Tensor&, float, const DropoutSpec&, const Tensor&,
@@ -43,8 +45,8 @@ class MetaBackend final : public Backend {
   void rmsnorm_fwd_impl(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&) override {}
   void rmsnorm_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                         const Tensor&) override {}
-  void rope_fwd_impl(const Tensor&, double, const Tensor&) override {}
-  void rope_bwd_impl(const Tensor&, double, const Tensor&) override {}
+  void rope_fwd_impl(const Tensor&, double, int64_t, const Tensor&) override {}
+  void rope_bwd_impl(const Tensor&, double, int64_t, const Tensor&) override {}
   void swiglu_fwd_impl(const Tensor&, const Tensor&) override {}
   void swiglu_bwd_impl(const Tensor&, const Tensor&, const Tensor&) override {}
   void split_heads_impl(const Tensor&, int64_t, const Tensor&) override {}

@@ -403,13 +403,13 @@ TEST_P(SimKernels, RopeForwardAndInverse) {
     const Shape shape = {cs.B, cs.NH, cs.S, cs.D};
     const int64_t rows = cs.B * cs.NH * cs.S;
     Both x = random(shape, dt(), -2.f, 2.f), y = output(shape, dt());
-    cuda::rope(dt(), x.dev(), y.dev(), rows, cs.S, cs.D, cs.theta, /*inverse=*/false, nullptr);
-    cpu_->rope_fwd(x.c, cs.theta, y.c);
+    cuda::rope(dt(), x.dev(), y.dev(), rows, cs.S, cs.D, cs.D, cs.theta, /*inverse=*/false, nullptr);
+    cpu_->rope_fwd(x.c, cs.theta, cs.D, y.c);
     expect_close(y, tol_for(dt()), "rope_fwd " + what);
     // The inverse in place (dx = dy), as the backward runs it, on the same values on both sides.
     Both d = random(shape, dt(), -2.f, 2.f);
-    cuda::rope(dt(), d.dev(), d.dev(), rows, cs.S, cs.D, cs.theta, /*inverse=*/true, nullptr);
-    cpu_->rope_bwd(d.c, cs.theta, d.c);
+    cuda::rope(dt(), d.dev(), d.dev(), rows, cs.S, cs.D, cs.D, cs.theta, /*inverse=*/true, nullptr);
+    cpu_->rope_bwd(d.c, cs.theta, cs.D, d.c);
     expect_close(d, tol_for(dt()), "rope_bwd in place " + what);
   }
 }
