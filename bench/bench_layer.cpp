@@ -24,7 +24,7 @@ ExperimentSpec layer_spec(const std::string& config) {
     spec.dims = LayerDims{64, 2, 256, 4};
     spec.dtype = DType::fp32;
   }
-  spec.dropout = 0.1f;
+  spec.dims.spec.attention_dropout = spec.dims.spec.hidden_dropout = 0.1f;
   return spec;
 }
 

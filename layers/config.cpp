@@ -1,6 +1,7 @@
 #include "layers/config.hpp"
 
 #include "runtime/error.hpp"
+#include "theory/activation_memory.hpp"
 
 namespace actbench {
 
@@ -10,6 +11,24 @@ Arch parse_arch(const std::string& name) {
   if (name == "gpt") return Arch::gpt;
   if (name == "llama") return Arch::llama;
   throw InvalidArgument("unknown arch '" + name + "' (expected gpt or llama)");
+}
+
+int64_t LayerDims::rotary_dim() const {
+  if (spec.position != theory::PositionEmbedding::rope || a < 1) return 0;
+  return static_cast<int64_t>(static_cast<double>(head_dim()) * spec.rotary_percent);
+}
+
+std::string spec_family(const theory::LayerSpec& spec) {
+  using namespace theory;
+  const bool plain_attention = !spec.qk_layernorm && spec.rotary_percent == 1.0;
+  if (plain_attention && spec.normalization == Norm::layernorm && spec.activation == Activation::gelu &&
+      spec.ffn_hidden == 0 && spec.add_bias_linear && spec.kv_heads == 0 && spec.position == PositionEmbedding::none)
+    return "gpt";
+  if (plain_attention && spec.normalization == Norm::rmsnorm && spec.activation == Activation::swiglu &&
+      !spec.add_bias_linear && !spec.add_qkv_bias && spec.position == PositionEmbedding::rope &&
+      spec.attention_dropout == 0 && spec.hidden_dropout == 0)
+    return "llama";
+  return "custom";
 }
 
 void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
@@ -22,20 +41,22 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
     fail("heads " + std::to_string(d.a) + " are not divisible by tp " + std::to_string(t) +
          " (each rank needs whole heads)");
   if (d.h % t != 0) fail("hidden " + std::to_string(d.h) + " is not divisible by tp " + std::to_string(t));
-  if (d.arch == Arch::llama) {
-    const int64_t g = d.groups();
-    if (g < 1 || g > d.a || d.a % g != 0)
-      fail("kv-heads " + std::to_string(g) + " must be between 1 and heads " + std::to_string(d.a) + " and divide it");
-    if (g % t != 0)
-      fail("kv-heads " + std::to_string(g) + " are not divisible by tp " + std::to_string(t) +
-           " (each rank needs whole key/value groups)");
-    if (d.ffn() < 1 || d.ffn() % t != 0)
-      fail("ffn-hidden " + std::to_string(d.ffn()) + " must be >= 1 and divisible by tp " + std::to_string(t));
-    if ((d.h / d.a) % 2 != 0)
-      fail("head size " + std::to_string(d.h / d.a) + " must be even for RoPE (pairs i and i + d/2)");
-    if (!(d.rope_theta > 0)) fail("rope-theta must be positive");
-    if (!(d.norm_eps > 0)) fail("the RMSNorm epsilon must be positive");
+  const int64_t g = d.groups();
+  if (d.spec.kv_heads < 0 || g < 1 || g > d.a || d.a % g != 0)
+    fail("kv-heads " + std::to_string(g) + " must be between 1 and heads " + std::to_string(d.a) + " and divide it");
+  if (g % t != 0)
+    fail("kv-heads " + std::to_string(g) + " are not divisible by tp " + std::to_string(t) +
+         " (each rank needs whole key/value groups)");
+  if (d.ffn() < 1 || d.ffn() % t != 0)
+    fail("ffn-hidden " + std::to_string(d.ffn()) + " must be >= 1 and divisible by tp " + std::to_string(t));
+  if (d.spec.position == theory::PositionEmbedding::rope) {
+    const int64_t r = d.rotary_dim();
+    if (r < 2 || r % 2 != 0)
+      fail("RoPE rotates " + std::to_string(r) + " of the head's " + std::to_string(d.head_dim()) +
+           " dimensions (head size x rotary-percent): it must be even and at least 2 (pairs i and i + R/2)");
+    if (!(d.spec.rotary_base > 0)) fail("rotary-base must be positive");
   }
+  theory::check_layer_spec(theory::Dims{double(d.s), double(d.b), double(d.h), double(d.a), double(t)}, d.spec);
   if (p.sequence_parallel && d.s % t != 0)
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");

@@ -1,44 +1,48 @@
 #pragma once
-// What a layer is (its shape) and what it is built with; how it is run (LayerPolicy, the
-// paper's configurations) is theory/policy.hpp's, shared with the formulas.
+// What a layer is (its shape and the options it is composed from) and what it is built with;
+// how it is run (LayerPolicy, the paper's configurations and Megatron-Core's recompute
+// modules) is theory/policy.hpp's, shared with the formulas.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "runtime/dtype.hpp"
-#include "theory/policy.hpp"  // Recompute, Attention, LayerPolicy and their names
+#include "theory/layer_spec.hpp"  // LayerSpec: norms, activation, biases, GQA, RoPE, dropouts
+#include "theory/policy.hpp"      // Recompute, Attention, LayerPolicy and their names
 
 namespace actbench {
 
-// gpt: the paper's layer (LayerNorm, MHA, GeLU MLP, biases, dropout).
-// llama: RMSNorm, grouped-query attention with RoPE, SwiGLU MLP, no biases, no dropout.
+// The two presets of the spec that --arch names: gpt (the paper's layer: LayerNorm, MHA, GeLU
+// MLP, biases, dropout) and llama (RMSNorm, grouped-query attention with RoPE, SwiGLU MLP, no
+// biases, no dropout).
 enum class Arch { gpt, llama };
 const char* arch_name(Arch a);
 Arch parse_arch(const std::string& name);  // "gpt" | "llama"; throws InvalidArgument
 
 struct LayerDims {
   int64_t s = 0, b = 0, h = 0, a = 0;  // sequence, microbatch, hidden, heads (whole model)
-  // The family and its own shape; gpt ignores the rest.
-  Arch arch = Arch::gpt;
-  int64_t kv_heads = 0;    // g, key/value heads (0: g = a)
-  int64_t ffn_hidden = 0;  // F, SwiGLU width: fc1 has 2F outputs, fc2 F inputs (0: 4h)
-  double rope_theta = 10000.0;
-  float norm_eps = 1e-5f;  // RMSNorm epsilon
-  int64_t groups() const { return kv_heads > 0 ? kv_heads : a; }
-  int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * h; }
+  theory::LayerSpec spec = theory::gpt_layer_spec();
+  int64_t groups() const { return spec.kv_heads > 0 ? static_cast<int64_t>(spec.kv_heads) : a; }
+  int64_t ffn() const { return spec.ffn_hidden > 0 ? static_cast<int64_t>(spec.ffn_hidden) : 4 * h; }
+  int64_t head_dim() const { return h / a; }
+  // RoPE's rotated dimensions of each head: Megatron's int(head_dim * rotary_percent); 0 without RoPE.
+  int64_t rotary_dim() const;
 };
+
+// The spec's family for the arch column and tables: "gpt" or "llama" when the spec is that
+// preset (whatever its dropouts, widths, groups, theta and epsilon), else "custom".
+std::string spec_family(const theory::LayerSpec& spec);
 
 struct LayerOptions {
   LayerDims dims;
   LayerPolicy policy;
   DType dtype = DType::bf16;
-  float dropout = 0.1f;
   uint64_t seed = 1234;
   uint32_t layer_index = 0;
-  float ln_eps = 1e-5f;
 };
 
-// Throws InvalidArgument with one clear line when the shape cannot be split t ways.
+// Throws InvalidArgument with one clear line when the shape cannot be split t ways or the
+// spec cannot be built at this shape.
 void validate_layer(const LayerDims& d, int t, LayerPolicy p);
 
 }  // namespace actbench

@@ -6,17 +6,16 @@
 
 namespace actbench {
 
-LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, int64_t kv_heads, bool attention_dropout)
+LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt)
     : be_(be), comm_(comm), opt_(opt), tp_size_(comm.size()), tp_rank_(comm.rank()) {
   validate_layer(opt_.dims, tp_size_, opt_.policy);
   heads_per_rank_ = opt_.dims.a / tp_size_;
-  head_dim_ = opt_.dims.h / opt_.dims.a;
-  kv_heads_per_rank_ = kv_heads / tp_size_;
-  attention_dropout_ = attention_dropout;
+  head_dim_ = opt_.dims.head_dim();
+  kv_heads_per_rank_ = opt_.dims.groups() / tp_size_;
+  attention_dropout_ = static_cast<float>(opt_.dims.spec.attention_dropout);
+  hidden_dropout_ = static_cast<float>(opt_.dims.spec.hidden_dropout);
+  norm_eps_ = static_cast<float>(opt_.dims.spec.norm_epsilon);
   table_ = layer_param_table(opt_.dims);
-}
-
-void LayerBase::allocate_parameters() {
   for (const ParamInfo& p : table_) {
     Shape shape = local_param_shape(p, tp_size_);
     params_.*p.member = be_.empty(shape, opt_.dtype);
@@ -47,10 +46,10 @@ Tensor LayerBase::forward(const Tensor& x) {
   saved_.clear();
   check_activation_shape(x, "layer input");
   switch (opt_.policy.recompute) {
-    case Recompute::none: return forward_impl(x, saved_, Keep::all, "fwd");
-    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but_core_attn, "fwd");
+    case Recompute::none: return forward_impl(x, saved_, Keep::all(), "fwd");
+    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but(opt_.policy.modules), "fwd");
     case Recompute::full: {
-      Tensor y = forward_impl(x, saved_, Keep::input_only, "fwd");
+      Tensor y = forward_impl(x, saved_, Keep::input_only(), "fwd");
       saved_.layer_input = x;
       return y;
     }
@@ -66,17 +65,56 @@ SavedActivations LayerBase::take_saved_for_backward(const Tensor& dy) {
     if (!saved.layer_input.defined()) throw RuntimeFailure("backward without forward");
     Tensor x = std::move(saved.layer_input);
     saved.clear();
-    (void)forward_impl(x, saved, Keep::all, "recompute");  // the output is discarded
+    (void)forward_impl(x, saved, Keep::all(), "recompute");  // the output is discarded
   }
   if (!saved.ln1_input.defined()) throw RuntimeFailure("backward without forward");
   return saved;
 }
 
-void LayerBase::all_reduce_sequence_parallel_grads() {
-  if (!opt_.policy.sequence_parallel || tp_size_ == 1) return;
-  PhaseRange phase("comm.bwd.all_reduce.sequence_parallel_grads", phase_log_);
+void LayerBase::all_reduce_partial_grads() {
+  auto partial = [&](const ParamInfo& p) {
+    return p.grad_sum == GradSum::tensor_parallel ||
+           (p.grad_sum == GradSum::sequence_parallel && opt_.policy.sequence_parallel);
+  };
+  if (tp_size_ == 1) return;
+  bool any = false;
+  for (const ParamInfo& p : table_) any = any || partial(p);
+  if (!any) return;
+  PhaseRange phase("comm.bwd.all_reduce.partial_grads", phase_log_);
   for (const ParamInfo& p : table_)
-    if (p.sequence_parallel_allreduce) comm_.all_reduce(grads_.*p.member);
+    if (partial(p)) comm_.all_reduce(grads_.*p.member);
+}
+
+void LayerBase::norm_fwd(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y, Tensor* mean,
+                         Tensor* rstd) {
+  const int64_t rows = x.numel() / x.dim(-1);
+  const Tensor x2 = as_matrix(x), y2 = as_matrix(y);
+  if (opt_.dims.spec.normalization == theory::Norm::rmsnorm) {
+    Tensor r = be_.empty({rows}, DType::fp32);
+    be_.rmsnorm_fwd(x2, weight, norm_eps_, y2, r);
+    if (rstd) *rstd = r;
+  } else {
+    Tensor m = be_.empty({rows}, DType::fp32), r = be_.empty({rows}, DType::fp32);
+    be_.layernorm_fwd(x2, weight, bias, norm_eps_, y2, m, r);
+    if (mean) *mean = m;
+    if (rstd) *rstd = r;
+  }
+}
+
+void LayerBase::norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) {
+  if (opt_.dims.spec.normalization == theory::Norm::rmsnorm)
+    be_.rmsnorm_bwd(as_matrix(dy), as_matrix(x), weight, rstd, as_matrix(dx), dweight);
+  else
+    be_.layernorm_bwd(as_matrix(dy), as_matrix(x), weight, mean, rstd, as_matrix(dx), dweight, dbias);
+}
+
+Tensor LayerBase::block_norm_fwd(const char* stage, const char* op, const Tensor& x, const Tensor& weight,
+                                 const Tensor& bias, Tensor* mean, Tensor* rstd) {
+  Tensor y = be_.empty(x.shape(), opt_.dtype);
+  PhaseRange phase(phase_name(stage, op), phase_log_);
+  norm_fwd(x, weight, bias, y, mean, rstd);
+  return y;
 }
 
 CommContext LayerBase::comm_context(const char* stage) const {

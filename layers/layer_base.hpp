@@ -1,11 +1,10 @@
 #pragma once
-// What the layer families share around their blocks: the tensor-parallel group and the
-// sequence-parallel communication context, the parameters (allocated and initialised from
-// the family's table), and the recompute policy: which of forward's activations are kept,
-// and the full-recompute forward that backward runs first. Also the blocks both families
-// build from: the parallel linears and attention (the qkv GEMM, core attention forward and
-// backward; core_attention.cpp). A family writes its blocks once, in forward_impl and
-// backward, and says what each block keeps.
+// The blocks the composed layer (transformer_layer.hpp) is built from, each written once:
+// the tensor-parallel group and the sequence-parallel communication context, the parameters
+// (allocated and initialised from the spec's table), the recompute policy (what forward keeps,
+// the full-recompute forward that backward runs first), the norms of the spec's kind, the
+// parallel linears, and attention (the QKV GEMM, the q/k norms and RoPE on the heads, core
+// attention forward and backward; core_attention.cpp).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,7 +25,7 @@ class LayerBase : public Layer {
   // Parameters from the seed, canonical layout then sharded (so any t gets the same layer).
   void init_parameters() override;
   // Runs forward_impl keeping what the recompute policy says: none all, selective all but
-  // the core-attention scores, full only the layer input (saved().layer_input).
+  // what its modules rebuild, full only the layer input (saved().layer_input).
   Tensor forward(const Tensor& x) final;
 
   const SavedActivations& saved() const override { return saved_; }
@@ -38,15 +37,21 @@ class LayerBase : public Layer {
   int64_t local_seq() const { return opt_.policy.sequence_parallel ? opt_.dims.s / tp_size_ : opt_.dims.s; }
 
  protected:
-  // What one forward keeps for backward.
-  enum class Keep { input_only, all_but_core_attn, all };
+  // What one forward keeps for backward (theory/layer_pieces.hpp's table, piece by piece).
+  struct Keep {
+    bool any = true;           // false: full recompute's first forward, which keeps only its input
+    bool core_attn = true;     // the probabilities, dropout mask and dropped probabilities, or the lse
+    bool norm_outputs = true;  // both block norms' outputs and statistics (the layernorm module)
+    bool mlp = true;           // the activation's input and fc2's input (the mlp module)
+    static Keep all() { return {}; }
+    static Keep input_only() { return {false, false, false, false}; }
+    // Selective recompute: all but what the modules rebuild in backward.
+    static Keep all_but(RecomputeModules m) { return {true, !m.core_attn, !m.layernorm, !m.mlp}; }
+  };
 
-  // Validates the shape against the TP group (parameters come with allocate_parameters()).
-  // The family's attention: kv_heads key/value heads in the whole model (a: multi-head
-  // attention, fewer: grouped-query) and whether dropout follows the softmax.
-  LayerBase(Backend& be, Communicator& comm, LayerOptions opt, int64_t kv_heads, bool attention_dropout);
-  // Parameters (uninitialised) and zeroed gradients of the family's table, in its order.
-  void allocate_parameters();
+  // Validates the shape against the TP group and allocates the spec's parameters
+  // (uninitialised) and zeroed gradients.
+  LayerBase(Backend& be, Communicator& comm, LayerOptions opt);
 
   // x: [s_local, b, h] (checked by forward). Stores into `save` what `keep` says; phases are
   // named stage.op ("fwd" or "recompute").
@@ -56,9 +61,23 @@ class LayerBase : public Layer {
   // recompute, runs the forward again from the kept input (phases "recompute.*", output
   // discarded) so that the result holds everything.
   SavedActivations take_saved_for_backward(const Tensor& dy);
-  // The end of every backward: under SP each rank saw s/t rows, so the gradients of the
-  // parameters applied to those rows (norms, row-parallel biases) are partial: sums them.
-  void all_reduce_sequence_parallel_grads();
+  // The end of every backward: the gradients of replicated parameters that each rank holds
+  // only part of (ParamInfo::grad_sum) are summed over the group: under SP those applied to
+  // s/t rows (block norms, row-parallel biases), always the q/k norms' (each rank's heads).
+  void all_reduce_partial_grads();
+
+  // ---- norms of the spec's kind (LayerNorm or RMSNorm) over the last dim ----
+  // x [.., width] as rows; y like x. Statistics go to *mean, *rstd when given (RMSNorm has
+  // no mean; backward reads them). bias is undefined for RMSNorm.
+  void norm_fwd(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y, Tensor* mean,
+                Tensor* rstd);
+  // dx like x; dweight (and dbias) written.
+  void norm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
+  // The norm of a block input x [s(/t), b, h] (phase stage.op): its output, with the
+  // statistics into *mean, *rstd when given.
+  Tensor block_norm_fwd(const char* stage, const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        Tensor* mean, Tensor* rstd);
 
   CommContext comm_context(const char* stage) const;
 
@@ -85,7 +104,7 @@ class LayerBase : public Layer {
   Tensor column_parallel_linear_bwd(const CommContext& comm, const char* op, const char* region, Tensor x, Tensor dy,
                                     const Tensor& weight, Tensor& dweight, Tensor* dbias = nullptr);
 
-  // ---- attention (core_attention.cpp), the same in both families ----
+  // ---- attention (core_attention.cpp) ----
   // q [b, heads_per_rank_, s, d]; k, v [b, kv_heads_per_rank_, s, d] with d = head_dim_.
   // Under grouped-query attention the heads_per_rank_ / kv_heads_per_rank_ query heads of a
   // group are consecutive and share one key/value head.
@@ -93,19 +112,28 @@ class LayerBase : public Layer {
     Tensor q, k, v;
   };
   // The qkv GEMM after the norm: normed [s(/t), b, h] (released at the end; kept as
-  // save.qkv_input when keep_any) through f | g, then x W^T (+ bias) split into heads. Phase
-  // "stage.qkv".
-  QkvHeads qkv_projection_fwd(const CommContext& comm, Tensor normed, const Tensor* bias, bool keep_any,
+  // save.qkv_input when keep_input) through f | g, then x W^T (+ bias) split into heads.
+  // Phase "stage.qkv".
+  QkvHeads qkv_projection_fwd(const CommContext& comm, Tensor normed, const Tensor* bias, bool keep_input,
                               SavedActivations& save);
-  // Causal softmax(q k^T / sqrt(d)), dropout where the family has it, times v: the context
-  // [s, b, heads_per_rank_ * d], heads merged (phase "stage.core_attn"). Unfused, the
-  // probabilities are materialised (kept under Keep::all, else recomputed by backward);
-  // fused (FlashAttention-style) only a per-row log-sum-exp is kept. Keeps q, k, v and the
-  // context unless keep is input_only; releases qkv.
+  // What the spec does to the heads of q and k before core attention: the q/k norms
+  // (--qk-layernorm; kept inputs and statistics when keep) then RoPE on the first
+  // rotary_dim() dimensions. Phases "stage.qk_norm", "stage.rope".
+  bool has_head_transforms() const;
+  void head_transforms_fwd(const char* stage, QkvHeads& qkv, SavedActivations& save, bool keep);
+  // Their backward on dq, dk (replaced by the gradients of the QKV GEMM's heads); releases
+  // the kept norm inputs and statistics. Phases "bwd.rope", "bwd.qk_norm".
+  void head_transforms_bwd(SavedActivations& saved, QkvHeads& grads);
+  // Causal softmax(q k^T / sqrt(d)), attention dropout when the spec has it, times v: the
+  // context [s, b, heads_per_rank_ * d], heads merged (phase "stage.core_attn"). Unfused, the
+  // probabilities are materialised; fused (FlashAttention-style) only a per-row log-sum-exp
+  // is kept; either only under keep.core_attn (else backward recomputes them). Keeps q, k, v
+  // and the context under keep.any; releases qkv.
   Tensor core_attention_fwd(const char* stage, QkvHeads qkv, SavedActivations& save, Keep keep);
   // d_context like the context (released). Writes dq, dk, dv into grads, tensors the caller
-  // allocated. Takes what forward kept from saved (recomputing the probabilities first when
-  // selective did not keep them: phase "recompute.core_attn"). Phase "bwd.core_attn".
+  // allocated. Takes what forward kept from saved (recomputing the probabilities, or the
+  // fused kernel's output and lse, first when selective did not keep them: phase
+  // "recompute.core_attn"). Phase "bwd.core_attn".
   void core_attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads);
   // The same, but merges dq, dk, dv into their columns of d_qkv [s, b, qkv_width()], each as
   // soon as it is complete, and releases it: fewer gradients are held at once.
@@ -126,9 +154,7 @@ class LayerBase : public Layer {
   int tp_size_, tp_rank_;  // the tensor-parallel group: its size (the paper's t) and this rank
   int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); h/a
   int64_t kv_heads_per_rank_;
-  bool attention_dropout_;
-  // Unfused attention allocates its output before the weights (llama) or after them (gpt).
-  bool attention_output_first_ = false;
+  float attention_dropout_, hidden_dropout_, norm_eps_;  // the spec's, as the kernels take them
   std::vector<ParamInfo> table_;
   LayerParams params_, grads_;
   SavedActivations saved_;
@@ -138,7 +164,7 @@ class LayerBase : public Layer {
   void check_activation_shape(const Tensor& t, const char* what) const;
 
   // The unfused path's attention weights [b, heads_per_rank_, s, s]: the causal softmax of the
-  // scaled scores and, where the family has dropout, its mask and the dropped probabilities.
+  // scaled scores and, under attention dropout, its mask and the dropped probabilities.
   struct AttentionWeights {
     Tensor probs, mask, dropped;
     const Tensor& times_v() const { return dropped.defined() ? dropped : probs; }  // what multiplies v
@@ -147,9 +173,16 @@ class LayerBase : public Layer {
   // Both core_attention_bwd: merge_into is d_qkv or null (grads then hold the caller's tensors).
   void attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
   void fused_attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
+  // One of the q/k norms on x [b, heads, s, d] as rows of d: its output; x and the statistics
+  // kept into *input, *mean, *rstd when given.
+  Tensor head_norm_fwd(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor* input, Tensor* mean,
+                       Tensor* rstd);
+  // Its backward: the gradient of its input (dy released); accumulates nothing, writes dweight.
+  Tensor head_norm_bwd(Tensor dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& dweight, const Tensor& dbias);
   void unfused_attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
   // The dropout of the probabilities in their [b, a/t, s, s] index space on this rank (the
-  // rank's heads of the canonical [b, a, s, s]), p = opt.dropout.
+  // rank's heads of the canonical [b, a, s, s]), p = the spec's attention dropout.
   DropoutSpec attn_dropout_spec() const;
   float attention_scale() const;
   // A batched GEMM with one batch per key/value head of this rank: its query heads'

@@ -10,7 +10,7 @@
 namespace actbench {
 
 int64_t ShardSpec::local_rows() const {
-  return (kind == ShardKind::rows || kind == ShardKind::qkv_rows || kind == ShardKind::stacked_rows) ? rows / t : rows;
+  return (kind == ShardKind::rows || kind == ShardKind::stacked_rows) ? rows / t : rows;
 }
 int64_t ShardSpec::local_cols() const { return kind == ShardKind::cols ? cols / t : cols; }
 
@@ -21,11 +21,6 @@ int64_t ShardSpec::canonical_index(int64_t local_flat) const {
     case ShardKind::replicated: return local_flat;
     case ShardKind::rows: return (rank * local_rows() + row) * cols + col;
     case ShardKind::cols: return row * cols + rank * shard_cols + col;
-    case ShardKind::qkv_rows: {
-      const int64_t part_rows = rows / 3, part_rows_per_rank = part_rows / t;  // one of Q, K, V
-      const int64_t part = row / part_rows_per_rank, within = row % part_rows_per_rank;
-      return (part * part_rows + rank * part_rows_per_rank + within) * cols + col;
-    }
     case ShardKind::stacked_rows: {
       int64_t before = 0, local_before = 0;  // canonical and local rows of the earlier parts
       for (int64_t part_rows : parts) {
@@ -40,37 +35,44 @@ int64_t ShardSpec::canonical_index(int64_t local_flat) const {
   return local_flat;
 }
 
-std::vector<ParamInfo> layer_param_table(int64_t h) {
-  using L = LayerParams;
-  return {
-      {"ln1.weight", &L::ln1_weight, {h}, ShardKind::replicated, true, 0},
-      {"ln1.bias", &L::ln1_bias, {h}, ShardKind::replicated, true, 1},
-      {"qkv.weight", &L::qkv_weight, {3 * h, h}, ShardKind::qkv_rows, false, 2},
-      {"qkv.bias", &L::qkv_bias, {3 * h}, ShardKind::qkv_rows, false, 3},
-      {"proj.weight", &L::proj_weight, {h, h}, ShardKind::cols, false, 4},
-      {"proj.bias", &L::proj_bias, {h}, ShardKind::replicated, true, 5},
-      {"ln2.weight", &L::ln2_weight, {h}, ShardKind::replicated, true, 6},
-      {"ln2.bias", &L::ln2_bias, {h}, ShardKind::replicated, true, 7},
-      {"fc1.weight", &L::fc1_weight, {4 * h, h}, ShardKind::rows, false, 8},
-      {"fc1.bias", &L::fc1_bias, {4 * h}, ShardKind::rows, false, 9},
-      {"fc2.weight", &L::fc2_weight, {h, 4 * h}, ShardKind::cols, false, 10},
-      {"fc2.bias", &L::fc2_bias, {h}, ShardKind::replicated, true, 11},
-  };
-}
-
 std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
-  if (d.arch == Arch::gpt) return layer_param_table(d.h);
   using L = LayerParams;
-  const int64_t h = d.h, head_dim = d.h / d.a, q_rows = d.a * head_dim, kv_rows = d.groups() * head_dim, ffn = d.ffn();
-  return {
-      {"ln1.weight", &L::ln1_weight, {h}, ShardKind::replicated, true, 0},
-      {"qkv.weight", &L::qkv_weight, {q_rows + 2 * kv_rows, h}, ShardKind::stacked_rows, false, 2,
-       {q_rows, kv_rows, kv_rows}},
-      {"proj.weight", &L::proj_weight, {h, q_rows}, ShardKind::cols, false, 4},
-      {"ln2.weight", &L::ln2_weight, {h}, ShardKind::replicated, true, 6},
-      {"fc1.weight", &L::fc1_weight, {2 * ffn, h}, ShardKind::stacked_rows, false, 8, {ffn, ffn}},
-      {"fc2.weight", &L::fc2_weight, {h, ffn}, ShardKind::cols, false, 10},
+  using theory::Activation, theory::Norm;
+  const theory::LayerSpec& spec = d.spec;
+  const int64_t h = d.h, head = d.head_dim(), q_rows = d.a * head, kv_rows = d.groups() * head, ffn = d.ffn();
+  const bool norm_bias = spec.normalization == Norm::layernorm, bias = spec.add_bias_linear;
+  const std::vector<int64_t> qkv_parts = {q_rows, kv_rows, kv_rows};
+  // Init streams keep the paper's layer's numbering (0..11); the q/k norms take 12..15.
+  std::vector<ParamInfo> table;
+  auto add = [&](bool present, ParamInfo p) {
+    if (present) table.push_back(std::move(p));
   };
+  add(true, {"ln1.weight", &L::ln1_weight, {h}, ShardKind::replicated, GradSum::sequence_parallel, 0});
+  add(norm_bias, {"ln1.bias", &L::ln1_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 1});
+  add(true, {"qkv.weight", &L::qkv_weight, {q_rows + 2 * kv_rows, h}, ShardKind::stacked_rows, GradSum::none, 2,
+             qkv_parts});
+  add(spec.qkv_bias(),
+      {"qkv.bias", &L::qkv_bias, {q_rows + 2 * kv_rows}, ShardKind::stacked_rows, GradSum::none, 3, qkv_parts});
+  add(spec.qk_layernorm, {"q_norm.weight", &L::q_norm_weight, {head}, ShardKind::replicated, GradSum::tensor_parallel, 12});
+  add(spec.qk_layernorm && norm_bias,
+      {"q_norm.bias", &L::q_norm_bias, {head}, ShardKind::replicated, GradSum::tensor_parallel, 13});
+  add(spec.qk_layernorm, {"k_norm.weight", &L::k_norm_weight, {head}, ShardKind::replicated, GradSum::tensor_parallel, 14});
+  add(spec.qk_layernorm && norm_bias,
+      {"k_norm.bias", &L::k_norm_bias, {head}, ShardKind::replicated, GradSum::tensor_parallel, 15});
+  add(true, {"proj.weight", &L::proj_weight, {h, q_rows}, ShardKind::cols, GradSum::none, 4});
+  add(bias, {"proj.bias", &L::proj_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 5});
+  add(true, {"ln2.weight", &L::ln2_weight, {h}, ShardKind::replicated, GradSum::sequence_parallel, 6});
+  add(norm_bias, {"ln2.bias", &L::ln2_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 7});
+  if (spec.activation == Activation::swiglu) {
+    add(true, {"fc1.weight", &L::fc1_weight, {2 * ffn, h}, ShardKind::stacked_rows, GradSum::none, 8, {ffn, ffn}});
+    add(bias, {"fc1.bias", &L::fc1_bias, {2 * ffn}, ShardKind::stacked_rows, GradSum::none, 9, {ffn, ffn}});
+  } else {
+    add(true, {"fc1.weight", &L::fc1_weight, {ffn, h}, ShardKind::rows, GradSum::none, 8});
+    add(bias, {"fc1.bias", &L::fc1_bias, {ffn}, ShardKind::rows, GradSum::none, 9});
+  }
+  add(true, {"fc2.weight", &L::fc2_weight, {h, ffn}, ShardKind::cols, GradSum::none, 10});
+  add(bias, {"fc2.bias", &L::fc2_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 11});
+  return table;
 }
 
 ShardSpec param_shard(const ParamInfo& p, int t, int rank) {
@@ -93,7 +95,7 @@ Shape local_param_shape(const ParamInfo& p, int t) {
 float param_init_value(uint32_t init_id, uint64_t seed, uint32_t layer, int64_t index, int64_t fan_in) {
   float u = philox_uniform_pm1(seed, layer, init_id, static_cast<uint64_t>(index));
   switch (init_id) {
-    case 0: case 6: return 1.0f + 0.1f * u;  // LayerNorm weights near 1
+    case 0: case 6: case 12: case 14: return 1.0f + 0.1f * u;  // norm weights near 1
     case 2: case 4: case 8: case 10: return u / std::sqrt(static_cast<float>(fan_in));
     default: return 0.1f * u;                // biases
   }

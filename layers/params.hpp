@@ -3,7 +3,8 @@
 // Values are drawn per element of the *canonical* (unsharded) tensor from Philox, so a
 // rank can fill exactly its shard and every t solves the same problem.
 // Canonical layout (the --dump contract): linear weights [out, in], y = x W^T + b;
-// qkv.weight [3h, h] = Q; K; V stacked, each head-major.
+// qkv.weight [(a+2g)·d, h] = Q; K; V stacked, each head-major; fc1.weight [2F, h] = gate; up
+// under SwiGLU. Which parameters a layer has follows its spec (layer_param_table).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@ class Communicator;
 struct LayerParams {
   Tensor ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias;
   Tensor ln2_weight, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
+  Tensor q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias;  // --qk-layernorm: [d], shared by the heads
 };
 
 // How a canonical [rows, cols] tensor is split over t ranks.
@@ -26,8 +28,7 @@ enum class ShardKind {
   replicated,  // every rank holds all of it
   rows,        // contiguous block of rows (column-parallel weights, sequence shards)
   cols,        // contiguous block of columns (row-parallel weights)
-  qkv_rows,    // rank r holds its heads' rows of each of Q, K and V
-  stacked_rows,  // rows are parts stacked (llama Q; K; V, gate; up): rank r holds its block of each
+  stacked_rows,  // rows are parts stacked (Q; K; V, gate; up): rank r holds its block of each
 };
 
 struct ShardSpec {
@@ -41,21 +42,28 @@ struct ShardSpec {
   int64_t canonical_index(int64_t local_flat) const;
 };
 
+// Which ranks hold part of a replicated parameter's gradient, summed over the TP group.
+enum class GradSum {
+  none,               // each rank's gradient is whole (sharded parameters)
+  sequence_parallel,  // under SP each rank saw s/t rows (block norms, row-parallel biases)
+  tensor_parallel,    // always: each rank saw its own heads (the q/k norms)
+};
+
 struct ParamInfo {
   const char* name;                  // canonical name, e.g. "qkv.weight"
   Tensor LayerParams::*member;
   Shape canonical_shape;
   ShardKind kind;
-  bool sequence_parallel_allreduce;  // gradient summed over the TP group under SP
+  GradSum grad_sum;
   uint32_t init_id;                  // Philox init stream
   std::vector<int64_t> parts = {};   // stacked_rows only: rows of each stacked part
 };
 
-// The twelve parameters of a layer with hidden h.
-std::vector<ParamInfo> layer_param_table(int64_t h);
-// The parameters of the layer family d.arch: the twelve above for gpt; for llama the six of
-// the --dump contract (ln1.weight [h], qkv.weight [(a+2g)·d, h] = Q; K; V head-major,
-// proj.weight [h, h], ln2.weight [h], fc1.weight [2F, h] = gate; up, fc2.weight [h, F]).
+// The parameters of a layer of d.spec, in the --dump contract's order: ln1.weight [h]
+// (ln1.bias [h] under LayerNorm), qkv.weight [(a+2g)·d, h] (qkv.bias with --add-bias-linear or
+// --add-qkv-bias), q_norm/k_norm weight [d] (and bias) with --qk-layernorm, proj.weight
+// [h, a·d] (proj.bias), ln2 like ln1, fc1.weight [F, h] or [2F, h] = gate; up for SwiGLU
+// (fc1.bias), fc2.weight [h, F] (fc2.bias). The paper's layer has the twelve of Table 1's.
 std::vector<ParamInfo> layer_param_table(const LayerDims& d);
 ShardSpec param_shard(const ParamInfo& p, int t, int rank);
 // The local shape of a parameter on `rank` of `t`.

@@ -3,15 +3,16 @@
 namespace actbench {
 
 std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const {
-  return {{"layer_input", &layer_input},
-          {"ln1_input", &ln1_input},
+  return {{"ln1_input", &ln1_input},
           {"qkv_input", &qkv_input},
+          {"q_norm_input", &q_norm_input},
+          {"k_norm_input", &k_norm_input},
           {"q", &q},
           {"k", &k},
+          {"attn_lse", &attn_lse},
           {"softmax_out", &softmax_out},
           {"attn_dropout_mask", &attn_dropout_mask},
           {"attn_dropout_out", &attn_dropout_out},
-          {"attn_lse", &attn_lse},
           {"v", &v},
           {"proj_input", &proj_input},
           {"attn_residual_mask", &attn_residual_mask},
@@ -19,12 +20,16 @@ std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const 
           {"fc1_input", &fc1_input},
           {"gelu_input", &gelu_input},
           {"swiglu_input", &swiglu_input},
+          {"squared_relu_input", &squared_relu_input},
           {"fc2_input", &fc2_input},
-          {"mlp_residual_mask", &mlp_residual_mask}};
+          {"mlp_residual_mask", &mlp_residual_mask},
+          {"layer_input", &layer_input}};
 }
 
 std::vector<SavedActivations::Entry> SavedActivations::extra_categories() const {
-  return {{"ln1_mean", &ln1_mean}, {"ln1_rstd", &ln1_rstd}, {"ln2_mean", &ln2_mean}, {"ln2_rstd", &ln2_rstd}};
+  return {{"ln1_mean", &ln1_mean},         {"ln1_rstd", &ln1_rstd},         {"q_norm_mean", &q_norm_mean},
+          {"q_norm_rstd", &q_norm_rstd},   {"k_norm_mean", &k_norm_mean},   {"k_norm_rstd", &k_norm_rstd},
+          {"ln2_mean", &ln2_mean},         {"ln2_rstd", &ln2_rstd}};
 }
 
 static int64_t sum_bytes(const std::vector<SavedActivations::Entry>& entries) {
@@ -42,9 +47,13 @@ std::vector<std::pair<std::string, int64_t>> SavedActivations::bytes_by_category
   for (const auto& [name, t] : paper_categories())
     if (t->defined()) out.emplace_back(name, static_cast<int64_t>(t->bytes()));
   if (include_extra) {
-    int64_t ln1 = sum_bytes({{"", &ln1_mean}, {"", &ln1_rstd}}), ln2 = sum_bytes({{"", &ln2_mean}, {"", &ln2_rstd}});
-    if (ln1) out.emplace_back("ln1_stats", ln1);
-    if (ln2) out.emplace_back("ln2_stats", ln2);
+    const std::pair<const char*, std::vector<Entry>> stats[] = {
+        {"ln1_stats", {{"", &ln1_mean}, {"", &ln1_rstd}}},
+        {"q_norm_stats", {{"", &q_norm_mean}, {"", &q_norm_rstd}}},
+        {"k_norm_stats", {{"", &k_norm_mean}, {"", &k_norm_rstd}}},
+        {"ln2_stats", {{"", &ln2_mean}, {"", &ln2_rstd}}}};
+    for (const auto& [name, entries] : stats)
+      if (int64_t bytes = sum_bytes(entries)) out.emplace_back(name, bytes);
   }
   return out;
 }

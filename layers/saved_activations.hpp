@@ -15,7 +15,9 @@ struct SavedActivations {
   Tensor ln1_input;           // the layer input x
   Tensor ln1_mean, ln1_rstd;  // fp32, not in the paper's count (llama's RMSNorm: rstd only)
   Tensor qkv_input;           // LN1 output; its local sequence shard under SP
-  Tensor q, k, v;             // [b, a/t, s, h/a]
+  Tensor q_norm_input, k_norm_input;  // --qk-layernorm: q [b, a/t, s, d] and k [b, g/t, s, d] before their norms
+  Tensor q_norm_mean, q_norm_rstd, k_norm_mean, k_norm_rstd;  // their fp32 row statistics (RMSNorm: rstd only)
+  Tensor q, k, v;             // [b, a/t, s, h/a] (k, v: g/t heads), q and k after their norms and RoPE
   Tensor softmax_out;         // [b, a/t, s, s]
   Tensor attn_dropout_mask;   // u8
   Tensor attn_dropout_out;    // the probabilities multiplied with V
@@ -26,17 +28,20 @@ struct SavedActivations {
   Tensor ln2_mean, ln2_rstd;
   Tensor fc1_input;           // LN2 output; local shard under SP
   Tensor gelu_input;          // [s, b, 4h/t]
-  Tensor swiglu_input;        // llama: the fc1 output [s, b, 2F/t] = gate | up
+  Tensor swiglu_input;        // the fc1 output [s, b, 2F/t] = gate | up
+  Tensor squared_relu_input;  // the fc1 output [s, b, F/t]
   Tensor fc2_input;           // GeLU output
   Tensor mlp_residual_mask;   // u8
 
   using Entry = std::pair<const char*, const Tensor*>;
-  // The paper's categories, in the paper's order (names as in theory::activation_bytes_by_category).
+  // The counted categories in theory::layer_bytes_by_category's order and names.
   std::vector<Entry> paper_categories() const;
-  std::vector<Entry> extra_categories() const;  // ln1_stats, ln2_stats
+  // The norms' fp32 statistics, outside the count as the paper leaves them out.
+  std::vector<Entry> extra_categories() const;
   int64_t paper_bytes() const;
   int64_t extra_bytes() const;
-  // Bytes by category, defined tensors only (LN stats as "ln1_stats", "ln2_stats").
+  // Bytes by category, defined tensors only (statistics as theory::layer_extra_bytes_by_category
+  // names them: "ln1_stats", "q_norm_stats", "k_norm_stats", "ln2_stats").
   std::vector<std::pair<std::string, int64_t>> bytes_by_category(bool include_extra) const;
   void clear() { *this = SavedActivations{}; }
 };

@@ -1,5 +1,6 @@
 #include "layers/transformer_layer.hpp"
 
+#include <memory>
 #include <utility>
 
 #include "layers/parallel.hpp"
@@ -7,16 +8,94 @@
 
 namespace actbench {
 
-TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt)
-    : LayerBase(be, comm, opt, opt.dims.a, /*attention_dropout=*/true) {
-  hidden_per_rank_ = opt_.dims.h / tp_size_;
-  allocate_parameters();
+using theory::Activation;
+
+std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt) {
+  return std::make_unique<TransformerLayer>(be, comm, opt);
+}
+
+TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt) : LayerBase(be, comm, opt) {
+  ffn_per_rank_ = opt_.dims.ffn() / tp_size_;
+}
+
+namespace {
+
+// A parameter the spec may leave out, as the optional argument of the linears.
+const Tensor* if_defined(const Tensor& t) { return t.defined() ? &t : nullptr; }
+
+// The saved slot of the activation's input: each activation keeps its own category.
+Tensor& activation_input_slot(SavedActivations& save, Activation act) {
+  switch (act) {
+    case Activation::swiglu: return save.swiglu_input;
+    case Activation::squared_relu: return save.squared_relu_input;
+    case Activation::gelu: break;
+  }
+  return save.gelu_input;
+}
+
+}  // namespace
+
+Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) {
+  const CommContext comm = comm_context(stage);
+  Tensor x1 = attention_block_fwd(comm, x, save, keep);
+  return mlp_block_fwd(comm, x1, save, keep);
+}
+
+Tensor TransformerLayer::attention_block_fwd(const CommContext& comm, const Tensor& x, SavedActivations& save,
+                                             Keep keep) {
+  const char* stage = comm.stage.c_str();
+  // The layernorm module runs the norm outside autograd: neither its output nor its
+  // statistics are kept, only its input (the checkpoint's), which the norm keeps anyway.
+  const bool keep_norm = keep.any && keep.norm_outputs;
+  Tensor normed = block_norm_fwd(stage, "ln1", x, params_.ln1_weight, params_.ln1_bias,
+                                 keep_norm ? &save.ln1_mean : nullptr, keep_norm ? &save.ln1_rstd : nullptr);
+  if (keep.any) save.ln1_input = x;
+  QkvHeads qkv = qkv_projection_fwd(comm, std::move(normed), if_defined(params_.qkv_bias), keep_norm, save);
+  head_transforms_fwd(stage, qkv, save, keep.any);
+  Tensor context = core_attention_fwd(stage, std::move(qkv), save, keep);
+  Tensor out = row_parallel_linear_fwd(comm, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
+  return residual_fwd(stage, "attn_residual", std::move(out), params_.proj_bias, x, kSiteAttnOut,
+                      keep.any ? &save.attn_residual_mask : nullptr);
+}
+
+Tensor TransformerLayer::mlp_block_fwd(const CommContext& comm, const Tensor& x1, SavedActivations& save, Keep keep) {
+  const char* stage = comm.stage.c_str();
+  const bool keep_norm = keep.any && keep.norm_outputs;
+  Tensor normed = block_norm_fwd(stage, "ln2", x1, params_.ln2_weight, params_.ln2_bias,
+                                 keep_norm ? &save.ln2_mean : nullptr, keep_norm ? &save.ln2_rstd : nullptr);
+  if (keep.any) save.ln2_input = x1;
+  // fc1's input is also the mlp module's checkpoint input: kept unless the layernorm module drops it.
+  const bool keep_mlp = keep.any && keep.mlp;
+  Tensor act = mlp_activation_fwd(comm, std::move(normed), keep_norm ? &save.fc1_input : nullptr,
+                                  keep_mlp ? &activation_input_slot(save, opt_.dims.spec.activation) : nullptr);
+  if (keep_mlp) save.fc2_input = act;
+  Tensor out = row_parallel_linear_fwd(comm, "fc2", std::move(act), params_.fc2_weight);  // f̄ | ḡ
+  return residual_fwd(stage, "mlp_residual", std::move(out), params_.fc2_bias, x1, kSiteMlpOut,
+                      keep.any ? &save.mlp_residual_mask : nullptr);
+}
+
+Tensor TransformerLayer::mlp_activation_fwd(const CommContext& comm, Tensor normed, Tensor* keep_input,
+                                            Tensor* act_input) {
+  const Activation kind = opt_.dims.spec.activation;
+  Tensor fc1_out = column_parallel_linear_fwd(comm, "fc1", "fc1_input", std::move(normed), params_.fc1_weight,
+                                              if_defined(params_.fc1_bias), keep_input);  // f | g
+  Tensor act = be_.empty({opt_.dims.s, opt_.dims.b, ffn_per_rank_}, opt_.dtype);
+  {
+    PhaseRange phase(phase_name(comm.stage.c_str(), theory::activation_name(kind)), phase_log_);
+    switch (kind) {
+      case Activation::gelu: be_.gelu_fwd(fc1_out, act); break;
+      case Activation::swiglu: be_.swiglu_fwd(as_matrix(fc1_out), as_matrix(act)); break;
+      case Activation::squared_relu: be_.squared_relu_fwd(fc1_out, act); break;
+    }
+  }
+  if (act_input) *act_input = fc1_out;
+  return act;
 }
 
 DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site) const {
   // [s_local, b, h] rows are rows [rank*s_local*b, ...) of the canonical [s*b, h] under SP
   DropoutSpec spec;
-  spec.p = opt_.dropout;
+  spec.p = hidden_dropout_;
   spec.seed = opt_.seed;
   spec.layer = opt_.layer_index;
   spec.site = site;
@@ -27,66 +106,16 @@ DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site) const {
   return spec;
 }
 
-Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) {
-  const auto& dims = opt_.dims;
-  const int64_t s_local = local_seq(), s = dims.s, b = dims.b, h = dims.h;
-  const bool keep_any = keep != Keep::input_only;
-  const CommContext comm = comm_context(stage);
-
-  // ---- attention block ----
-  Tensor ln1_out = be_.empty({s_local, b, h}, opt_.dtype);
-  {
-    PhaseRange phase(phase_name(stage, "ln1"), phase_log_);
-    Tensor mean = be_.empty({s_local * b}, DType::fp32), rstd = be_.empty({s_local * b}, DType::fp32);
-    be_.layernorm_fwd(as_matrix(x), params_.ln1_weight, params_.ln1_bias, opt_.ln_eps, as_matrix(ln1_out), mean, rstd);
-    if (keep_any) {
-      save.ln1_input = x;
-      save.ln1_mean = mean;
-      save.ln1_rstd = rstd;
-    }
-  }
-  QkvHeads qkv = qkv_projection_fwd(comm, std::move(ln1_out), &params_.qkv_bias, keep_any, save);
-  Tensor context = core_attention_fwd(stage, std::move(qkv), save, keep);
-  Tensor attn_out = row_parallel_linear_fwd(comm, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
-  Tensor x1 = bias_dropout_residual_fwd(stage, "attn_residual", attn_out, params_.proj_bias, x, kSiteAttnOut,
-                                        keep_any ? &save.attn_residual_mask : nullptr);
-  attn_out = Tensor();
-
-  // ---- MLP block ----
-  Tensor ln2_out = be_.empty({s_local, b, h}, opt_.dtype);
-  {
-    PhaseRange phase(phase_name(stage, "ln2"), phase_log_);
-    Tensor mean = be_.empty({s_local * b}, DType::fp32), rstd = be_.empty({s_local * b}, DType::fp32);
-    be_.layernorm_fwd(as_matrix(x1), params_.ln2_weight, params_.ln2_bias, opt_.ln_eps, as_matrix(ln2_out), mean, rstd);
-    if (keep_any) {
-      save.ln2_input = x1;
-      save.ln2_mean = mean;
-      save.ln2_rstd = rstd;
-    }
-  }
-  Tensor fc1_out = column_parallel_linear_fwd(comm, "fc1", "fc1_input", std::move(ln2_out), params_.fc1_weight,
-                                              &params_.fc1_bias, keep_any ? &save.fc1_input : nullptr);  // f | g
-  Tensor gelu_out = be_.empty({s, b, 4 * hidden_per_rank_}, opt_.dtype);
-  {
-    PhaseRange phase(phase_name(stage, "gelu"), phase_log_);
-    be_.gelu_fwd(fc1_out, gelu_out);
-  }
-  if (keep_any) {
-    save.gelu_input = fc1_out;
-    save.fc2_input = gelu_out;
-  }
-  fc1_out = Tensor();
-  Tensor mlp_out = row_parallel_linear_fwd(comm, "fc2", std::move(gelu_out), params_.fc2_weight);  // f̄ | ḡ
-  return bias_dropout_residual_fwd(stage, "mlp_residual", mlp_out, params_.fc2_bias, x1, kSiteMlpOut,
-                                   keep_any ? &save.mlp_residual_mask : nullptr);
-}
-
-// residual + dropout(out + bias), the end of both blocks; the mask goes to *kept_mask when kept.
-Tensor TransformerLayer::bias_dropout_residual_fwd(const char* stage, const char* op, const Tensor& out,
-                                                   const Tensor& bias, const Tensor& residual, uint32_t site,
-                                                   Tensor* kept_mask) {
-  Tensor y = be_.empty(residual.shape(), opt_.dtype);
+Tensor TransformerLayer::residual_fwd(const char* stage, const char* op, Tensor out, const Tensor& bias,
+                                      const Tensor& residual, uint32_t site, Tensor* kept_mask) {
   PhaseRange phase(phase_name(stage, op), phase_log_);
+  if (hidden_dropout_ == 0.f) {
+    // Without dropout nothing is kept: the sum is formed in place of the block's output.
+    if (bias.defined()) be_.add_bias(as_matrix(out), bias);
+    be_.add_inplace(out, residual);
+    return out;
+  }
+  Tensor y = be_.empty(residual.shape(), opt_.dtype);
   Tensor mask = be_.empty(residual.shape(), DType::u8);
   be_.bias_dropout_residual_fwd(as_matrix(out), bias, as_matrix(residual), residual_dropout_spec(site), as_matrix(y),
                                 as_matrix(mask));
@@ -94,67 +123,111 @@ Tensor TransformerLayer::bias_dropout_residual_fwd(const char* stage, const char
   return y;
 }
 
+Tensor TransformerLayer::residual_bwd(const char* op, const Tensor& dy, Tensor& mask, const Tensor& dbias) {
+  PhaseRange phase(phase_name("bwd", op), phase_log_);
+  Tensor d_out = dy;
+  if (hidden_dropout_ > 0.f) {
+    d_out = be_.empty(dy.shape(), opt_.dtype);
+    be_.dropout_bwd(dy, mask, hidden_dropout_, d_out);
+    mask = Tensor();
+  }
+  if (dbias.defined()) be_.bias_grad(as_matrix(d_out), dbias);
+  return d_out;
+}
+
 Tensor TransformerLayer::backward(const Tensor& dy) {
-  const auto& dims = opt_.dims;
-  const int64_t s_local = local_seq(), s = dims.s, b = dims.b, h = dims.h;
   SavedActivations saved = take_saved_for_backward(dy);  // all of it, recomputed under full
   const CommContext comm = comm_context("bwd");
-  const float dropout = opt_.dropout;
+  Tensor dx1 = mlp_block_bwd(comm, dy, saved);
+  Tensor dx = attention_block_bwd(comm, dx1, saved);
+  saved.clear();
+  all_reduce_partial_grads();  // SP: norms and row-parallel biases; the q/k norms always
+  return dx;
+}
 
-  // ---- MLP block ----
-  Tensor d_mlp_out = be_.empty({s_local, b, h}, opt_.dtype);
+void TransformerLayer::recompute_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                      Tensor& output, Tensor& mean, Tensor& rstd) {
+  if (output.defined()) return;
+  output = block_norm_fwd("recompute", op, x, weight, bias, &mean, &rstd);
+}
+
+void TransformerLayer::recompute_mlp(SavedActivations& saved) {
+  Tensor& act_input = activation_input_slot(saved, opt_.dims.spec.activation);
+  if (act_input.defined()) return;
+  const CommContext comm = comm_context("recompute");
+  saved.fc2_input = mlp_activation_fwd(comm, saved.fc1_input, nullptr, &act_input);
+}
+
+Tensor TransformerLayer::mlp_block_bwd(const CommContext& comm, const Tensor& dy, SavedActivations& saved) {
+  const Activation kind = opt_.dims.spec.activation;
+  Tensor d_out = residual_bwd("mlp_residual", dy, saved.mlp_residual_mask, grads_.fc2_bias);
+  // Megatron's checkpoints rebuild when backward reaches the block's output: first the norm
+  // (the layernorm module), then from its output the MLP (the mlp module).
+  recompute_norm("ln2", saved.ln2_input, params_.ln2_weight, params_.ln2_bias, saved.fc1_input, saved.ln2_mean,
+                 saved.ln2_rstd);
+  recompute_mlp(saved);
+  Tensor d_act = row_parallel_linear_bwd(comm, "fc2", std::move(d_out), std::move(saved.fc2_input),
+                                         params_.fc2_weight, grads_.fc2_weight);  // f̄ | ḡ
+  Tensor& act_input = activation_input_slot(saved, kind);
+  Tensor d_fc1_out = be_.empty(act_input.shape(), opt_.dtype);
   {
-    PhaseRange phase("bwd.mlp_residual", phase_log_);
-    be_.dropout_bwd(dy, saved.mlp_residual_mask, dropout, d_mlp_out);
-    be_.bias_grad(as_matrix(d_mlp_out), grads_.fc2_bias);
-    saved.mlp_residual_mask = Tensor();
+    PhaseRange phase(phase_name("bwd", theory::activation_name(kind)), phase_log_);
+    switch (kind) {
+      case Activation::gelu: be_.gelu_bwd(d_act, act_input, d_fc1_out); break;
+      case Activation::swiglu: be_.swiglu_bwd(as_matrix(d_act), as_matrix(act_input), as_matrix(d_fc1_out)); break;
+      case Activation::squared_relu: be_.squared_relu_bwd(d_act, act_input, d_fc1_out); break;
+    }
+    act_input = Tensor();
+    d_act = Tensor();
   }
-  Tensor d_gelu_out = row_parallel_linear_bwd(comm, "fc2", std::move(d_mlp_out), std::move(saved.fc2_input),
-                                              params_.fc2_weight, grads_.fc2_weight);  // f̄ | ḡ
-  Tensor d_fc1_out = be_.empty({s, b, 4 * hidden_per_rank_}, opt_.dtype);
-  {
-    PhaseRange phase("bwd.gelu", phase_log_);
-    be_.gelu_bwd(d_gelu_out, saved.gelu_input, d_fc1_out);
-    saved.gelu_input = Tensor();
-    d_gelu_out = Tensor();
-  }
-  Tensor d_ln2_out =
-      column_parallel_linear_bwd(comm, "fc1", "fc1_input", std::move(saved.fc1_input), std::move(d_fc1_out),
-                                 params_.fc1_weight, grads_.fc1_weight, &grads_.fc1_bias);  // f | g
-  Tensor dx1 = be_.empty({s_local, b, h}, opt_.dtype);
+  Tensor d_normed = column_parallel_linear_bwd(comm, "fc1", "fc1_input", std::move(saved.fc1_input),
+                                               std::move(d_fc1_out), params_.fc1_weight, grads_.fc1_weight,
+                                               grads_.fc1_bias.defined() ? &grads_.fc1_bias : nullptr);  // f | g
+  Tensor dx1 = be_.empty(dy.shape(), opt_.dtype);
   {
     PhaseRange phase("bwd.ln2", phase_log_);
-    be_.layernorm_bwd(as_matrix(d_ln2_out), as_matrix(saved.ln2_input), params_.ln2_weight, saved.ln2_mean,
-                      saved.ln2_rstd, as_matrix(dx1), grads_.ln2_weight, grads_.ln2_bias);
+    norm_bwd(d_normed, saved.ln2_input, params_.ln2_weight, saved.ln2_mean, saved.ln2_rstd, dx1, grads_.ln2_weight,
+             grads_.ln2_bias);
     be_.add_inplace(dx1, dy);  // residual path
     saved.ln2_input = saved.ln2_mean = saved.ln2_rstd = Tensor();
   }
-  d_ln2_out = Tensor();
+  return dx1;
+}
 
-  // ---- attention block ----
-  Tensor d_attn_out = be_.empty({s_local, b, h}, opt_.dtype);
-  {
-    PhaseRange phase("bwd.attn_residual", phase_log_);
-    be_.dropout_bwd(dx1, saved.attn_residual_mask, dropout, d_attn_out);
-    be_.bias_grad(as_matrix(d_attn_out), grads_.proj_bias);
-    saved.attn_residual_mask = Tensor();
-  }
+Tensor TransformerLayer::attention_block_bwd(const CommContext& comm, const Tensor& dx1, SavedActivations& saved) {
+  const int64_t s = opt_.dims.s, b = opt_.dims.b;
+  Tensor d_out = residual_bwd("attn_residual", dx1, saved.attn_residual_mask, grads_.proj_bias);
+  // The layernorm module rebuilds norm 1's output when backward reaches the attention's output.
+  recompute_norm("ln1", saved.ln1_input, params_.ln1_weight, params_.ln1_bias, saved.qkv_input, saved.ln1_mean,
+                 saved.ln1_rstd);
   // proj's input stays for fused attention's backward (the attention output)
-  Tensor d_context = row_parallel_linear_bwd(comm, "proj", std::move(d_attn_out), saved.proj_input, params_.proj_weight,
+  Tensor d_context = row_parallel_linear_bwd(comm, "proj", std::move(d_out), saved.proj_input, params_.proj_weight,
                                              grads_.proj_weight);  // f̄ | ḡ
   Tensor d_qkv = be_.empty({s, b, qkv_width()}, opt_.dtype);
-  core_attention_bwd(saved, std::move(d_context), d_qkv);
-  Tensor d_ln1_out = column_parallel_linear_bwd(comm, "qkv", "qkv_input", std::move(saved.qkv_input), std::move(d_qkv),
-                                                params_.qkv_weight, grads_.qkv_weight, &grads_.qkv_bias);  // f | g
-  Tensor dx = be_.empty({s_local, b, h}, opt_.dtype);
+  if (!has_head_transforms()) {
+    core_attention_bwd(saved, std::move(d_context), d_qkv);  // each gradient merged once complete
+  } else {
+    // RoPE's and the q/k norms' backward still need dq and dk: core attention writes them here.
+    QkvHeads d_heads{be_.empty({b, heads_per_rank_, s, head_dim_}, opt_.dtype),
+                     be_.empty({b, kv_heads_per_rank_, s, head_dim_}, opt_.dtype),
+                     be_.empty({b, kv_heads_per_rank_, s, head_dim_}, opt_.dtype)};
+    core_attention_bwd(saved, std::move(d_context), d_heads);
+    head_transforms_bwd(saved, d_heads);
+    PhaseRange phase("bwd.merge_heads", phase_log_);
+    be_.merge_heads(d_heads.q, q_column(), d_qkv);
+    be_.merge_heads(d_heads.k, k_column(), d_qkv);
+    be_.merge_heads(d_heads.v, v_column(), d_qkv);
+  }
+  Tensor d_normed = column_parallel_linear_bwd(comm, "qkv", "qkv_input", std::move(saved.qkv_input), std::move(d_qkv),
+                                               params_.qkv_weight, grads_.qkv_weight,
+                                               grads_.qkv_bias.defined() ? &grads_.qkv_bias : nullptr);  // f | g
+  Tensor dx = be_.empty(dx1.shape(), opt_.dtype);
   {
     PhaseRange phase("bwd.ln1", phase_log_);
-    be_.layernorm_bwd(as_matrix(d_ln1_out), as_matrix(saved.ln1_input), params_.ln1_weight, saved.ln1_mean,
-                      saved.ln1_rstd, as_matrix(dx), grads_.ln1_weight, grads_.ln1_bias);
+    norm_bwd(d_normed, saved.ln1_input, params_.ln1_weight, saved.ln1_mean, saved.ln1_rstd, dx, grads_.ln1_weight,
+             grads_.ln1_bias);
     be_.add_inplace(dx, dx1);
   }
-  saved.clear();
-  all_reduce_sequence_parallel_grads();  // SP: LayerNorm and row-parallel bias gradients
   return dx;
 }
 

@@ -1,11 +1,16 @@
 #pragma once
-// The pre-LayerNorm GPT layer of the paper (Fig. 2/3), tensor- and sequence-parallel,
-// with recompute none | selective | full. Written once against Backend and Communicator.
+// The dense pre-norm transformer layer of Megatron-Core, composed from its spec (LayerSpec:
+// LayerNorm | RMSNorm, optional q/k norms, GeLU | SwiGLU | squared ReLU, biases on all linears
+// or the QKV alone, grouped-query attention, RoPE on a share of each head, attention and
+// hidden dropout), tensor- and sequence-parallel, with recompute none | selective (any set of
+// core_attn, mlp, layernorm) | full. The paper's layer and the llama family are two presets.
 //
-//   x1 = x  + dropout(proj(attn(ln1(x))))
-//   y  = x1 + dropout(fc2(gelu(fc1(ln2(x1)))))
+//   x1 = x  + hidden_dropout(proj(attn(rope(qn(q)), rope(kn(k)), v)) + b_proj),  [q; k; v] = qkv(norm1(x))
+//   y  = x1 + hidden_dropout(fc2(act(fc1(norm2(x1)))) + b_fc2)
 //
 // Activations are [s, b, h] (sequence first); under SP a rank holds s/t rows of x, x1, y.
+// What each piece keeps for backward, and which recompute module frees it, is the table in
+// theory/layer_pieces.hpp; the layer keeps exactly that (tests hold the two equal).
 #include <cstdint>
 
 #include "layers/layer_base.hpp"
@@ -23,11 +28,28 @@ class TransformerLayer final : public LayerBase {
 
  private:
   Tensor forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) override;
+  Tensor attention_block_fwd(const CommContext& comm, const Tensor& x, SavedActivations& save, Keep keep);
+  Tensor mlp_block_fwd(const CommContext& comm, const Tensor& x1, SavedActivations& save, Keep keep);
+  // fc1 (f | g) and the activation: fc2's input, what the mlp module rebuilds from fc1's
+  // input (kept as *keep_input when given); the activation's input goes to *act_input when given.
+  Tensor mlp_activation_fwd(const CommContext& comm, Tensor normed, Tensor* keep_input, Tensor* act_input);
+  // The end of both blocks: residual + hidden_dropout(out + bias) (bias when the spec has
+  // it); the mask goes to *kept_mask under dropout. out is released.
+  Tensor residual_fwd(const char* stage, const char* op, Tensor out, const Tensor& bias, const Tensor& residual,
+                      uint32_t site, Tensor* kept_mask);
+  // Its backward: the gradient of out (dy itself without dropout) and the bias's gradient.
+  Tensor residual_bwd(const char* op, const Tensor& dy, Tensor& mask, const Tensor& dbias);
   DropoutSpec residual_dropout_spec(uint32_t site) const;
-  Tensor bias_dropout_residual_fwd(const char* stage, const char* op, const Tensor& out, const Tensor& bias,
-                                   const Tensor& residual, uint32_t site, Tensor* kept_mask);
 
-  int64_t hidden_per_rank_;  // h/t
+  Tensor mlp_block_bwd(const CommContext& comm, const Tensor& dy, SavedActivations& saved);
+  Tensor attention_block_bwd(const CommContext& comm, const Tensor& dx1, SavedActivations& saved);
+  // The layernorm module's recompute: a block norm's output (and statistics) from its kept input.
+  void recompute_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& output,
+                      Tensor& mean, Tensor& rstd);
+  // The mlp module's recompute: the activation's input and fc2's input from fc1's input.
+  void recompute_mlp(SavedActivations& saved);
+
+  int64_t ffn_per_rank_;  // F/t, the MLP width on this rank
 };
 
 }  // namespace actbench

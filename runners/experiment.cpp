@@ -30,7 +30,6 @@ LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& sp
     opt.dims = spec.dims;
     opt.policy = spec.policy;
     opt.dtype = spec.dtype;
-    opt.dropout = spec.dropout;
     opt.seed = spec.seed;
     opt.layer_index = static_cast<uint32_t>(i);
     stack.push_back(make_layer(be, comm, opt));
@@ -50,41 +49,36 @@ Tensor make_activation(Backend& be, Communicator& comm, const ExperimentSpec& sp
   return t;
 }
 
-// A number as its shortest decimal text in this format, so that layer.json carries 0.1 for a
-// float 0.1 (not 0.10000000149011612) and 1e-05 for a float 1e-5.
-double as_printed(double v, const char* format) {
-  char text[64];
-  std::snprintf(text, sizeof text, format, v);
-  return std::strtod(text, nullptr);
-}
-
 // The --dump folder's layer.json: the layer's shape and numerics, which the NumPy and
 // PyTorch references read to rebuild the same layer.
 nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
   const LayerDims& d = spec.dims;
-  nlohmann::ordered_json j = {{"seq", d.s},
-                              {"batch", d.b},
-                              {"hidden", d.h},
-                              {"heads", d.a},
-                              {"tp", tp},
-                              {"config", config_name(spec.policy)},
-                              {"attention", attention_name(spec.policy.attention)},
-                              {"dtype", dtype_name(spec.dtype)},
-                              {"dropout", std::strtod(float32_text(spec.dropout).c_str(), nullptr)},
-                              {"seed", spec.seed}};
-  if (d.arch == Arch::llama) {
-    j["arch"] = "llama";
-    j["kv_heads"] = d.groups();
-    j["ffn_hidden"] = d.ffn();
-    j["rope_theta"] = d.rope_theta;
-    j["norm_eps"] = as_printed(d.norm_eps, "%.9g");
-    j["activation"] = "silu";
-  } else {
-    j["arch"] = "gpt";
-    j["ln_eps"] = 1e-05;
-    j["gelu"] = "tanh";
-  }
-  return j;
+  const theory::LayerSpec& s = d.spec;
+  // The numbers the layer computes with are float32: each as the shortest decimal of that float.
+  auto f32 = [](double v) { return std::strtod(float32_text(static_cast<float>(v)).c_str(), nullptr); };
+  return {{"seq", d.s},
+          {"batch", d.b},
+          {"hidden", d.h},
+          {"heads", d.a},
+          {"tp", tp},
+          {"config", config_name(spec.policy)},
+          {"attention", attention_name(spec.policy.attention)},
+          {"dtype", dtype_name(spec.dtype)},
+          {"seed", spec.seed},
+          {"recompute_modules", recomputed_modules_text(spec.policy)},
+          {"normalization", theory::norm_name(s.normalization)},
+          {"norm_epsilon", f32(s.norm_epsilon)},
+          {"qk_layernorm", s.qk_layernorm},
+          {"activation", theory::activation_name(s.activation)},
+          {"ffn_hidden", d.ffn()},
+          {"add_bias_linear", s.add_bias_linear},
+          {"add_qkv_bias", s.add_qkv_bias},
+          {"kv_heads", d.groups()},
+          {"position_embedding", theory::position_name(s.position)},
+          {"rotary_percent", s.rotary_percent},
+          {"rotary_base", s.rotary_base},
+          {"attention_dropout", f32(s.attention_dropout)},
+          {"hidden_dropout", f32(s.hidden_dropout)}};
 }
 
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
@@ -92,7 +86,6 @@ void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
   if (spec.layers < 1) throw InvalidArgument("--layers must be >= 1");
   if (spec.iters < 1) throw InvalidArgument("--iters must be >= 1");
   if (spec.warmup < 0) throw InvalidArgument("--warmup must be >= 0");
-  if (!(spec.dropout >= 0.f && spec.dropout < 1.f)) throw InvalidArgument("--dropout must be in [0, 1)");
 }
 
 }  // namespace

@@ -20,7 +20,6 @@ struct ExperimentSpec {
   LayerDims dims;
   LayerPolicy policy;
   DType dtype = DType::bf16;
-  float dropout = 0.1f;
   int layers = 1;
   int warmup = 1;
   int iters = 5;

@@ -78,7 +78,6 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.dims = s.plan.dims;
   spec.policy = policy;
   spec.dtype = s.plan.dtype;
-  spec.dropout = o.dropout;
   spec.layers = o.layers;
   spec.warmup = o.warmup;
   spec.iters = o.iters;

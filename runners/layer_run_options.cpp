@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <utility>
 
 #include "runners/facts_json.hpp"
 #include "runners/hf_config.hpp"
+#include "runners/layer_spec_options.hpp"
 #include "runners/presets.hpp"
 #include "runners/result_columns.hpp"
 #include "runners/run_args.hpp"
@@ -45,15 +47,52 @@ constexpr int64_t kMaxDim = std::numeric_limits<int64_t>::max();
 // What the command line says, each value as given (a value option counts when given).
 struct Args {
   std::string backend = "cpu", model = "tiny", configs = paper_configs_option(), attention = "unfused", dtype = "bf16";
-  std::string hidden, heads, seq, batch, tp, layers = "1", warmup = "2", iters = "10", dropout = "0.1",
+  std::string hidden, heads, seq, batch, tp, layers = "1", warmup = "2", iters = "10", dropout,
                                                 seed = "1234", link_gbps = "450";
   std::string csv, dump, cupti, memory_limit;
-  std::string arch, kv_heads, ffn_hidden, rope_theta, norm_eps, hf_config;
+  std::string arch, hf_config;
+  // The spec's flags (layer_spec_options.hpp), Megatron's names first.
+  std::string normalization, norm_epsilon, ffn_hidden, num_query_groups, kv_heads, position, rotary_percent,
+      rotary_base, attention_dropout, hidden_dropout;
+  bool qk_layernorm = false, swiglu = false, squared_relu = false, disable_bias_linear = false, add_qkv_bias = false,
+       group_query_attention = false;
+  std::string recompute_granularity, recompute_modules;
+  bool recompute_activations = false, sequence_parallel = false;
   bool emulate_tp = false, print_header = false, print_schema = false, list_presets = false, json = false;
 };
 
 // The value options in the order --help lists them, each with whether it was given.
 using GivenOptions = std::vector<std::pair<std::string, CLI::Option*>>;
+
+// The spec's flags, declared beside the value options (Megatron-LM's names and meanings).
+void declare_spec_options(CLI::App& app, Args& a, const std::function<void(const char*, std::string&,
+                                                                             const std::string&)>& value) {
+  value("--normalization", a.normalization, "LayerNorm | RMSNorm (default: the preset's)");
+  value("--norm-epsilon,--norm-eps", a.norm_epsilon, "the norms' epsilon (default 1e-5 or the config's)");
+  app.add_flag("--qk-layernorm", a.qk_layernorm, "a norm over each head of q and k, before RoPE (Qwen3, OLMo-2)");
+  app.add_flag("--swiglu", a.swiglu, "SwiGLU MLP: fc1 has 2F outputs, gate | up");
+  app.add_flag("--squared-relu", a.squared_relu, "squared-ReLU MLP: relu(x)^2");
+  value("--ffn-hidden-size,--ffn-hidden", a.ffn_hidden, "F, the MLP's width (default 4 x hidden, or the preset's)");
+  app.add_flag("--disable-bias-linear", a.disable_bias_linear, "no bias on any linear (QKV, projection, fc1, fc2)");
+  app.add_flag("--add-qkv-bias", a.add_qkv_bias, "a bias on the QKV linear alone (Qwen2)");
+  app.add_flag("--group-query-attention", a.group_query_attention,
+               "grouped-query attention with --num-query-groups key/value heads (default 1)");
+  value("--num-query-groups", a.num_query_groups, "G key/value heads under --group-query-attention (dividing heads)");
+  value("--kv-heads", a.kv_heads, "G key/value heads (1 <= G <= heads, dividing heads; G = heads is MHA)");
+  value("--position-embedding-type", a.position,
+        "rope | learned_absolute | none (learned_absolute is added before the first layer: none inside it)");
+  value("--rotary-percent", a.rotary_percent, "the share of each head's dimensions RoPE rotates, (0, 1]");
+  value("--rotary-base,--rope-theta", a.rotary_base, "RoPE's base theta (default 10000, the preset's or the config's)");
+  value("--attention-dropout", a.attention_dropout, "dropout on the attention probabilities (default: --dropout)");
+  value("--hidden-dropout", a.hidden_dropout, "dropout on each block's output (default: --dropout)");
+  value("--recompute-granularity", a.recompute_granularity,
+        "full | selective: with --sequence-parallel, the one configuration to run (instead of --config)");
+  app.add_flag("--recompute-activations", a.recompute_activations, "--recompute-granularity selective");
+  app.add_flag("--sequence-parallel", a.sequence_parallel,
+               "sequence parallelism: with --recompute-granularity, the one configuration to run (instead of --config)");
+  value("--recompute-modules", a.recompute_modules,
+        "what selective recompute rebuilds: any of core_attn,mlp,layernorm (default core_attn)");
+}
 
 bool is_given(const GivenOptions& given, const char* name) {
   for (const auto& [n, opt] : given)
@@ -61,12 +100,25 @@ bool is_given(const GivenOptions& given, const char* name) {
   return false;
 }
 
+// The option's names as a user may have typed them: "--rotary-base/--rope-theta".
+std::string all_names(const GivenOptions& given, const char* name) {
+  for (const auto& [n, opt] : given)
+    if (n == name) {
+      std::string names = opt->get_name(false, true);
+      std::replace(names.begin(), names.end(), ',', '/');
+      return names;
+    }
+  return name;
+}
+
 GivenOptions declare_options(CLI::App& app, Args& a) {
   GivenOptions given;
-  auto value = [&](const char* name, std::string& field, const std::string& help, bool show_default) {
-    CLI::Option* opt = app.add_option(name, field, help);
+  // Given under its first name (Megatron's, where an option has an older alias).
+  auto value = [&](const char* names, std::string& field, const std::string& help, bool show_default) {
+    CLI::Option* opt = app.add_option(names, field, help);
     if (show_default) opt->capture_default_str();
-    given.emplace_back(name, opt);
+    const std::string all = names;
+    given.emplace_back(all.substr(0, all.find(',')), opt);
   };
   value("--backend", a.backend, "cpu | cuda | meta", true);
   value("--model", a.model, preset_names_option() + " (--list-presets shows their shapes)", true);
@@ -80,7 +132,10 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   value("--attention", a.attention,
         "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)", true);
   value("--dtype", a.dtype, "bf16 | fp16 | fp32", true);
-  value("--dropout", a.dropout, "dropout probability (gpt; llama has none)", true);
+  value("--dropout", a.dropout,
+        "dropout probability of the gpt preset's attention and hidden dropout (llama's: 0); any spec with "
+        "--attention-dropout / --hidden-dropout",
+        false);
   value("--layers", a.layers, "layers in the stack, 1..1024 (times and bytes are reported per layer)", true);
   value("--warmup", a.warmup, "untimed iterations (meta: 0)", true);
   value("--iters", a.iters, "timed iterations (meta: 1)", true);
@@ -97,12 +152,13 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
         false);
   value("--memory-limit", a.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)", false);
   value("--link-gbps", a.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s", true);
-  value("--arch", a.arch, "gpt (the paper's layer) | llama (RMSNorm, GQA, RoPE, SwiGLU; default: the preset's)",
+  value("--arch", a.arch,
+        "the preset spec the flags below edit: gpt (the paper's layer) | llama (RMSNorm, GQA, RoPE, SwiGLU, no "
+        "biases, no dropout); default: the model's",
         false);
-  value("--kv-heads", a.kv_heads, "llama: key/value heads g (1 <= g <= heads, dividing heads; default heads)", false);
-  value("--ffn-hidden", a.ffn_hidden, "llama: SwiGLU width F (fc1 has 2F outputs; default 4 x hidden)", false);
-  value("--rope-theta", a.rope_theta, "llama: RoPE base theta (default 10000, the preset's or the config's)", false);
-  value("--norm-eps", a.norm_eps, "llama: RMSNorm epsilon (default 1e-5 or the config's)", false);
+  declare_spec_options(app, a, [&](const char* names, std::string& field, const std::string& help) {
+    value(names, field, help, false);
+  });
   value("--hf-config", a.hf_config,
         "a Hugging Face config.json of a LLaMA-style model (sets --arch llama; instead of --model and the shape "
         "flags the file defines)",
@@ -123,15 +179,12 @@ void take_run_values(const Args& a, const GivenOptions& given, LayerRunOptions& 
   o.iters = static_cast<int>(parse_int_option("--iters", a.iters, 1, kMaxIterations));
   o.warmup_given = is_given(given, "--warmup");
   o.iters_given = is_given(given, "--iters");
-  o.dropout = static_cast<float>(parse_real_option("--dropout", a.dropout)) + 0.0f;  // -0 is 0
-  if (!(o.dropout >= 0.f && o.dropout < 1.f)) throw InvalidArgument("--dropout must be in [0, 1), got " + a.dropout);
   o.seed = parse_uint64_option("--seed", a.seed);
   o.link_gbps = parse_real_option("--link-gbps", a.link_gbps);
   // Outside this a modeled time is no longer a number a row can carry.
   if (!(o.link_gbps >= 1e-3 && o.link_gbps <= 1e6))
     throw InvalidArgument("--link-gbps must be in 0.001..1000000 (GB/s), got " + a.link_gbps);
   if (is_given(given, "--memory-limit")) o.memory_limit = parse_memory_size("--memory-limit", a.memory_limit);
-  o.dropout_given = is_given(given, "--dropout");
 }
 
 // The flags that say what a --hf-config file already defines, with what defines it there.
@@ -140,15 +193,18 @@ const std::pair<const char*, const char*> kFlagsTheConfigDefines[] = {
     {"--hidden", "hidden_size"},
     {"--heads", "num_attention_heads"},
     {"--kv-heads", "num_key_value_heads"},
-    {"--ffn-hidden", "intermediate_size"},
-    {"--rope-theta", "rope_theta"},
-    {"--norm-eps", "rms_norm_eps"}};
+    {"--num-query-groups", "num_key_value_heads"},
+    {"--group-query-attention", "num_key_value_heads"},
+    {"--ffn-hidden-size", "intermediate_size"},
+    {"--rotary-base", "rope_theta"},
+    {"--norm-epsilon", "rms_norm_eps"}};
 
 // --hf-config: the model is the file's; a flag that would say it again is refused, not ignored.
 void take_hf_config(const GivenOptions& given, LayerRunOptions& o) {
   for (const auto& [flag, what] : kFlagsTheConfigDefines)
     if (is_given(given, flag))
-      throw InvalidArgument(std::string(flag) + " cannot be combined with --hf-config: the config file defines " + what);
+      throw InvalidArgument(all_names(given, flag) + " cannot be combined with --hf-config: the config file defines " +
+                            what);
   o.hf = read_hf_config(o.hf_config);
   o.model = o.hf->name;
 }
@@ -161,54 +217,100 @@ double parse_bounded_real(const std::string& option, const std::string& text, do
   return v;
 }
 
-// --arch llama's shape flags.
-void take_llama_values(const Args& a, const GivenOptions& given, LayerRunOptions& o) {
+// A probability flag: [0, 1), as the float32 the layer uses (-0 is 0).
+float parse_probability(const std::string& option, const std::string& text) {
+  const float p = static_cast<float>(parse_real_option(option, text)) + 0.0f;
+  if (!(p >= 0.f && p < 1.f)) throw InvalidArgument(option + " must be in [0, 1), got " + text);
+  return p;
+}
+
+void take_query_groups(const Args& a, const GivenOptions& given, LayerSpecEdits& e);
+
+// The spec's flags (--arch, --hf-config and the edits on top of them).
+void take_spec_values(const Args& a, const GivenOptions& given, LayerRunOptions& o) {
+  LayerSpecEdits& e = o.spec_edits;
   o.arch = a.arch;
   o.hf_config = a.hf_config;
-  if (is_given(given, "--kv-heads")) o.kv_heads = parse_int_option("--kv-heads", a.kv_heads, 1, kMaxDim);
-  if (is_given(given, "--ffn-hidden")) o.ffn_hidden = parse_int_option("--ffn-hidden", a.ffn_hidden, 1, kMaxDim);
-  if (is_given(given, "--rope-theta"))
-    o.rope_theta = parse_bounded_real("--rope-theta", a.rope_theta, kMinRopeTheta, kMaxRopeTheta);
-  if (is_given(given, "--norm-eps"))
-    o.norm_eps = static_cast<float>(parse_bounded_real("--norm-eps", a.norm_eps, kMinNormEps, kMaxNormEps));
-  if (is_given(given, "--hf-config")) take_hf_config(given, o);
+  auto has = [&](const char* name) { return is_given(given, name); };
+  if (has("--normalization")) e.normalization = theory::parse_norm(a.normalization);
+  if (has("--norm-epsilon"))
+    e.norm_epsilon = static_cast<float>(parse_bounded_real("--norm-epsilon", a.norm_epsilon, kMinNormEps, kMaxNormEps));
+  e.qk_layernorm = a.qk_layernorm;
+  if (a.swiglu && a.squared_relu) throw InvalidArgument("--swiglu and --squared-relu cannot both be given");
+  if (a.swiglu) e.activation = theory::Activation::swiglu;
+  if (a.squared_relu) e.activation = theory::Activation::squared_relu;
+  if (has("--ffn-hidden-size")) e.ffn_hidden = parse_int_option("--ffn-hidden-size", a.ffn_hidden, 1, kMaxDim);
+  e.disable_bias_linear = a.disable_bias_linear;
+  e.add_qkv_bias = a.add_qkv_bias;
+  take_query_groups(a, given, e);
+  if (has("--position-embedding-type")) e.position = theory::parse_position(a.position);
+  if (has("--rotary-percent")) {
+    const double p = parse_real_option("--rotary-percent", a.rotary_percent);
+    if (!(p > 0 && p <= 1)) throw InvalidArgument("--rotary-percent must be in (0, 1], got " + a.rotary_percent);
+    e.rotary_percent = p;
+  }
+  if (has("--rotary-base"))
+    e.rotary_base = parse_bounded_real("--rotary-base", a.rotary_base, kMinRopeTheta, kMaxRopeTheta);
+  if (has("--dropout")) e.attention_dropout = e.hidden_dropout = parse_probability("--dropout", a.dropout);
+  if (has("--attention-dropout")) e.attention_dropout = parse_probability("--attention-dropout", a.attention_dropout);
+  if (has("--hidden-dropout")) e.hidden_dropout = parse_probability("--hidden-dropout", a.hidden_dropout);
+  if (has("--hf-config")) take_hf_config(given, o);
+}
+
+// Grouped-query attention, as Megatron-LM spells it (--group-query-attention --num-query-groups
+// G, G = 1 when not given) or as G alone (--kv-heads).
+void take_query_groups(const Args& a, const GivenOptions& given, LayerSpecEdits& e) {
+  const bool groups = is_given(given, "--num-query-groups"), kv = is_given(given, "--kv-heads");
+  if (kv && (groups || a.group_query_attention))
+    throw InvalidArgument("--kv-heads is --group-query-attention --num-query-groups: give one spelling");
+  if (groups && !a.group_query_attention)
+    throw InvalidArgument("--num-query-groups needs --group-query-attention (without it Megatron-LM ignores it)");
+  if (kv) e.kv_heads = parse_int_option("--kv-heads", a.kv_heads, 1, kMaxDim);
+  if (a.group_query_attention)
+    e.kv_heads = groups ? parse_int_option("--num-query-groups", a.num_query_groups, 1, kMaxDim) : 1;
+}
+
+// Megatron's recompute flags.
+void take_recompute_values(const Args& a, const GivenOptions& given, LayerRunOptions& o) {
+  RecomputeFlags& r = o.recompute;
+  if (is_given(given, "--recompute-granularity")) {
+    if (a.recompute_granularity != "full" && a.recompute_granularity != "selective")
+      throw InvalidArgument("--recompute-granularity must be full or selective, got '" + a.recompute_granularity + "'");
+    r.granularity = a.recompute_granularity == "full" ? Recompute::full : Recompute::selective;
+  }
+  if (a.recompute_activations) {
+    if (r.granularity == Recompute::full)
+      throw InvalidArgument("--recompute-activations is --recompute-granularity selective, not full");
+    r.granularity = Recompute::selective;
+  }
+  r.sequence_parallel = a.sequence_parallel;
+  if (is_given(given, "--recompute-modules")) r.modules = parse_recompute_modules(a.recompute_modules);
+  if (r.names_a_configuration() && is_given(given, "--config"))
+    throw InvalidArgument("--config cannot be combined with --recompute-granularity, --recompute-activations or "
+                          "--sequence-parallel: those name the one configuration to run");
 }
 
 // --hf-config's model as a layer: its own default sequence length, one sequence per batch.
 LayerDims hf_dims(const HfModelConfig& c) {
   LayerDims dims;
-  dims.arch = Arch::llama;
+  dims.spec = theory::llama_layer_spec(double(c.kv_heads), double(c.ffn_hidden), c.rope_theta,
+                                       double(static_cast<float>(c.rms_norm_eps)));
   dims.h = c.hidden;
   dims.a = c.heads;
-  dims.kv_heads = c.kv_heads;
-  dims.ffn_hidden = c.ffn_hidden;
-  dims.rope_theta = c.rope_theta;
-  dims.norm_eps = static_cast<float>(c.rms_norm_eps);
   dims.s = c.max_positions;
   dims.b = 1;
   return dims;
 }
 
-// The layer family's flags on top of the model: --arch, --kv-heads, --ffn-hidden,
-// --rope-theta, --norm-eps.
-void apply_arch_options(LayerRunOptions& o, LayerDims& dims) {
+// The spec: the model's preset (or --arch's; a llama model stays llama), then the flags' edits.
+void apply_spec_options(const LayerRunOptions& o, LayerDims& dims) {
+  const bool llama_model = spec_family(dims.spec) == "llama";
   if (!o.arch.empty()) {
     const Arch a = parse_arch(o.arch);
-    if (a == Arch::gpt && dims.arch == Arch::llama)
-      throw InvalidArgument("--arch gpt with a llama model (" + o.model + ")");
-    dims.arch = a;
+    if (a == Arch::gpt && llama_model) throw InvalidArgument("--arch gpt with a llama model (" + o.model + ")");
+    if (a == Arch::llama && !llama_model) dims.spec = theory::llama_layer_spec(0, 0);
   }
-  if (dims.arch == Arch::gpt) {
-    if (o.kv_heads || o.ffn_hidden || o.rope_theta != 0 || o.norm_eps != 0)
-      throw InvalidArgument("--kv-heads, --ffn-hidden, --rope-theta and --norm-eps need --arch llama");
-    return;
-  }
-  if (o.kv_heads) dims.kv_heads = o.kv_heads;
-  if (o.ffn_hidden) dims.ffn_hidden = o.ffn_hidden;
-  if (o.rope_theta != 0) dims.rope_theta = o.rope_theta;
-  if (o.norm_eps != 0) dims.norm_eps = o.norm_eps;
-  if (!o.dropout_given) o.dropout = 0.f;
-  if (o.dropout != 0.f) throw InvalidArgument("--arch llama has no dropout: --dropout must be 0");
+  apply_layer_spec_edits(o.spec_edits, dims.spec);
 }
 
 bool same_path(const std::string& a, const std::string& b) {
@@ -242,17 +344,29 @@ LayerDims resolve_dims(LayerRunOptions& o, const ModelPreset* preset) {
   if (o.heads) dims.a = o.heads;
   if (o.seq) dims.s = o.seq;
   if (o.batch) dims.b = o.batch;
-  apply_arch_options(o, dims);
+  apply_spec_options(o, dims);
   return dims;
 }
 
+// --config's list, or the one configuration Megatron's flags name; --recompute-modules on
+// each selective one.
 std::vector<LayerPolicy> resolve_policies(const LayerRunOptions& o) {
   const Attention attention = parse_attention(o.attention);
+  const RecomputeFlags& r = o.recompute;
   std::vector<LayerPolicy> policies;
-  for (const std::string& name : o.configs) {
-    policies.push_back(parse_config(name));
-    policies.back().attention = attention;
+  if (r.names_a_configuration())
+    policies.push_back({r.granularity.value_or(Recompute::none), r.sequence_parallel, attention, {}});
+  else
+    for (const std::string& name : o.configs) policies.push_back(parse_config(name));
+  bool selective = false;
+  for (LayerPolicy& p : policies) {
+    p.attention = attention;
+    if (p.recompute == Recompute::selective && r.modules) p.modules = *r.modules;
+    selective = selective || p.recompute == Recompute::selective;
   }
+  if (r.modules && !selective)
+    throw InvalidArgument("--recompute-modules needs a selective configuration (--recompute-granularity selective, "
+                          "or selective in --config)");
   return policies;
 }
 
@@ -307,7 +421,8 @@ void parse_layer_run_options(int argc, char** argv, LayerRunOptions& o) {
   o.cupti = a.cupti;
   o.configs = parse_config_list("--config", a.configs);
   take_run_values(a, given, o);
-  take_llama_values(a, given, o);
+  take_spec_values(a, given, o);
+  take_recompute_values(a, given, o);
 }
 
 LayerRunPlan plan_layer_run(LayerRunOptions& o, int world) {

@@ -8,6 +8,7 @@
 
 #include "layers/config.hpp"
 #include "runners/hf_config.hpp"
+#include "runners/layer_spec_options.hpp"
 #include "runners/presets.hpp"
 #include "runtime/csv.hpp"
 
@@ -20,18 +21,15 @@ struct LayerRunOptions {
   int tp = 0;                                          // 0: not given
   int layers = 1, warmup = 2, iters = 10;
   bool warmup_given = false, iters_given = false, emulate_tp = false;
-  float dropout = 0.1f;
   uint64_t seed = 1234;
   double link_gbps = 450.0;
   uint64_t memory_limit = 0;  // 0: none
   std::string print_only;     // --help, --print-csv-header or --print-csv-schema: print this, run nothing
-  // --arch llama and its shape (0 or empty: the preset's or the config's)
+  // The layer's spec: --arch's preset (empty: the model's), --hf-config's model, the edits.
   std::string arch, hf_config;
   std::optional<HfModelConfig> hf;  // --hf-config's model, read while parsing (o.model is its name)
-  int64_t kv_heads = 0, ffn_hidden = 0;
-  double rope_theta = 0;
-  float norm_eps = 0;
-  bool dropout_given = false;
+  LayerSpecEdits spec_edits;
+  RecomputeFlags recompute;  // Megatron's recompute flags (one configuration instead of --config's)
 };
 
 // Parses the command line into `o` (o.print_only set for --help and the --print-* flags). With
@@ -48,7 +46,7 @@ struct LayerRunPlan {
 // Resolves --tp (with --emulate-tp the preset's t unless given; else the MPI world's size,
 // which a given --tp must equal), the shape (the preset's, under the shape and layer-family
 // flags) and the configurations, and checks the layer, the stack and the flags that need a
-// particular backend, before anything is allocated. May set o.tp, o.model and o.dropout.
+// particular backend, before anything is allocated. May set o.tp and o.model.
 LayerRunPlan plan_layer_run(LayerRunOptions& o, int world);
 
 // Every output, before anything runs (rank 0 writes them all): the CSVs are writable with our

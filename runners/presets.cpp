@@ -10,8 +10,9 @@ namespace actbench {
 namespace {
 
 ModelPreset preset_of(const theory::ModelRow& r) {
-  LayerDims dims{r.seq, r.batch, r.hidden, r.heads, parse_arch(r.arch), r.kv_heads, r.ffn_hidden};
-  if (r.rope_theta > 0) dims.rope_theta = r.rope_theta;
+  LayerDims dims{r.seq, r.batch, r.hidden, r.heads};
+  if (parse_arch(r.arch) == Arch::llama)
+    dims.spec = theory::llama_layer_spec(double(r.kv_heads), double(r.ffn_hidden), r.rope_theta > 0 ? r.rope_theta : 10000);
   return {r.name, dims, r.tp, r.layers, r.pipeline, r.vocab};
 }
 
@@ -34,7 +35,7 @@ std::string presets_table() {
   for (const ModelPreset& p : model_presets()) {
     const LayerDims& d = p.dims;
     std::snprintf(line, sizeof line, "%-12s %-6s %6lld %3lld %6lld %4lld %4lld %6lld %3d %4d\n", p.name.c_str(),
-                  arch_name(d.arch), static_cast<long long>(d.s), static_cast<long long>(d.b),
+                  spec_family(d.spec).c_str(), static_cast<long long>(d.s), static_cast<long long>(d.b),
                   static_cast<long long>(d.h), static_cast<long long>(d.a), static_cast<long long>(d.groups()),
                   static_cast<long long>(d.ffn()), p.tp, p.layers);
     text += line;

@@ -1,5 +1,6 @@
 #include "runners/rank_agreement.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
@@ -64,21 +65,26 @@ void Verdicts::offer(const Failure& mine) {
 
 void Verdicts::same_arguments(const std::vector<std::pair<std::string, std::string>>& options) {
   if (!world_) return;
-  if (1 + 2 * options.size() > static_cast<size_t>(kAgreeSlots)) throw RuntimeFailure("too many options to compare");
-  int64_t slots[kAgreeSlots] = {};
-  for (size_t i = 0; i < options.size(); ++i) {
-    const int64_t h = argument_hash(options[i].second);
-    slots[1 + 2 * i] = h;
-    slots[2 + 2 * i] = -h;
-  }
-  agree(*world_, {}, slots);
-  for (size_t i = 0; i < options.size(); ++i)
-    if (slots[1 + 2 * i] != -slots[2 + 2 * i]) {
-      if (world_->rank() == 0)
-        say({2, "layer_run: error: the ranks were given different " + options[i].first +
-                    " (every rank must get the same arguments)"});
-      throw AgreedExit{2};
+  // Each option takes two slots (its hash and the negated hash: the max of both is the
+  // max and the min of the ranks' hashes); options beyond one round's slots take more rounds.
+  constexpr size_t kPerRound = (kAgreeSlots - 1) / 2;
+  for (size_t first = 0; first < options.size(); first += kPerRound) {
+    const size_t count = std::min(kPerRound, options.size() - first);
+    int64_t slots[kAgreeSlots] = {};
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t h = argument_hash(options[first + i].second);
+      slots[1 + 2 * i] = h;
+      slots[2 + 2 * i] = -h;
     }
+    agree(*world_, {}, slots);
+    for (size_t i = 0; i < count; ++i)
+      if (slots[1 + 2 * i] != -slots[2 + 2 * i]) {
+        if (world_->rank() == 0)
+          say({2, "layer_run: error: the ranks were given different " + options[first + i].first +
+                      " (every rank must get the same arguments)"});
+        throw AgreedExit{2};
+      }
+  }
 }
 
 void Verdicts::same_status(ExperimentResult& r) {
@@ -150,7 +156,7 @@ std::vector<std::pair<std::string, std::string>> normalized(const LayerRunOption
   auto real = exact_text;
   std::string configs;
   for (const std::string& c : o.configs) configs += (configs.empty() ? "" : ",") + c;
-  return {{"layer_run build (git sha)", build_git_sha()},
+  std::vector<std::pair<std::string, std::string>> out = {{"layer_run build (git sha)", build_git_sha()},
           {"--help/--print-csv-header/--print-csv-schema", o.print_only},
           {"--backend", o.backend},
           {"--model", o.model},
@@ -163,7 +169,6 @@ std::vector<std::pair<std::string, std::string>> normalized(const LayerRunOption
           {"--config", configs},
           {"--attention", o.attention},
           {"--dtype", o.dtype},
-          {"--dropout", real(o.dropout)},
           {"--layers", std::to_string(o.layers)},
           {"--warmup", o.warmup_given ? std::to_string(o.warmup) : "default"},
           {"--iters", o.iters_given ? std::to_string(o.iters) : "default"},
@@ -174,11 +179,10 @@ std::vector<std::pair<std::string, std::string>> normalized(const LayerRunOption
           {"--dump", o.dump},
           {"--cupti", o.cupti},
           {"--arch", o.arch},
-          {"--kv-heads", given(o.kv_heads)},
-          {"--ffn-hidden", given(o.ffn_hidden)},
-          {"--rope-theta", real(o.rope_theta)},
-          {"--norm-eps", real(o.norm_eps)},
           {"--hf-config contents", hf_config_contents(o.hf)}};
+  for (const auto& entry : layer_spec_edits_text(o.spec_edits)) out.push_back(entry);
+  for (const auto& entry : recompute_flags_text(o.recompute)) out.push_back(entry);
+  return out;
 }
 
 }  // namespace actbench

@@ -32,8 +32,8 @@ const std::vector<Column>& result_columns() {
                                 "along s over the t ranks)"},
       {"dtype", "", "the layer's tensors' type (`bf16`, `fp16`, `fp32`); masks are 1 byte, norm statistics fp32"},
       {"dropout", "probability",
-       "dropout probability (0 for the llama family, which has none), written as the shortest %.{p}g that reads "
-       "back as the float32 the run used"},
+       "the dropout probability when attention and hidden dropout are one (`--dropout`; 0 for the llama preset), "
+       "written as the shortest %.{p}g that reads back as the float32 the run used; empty when they differ"},
       {"layers", "", "layers in the stack that ran; times and bytes are divided by it"},
       {"warmup", "iterations", "untimed iterations before the timed ones (meta and the simulator: 0 unless given)"},
       {"iters", "iterations",
@@ -56,8 +56,8 @@ const std::vector<Column>& result_columns() {
        "saved bytes outside the paper's count: the norms' fp32 statistics (LayerNorm mean and rstd, RMSNorm "
        "rstd); empty unless ok"},
       {"act_bytes_formula", "bytes",
-       "the formula at this shape, dtype, t and config: Table 2 (`theory::activation_bytes`), or the llama "
-       "family's closed form (`theory::llama_activation_bytes`); also in oom rows"},
+       "the formula at this shape, spec, dtype, t and config: theory::layer_bytes, the layer's pieces summed "
+       "(Table 2 for the paper's layer, the llama family's closed form for its preset); also in oom rows"},
       {"fwd_retained_bytes", "bytes",
        "growth of the allocator's requested bytes across the stack's forward pass (its input counted, its "
        "output not), divided by `layers`; empty unless ok"},
@@ -102,9 +102,28 @@ const std::vector<Column>& result_columns() {
       {"hostname", "", "the machine that ran rank 0"},
       {"timestamp", "UTC", "when the row was made, ISO 8601 (`2026-11-23T10:00:00Z`)"},
       {"command", "", "the layer_run command line, its arguments joined by spaces"},
-      {"arch", "", "the layer family: `gpt` (the paper's layer) or `llama` (RMSNorm, GQA, RoPE, SwiGLU)"},
-      {"kv_heads", "", "llama: g, the key/value heads; empty for gpt"},
-      {"ffn_hidden", "", "llama: F, the SwiGLU width (fc1 has 2F outputs); empty for gpt"},
+      {"arch", "",
+       "the spec's preset: `gpt` (the paper's layer), `llama` (RMSNorm, GQA, RoPE, SwiGLU, no biases, no dropout) "
+       "when the spec is that preset (whatever its widths, groups, theta, epsilon and, for gpt, dropouts), else "
+       "`custom`; the spec columns below say what ran"},
+      {"kv_heads", "", "g, the key/value heads (`--num-query-groups`; g = heads is multi-head attention)"},
+      {"ffn_hidden", "", "F, the MLP's width (`--ffn-hidden-size`; SwiGLU's fc1 has 2F outputs)"},
+      {"normalization", "", "`LayerNorm` or `RMSNorm` (`--normalization`), both block norms and the q/k norms"},
+      {"norm_epsilon", "", "the norms' epsilon, as the float32 the run used (shortest decimal)"},
+      {"qk_layernorm", "", "1: a norm over each head of q and k before RoPE (`--qk-layernorm`)"},
+      {"activation", "", "the MLP's activation: `gelu` (tanh), `swiglu` or `squared_relu`"},
+      {"add_bias_linear", "", "1: a bias on every linear; 0: `--disable-bias-linear`"},
+      {"add_qkv_bias", "", "1: `--add-qkv-bias` (a bias on QKV even without the others)"},
+      {"position_embedding", "",
+       "`rope` (on q and k inside the layer) or `none` (also for learned absolute positions, added before the "
+       "first layer)"},
+      {"rotary_percent", "", "the share of each head's dimensions RoPE rotates; empty without RoPE"},
+      {"rotary_base", "", "RoPE's base theta; empty without RoPE"},
+      {"attention_dropout", "probability", "dropout on the attention probabilities (as `dropout`)"},
+      {"hidden_dropout", "probability", "dropout on each block's output before its residual add (as `dropout`)"},
+      {"recompute_modules", "",
+       "selective rows: what backward rebuilds (`--recompute-modules`, e.g. `core_attn` (the paper's), "
+       "`core_attn,mlp,layernorm`); empty for the others"},
   };
   return columns;
 }

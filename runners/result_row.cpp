@@ -7,6 +7,7 @@
 #include "runtime/allocator.hpp"
 #include "runtime/provenance.hpp"
 #include "layers/theory_dims.hpp"
+#include "theory/layer_pieces.hpp"
 
 namespace actbench {
 namespace {
@@ -26,11 +27,10 @@ std::string fmt_num(double v, const char* f = "%.0f") {
 
 }  // namespace
 
-// Table 2's bytes (or the llama family's closed form) for this layer and configuration.
+// The closed form of theory/layer_pieces.hpp for this layer's spec and configuration.
 double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype) {
   const theory::Precision precision{static_cast<double>(dtype_size(dtype)), 1.0};
-  if (d.arch == Arch::llama) return theory::llama_activation_bytes(theory_llama_dims(d, tp), p, precision);
-  return theory::activation_bytes(theory_dims(d, tp), p, precision);
+  return theory::layer_bytes(theory_dims(d, tp), d.spec, p, precision);
 }
 
 namespace {
@@ -54,11 +54,38 @@ void set_run_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
   row.set("emulated", run.options.emulate_tp ? "1" : "0");
   row.set("config", config_name(m.spec.policy));
   row.set("dtype", dtype_name(m.spec.dtype));
-  row.set("dropout", float32_text(m.spec.dropout));
+  const theory::LayerSpec& spec = m.spec.dims.spec;
+  // One probability when the two dropouts agree (the paper's --dropout), else empty.
+  row.set("dropout", spec.attention_dropout == spec.hidden_dropout
+                         ? float32_text(static_cast<float>(spec.attention_dropout))
+                         : "");
   row.set("layers", std::to_string(m.spec.layers));
   row.set("iters", std::to_string(m.spec.iters));
   row.set("git_sha", build_git_sha());
   row.set("timestamp", utc_timestamp());
+}
+
+// What the layer is composed of, and what selective recompute rebuilds.
+void set_spec_columns(CsvRow& row, const LayerDims& d, const LayerPolicy& p) {
+  const theory::LayerSpec& s = d.spec;
+  const bool rope = s.position == theory::PositionEmbedding::rope;
+  auto flag = [](bool v) { return v ? "1" : "0"; };
+  auto f32 = [](double v) { return float32_text(static_cast<float>(v)); };
+  row.set("arch", spec_family(s));
+  row.set("kv_heads", std::to_string(d.groups()));
+  row.set("ffn_hidden", std::to_string(d.ffn()));
+  row.set("normalization", theory::norm_name(s.normalization));
+  row.set("norm_epsilon", f32(s.norm_epsilon));
+  row.set("qk_layernorm", flag(s.qk_layernorm));
+  row.set("activation", theory::activation_name(s.activation));
+  row.set("add_bias_linear", flag(s.add_bias_linear));
+  row.set("add_qkv_bias", flag(s.add_qkv_bias));
+  row.set("position_embedding", theory::position_name(s.position));
+  row.set("rotary_percent", rope ? fmt_num(s.rotary_percent, "%.17g") : "");
+  row.set("rotary_base", rope ? fmt_num(s.rotary_base, "%.17g") : "");
+  row.set("attention_dropout", f32(s.attention_dropout));
+  row.set("hidden_dropout", f32(s.hidden_dropout));
+  row.set("recompute_modules", recomputed_modules_text(p));
 }
 
 void set_layer_columns(CsvRow& row, const Measurement& m) {
@@ -69,9 +96,7 @@ void set_layer_columns(CsvRow& row, const Measurement& m) {
   row.set("sequence_parallel", p.sequence_parallel ? "1" : "0");
   row.set("warmup", std::to_string(m.spec.warmup));
   row.set("seed", std::to_string(m.spec.seed));
-  row.set("arch", arch_name(d.arch));
-  row.set("kv_heads", d.arch == Arch::llama ? std::to_string(d.groups()) : "");
-  row.set("ffn_hidden", d.arch == Arch::llama ? std::to_string(d.ffn()) : "");
+  set_spec_columns(row, d, p);
 }
 
 void set_time_columns(CsvRow& row, const RunContext& run, const Measurement& m) {

@@ -84,8 +84,8 @@ void check_layer_extent(const LayerDims& d, int64_t layers) {
                                           layer_bytes, all),
                               checked_mul(scores, 6, layer_bytes, all), layer_bytes, all),
                   4, layer_bytes, all);
-  if (d.arch == Arch::llama) {
-    // The SwiGLU MLP (fc1 has 2F outputs per token) and its weights (2F h + F h), in fp32.
+  {
+    // The MLP (fc1 has up to 2F outputs per token) and its weights (up to 2F h + F h), in fp32.
     const std::string f = sbh + ", ffn_hidden " + std::to_string(d.ffn());
     checked_mul(checked_mul(tokens, d.ffn(), "SwiGLU activation elements (seq x batch x 2 ffn_hidden)", f), 2 * 4,
                 "SwiGLU activation bytes (seq x batch x 2 ffn_hidden, fp32)", f);

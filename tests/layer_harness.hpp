@@ -15,7 +15,7 @@ inline ExperimentSpec small_spec(const std::string& config, DType dtype, float d
   spec.dims = d;
   spec.policy = parse_config(config);
   spec.dtype = dtype;
-  spec.dropout = dropout;
+  spec.dims.spec.attention_dropout = spec.dims.spec.hidden_dropout = dropout;
   spec.seed = 2024;
   return spec;
 }

@@ -34,9 +34,7 @@ double tol_for(DType dt) { return dt == DType::fp32 ? 1e-5 : (dt == DType::fp16 
 
 LayerDims llama(int64_t s, int64_t b, int64_t h, int64_t a, int64_t g, int64_t f) {
   LayerDims d{s, b, h, a};
-  d.arch = Arch::llama;
-  d.kv_heads = g;
-  d.ffn_hidden = f;
+  d.spec = theory::llama_layer_spec(double(g), double(f));
   return d;
 }
 
@@ -154,7 +152,7 @@ TEST_F(GpuLlama, WholeLayerMatchesCpuInEveryConfiguration) {
         auto gcomm = make_backend_local_communicator(*gpu_);
         auto ccomm = make_local_communicator();
         expect_same_tensors(run_layer_canonical(*gpu_, *gcomm, spec), run_layer_canonical(*cpu_, *ccomm, spec), 1e-4,
-                            1e-4, config + " " + attention_name(att) + " g=" + std::to_string(d.kv_heads));
+                            1e-4, config + " " + attention_name(att) + " g=" + std::to_string(d.groups()));
       }
 }
 

@@ -52,8 +52,8 @@ const Dims kHand{1024, 2, 2048, 16, 2};
 
 // ---------------------------------------------------------------- the presets
 
-// Today's selective under fused attention keeps the log-sum-exp (there is nothing a·s² to skip);
-// Megatron's core_attn checkpoint frees it, so that one row differs by exactly 4·a·s·b/t.
+// Table 2 (and the llama family's closed forms) take selective as Megatron's core_attn
+// checkpoint, which under fused attention frees the log-sum-exp too.
 TEST(LayerPiecesTheory, GptPresetIsTable2CategoryByCategory) {
   for (Dims d : kShapes)
     for (double t : {1, 2, 4, 8})
@@ -66,12 +66,7 @@ TEST(LayerPiecesTheory, GptPresetIsTable2CategoryByCategory) {
             const ByteCategories table2 = activation_bytes_by_category(d, c, p);
             const ByteCategories composed = layer_bytes_by_category(d, gpt_layer_spec(), c, p);
             const std::string where = name + " " + attention_name(attention) + " t=" + std::to_string(t);
-            if (c.recompute == Recompute::selective && attention == Attention::fused) {
-              EXPECT_EQ(composed, without(table2, "attn_lse")) << where;
-              EXPECT_EQ(bytes_of(table2, "attn_lse"), 4 * d.a * d.s * d.b / t) << where;
-            } else {
-              EXPECT_EQ(composed, table2) << where;
-            }
+            EXPECT_EQ(composed, table2) << where;
             EXPECT_EQ(layer_extra_bytes(d, gpt_layer_spec(), c), layernorm_stats_bytes(d, c)) << where;
           }
 }
@@ -92,10 +87,7 @@ TEST(LayerPiecesTheory, LlamaPresetIsTheLlamaFamilyCategoryByCategory) {
                 const ByteCategories composed = layer_bytes_by_category(d, llama_layer_spec(g, f), c, p);
                 const std::string where = name + " " + attention_name(attention) + " g=" + std::to_string(g) +
                                           " F=" + std::to_string(f) + " t=" + std::to_string(t);
-                if (c.recompute == Recompute::selective && attention == Attention::fused)
-                  EXPECT_EQ(composed, without(family, "attn_lse")) << where;
-                else
-                  EXPECT_EQ(composed, family) << where;
+                EXPECT_EQ(composed, family) << where;
                 EXPECT_EQ(layer_extra_bytes(d, llama_layer_spec(g, f), c), llama_norm_stats_bytes(ld, c)) << where;
               }
 }

@@ -258,9 +258,7 @@ namespace {
 
 LayerDims llama(int64_t s, int64_t b, int64_t h, int64_t a, int64_t g, int64_t f) {
   LayerDims d{s, b, h, a};
-  d.arch = Arch::llama;
-  d.kv_heads = g;
-  d.ffn_hidden = f;
+  d.spec = theory::llama_layer_spec(double(g), double(f));
   return d;
 }
 
@@ -271,7 +269,6 @@ ExperimentResult measure(const std::string& backend, const LayerDims& d, int t, 
   spec.dims = d;
   spec.policy = p;
   spec.dtype = dtype;
-  spec.dropout = 0.f;
   spec.warmup = 0;
   spec.iters = 1;
   return run_experiment(*be, *comm, spec);
@@ -331,7 +328,7 @@ INSTANTIATE_TEST_SUITE_P(AllConfigs, LlamaBytes,
 TEST(LlamaBytes, PresetsOnMetaEqualClosedForms) {
   for (const char* name : {"llama3-8b", "llama3-70b", "llama3-405b"}) {
     const ModelPreset& m = find_preset(name);
-    ASSERT_EQ(m.dims.arch, Arch::llama);
+    ASSERT_EQ(spec_family(m.dims.spec), "llama");
     for (const std::string& config : config_names())
       for (Attention att : {Attention::unfused, Attention::fused}) {
         LayerPolicy p = parse_config(config);
@@ -395,7 +392,7 @@ TEST(LlamaLayer, CanonicalLayoutFollowsTheDumpContract) {
 TEST(LlamaLayer, BadShapesAreInvalidArguments) {
   auto shape_fails = [](LayerDims d, int t) {
     EXPECT_THROW(validate_layer(d, t, parse_config("baseline")), InvalidArgument)
-        << "g=" << d.kv_heads << " t=" << t;
+        << "g=" << d.groups() << " t=" << t;
   };
   shape_fails(llama(16, 1, 32, 4, 3, 40), 1);  // g does not divide a
   shape_fails(llama(16, 1, 32, 4, 8, 40), 1);  // g > a
@@ -405,8 +402,12 @@ TEST(LlamaLayer, BadShapesAreInvalidArguments) {
   validate_layer(llama(16, 1, 32, 4, 2, 40), 2, parse_config("sp"));
   auto be = make_cpu_backend();
   auto comm = make_local_communicator();
-  ExperimentSpec spec = small_spec("baseline", DType::fp32, 0.1f, llama(16, 1, 32, 4, 2, 40));
-  EXPECT_THROW(run_layer_canonical(*be, *comm, spec), InvalidArgument);  // llama has no dropout
+  // A LLaMA-shaped layer takes dropout like any composed layer (Megatron's defaults for it are 0).
+  const LayerDims d = llama(16, 1, 32, 4, 2, 40);
+  const auto dropped = run_layer_canonical(*be, *comm, small_spec("baseline", DType::fp32, 0.1f, d));
+  const auto plain = run_layer_canonical(*be, *comm, small_spec("baseline", DType::fp32, 0.f, d));
+  EXPECT_EQ(dropped[1].name, "y");
+  EXPECT_GT(worst_ratio(dropped[1].data, plain[1].data, 1e-6, 1e-6), 1.0) << "dropout changed nothing";
 }
 
 // ---- --hf-config ----
@@ -456,8 +457,8 @@ TEST(HfConfig, ReadsALlama3Config) {
   EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
   const LayerDims& preset = find_preset("llama3-70b").dims;
   EXPECT_EQ(preset.h, c.hidden);
-  EXPECT_EQ(preset.kv_heads, c.kv_heads);
-  EXPECT_EQ(preset.ffn_hidden, c.ffn_hidden);
+  EXPECT_EQ(preset.groups(), c.kv_heads);
+  EXPECT_EQ(preset.ffn(), c.ffn_hidden);
 }
 
 TEST(HfConfig, RefusesWhatTheFamilyCannotExpress) {
@@ -492,10 +493,10 @@ TEST(HfConfig, TheBoundsHoldEveryPreset) {
     EXPECT_LE(p.layers, kMaxModelLayers);
     EXPECT_LE(p.vocab, kMaxVocab);
     EXPECT_LE(p.dims.s, kMaxPositions);
-    EXPECT_GE(p.dims.rope_theta, kMinRopeTheta);
-    EXPECT_LE(p.dims.rope_theta, kMaxRopeTheta);
-    EXPECT_GE(p.dims.norm_eps, kMinNormEps);
-    EXPECT_LE(p.dims.norm_eps, kMaxNormEps);
+    EXPECT_GE(p.dims.spec.rotary_base, kMinRopeTheta);
+    EXPECT_LE(p.dims.spec.rotary_base, kMaxRopeTheta);
+    EXPECT_GE(p.dims.spec.norm_epsilon, kMinNormEps);
+    EXPECT_LE(p.dims.spec.norm_epsilon, kMaxNormEps);
   }
 }
 

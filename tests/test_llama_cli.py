@@ -53,7 +53,8 @@ def llama_bytes(s, b, h, a, g, F, t, config, attention="unfused"):
                  + 2 * s * b * 2 * F                 # swiglu input (gate | up)
                  + 2 * s * b * F)                    # fc2 input
     if attention == "fused":
-        tp_region += 4 * a * s * b                   # fp32 log-sum-exp
+        if not config.startswith("selective"):       # selective re-runs the fused forward: no lse kept
+            tp_region += 4 * a * s * b               # fp32 log-sum-exp
     elif not config.startswith("selective"):
         tp_region += 2 * a * s * s * b               # softmax output, also the input of .V
     return norm_region + tp_region // t
@@ -97,8 +98,7 @@ class LlamaCliTest(unittest.TestCase):
             "negative kv-heads": tiny + ["--kv-heads", "-2"],
             "kv-heads not divisible by tp": tiny + ["--kv-heads", "2", "--tp", "4", "--emulate-tp"],
             "ffn-hidden not divisible by tp": tiny + ["--ffn-hidden", "30", "--tp", "4", "--emulate-tp"],
-            "dropout with llama": tiny + ["--dropout", "0.1"],
-            "llama flag with gpt": ["--backend", "meta", "--kv-heads", "2"],
+            "num-query-groups without group-query-attention": tiny + ["--num-query-groups", "2"],
             "unknown arch": ["--backend", "meta", "--arch", "mamba"],
             "gpt arch of a llama preset": ["--backend", "meta", "--model", "llama3-8b", "--arch", "gpt"],
             "odd head size": tiny + ["--hidden", "36", "--heads", "4"],
@@ -205,8 +205,8 @@ class LlamaCliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         with open(os.path.join(dump, "layer.json")) as f:
             meta = json.load(f)
-        self.assertEqual((meta["hidden"], meta["kv_heads"], meta["rope_theta"]), (48, 2, 1e6))
-        self.assertAlmostEqual(meta["norm_eps"], 1e-6)
+        self.assertEqual((meta["hidden"], meta["kv_heads"], meta["rotary_base"]), (48, 2, 1e6))
+        self.assertAlmostEqual(meta["norm_epsilon"], 1e-6)
 
     # ---- --hf-config with the other flags: what the file defines cannot be given again ----
     def test_flags_the_hf_config_defines_are_refused(self):
@@ -323,7 +323,8 @@ class LlamaCliTest(unittest.TestCase):
     def check_dump(self, dump, heads, kv_heads):
         with open(os.path.join(dump, "layer.json")) as f:
             meta = json.load(f)
-        self.assertEqual((meta["arch"], meta["heads"], meta["kv_heads"]), ("llama", heads, kv_heads))
+        self.assertEqual((meta["normalization"], meta["activation"], meta["heads"], meta["kv_heads"]),
+                         ("RMSNorm", "swiglu", heads, kv_heads))
         results = numpy_layer.check(dump, rtol=1e-4)
         # y, dx and the gradients of the six weights
         self.assertEqual([r[0] for r in results][2:], ["grad.ln1.weight", "grad.qkv.weight", "grad.proj.weight",
@@ -354,7 +355,7 @@ class LlamaCliTest(unittest.TestCase):
         meta_path = os.path.join(self.tmp, "dump_unfused_2", "full", "layer.json")
         with open(meta_path) as f:
             meta = json.load(f)
-        meta["rope_theta"] = 10000.0
+        meta["rotary_base"] = 10000.0
         with open(meta_path, "w") as f:
             json.dump(meta, f)
         self.assertIn("y", [r[0] for r in numpy_layer.check(os.path.dirname(meta_path)) if not r[3]])

@@ -79,9 +79,7 @@ class MpiLlama : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MpiLlama, EveryTensorAndBytesEqualTheSingleRankLayer) {
   LayerDims d{24, 2, 96, 8};
-  d.arch = Arch::llama;
-  d.kv_heads = 4;
-  d.ffn_hidden = 80;
+  d.spec = theory::llama_layer_spec(4, 80);
   auto be = make_cpu_backend();
   auto local = make_local_communicator();
   const auto ref = run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.f, d));

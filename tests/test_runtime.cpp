@@ -476,7 +476,7 @@ TEST(Communicator, HostCommunicatorsRefuseDeviceTensors) {
 TEST(ShardSpec, ShardsTileTheCanonicalTensor) {
   const int64_t h = 12;
   for (int t : {1, 2, 3, 4}) {
-    for (const ParamInfo& p : layer_param_table(h)) {
+    for (const ParamInfo& p : layer_param_table(LayerDims{1, 1, h, 3})) {
       ShardSpec s0 = param_shard(p, t, 0);
       std::vector<int> hits(static_cast<size_t>(s0.rows * s0.cols), 0);
       for (int r = 0; r < t; ++r) {
@@ -488,7 +488,7 @@ TEST(ShardSpec, ShardsTileTheCanonicalTensor) {
     }
   }
   // qkv: rank 1 of 2, h = 12 (6 rows of each of Q, K, V per rank): its first K row is canonical row 12 + 6
-  ParamInfo qkv = layer_param_table(h)[2];
+  ParamInfo qkv = layer_param_table(LayerDims{1, 1, h, 3})[2];
   ShardSpec s = param_shard(qkv, 2, 1);
   EXPECT_EQ(s.canonical_index(6 * h), (12 + 6) * h);
 }

@@ -9,6 +9,7 @@ Where torch sees a GPU: the caching allocator's delta against the saved bytes.
 """
 import csv
 import multiprocessing
+import json
 import os
 import shutil
 import subprocess
@@ -227,15 +228,25 @@ class PeerCliTest(unittest.TestCase):
                 shape = (sum(len(r) for r in rows),) + ((sum(len(c) for c in cols),) if cols else ())
                 self.assertEqual(shape, torch_layer.local_param_shape(name, 8, t), (name, t))
 
-    def test_check_against_refuses_unknown_arch_before_torch(self):
-        dump = os.path.join(self.tmp, "dump_other")
-        os.mkdir(dump)
-        with open(os.path.join(dump, "layer.json"), "w") as f:
-            f.write('{"arch": "mamba", "dropout": 0, "heads": 4}')
-        r = run_peer("--check-against", dump, python=sys.executable)
-        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-        self.assertIn("is an --arch mamba layer; this peer has the gpt and llama layers only", r.stderr)
-        self.assertEqual(len(r.stderr.strip().splitlines()), 1)
+    def test_check_against_refuses_a_layer_it_does_not_build_before_torch(self):
+        llama = {"normalization": "RMSNorm", "activation": "swiglu", "add_bias_linear": False, "add_qkv_bias": False,
+                 "qk_layernorm": False, "position_embedding": "rope", "rotary_percent": 1.0, "heads": 4,
+                 "kv_heads": 2, "hidden": 32, "ffn_hidden": 40, "attention_dropout": 0.0, "hidden_dropout": 0.0}
+        gpt = {"normalization": "LayerNorm", "activation": "gelu", "add_bias_linear": True, "add_qkv_bias": False,
+               "qk_layernorm": False, "position_embedding": "none", "heads": 4, "kv_heads": 4, "hidden": 32,
+               "ffn_hidden": 128, "attention_dropout": 0.0, "hidden_dropout": 0.0}
+        for what, meta in {"qk-layernorm": dict(llama, qk_layernorm=True), "squared relu": dict(gpt, activation="squared_relu"),
+                           "gpt with GQA": dict(gpt, kv_heads=2), "partial rope": dict(llama, rotary_percent=0.5),
+                           "RMSNorm gpt": dict(gpt, normalization="RMSNorm")}.items():
+            with self.subTest(what):
+                dump = os.path.join(self.tmp, "dump_" + what.replace(" ", "_"))
+                os.mkdir(dump)
+                with open(os.path.join(dump, "layer.json"), "w") as f:
+                    json.dump(meta, f)
+                r = run_peer("--check-against", dump, python=sys.executable)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn("is a layer this peer does not build", r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1)
 
     # ---- side_by_side.sh's table (no GPU needed) ----
     def test_side_by_side_table(self):
@@ -374,10 +385,10 @@ class PeerTorchTest(unittest.TestCase):
         with open(os.path.join(dump, "layer.json")) as f:
             meta = f.read()
         with open(os.path.join(dump, "layer.json"), "w") as f:
-            f.write(meta.replace('"silu"', '"gelu"'))
+            f.write(meta.replace('"swiglu"', '"gelu"'))
         r = run_peer("--check-against", dump)
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("this llama layer is SwiGLU", r.stderr)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("is a layer this peer does not build", r.stderr)
 
     @unittest.skipUnless(HAVE_LAYER_RUN and HAVE_NUMPY, "layer_run not built or numpy missing")
     def test_check_against_refuses_dropout_dump(self):

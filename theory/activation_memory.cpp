@@ -13,9 +13,11 @@ std::vector<std::pair<std::string, double>> activation_bytes_by_category(const D
       {"q", e * sbh / t},
       {"k", e * sbh / t},
   };
-  if (c.attention == Attention::fused) {
+  if (c.recompute == Recompute::selective) {
+    // core_attn's checkpoint keeps q, k, v only: no probabilities, and no lse either
+  } else if (c.attention == Attention::fused) {
     out.push_back({"attn_lse", 4.0 * d.a * d.s * d.b / t});  // fp32 whatever the activation type
-  } else if (c.recompute == Recompute::none) {
+  } else {
     out.push_back({"softmax_out", e * as2b / t});
     out.push_back({"attn_dropout_mask", m * as2b / t});
     out.push_back({"attn_dropout_out", e * as2b / t});

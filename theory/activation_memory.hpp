@@ -24,7 +24,8 @@ struct Precision {
 // store are left out. Category names match layers/saved_activations.hpp.
 // Beyond the paper: fused (FlashAttention-style) attention stores no a·s² tensors (scores,
 // probabilities, mask); it keeps an fp32 log-sum-exp per row of each head instead
-// ("attn_lse", 4·a·s·b/t bytes). Selective recompute then has nothing left to skip.
+// ("attn_lse", 4·a·s·b/t bytes), which selective recompute (Megatron's core_attn module, the
+// only one Table 2 knows) drops too: the kernel runs forward again in backward for it.
 std::vector<std::pair<std::string, double>> activation_bytes_by_category(const Dims& d, LayerPolicy c, Precision p = {});
 // Their sum: Table 2's row for this configuration (for any precision).
 double activation_bytes(const Dims& d, LayerPolicy c, Precision p = {});

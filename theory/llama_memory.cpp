@@ -14,8 +14,11 @@ std::vector<std::pair<std::string, double>> llama_activation_bytes_by_category(c
       {"q", e * sbh / t},
       {"k", e * kv / t},
   };
-  if (c.attention == Attention::fused) out.push_back({"attn_lse", 4.0 * d.a * d.s * d.b / t});
-  else if (c.recompute == Recompute::none) out.push_back({"softmax_out", e * d.a * d.s * d.s * d.b / t});
+  // Selective (core_attn) keeps neither the probabilities nor, fused, the lse.
+  if (c.recompute == Recompute::none && c.attention == Attention::fused)
+    out.push_back({"attn_lse", 4.0 * d.a * d.s * d.b / t});
+  else if (c.recompute == Recompute::none)
+    out.push_back({"softmax_out", e * d.a * d.s * d.s * d.b / t});
   const std::vector<std::pair<std::string, double>> rest = {
       {"v", e * kv / t},
       {"proj_input", e * sbh / t},
@@ -40,8 +43,7 @@ double llama_closed_form(const LlamaDims& d, LayerPolicy c) {
   const double sb = d.s * d.b, sbh = sb * d.h, t = d.t, r = c.sequence_parallel ? t : 1.0;
   if (c.recompute == Recompute::full) return 2 * sbh / r;
   double per_t = 4 * sbh + 4 * sb * d.groups() * (d.h / d.a) + 6 * sb * d.ffn();
-  if (c.attention == Attention::fused) per_t += 4 * d.a * sb;
-  else if (c.recompute == Recompute::none) per_t += 2 * d.a * d.s * sb;
+  if (c.recompute == Recompute::none) per_t += c.attention == Attention::fused ? 4 * d.a * sb : 2 * d.a * d.s * sb;
   return 8 * sbh / r + per_t / t;
 }
 

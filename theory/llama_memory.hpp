@@ -7,8 +7,8 @@
 //   ln1_input      RMSNorm 1, its input               e·sbh / r      r = t under SP, else 1
 //   qkv_input      the QKV GEMM, its input            e·sbh / r
 //   q, k           the scores GEMM, after RoPE        e·sbh / t,  e·sbh·g/a / t
-//   softmax_out    softmax, and ·V (one tensor)       e·as²b / t     (none: not selective, not fused)
-//   attn_lse       fused attention, fp32 per row      4·asb / t      (fused only)
+//   softmax_out    softmax, and ·V (one tensor)       e·as²b / t     (unfused, not selective)
+//   attn_lse       fused attention, fp32 per row      4·asb / t      (fused, not selective)
 //   v              ·V                                 e·sbh·g/a / t
 //   proj_input     the output projection              e·sbh / t
 //   ln2_input      RMSNorm 2, its input               e·sbh / r
@@ -20,7 +20,7 @@
 // With 16-bit activations the sum is (the closed form, like Table 2's rows):
 //   none        sbh·(8/r + (4 + 4g/a + 6F/h + 2as/h)/t)
 //   selective   sbh·(8/r + (4 + 4g/a + 6F/h)/t)
-//   fused       sbh·(8/r + (4 + 4g/a + 6F/h + 4a/h)/t)      (selective or not)
+//   fused       sbh·(8/r + (4 + 4g/a + 6F/h + 4a/h)/t)      (selective fused: as selective)
 //   full        2sbh / r
 // RMSNorm's rstd (fp32, one per row, two norms) is an extra, outside the count, as LayerNorm's
 // statistics are for the paper's layer.

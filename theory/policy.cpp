@@ -83,4 +83,8 @@ std::string recompute_modules_name(RecomputeModules m) {
   return out;
 }
 
+std::string recomputed_modules_text(const LayerPolicy& p) {
+  return p.recompute == Recompute::selective ? recompute_modules_name(p.modules) : "";
+}
+
 }  // namespace actbench

@@ -46,5 +46,7 @@ Attention parse_attention(const std::string& name);  // "unfused" | "fused"; thr
 // once, at least one ("core_attn,mlp"); throws InvalidArgument naming the bad word.
 RecomputeModules parse_recompute_modules(const std::string& list);
 std::string recompute_modules_name(RecomputeModules m);  // the canonical list, e.g. "core_attn,mlp"
+// What the policy recomputes module by module: the list under selective recompute, "" otherwise.
+std::string recomputed_modules_text(const LayerPolicy& p);
 
 }  // namespace actbench

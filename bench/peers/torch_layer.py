@@ -42,9 +42,9 @@ per configuration, appended with one write() under flock, header once.
 --check-against DUMP_DIR loads a `layer_run --dump` folder (float32 .npy, dropout 0) and
 runs this layer in float64 on the cpu from the dumped parameters, x and dy, for each
 configuration at t = 1, and prints the max error of y, dx and every gradient.
-A dump of `layer_run --arch llama` runs the llama layer instead (RMSNorm, grouped-query
-attention, rotate-half RoPE, SwiGLU, no biases, no dropout; tools/numpy_layer.py's math);
-timing and --self-check are the GPT layer's only.
+A dump of a LLaMA-shaped layer (RMSNorm, grouped-query attention, rotate-half RoPE over the
+whole head, SwiGLU, no biases) runs the llama layer instead; any other composition is refused
+(tools/numpy_layer.py checks every one). Timing and --self-check are the GPT layer's only.
 --self-check runs each configuration once (float64 on cpu, fp32 on cuda) at the given
 shape and t and checks that recomputation changes nothing: full and selective must give
 the outputs and gradients of baseline (sp, selective+sp and full+sp those of sp), dropout
@@ -387,12 +387,10 @@ def parse_args(argv):
         for folder in [root] + [os.path.join(root, d) for d in sorted(os.listdir(root))]:
             try:
                 with open(os.path.join(folder, "layer.json")) as f:
-                    arch = json.load(f).get("arch", "gpt")
-            except (OSError, ValueError, AttributeError):
+                    meta = json.load(f)
+            except (OSError, ValueError):
                 continue  # not a dump folder: run_check reports it
-            if arch not in ("gpt", "llama"):
-                raise BadInput("the dump in '%s' is an --arch %s layer; this peer has the gpt and llama layers only"
-                               % (folder, arch))
+            dump_family(meta, folder)
         return args
     validate_layer(args.hidden, args.heads, args.seq, args.batch, args.tp, args.configs)
     if not args.self_check:
@@ -583,7 +581,7 @@ def _build_torch_impl(torch):
             return self.forward_impl(x)
 
     class LlamaLayer(Layer):
-        """The llama family on rank 0 of t (tools/numpy_layer.py's llama_layer): RMSNorm,
+        """The llama family on rank 0 of t (the math of tools/numpy_layer.py): RMSNorm,
         grouped-query attention (query head j reads key/value group j // (a/g)), rotate-half
         RoPE on q and k, SwiGLU (fc1 = gate; up stacked), no biases, no dropout."""
 
@@ -830,6 +828,33 @@ def run_timing(args):
 
 # ---- check against a layer_run --dump ---------------------------------------------------
 
+# The two layers this peer builds, as layer.json spells their options (the rest are checked apart).
+PEER_FAMILIES = {
+    "gpt": {"normalization": "LayerNorm", "activation": "gelu", "add_bias_linear": True, "qk_layernorm": False,
+            "position_embedding": "none"},
+    "llama": {"normalization": "RMSNorm", "activation": "swiglu", "add_bias_linear": False, "add_qkv_bias": False,
+              "qk_layernorm": False, "position_embedding": "rope", "rotary_percent": 1.0},
+}
+
+
+def dump_family(meta, folder):
+    """'gpt' or 'llama': the peer layer that computes the dump's layer (without dropout); else BadInput."""
+    if not isinstance(meta, dict):
+        raise BadInput("the dump in '%s' has a layer.json that is not an object" % folder)
+    for key in ("attention_dropout", "hidden_dropout"):
+        if meta.get(key, 0) != 0:
+            raise BadInput("the dump in '%s' has %s %s; --check-against needs a dump made with --dropout 0"
+                           % (folder, key, meta[key]))
+    for family, options in PEER_FAMILIES.items():
+        if all(meta.get(k) == v for k, v in options.items()):
+            if family == "gpt" and (meta.get("kv_heads") != meta.get("heads")
+                                    or meta.get("ffn_hidden") != 4 * meta.get("hidden", 0)):
+                break
+            return family
+    raise BadInput("the dump in '%s' is a layer this peer does not build (it has the gpt and llama layers only: "
+                   "%s)" % (folder, ", ".join("%s %s" % (k, meta.get(k)) for k in PEER_FAMILIES["gpt"])))
+
+
 def _dump_folders(root):
     if os.path.isfile(os.path.join(root, "layer.json")):
         return [root]
@@ -849,14 +874,7 @@ def check_dump(impl, folder, configs, rtol):
     torch = impl.torch
     with open(os.path.join(folder, "layer.json")) as f:
         meta = json.load(f)
-    arch = meta.get("arch", "gpt")
-    if float(meta.get("dropout", 0)) != 0:
-        raise BadInput("the dump in '%s' has dropout %g; --check-against needs a dump made with --dropout 0"
-                       % (folder, meta["dropout"]))
-    if arch == "gpt" and meta.get("gelu", "tanh") != "tanh":
-        raise BadInput("the dump uses gelu '%s'; this layer is tanh GeLU" % meta["gelu"])
-    if arch == "llama" and meta.get("activation", "silu") != "silu":
-        raise BadInput("the dump uses activation '%s'; this llama layer is SwiGLU (silu)" % meta["activation"])
+    arch = dump_family(meta, folder)
 
     def load(name):
         path = os.path.join(folder, name + ".npy")
@@ -870,11 +888,11 @@ def check_dump(impl, folder, configs, rtol):
         heads = int(meta["heads"])
         if arch == "llama":
             kv_heads, ffn_hidden = int(meta["kv_heads"]), int(meta["ffn_hidden"])
-            norm_eps, rope_theta = float(meta["norm_eps"]), float(meta["rope_theta"])
+            norm_eps, rope_theta = float(meta["norm_epsilon"]), float(meta["rotary_base"])
     except (KeyError, TypeError, ValueError) as e:
         raise BadInput("dump '%s': layer.json lacks a valid %s" % (folder, e))
     if arch == "gpt":
-        eps = float(meta.get("ln_eps", LN_EPS))
+        eps = float(meta.get("norm_epsilon", LN_EPS))
         if abs(eps - LN_EPS) > 1e-12:
             raise BadInput("the dump's LayerNorm eps is %g; this layer uses %g" % (eps, LN_EPS))
     try:
