@@ -137,9 +137,12 @@ def main():
     if skipped:
         lines.append("\n## Skipped\n")
         lines += [f"- {title}: {why}" for title, why in skipped]
-    if problems or ctx.inputs.ignored:
+    if problems:
         lines.append("\n## Problems (left out of every plot)\n")
-        lines += [f"- {p}" for p in problems] + [f"- ignored: {n}" for n in ctx.inputs.ignored]
+        lines += [f"- {p}" for p in problems]
+    if ctx.inputs.ignored:  # a peer's CSV, a folder named *.csv: not for these plots, and no problem
+        lines.append("\n## Not read by these plots\n")
+        lines += [f"- {n}" for n in ctx.inputs.ignored]
     try:
         common.write_text(args.out_dir, "index.md", "\n".join(lines) + "\n")
     except common.OutputError as e:

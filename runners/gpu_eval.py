@@ -52,14 +52,17 @@ timeout | skipped), summary.txt (also printed) and results.tar.gz:
             table4_fused_<dev>.csv, peer_torch_<dev>.csv, bench_*_<dev>.json,
             attention_*_<dev>*, seqlen_cuda_<dev>.csv
   raw/      test XML, nvidia-smi, versions, the CUPTI run's own rows, the peer's table
+A JSON file that does not parse after a step (a benchmark cut at its timeout) is moved to
+raw/NAME.partial and named in the step's detail.
 `--unpack` appends those CSV rows to results/ (rows carry their provenance; a row already there is
 not added again; a half-written line is left out and named) and puts the rest in
-results/device/<dev>-<UTC time>/. A CSV whose header differs from the one in results/ is refused,
+results/device/<dev>-<UTC time>/ (a JSON file that does not parse under raw/ as NAME.partial, named). A CSV whose header differs from the one in results/ is refused,
 and then nothing is unpacked. Exit status: 0 when the evaluation ran (see steps.csv), 2 bad usage
 or a refused unpack, 143 when stopped by SIGINT / SIGTERM (after packing what there is).
 """
 import csv
 import glob
+import json
 import os
 import re
 import shlex
@@ -165,6 +168,28 @@ def key_value_lines(path):
     except OSError:
         pass
     return out
+
+
+def set_aside_unreadable_json(results, raw):
+    """Moves each JSON file of results/ that does not parse to raw/NAME.partial, and returns
+    what it moved as 'NAME: not valid JSON, set aside as raw/NAME.partial'. Google Benchmark
+    writes its JSON's closing brackets last, so a benchmark cut at its timeout leaves a file that
+    does not parse: its runs are kept for reading, never taken for a result."""
+    moved = []
+    for path in sorted(glob.glob(os.path.join(results, "*.json"))):
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, errors="replace") as f:
+                json.load(f)
+            continue
+        except ValueError:
+            pass
+        name = os.path.basename(path)
+        os.makedirs(raw, exist_ok=True)
+        os.replace(path, os.path.join(raw, name + ".partial"))
+        moved.append(f"{name}: not valid JSON, set aside as raw/{name}.partial")
+    return moved
 
 
 # ---------------------------------------------------------------- binaries and libraries
@@ -328,10 +353,13 @@ def unpack(src, results):
         keep = os.path.join(results, "device", f"{run.get('dev') or 'gpu'}-{stamp}")
         if os.path.exists(keep):
             raise UsageError(f"already unpacked: {keep} exists (its rows are in {results})")
+        partial = set_aside_unreadable_json(os.path.join(tmp, "results"), os.path.join(tmp, "raw"))
         files = sorted(f for f in glob.glob(os.path.join(tmp, "results", "*")) if os.path.isfile(f))
         # Every CSV is checked before anything is written: a refusal leaves results/ as it was.
         plans = {f: csv_merge_plan(f, os.path.join(results, os.path.basename(f))) for f in files if f.endswith(".csv")}
         os.makedirs(keep)
+        for line in partial:
+            print(f"{ME}: warning: {line} (its step was cut before it finished?)", file=sys.stderr)
         for f in files:
             name = os.path.basename(f)
             if plans.get(f):
@@ -678,6 +706,8 @@ class Evaluation:
         counts = step_counts(step, output)
         if counts:
             detail = counts + (f"; {detail}" if detail else "")
+        for line in set_aside_unreadable_json(self.results, self.raw):
+            detail += f"; {line}"
         self.record(step, status, secs, detail)
         if status != "ok":
             for line in output.splitlines()[-8:]:

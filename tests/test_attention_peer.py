@@ -333,6 +333,17 @@ class TableTest(TmpDir):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(self.table_rows(r.stdout)["2048"][7:10], ["-", "-", "-"])
 
+    def test_unreadable_json_beside_good_ones_is_skipped_with_one_note(self):
+        self.write_fixtures()
+        cut = os.path.join(self.tmp, "s8192.json")  # a bench_kernels run cut at its timeout
+        with open(cut, "w") as f:
+            f.write('{"context": {}, "benchmarks": [{"name": "cuda/attention_fused_fwd/manual_time"}')
+        r = run(TABLE, self.j1, cut, self.csv)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.table_rows(r.stdout)["2048"][2], "2.000")
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        self.assertIn("attention_table.py: note: skipped '%s': not valid JSON" % cut, r.stderr)
+
     def test_bad_input_exit_2(self):
         self.write_fixtures()
         notjson = os.path.join(self.tmp, "x.json")

@@ -92,6 +92,16 @@ echo ok-run
 """
 
 
+# A Google Benchmark binary cut at its timeout: its --benchmark_out JSON has the runs so far, but
+# not the closing brackets that the library writes last.
+PARTIAL_JSON = '{\n  "context": {},\n  "benchmarks": [\n    {"name": "cuda/gemm/manual_time", "real_time": 1.0}'
+BENCH_CUT_MIDWAY = f"""#!/bin/sh
+for a; do case "$a" in --benchmark_out=*) printf '%s' '{PARTIAL_JSON}' >"${{a#--benchmark_out=}}";; esac; done
+echo 'cuda/gemm/manual_time 1.00 ms'
+sleep 300
+"""
+
+
 class Session(unittest.TestCase):
     """Runs of the runner as users run it (a process), on fake bundles."""
 
@@ -284,6 +294,18 @@ class InProcess(unittest.TestCase):
         self.assertEqual(rows["bench_kernels"]["status"], "skipped")
         self.assertIn("did not pass", read(os.path.join(self.out, "summary.txt")))  # the GPU tests' failure is flagged
 
+    def test_cut_step_leaves_its_partial_json_out_of_the_results(self):
+        b = self.fake_bundle(PASSES, FAILS)
+        write_exe(os.path.join(b, "bin", "bench_kernels"), BENCH_CUT_MIDWAY)
+        with mock.patch.object(gpu_eval.sweep, "GRACE_S", 1):
+            rows = self.evaluate("--bin-dir", b, "--force", "--steps", "bench_kernels", "--max-step", "2")
+        self.assertEqual(rows["bench_kernels"]["status"], "timeout", rows["bench_kernels"])
+        self.assertIn("not valid JSON, set aside as raw/bench_kernels_nogpu.json.partial",
+                      rows["bench_kernels"]["detail"])
+        names = archived(self.out)
+        self.assertNotIn("results/bench_kernels_nogpu.json", names)
+        self.assertEqual(names["raw/bench_kernels_nogpu.json.partial"], PARTIAL_JSON)  # nothing lost
+
     def test_budget_cuts_a_step_and_later_steps_say_why(self):
         b = self.fake_bundle(HANGS, WRITES_ROW)
         prepare = gpu_eval.Evaluation.prepare
@@ -412,6 +434,19 @@ class Unpack(unittest.TestCase):
         kept = os.path.join(self.results, "device", "h100-20260102T030405Z", "table4_h100.csv")
         self.assertEqual(read(kept), "a,b\n1,2\n3\n")  # the file whole, nothing lost
 
+
+    def test_partial_json_is_kept_as_raw_not_as_a_result(self):
+        fetched = self.archive({"results/bench_kernels_h100.json": PARTIAL_JSON,
+                                "results/bench_layer_h100.json": '{"benchmarks": []}\n'})
+        proc = self.unpack(fetched)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        kept = os.path.join(self.results, "device", "h100-20260102T030405Z")
+        self.assertTrue(os.path.exists(os.path.join(kept, "bench_layer_h100.json")))
+        self.assertFalse(os.path.exists(os.path.join(kept, "bench_kernels_h100.json")))
+        self.assertEqual(read(os.path.join(kept, "raw", "bench_kernels_h100.json.partial")), PARTIAL_JSON)
+        self.assertEqual(len(proc.stderr.splitlines()), 1, proc.stderr)
+        self.assertIn("bench_kernels_h100.json: not valid JSON", proc.stderr)
+        self.assertIn("raw/bench_kernels_h100.json.partial", proc.stderr)
 
 @unittest.skipUnless(shutil.which("cc") and os.path.exists("/lib64/ld-linux-x86-64.so.2"), "needs cc and x86-64 ld.so")
 class BundleCheck(unittest.TestCase):

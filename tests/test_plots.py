@@ -260,6 +260,23 @@ class MakeAll(unittest.TestCase):
                  "--theory", THEORY_SNAPSHOT], timeout=120)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
 
+    def test_a_peers_csv_beside_the_results_is_no_problem(self):
+        # gpu_eval --unpack puts the PyTorch peer's CSV beside layer_run's: read by its own
+        # table, named here as not read, and no problem.
+        results = os.path.join(self.tmp, "results")
+        shutil.copytree(RESULTS, results)
+        with open(os.path.join(results, "peer_torch_h200.csv"), "w") as f:
+            f.write("peer,device,model,config,fwd_ms,bwd_ms,status\ntorch,NVIDIA H200,22b,baseline,3.2,4.8,ok\n")
+        out = os.path.join(self.tmp, "out")
+        p = run([PYTHON, os.path.join(PLOTS, "make_all.py"), results, out, "--theory", THEORY_SNAPSHOT])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        with open(os.path.join(out, "index.md")) as f:
+            index = f.read()
+        self.assertNotIn("Problems", index)
+        not_read = index.split("## Not read by these plots\n\n", 1)[1].splitlines()
+        self.assertEqual(not_read, ["- notes.csv (neither a layer_run nor a CUPTI CSV)",
+                                    "- peer_torch_h200.csv (a peer's CSV)"])
+
     def test_a_failing_theory_binary_is_a_problem(self):
         empty = os.path.join(self.tmp, "empty")
         os.makedirs(empty)

@@ -6,7 +6,8 @@
 OURS.json: `bench_kernels --benchmark_filter=attention --seq=S --benchmark_out=OURS.json
 --benchmark_out_format=json` (one file per S, or several S in one file: each benchmark
 carries its `seq` and `batch` counters). SDPA.csv: bench/peers/attention_sdpa.py --csv.
-Files are told apart by their ending (.json ours, .csv SDPA's; at most one CSV).
+Files are told apart by their ending (.json ours, .csv SDPA's; at most one CSV). A JSON file
+that does not parse (a run cut before it finished) is skipped with a note, if another one parses.
 
 Per sequence length, median milliseconds of
   fused fwd / bwd                attention_fused_fwd / _bwd
@@ -55,15 +56,28 @@ def _num(v):
     return f if f == f else None
 
 
-def read_ours(paths):
-    """{seq: {(path, pass): Cell}}, plus a description of where they ran."""
-    table, devices = {}, set()
+def load_json(paths):
+    """[(path, document)] of the files that parse. One that does not (a bench_kernels run cut at its
+    timeout never writes its closing brackets) is skipped with a note, so that the others still make
+    a table; when none parses, the first one's error is the error."""
+    docs, errors = [], []
     for path in paths:
         try:
             with open(path) as f:
-                doc = json.load(f)
+                docs.append((path, json.load(f)))
         except (OSError, ValueError) as e:
-            raise BadInput("cannot read bench_kernels JSON '%s': %s" % (path, e))
+            errors.append((path, e))
+    if errors and not docs:
+        raise BadInput("cannot read bench_kernels JSON '%s': %s" % errors[0])
+    for path, e in errors:
+        print("%s: note: skipped '%s': not valid JSON (%s)" % (PROG, path, e), file=sys.stderr)
+    return docs
+
+
+def read_ours(paths):
+    """{seq: {(path, pass): Cell}}, plus a description of where they ran."""
+    table, devices = {}, set()
+    for path, doc in load_json(paths):
         if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
             raise BadInput("'%s' is not a Google Benchmark JSON file (no 'benchmarks' list)" % path)
         ctx = doc.get("context", {}) if isinstance(doc.get("context"), dict) else {}
