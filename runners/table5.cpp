@@ -27,6 +27,14 @@ const std::vector<std::string> kNeededColumns = {"backend", "device", "model", "
                                                  "config", "dtype", "fwd_ms", "bwd_ms", "comm_mode",
                                                  "comm_ms_modeled", "status"};
 
+// Table 4's layer: unfused attention, the gpt layer, selective recompute of core attention
+// alone (a column absent: a CSV from before it, when every row was that layer). Rows of other
+// layers at the same shape time another thing.
+bool is_papers_layer(const std::string& attention, const std::string& arch, const std::string& modules) {
+  return (attention.empty() || attention == "unfused") && (arch.empty() || arch == "gpt") &&
+         (modules.empty() || modules == "core_attn");
+}
+
 // Returns false when the file is not a layer_run CSV (other header). Opened through
 // read_user_file: a FIFO or device refused, never waited on.
 bool read_layer_run_csv(const fs::path& path, std::vector<MeasuredLayer>& out) {
@@ -58,6 +66,7 @@ bool read_layer_run_csv(const fs::path& path, std::vector<MeasuredLayer>& out) {
   for (size_t i = 1; i < rows.size(); ++i) {
     const auto& r = rows[i];
     if (get(r, "status") != "ok" || get(r, "backend") != "cuda" || get(r, "dtype") != "bf16") continue;
+    if (!is_papers_layer(get(r, "attention"), get(r, "arch"), get(r, "recompute_modules"))) continue;
     MeasuredLayer m;
     m.device = get(r, "device");
     m.model = get(r, "model");

@@ -5,6 +5,7 @@ prints what it printed before (tests/fixtures/theory_cli/).
 
 Run by ctest with ACTBENCH_THEORY pointing at the binary. Standard library only.
 """
+import csv
 import json
 import os
 import shutil
@@ -226,6 +227,34 @@ class UserFiles(Base):
         os.mkfifo(os.path.join(folder, "pipe.csv"))
         r = run(["--out", os.path.join(self.tmp, "tables"), "--results", folder], timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_table5_takes_the_papers_layer_only(self):
+        # Table 5 carries Table 4's layer (unfused attention, the gpt layer) to whole models: a newer
+        # row of another attention or layer family at the same shape must not replace it.
+        with open(os.path.join(RESULTS, "layer_runs.csv"), newline="") as f:
+            header, *rows = list(csv.reader(f))
+        ts, fwd, bwd = header.index("timestamp"), header.index("fwd_ms"), header.index("bwd_ms")
+        tables = {}
+        other = [("fused", "gpt", "core_attn"), ("unfused", "custom", "core_attn"), ("unfused", "gpt", "core_attn,mlp")]
+        for name, extra in (("paper", []), ("other", other)):
+            folder = os.path.join(self.tmp, name)
+            os.mkdir(folder)
+            with open(os.path.join(folder, "runs.csv"), "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(header + ["attention", "arch", "recompute_modules"])
+                w.writerows(r + ["unfused", "gpt", "core_attn"] for r in rows)
+                for columns in extra:
+                    for r in rows:
+                        later = list(r)
+                        later[ts] = "2099-01-01T00:00:00Z"
+                        later[fwd], later[bwd] = (str(3 * float(r[i])) if r[i] else "" for i in (fwd, bwd))
+                        w.writerow(later + list(columns))
+            r = run(["--out", os.path.join(folder, "tables"), "--results", folder], timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(folder, "tables", "table5.csv")) as f:
+                tables[name] = f.read()
+        self.assertIn("measured", tables["paper"])
+        self.assertEqual(tables["other"], tables["paper"])
 
     def test_outputs_that_are_not_files_are_refused_before_anything_is_printed(self):
         folder = os.path.join(self.tmp, "folder.csv")
