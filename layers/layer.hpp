@@ -23,6 +23,9 @@ class Layer {
   // dy: like y. Returns dx; releases saved().
   virtual Tensor backward(const Tensor& dy) = 0;
   virtual const SavedActivations& saved() const = 0;
+  // Frees what forward saved, for a caller that checkpoints this layer with others and will
+  // run forward again before backward (Megatron's --recompute-method uniform).
+  virtual void drop_saved() = 0;
   virtual LayerParams& params() = 0;
   virtual LayerParams& grads() = 0;
   virtual void set_phase_log(PhaseLog* log) = 0;

@@ -29,6 +29,7 @@ class LayerBase : public Layer {
   Tensor forward(const Tensor& x) final;
 
   const SavedActivations& saved() const override { return saved_; }
+  void drop_saved() override { saved_.clear(); }
   LayerParams& params() override { return params_; }
   LayerParams& grads() override { return grads_; }
   void set_phase_log(PhaseLog* log) override { phase_log_ = log; }

@@ -23,12 +23,23 @@ constexpr uint32_t kActivationStreamLayer = 0xFFFFFFFFu;
 constexpr uint32_t kStreamX = 100, kStreamDy = 101;
 
 
+// Layer i's own policy: under a --recompute-method the stack, not the layer, decides what is
+// recomputed: block's first N layers are full checkpoints, the rest keep everything; uniform's
+// layers keep everything while their group runs and the runner keeps the group's input.
+LayerPolicy layer_policy(const ExperimentSpec& spec, int i) {
+  LayerPolicy p = spec.policy;
+  const StackRecompute& r = spec.stack;
+  if (r.method == RecomputeMethod::uniform || (r.method == RecomputeMethod::block && i >= r.num_layers))
+    p.recompute = Recompute::none;
+  return p;
+}
+
 LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& spec) {
   LayerStack stack;
   for (int i = 0; i < spec.layers; ++i) {
     LayerOptions opt;
     opt.dims = spec.dims;
-    opt.policy = spec.policy;
+    opt.policy = layer_policy(spec, i);
     opt.dtype = spec.dtype;
     opt.seed = spec.seed;
     opt.layer_index = static_cast<uint32_t>(i);
@@ -84,6 +95,14 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
   validate_layer(spec.dims, comm.size(), spec.policy);
   if (spec.layers < 1) throw InvalidArgument("--layers must be >= 1");
+  if (spec.stack.method != RecomputeMethod::none) {
+    if (spec.policy.recompute != Recompute::full)
+      throw InvalidArgument("--recompute-method needs full recompute (--recompute-granularity full, or full / full+sp "
+                            "in --config), not " + config_name(spec.policy));
+    if (spec.stack.num_layers < 1 || spec.stack.num_layers > spec.layers)
+      throw InvalidArgument("--recompute-num-layers must be in 1..--layers (" + std::to_string(spec.layers) +
+                            "), got " + std::to_string(spec.stack.num_layers));
+  }
   if (spec.iters < 1) throw InvalidArgument("--iters must be >= 1");
   if (spec.warmup < 0) throw InvalidArgument("--warmup must be >= 0");
 }
@@ -99,6 +118,69 @@ LayerStackRunner::LayerStackRunner(Backend& be, Communicator& comm, const Experi
 }
 
 LayerStackRunner::~LayerStackRunner() = default;
+
+int LayerStackRunner::group_size() const {
+  return spec_.stack.method == RecomputeMethod::uniform ? spec_.stack.num_layers : 0;
+}
+
+// Runs the stack's forward on h (replaced by the output). Under uniform recompute each group's
+// input is returned, held for backward, and the group's layers drop what they saved.
+std::vector<Tensor> LayerStackRunner::forward_stack(Tensor& h) {
+  LayerStack& stack = *stack_;
+  const size_t group = group_size();
+  std::vector<Tensor> checkpoints;
+  for (size_t i = 0; i < stack.size(); ++i) {
+    if (group && i % group == 0) checkpoints.push_back(h);
+    h = stack[i]->forward(h);
+    const bool group_done = group && ((i + 1) % group == 0 || i + 1 == stack.size());
+    if (group_done)
+      for (size_t j = i - i % group; j <= i; ++j) stack[j]->drop_saved();
+  }
+  return checkpoints;
+}
+
+// Backward from the upstream gradient; a uniform group first runs its forward again from its
+// checkpoint (inside backward's time, as Megatron's recompute does).
+void LayerStackRunner::backward_stack(const Tensor& dy, std::vector<Tensor>& checkpoints) {
+  LayerStack& stack = *stack_;
+  const size_t group = group_size();
+  Tensor g = dy;
+  if (!group) {
+    for (auto it = stack.rbegin(); it != stack.rend(); ++it) g = (*it)->backward(g);
+    return;
+  }
+  for (size_t k = checkpoints.size(); k-- > 0;) {
+    const size_t first = k * group, end = std::min(first + group, stack.size());
+    Tensor r = std::move(checkpoints[k]);
+    for (size_t j = first; j < end; ++j) r = stack[j]->forward(r);
+    r = Tensor();
+    for (size_t j = end; j-- > first;) g = stack[j]->backward(g);
+  }
+}
+
+// The bytes the stack keeps after forward: per layer (layer 0's categories; the mean under a
+// --recompute-method, whose layers differ) and for the whole stack with its checkpoints.
+void LayerStackRunner::count_saved_bytes(const std::vector<Tensor>& checkpoints, Iteration& out) const {
+  const LayerStack& stack = *stack_;
+  int64_t paper = 0, extra = 0;
+  for (const auto& layer : stack) {
+    paper += layer->saved().paper_bytes();
+    extra += layer->saved().extra_bytes();
+  }
+  for (const Tensor& c : checkpoints) paper += static_cast<int64_t>(c.bytes());
+  out.stack_act_bytes = paper;
+  out.act_by_category = stack.front()->saved().bytes_by_category(true);
+  if (spec_.stack.method != RecomputeMethod::none) {
+    out.act_bytes = paper / spec_.layers;
+    out.act_extra_bytes = extra / spec_.layers;
+    return;
+  }
+  out.act_bytes = stack.front()->saved().paper_bytes();
+  out.act_extra_bytes = stack.front()->saved().extra_bytes();
+  for (const auto& layer : stack)
+    if (layer->saved().paper_bytes() != out.act_bytes)
+      throw RuntimeFailure("layers of one stack saved different activation bytes");
+}
 
 LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, PhaseLog* log) {
   LayerStack& stack = *stack_;
@@ -117,23 +199,16 @@ LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, Pha
   comm_.barrier();
   const Backend::Mark t0 = be_.mark();
   comm_.open_emulated_window();
-  for (auto& layer : stack) h = layer->forward(h);
+  std::vector<Tensor> checkpoints = forward_stack(h);
   const Backend::Mark t1 = be_.mark();
   comm_.open_emulated_window();
   if (measure_memory) {
     const int64_t delta = alloc.stats().requested_bytes.current - before - static_cast<int64_t>(h.bytes());
     out.fwd_retained_bytes = delta / spec_.layers;
-    const SavedActivations& saved = stack.front()->saved();
-    out.act_bytes = saved.paper_bytes();
-    out.act_extra_bytes = saved.extra_bytes();
-    out.act_by_category = saved.bytes_by_category(true);
-    for (auto& layer : stack)
-      if (layer->saved().paper_bytes() != out.act_bytes)
-        throw RuntimeFailure("layers of one stack saved different activation bytes");
+    count_saved_bytes(checkpoints, out);
   }
   h = Tensor();  // the output is not needed for backward
-  Tensor g = dy_;
-  for (auto it = stack.rbegin(); it != stack.rend(); ++it) g = (*it)->backward(g);
+  backward_stack(dy_, checkpoints);
   const Backend::Mark t2 = be_.mark();
   if (measure_memory) {
     out.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;
@@ -181,6 +256,7 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
       if (measure_memory) {
         res.act_bytes = r.act_bytes;
         res.act_extra_bytes = r.act_extra_bytes;
+        res.stack_act_bytes = r.stack_act_bytes;
         res.act_by_category = r.act_by_category;
         res.fwd_retained_bytes = r.fwd_retained_bytes;
         res.peak_allocated_bytes = r.peak_allocated_bytes;
@@ -230,6 +306,7 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
 std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm, const ExperimentSpec& spec_in) {
   ExperimentSpec spec = spec_in;
   spec.layers = 1;
+  spec.stack = {};  // one layer: its own checkpoint
   check_spec(spec, comm);
   if (!be.computes()) throw InvalidArgument("tensor values need a backend that computes (cpu or cuda), not meta");
   LayerStack stack = build_stack(be, comm, spec);

@@ -21,6 +21,7 @@ struct ExperimentSpec {
   LayerPolicy policy;
   DType dtype = DType::bf16;
   int layers = 1;
+  StackRecompute stack;  // with full recompute: Megatron's --recompute-method over the layers
   int warmup = 1;
   int iters = 5;
   uint64_t seed = 1234;
@@ -35,6 +36,7 @@ struct ExperimentResult {
   Summary comm_ms_emulated;          // per layer: the emulated collectives' local copies (--emulate-tp)
   int64_t act_bytes = 0;             // per layer, paper categories, from SavedActivations
   int64_t act_extra_bytes = 0;       // per layer, LayerNorm statistics
+  int64_t stack_act_bytes = 0;       // the whole stack: every layer's paper bytes and the group checkpoints
   int64_t fwd_retained_bytes = 0;    // per layer, allocator requested-bytes delta across forward
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
@@ -62,7 +64,7 @@ class LayerStackRunner {
     double fwd_ms = 0, bwd_ms = 0, total_ms = 0;  // per layer, this rank, emulated copies excluded
     double comm_ms_emulated = 0;                   // per layer: time of the emulated collectives' copies
     // With measure_memory (else zero):
-    int64_t act_bytes = 0, act_extra_bytes = 0, fwd_retained_bytes = 0;
+    int64_t act_bytes = 0, act_extra_bytes = 0, fwd_retained_bytes = 0, stack_act_bytes = 0;
     int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;
     double comm_bytes = 0;
     std::vector<std::pair<std::string, int64_t>> act_by_category;
@@ -71,8 +73,14 @@ class LayerStackRunner {
   // constructor: the timed loop generates nothing on the host). measure_memory resets the
   // allocator's peaks and the communicator's byte counts first.
   Iteration iteration(bool measure_memory = false, PhaseLog* log = nullptr);
+  const LayerStack& layers() const { return *stack_; }  // after an iteration: each layer's gradients
 
  private:
+  int group_size() const;  // uniform recompute's N, else 0
+  std::vector<Tensor> forward_stack(Tensor& h);
+  void backward_stack(const Tensor& dy, std::vector<Tensor>& checkpoints);
+  void count_saved_bytes(const std::vector<Tensor>& checkpoints, Iteration& out) const;
+
   Backend& be_;
   Communicator& comm_;
   ExperimentSpec spec_;

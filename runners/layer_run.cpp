@@ -9,6 +9,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/backend_comm.hpp"
+#include "runners/closed_form.hpp"
 #include "runners/experiment.hpp"
 #include "runners/layer_run_options.hpp"
 #include "runners/rank_agreement.hpp"
@@ -79,6 +80,7 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.policy = policy;
   spec.dtype = s.plan.dtype;
   spec.layers = o.layers;
+  spec.stack = o.recompute.stack;
   spec.warmup = o.warmup;
   spec.iters = o.iters;
   spec.seed = o.seed;

@@ -56,7 +56,7 @@ struct Args {
       rotary_base, attention_dropout, hidden_dropout;
   bool qk_layernorm = false, swiglu = false, squared_relu = false, disable_bias_linear = false, add_qkv_bias = false,
        group_query_attention = false;
-  std::string recompute_granularity, recompute_modules;
+  std::string recompute_granularity, recompute_modules, recompute_method, recompute_num_layers;
   bool recompute_activations = false, sequence_parallel = false;
   bool emulate_tp = false, print_header = false, print_schema = false, list_presets = false, json = false;
 };
@@ -92,6 +92,10 @@ void declare_spec_options(CLI::App& app, Args& a, const std::function<void(const
                "sequence parallelism: with --recompute-granularity, the one configuration to run (instead of --config)");
   value("--recompute-modules", a.recompute_modules,
         "what selective recompute rebuilds: any of core_attn,mlp,layernorm (default core_attn)");
+  value("--recompute-method", a.recompute_method,
+        "full recompute over --layers: uniform (groups of --recompute-num-layers, each from its input) | block "
+        "(the first --recompute-num-layers layers recomputed, the rest keep everything)");
+  value("--recompute-num-layers", a.recompute_num_layers, "N for --recompute-method (default 1)");
 }
 
 bool is_given(const GivenOptions& given, const char* name) {
@@ -285,6 +289,12 @@ void take_recompute_values(const Args& a, const GivenOptions& given, LayerRunOpt
   }
   r.sequence_parallel = a.sequence_parallel;
   if (is_given(given, "--recompute-modules")) r.modules = parse_recompute_modules(a.recompute_modules);
+  if (is_given(given, "--recompute-method")) r.stack.method = parse_recompute_method(a.recompute_method);
+  if (is_given(given, "--recompute-num-layers")) {
+    if (r.stack.method == RecomputeMethod::none)
+      throw InvalidArgument("--recompute-num-layers needs --recompute-method uniform or block");
+    r.stack.num_layers = parse_int_option("--recompute-num-layers", a.recompute_num_layers, 1, kMaxModelLayers);
+  }
   if (r.names_a_configuration() && is_given(given, "--config"))
     throw InvalidArgument("--config cannot be combined with --recompute-granularity, --recompute-activations or "
                           "--sequence-parallel: those name the one configuration to run");
@@ -364,6 +374,11 @@ std::vector<LayerPolicy> resolve_policies(const LayerRunOptions& o) {
     if (p.recompute == Recompute::selective && r.modules) p.modules = *r.modules;
     selective = selective || p.recompute == Recompute::selective;
   }
+  if (r.stack.method != RecomputeMethod::none)
+    for (const LayerPolicy& p : policies)
+      if (p.recompute != Recompute::full)
+        throw InvalidArgument("--recompute-method needs full recompute in every configuration (--recompute-granularity "
+                              "full, or full / full+sp in --config), not " + config_name(p));
   if (r.modules && !selective)
     throw InvalidArgument("--recompute-modules needs a selective configuration (--recompute-granularity selective, "
                           "or selective in --config)");

@@ -56,7 +56,9 @@ std::vector<std::pair<std::string, std::string>> layer_spec_edits_text(const Lay
 std::vector<std::pair<std::string, std::string>> recompute_flags_text(const RecomputeFlags& r) {
   return {{"--recompute-granularity", text_of(r.granularity, recompute_name)},
           {"--sequence-parallel", r.sequence_parallel ? "1" : ""},
-          {"--recompute-modules", text_of(r.modules, recompute_modules_name)}};
+          {"--recompute-modules", text_of(r.modules, recompute_modules_name)},
+          {"--recompute-method", recompute_method_name(r.stack.method)},
+          {"--recompute-num-layers", std::to_string(r.stack.num_layers)}};
 }
 
 }  // namespace actbench

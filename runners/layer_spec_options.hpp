@@ -10,6 +10,7 @@
 //   --attention-dropout P  --hidden-dropout P  (--dropout P sets both)
 //   --recompute-granularity full|selective (--recompute-activations: selective)  --sequence-parallel
 //   --recompute-modules core_attn,mlp,layernorm
+//   --recompute-method uniform|block --recompute-num-layers N   (full recompute over --layers)
 //
 // Each edits the spec of the --model preset (or --arch's, or --hf-config's) where given.
 #include <cstdint>
@@ -42,6 +43,7 @@ struct RecomputeFlags {
   std::optional<Recompute> granularity;        // --recompute-granularity / --recompute-activations
   bool sequence_parallel = false;              // --sequence-parallel
   std::optional<RecomputeModules> modules;     // --recompute-modules (selective configurations)
+  StackRecompute stack;                        // --recompute-method, --recompute-num-layers (full, a stack)
   bool names_a_configuration() const { return granularity.has_value() || sequence_parallel; }
 };
 

@@ -51,13 +51,21 @@ const std::vector<Column>& result_columns() {
       {"bwd_ms_max", "ms", "the slowest timed iteration's backward (as `bwd_ms`)"},
       {"act_bytes", "bytes",
        "**measured**: the tensors a layer saves for backward, in the paper's categories (every layer of the "
-       "stack saves the same; checked); empty unless ok"},
+       "stack saves the same; checked); under a `recompute_method`, whose layers differ, `stack_act_bytes` / "
+       "`layers` rounded down; empty unless ok"},
       {"act_extra_bytes", "bytes",
        "saved bytes outside the paper's count: the norms' fp32 statistics (LayerNorm mean and rstd, RMSNorm "
        "rstd); empty unless ok"},
       {"act_bytes_formula", "bytes",
        "the formula at this shape, spec, dtype, t and config: theory::layer_bytes, the layer's pieces summed "
-       "(Table 2 for the paper's layer, the llama family's closed form for its preset); also in oom rows"},
+       "(Table 2 for the paper's layer, the llama family's closed form for its preset); under a "
+       "`recompute_method`, `stack_act_bytes_formula` / `layers`; also in oom rows"},
+      {"stack_act_bytes", "bytes",
+       "**measured**: what the whole stack keeps for backward after forward: every layer's saved tensors in "
+       "the paper's categories and the group checkpoints that `recompute_method` uniform holds; empty unless ok"},
+      {"stack_act_bytes_formula", "bytes",
+       "the stack's closed form: layers x act_bytes_formula without a `recompute_method`; block: N full "
+       "layers' inputs and L - N layers that keep everything; uniform: ceil(L / N) group inputs"},
       {"fwd_retained_bytes", "bytes",
        "growth of the allocator's requested bytes across the stack's forward pass (its input counted, its "
        "output not), divided by `layers`; empty unless ok"},
@@ -124,6 +132,11 @@ const std::vector<Column>& result_columns() {
       {"recompute_modules", "",
        "selective rows: what backward rebuilds (`--recompute-modules`, e.g. `core_attn` (the paper's), "
        "`core_attn,mlp,layernorm`); empty for the others"},
+      {"recompute_method", "",
+       "full rows over a stack: `uniform` (groups of `recompute_num_layers` layers, each recomputed from its "
+       "input) or `block` (the first `recompute_num_layers` layers recomputed, the rest not); empty: each "
+       "layer its own checkpoint"},
+      {"recompute_num_layers", "layers", "N of `--recompute-num-layers`; empty without a `recompute_method`"},
   };
   return columns;
 }

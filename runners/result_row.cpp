@@ -1,13 +1,14 @@
 #include "runners/result_row.hpp"
 
+#include <cmath>
+
 #include <cstdio>
 
+#include "runners/closed_form.hpp"
 #include "runners/result_columns.hpp"
 #include "runners/run_args.hpp"
 #include "runtime/allocator.hpp"
 #include "runtime/provenance.hpp"
-#include "layers/theory_dims.hpp"
-#include "theory/layer_pieces.hpp"
 
 namespace actbench {
 namespace {
@@ -27,13 +28,15 @@ std::string fmt_num(double v, const char* f = "%.0f") {
 
 }  // namespace
 
-// The closed form of theory/layer_pieces.hpp for this layer's spec and configuration.
-double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype) {
-  const theory::Precision precision{static_cast<double>(dtype_size(dtype)), 1.0};
-  return theory::layer_bytes(theory_dims(d, tp), d.spec, p, precision);
-}
+
 
 namespace {
+
+// Per layer: the layer's closed form, or the stack's over its layers under a --recompute-method.
+double per_layer_formula_bytes(const ExperimentSpec& spec, int tp) {
+  if (spec.stack.method == RecomputeMethod::none) return formula_bytes(spec.dims, tp, spec.policy, spec.dtype);
+  return stack_formula_bytes(spec, tp) / spec.layers;
+}
 
 // The backend's times are results: not meta, not the CPU simulator, and the run was ok.
 bool have_time(const RunContext& run, const Measurement& m) {
@@ -88,6 +91,12 @@ void set_spec_columns(CsvRow& row, const LayerDims& d, const LayerPolicy& p) {
   row.set("recompute_modules", recomputed_modules_text(p));
 }
 
+void set_stack_columns(CsvRow& row, const ExperimentSpec& spec) {
+  const bool method = spec.stack.method != RecomputeMethod::none;
+  row.set("recompute_method", recompute_method_name(spec.stack.method));
+  row.set("recompute_num_layers", method ? std::to_string(spec.stack.num_layers) : "");
+}
+
 void set_layer_columns(CsvRow& row, const Measurement& m) {
   const LayerPolicy& p = m.spec.policy;
   const LayerDims& d = m.spec.dims;
@@ -97,6 +106,7 @@ void set_layer_columns(CsvRow& row, const Measurement& m) {
   row.set("warmup", std::to_string(m.spec.warmup));
   row.set("seed", std::to_string(m.spec.seed));
   set_spec_columns(row, d, p);
+  set_stack_columns(row, m.spec);
 }
 
 void set_time_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
@@ -116,7 +126,9 @@ void set_memory_columns(CsvRow& row, const RunContext& run, const Measurement& m
   const bool ok = r.status == "ok";
   row.set("act_bytes", ok ? std::to_string(r.act_bytes) : "");
   row.set("act_extra_bytes", ok ? std::to_string(r.act_extra_bytes) : "");
-  row.set("act_bytes_formula", fmt_num(formula_bytes(m.spec.dims, run.options.tp, m.spec.policy, m.spec.dtype)));
+  row.set("act_bytes_formula", fmt_num(per_layer_formula_bytes(m.spec, run.options.tp)));
+  row.set("stack_act_bytes", ok ? std::to_string(r.stack_act_bytes) : "");
+  row.set("stack_act_bytes_formula", fmt_num(stack_formula_bytes(m.spec, run.options.tp)));
   row.set("fwd_retained_bytes", ok ? std::to_string(r.fwd_retained_bytes) : "");
   row.set("peak_allocated_bytes", std::to_string(r.peak_allocated_bytes));
   row.set("peak_reserved_bytes", std::to_string(r.peak_reserved_bytes));
@@ -184,7 +196,7 @@ std::vector<std::vector<std::string>> cupti_rows(const RunContext& run, const Me
 
 std::string console_line(const RunContext& run, const Measurement& m) {
   const ExperimentResult& r = m.result;
-  const double formula = formula_bytes(m.spec.dims, run.options.tp, m.spec.policy, m.spec.dtype);
+  const double formula = per_layer_formula_bytes(m.spec, run.options.tp);
   char head[256];
   std::snprintf(head, sizeof head, "%-13s %-5s act %s (formula %s)", config_name(m.spec.policy).c_str(),
                 r.status.c_str(), format_bytes(r.act_bytes).c_str(),

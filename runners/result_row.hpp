@@ -34,7 +34,4 @@ std::vector<std::vector<std::string>> cupti_rows(const RunContext& run, const Me
 // "selective+sp  ok    act 68.00 KiB (formula 68.00 KiB) fwd ... ms bwd ... ms"
 std::string console_line(const RunContext& run, const Measurement& m);
 
-// Table 2's bytes (or the llama family's closed form) for this layer and configuration.
-double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype);
-
 }  // namespace actbench

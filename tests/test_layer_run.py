@@ -113,6 +113,13 @@ class LayerRunTest(unittest.TestCase):
             "unknown flag": ["--backend", "meta", "--frobnicate"],
             "bad memory size": ["--backend", "meta", "--memory-limit", "12XB"],
             "non-numeric seq": ["--backend", "meta", "--seq", "many"],
+            "recompute method of selective": ["--backend", "meta", "--layers", "4", "--config", "full,selective",
+                                              "--recompute-method", "uniform"],
+            "unknown recompute method": ["--backend", "meta", "--config", "full", "--recompute-method", "chunk"],
+            "recompute layers without a method": ["--backend", "meta", "--config", "full",
+                                                  "--recompute-num-layers", "2"],
+            "recompute layers above the stack": ["--backend", "meta", "--config", "full", "--layers", "2",
+                                                 "--recompute-method", "block", "--recompute-num-layers", "3"],
         }
         for what, args in cases.items():
             with self.subTest(what):

@@ -87,4 +87,19 @@ std::string recomputed_modules_text(const LayerPolicy& p) {
   return p.recompute == Recompute::selective ? recompute_modules_name(p.modules) : "";
 }
 
+const char* recompute_method_name(RecomputeMethod m) {
+  switch (m) {
+    case RecomputeMethod::uniform: return "uniform";
+    case RecomputeMethod::block: return "block";
+    case RecomputeMethod::none: break;
+  }
+  return "";
+}
+
+RecomputeMethod parse_recompute_method(const std::string& name) {
+  if (name == "uniform") return RecomputeMethod::uniform;
+  if (name == "block") return RecomputeMethod::block;
+  throw InvalidArgument("--recompute-method must be uniform or block, got '" + name + "'");
+}
+
 }  // namespace actbench

@@ -23,6 +23,19 @@ struct RecomputeModules {
   bool operator==(const RecomputeModules&) const = default;
 };
 
+// Megatron's --recompute-method with full recompute, over a stack of layers: uniform keeps the
+// input of each group of num_layers consecutive layers and recomputes the group as a whole in
+// backward; block recomputes the first num_layers layers each from its own input and keeps
+// everything of the rest. none: each layer of a full configuration is its own checkpoint.
+enum class RecomputeMethod { none, uniform, block };
+struct StackRecompute {
+  RecomputeMethod method = RecomputeMethod::none;
+  int num_layers = 1;  // --recompute-num-layers
+  bool operator==(const StackRecompute&) const = default;
+};
+const char* recompute_method_name(RecomputeMethod m);  // "" | "uniform" | "block"
+RecomputeMethod parse_recompute_method(const std::string& name);  // uniform | block; throws InvalidArgument
+
 struct LayerPolicy {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
