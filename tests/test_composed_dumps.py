@@ -30,8 +30,10 @@ except ImportError:
     np = numpy_layer = None
 
 # A small layer (h 64, a 4, d 16) that runs in a fraction of a second; the flags below edit it.
-SHAPE = ["--backend", "cpu", "--dtype", "fp32", "--seq", "16", "--hidden", "64", "--heads", "4", "--batch", "2",
-         "--warmup", "0", "--iters", "1"]
+# (tests/test_cuda_sim.py runs some of these combinations on the cuda backend of the simulator.)
+SHAPE = ["--dtype", "fp32", "--seq", "16", "--hidden", "64", "--heads", "4", "--batch", "2", "--warmup", "0",
+         "--iters", "1"]
+CPU = ["--backend", "cpu"]
 NO_DROPOUT = ["--dropout", "0"]
 RTOL = 1e-4
 
@@ -119,6 +121,14 @@ MPI_COMBOS = ["gqa2_half_rope", "layernorm_qk_squared_relu_fused", "squared_relu
 COMBO = {c.name: c for c in COMBOS}
 
 
+def expected_layer_json(combo, config, tp):
+    """What layer.json of `combo` run as `config` on `tp` ranks must hold."""
+    expect = dict(combo.expect, config=config, tp=tp)
+    if config.startswith("selective"):
+        expect["recompute_modules"] = combo.modules
+    return expect
+
+
 def tensors(folder):
     return sorted(n for n in os.listdir(folder) if n.endswith(".npy"))
 
@@ -135,7 +145,7 @@ class ComposedDumpTest(unittest.TestCase):
         """Runs layer_run with --dump NAME/ --csv NAME.csv; returns (dump folder, rows). A hang past
         `timeout` kills the whole process group and fails the test instead of hanging CI."""
         dump, out = os.path.join(self.tmp, name), os.path.join(self.tmp, name + ".csv")
-        cmd = [LAYER_RUN, *args, "--dump", dump, "--csv", out]
+        cmd = [LAYER_RUN, *CPU, *args, "--dump", dump, "--csv", out]
         if np_ranks:
             cmd = [MPIEXEC, "-np", str(np_ranks), *cmd]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -152,10 +162,7 @@ class ComposedDumpTest(unittest.TestCase):
     def assert_layer_json(self, folder, combo, config, tp):
         with open(os.path.join(folder, "layer.json")) as f:
             layer = json.load(f)
-        expect = dict(combo.expect, config=config, tp=tp)
-        if config.startswith("selective"):
-            expect["recompute_modules"] = combo.modules
-        for key, value in expect.items():
+        for key, value in expected_layer_json(combo, config, tp).items():
             self.assertEqual(layer[key], value, "%s of %s/%s" % (key, combo.name, config))
 
     def assert_matches_numpy(self, folder):
