@@ -33,8 +33,21 @@ TIME_COLUMNS = ["fwd_ms", "bwd_ms", "total_ms", "fwd_ms_min", "fwd_ms_max", "bwd
 try:
     import numpy as np
     import numpy_layer
+    import test_composed_dumps as composed  # the option combinations (as a module: its tests stay there)
 except ImportError:
-    np = numpy_layer = None
+    np = numpy_layer = composed = None
+# Combinations of the composed layer's options run here: qk-layernorm (LayerNorm, and RMSNorm with
+# dropout, GQA and fused attention) with squared-ReLU, squared-ReLU with a QKV bias alone, GQA with
+# partial RoPE, and every option with dropout.
+SIM_COMBOS = ["layernorm_qk_squared_relu_fused", "dropout_fused_gqa_qk_squared_relu", "squared_relu_qkv_bias_no_rope",
+              "gqa2_half_rope", "everything_on"]
+
+
+def has_zero_gradient(combo):
+    """LayerNorm q/k norms: softmax ignores a shift shared by every key, so k_norm.bias's gradient
+    is zero and both backends dump rounding noise (~1e-8) that no relative tolerance can compare;
+    the NumPy check's absolute floor takes it."""
+    return combo.expect.get("qk_layernorm") and combo.expect.get("normalization") == "LayerNorm"
 
 
 def read_rows(path):
@@ -178,6 +191,44 @@ class CudaSimTest(unittest.TestCase):
                 layer = json.load(f)
             self.assertEqual((layer["normalization"], layer["activation"], layer["kv_heads"]), ("RMSNorm", "swiglu", 2))
             self.assert_numpy_reference(dump)
+
+    # ---- the composed layer's options ----
+    def assert_composed_dump(self, folder, combo, config, tp):
+        with open(os.path.join(folder, "layer.json")) as f:
+            layer = json.load(f)
+        for key, value in composed.expected_layer_json(combo, config, tp).items():
+            self.assertEqual(layer[key], value, "%s of %s/%s" % (key, combo.name, config))
+        self.assert_numpy_reference(folder)
+
+    def run_composed(self, configs, tp=1):
+        """Each of SIM_COMBOS on the cuda backend as `configs`, its dumps against the cpu backend's
+        and the NumPy layer."""
+        parallel = ["--tp", str(tp)] if tp > 1 else []
+        ranks = tp if tp > 1 else None
+        for name in SIM_COMBOS:
+            combo = composed.COMBO[name]
+            args = [*composed.SHAPE, *combo.flags, *parallel, "--config", ",".join(configs), "--recompute-modules",
+                    combo.modules]
+            tag = "%s_tp%d" % (name, tp)
+            rows = self.layer_run("cuda_" + tag, "--backend", "cuda", *args, "--dump", self.dump_dir("cuda_" + tag),
+                                  np_ranks=ranks)
+            self.assert_simulated_rows(rows, configs)
+            self.layer_run("cpu_" + tag, "--backend", "cpu", *args, "--dump", self.dump_dir("cpu_" + tag),
+                           np_ranks=ranks)
+            for config in configs:
+                with self.subTest(combo=name, config=config, tp=tp):
+                    got = os.path.join(self.dump_dir("cuda_" + tag), config)
+                    self.assert_composed_dump(got, combo, config, tp)
+                    if not has_zero_gradient(combo):
+                        self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), config))
+
+    @unittest.skipUnless(composed, "numpy missing: run with /usr/bin/python3")
+    def test_composed_options_match_cpu_and_numpy(self):
+        self.run_composed(["baseline", "selective", "full"])
+
+    @unittest.skipUnless(composed and MPIEXEC, "numpy or mpirun missing")
+    def test_composed_options_under_two_ranks_and_sequence_parallel(self):
+        self.run_composed(["sp", "selective+sp"], tp=2)
 
     def test_cupti_phase_split_of_simulated_kernels(self):
         # The simulated runtime reports every API call, kernel, copy and set to the CUPTI
