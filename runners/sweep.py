@@ -13,26 +13,30 @@ PLAN is a built-in plan (table4, seqlen, tp, models, longseq, llama, smoke) or a
 
 Every combination of the grid's values (with the fixed ones) is one point; a point is one
 layer_run process writing one row. No config means the paper's five; a config given as a
-list ("baseline,sp" or, in fixed, ["baseline", "sp"]) is one point per configuration. Keys
-of a point: model hidden heads seq batch tp config attention dtype dropout layers arch
-kv_heads ffn_hidden (plus the backend and whether t is emulated); a point whose key is
-already in the CSV is skipped, so a sweep killed at any moment is resumed by running it again.
-Keys are compared as the exact text layer_run writes (dropout: the shortest %.{p}g that reads
-back as its float32). Numbers in a plan or an option are taken only as layer_run spells them
-(ASCII digits); a plan file is at most 4 levels deep and 1000000 points.
+list ("baseline,sp" or, in fixed, ["baseline", "sp"]) is one point per configuration. Fields
+of a point: model hidden heads seq batch tp config attention dtype dropout layers arch, and
+the layer spec's, each named as the CSV column that records it and passed under layer_run's
+Megatron-LM flag: normalization norm_epsilon qk_layernorm activation ffn_hidden
+add_bias_linear add_qkv_bias kv_heads position_embedding rotary_percent rotary_base
+attention_dropout hidden_dropout recompute_modules (docs/sweeps.md). A point's key is the
+text layer_run writes in those columns (plus the backend and whether t is emulated), predicted
+by the rules layer_run writes them with (the arch column is gpt, llama or custom, as the spec
+is); a point whose key is already in the CSV is skipped, so a sweep killed at any moment is
+resumed by running it again. Numbers in a plan or an option are taken only as layer_run
+spells them (ASCII digits); a plan file is at most 4 levels deep and 1000000 points.
 
 Models: tiny 22b 175b 530b 1t (arch gpt) and llama3-8b llama3-70b llama3-405b (arch llama),
-each with layer_run's preset shape unless the plan sets it. "arch": "llama" on a gpt model
-runs the llama layer at that shape; for llama, kv_heads defaults to the preset's (else heads)
-and ffn_hidden to the preset's (else 4 x hidden), and dropout is 0 (llama has none: another
-value is refused). kv_heads and ffn_hidden need arch llama. The sweep passes every one of
-these to layer_run, so a row always carries its point's key. --extra may not set what the
-sweep sets, nor --hf-config, --rope-theta or --norm-eps (they change what runs, but no
-column records them). Rows are appended whole by layer_run (one write under a lock);
-a point that fails without a row gets a row with status=failed written by this driver, the
-same way. Out-of-memory points are rows with status=oom (layer_run exit status 3) and the
-sweep goes on. Malformed lines already in the CSV (half-written or glued rows, bytes that
-are not UTF-8, runaway fields) are named with their line number; their points run again.
+each with layer_run's preset shape and spec (runners/facts.json) unless the plan sets them.
+"arch": "llama" on a gpt model starts from the llama spec at that shape. --dropout is the
+default of gpt points; a llama point keeps the preset's 0 unless the plan sets dropout.
+recompute_modules applies to selective configurations (else its column is empty). --extra
+may not set what the sweep sets (every spec flag included), nor --hf-config.
+
+Rows are appended whole by layer_run (one write under a lock); a point that fails without a
+row gets a row with status=failed written by this driver, the same way. Out-of-memory points
+are rows with status=oom (layer_run exit status 3) and the sweep goes on. Malformed lines
+already in the CSV (half-written or glued rows, bytes that are not UTF-8, runaway fields) are
+named with their line number; their points run again.
 
 One sweep at a time per CSV file: a sweep holds FILE.lock (flock) and a lock named after the
 file's device and inode (so every hard-linked name is one lock) from start to end, and every
@@ -79,15 +83,33 @@ import user_files  # noqa: E402
 with open(os.path.join(HERE, "facts.json")) as _facts_file:
     FACTS = json.load(_facts_file)
 PAPER_CONFIGS = FACTS["paper_configs"]
+SELECTIVE_CONFIGS = {c["name"] for c in FACTS["configs"] if c["recompute"] == "selective"}
 PRESETS = {p["name"]: p for p in FACTS["presets"]}
 PAPER_MODELS = [p["name"] for p in FACTS["presets"] if p["paper"]]
 ATTENTIONS = FACTS["attention"]
 ARCHS = tuple(FACTS["archs"])
+ARCH_SPECS = FACTS["arch_specs"]  # the spec --arch starts from on a model of the other family
+SPEC_OPTIONS = FACTS["spec_options"]  # the names and bounds layer_run takes for the spec's options
+
+# The layer spec's plan fields, each named as the CSV column that records it, with the
+# layer_run (Megatron-LM) flag that sets it. A switch sets its field to one value only (the
+# other is reachable only as the preset's); the activation's flags name swiglu and squared_relu
+# (gelu is neither, so only a gelu preset runs it).
+SPEC_VALUE_FLAGS = {"normalization": "--normalization", "norm_epsilon": "--norm-epsilon",
+                    "ffn_hidden": "--ffn-hidden", "kv_heads": "--kv-heads",
+                    "position_embedding": "--position-embedding-type", "rotary_percent": "--rotary-percent",
+                    "rotary_base": "--rotary-base", "attention_dropout": "--attention-dropout",
+                    "hidden_dropout": "--hidden-dropout"}
+SPEC_SWITCHES = {"qk_layernorm": ("--qk-layernorm", True), "add_bias_linear": ("--disable-bias-linear", False),
+                 "add_qkv_bias": ("--add-qkv-bias", True)}
+ACTIVATION_FLAGS = {"swiglu": "--swiglu", "squared_relu": "--squared-relu"}
+SPEC_FIELDS = set(SPEC_VALUE_FLAGS) | set(SPEC_SWITCHES) | {"activation"}
 # The columns that identify a point (as layer_run writes them): every field a plan may vary.
 KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "attention",
-               "dtype", "dropout", "layers", "arch", "kv_heads", "ffn_hidden"]
+               "dtype", "dropout", "layers", "arch", "kv_heads", "ffn_hidden", "normalization", "norm_epsilon",
+               "qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias", "position_embedding",
+               "rotary_percent", "rotary_base", "attention_dropout", "hidden_dropout", "recompute_modules"]
 SHAPE_FIELDS = ("seq", "batch", "hidden", "heads", "tp")
-DEFAULT_DROPOUT = 0.1  # layer_run's default for gpt (llama has no dropout: 0); always passed, so the key says what ran
 
 BUILTIN_PLANS = {
     # Table 4: one 22B layer, t = 8, all five configurations.
@@ -115,16 +137,24 @@ BUILTIN_PLANS = {
 
 INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers", "kv_heads", "ffn_hidden"}
 TEXT_FIELDS = {"model", "config", "attention", "dtype", "arch"}
-POINT_FIELDS = INT_FIELDS | TEXT_FIELDS | {"dropout"}
-# layer_run options the sweep sets itself; --extra may not set them (the point key would lie).
+PROBABILITY_FIELDS = {"dropout", "attention_dropout", "hidden_dropout"}
+NAME_FIELDS = {"normalization", "activation", "position_embedding"}  # names from SPEC_OPTIONS
+POINT_FIELDS = INT_FIELDS | TEXT_FIELDS | SPEC_FIELDS | PROBABILITY_FIELDS | {"recompute_modules"}
+# Megatron-LM's spelling of learned absolute positions: added before the first layer, so inside
+# the layer they are none (layer_run writes none).
+POSITION_ALIASES = {"learned_absolute": "none"}
+# layer_run options the sweep sets itself (from the plan or its own options); --extra may not
+# set them (the point key would lie).
 OWN_OPTIONS = {"--backend", "--model", "--hidden", "--heads", "--seq", "--batch", "--tp", "--config", "--attention",
                "--dtype", "--dropout", "--layers", "--arch", "--kv-heads", "--ffn-hidden", "--csv", "--emulate-tp",
-               "--warmup", "--iters", "--memory-limit", "--print-csv-header", "--help", "-h"}
+               "--warmup", "--iters", "--memory-limit", "--print-csv-header", "--help", "-h",
+               *SPEC_VALUE_FLAGS.values(), *(flag for flag, _ in SPEC_SWITCHES.values()), *ACTIVATION_FLAGS.values(),
+               "--norm-eps", "--rope-theta", "--ffn-hidden-size", "--group-query-attention", "--num-query-groups",
+               "--recompute-modules", "--recompute-granularity", "--recompute-activations", "--sequence-parallel"}
 # layer_run options that change what runs but that no key column records: refused in --extra,
 # since rows run with and without them would be the same point to a resumed sweep.
 UNKEYED_OPTIONS = {"--hf-config": "put the config's shape in the plan (arch llama, hidden, heads, kv_heads, "
-                                  "ffn_hidden, seq)",
-                   "--rope-theta": "the preset's theta runs (else 10000)", "--norm-eps": "1e-5 runs"}
+                                  "ffn_hidden, rotary_base, norm_epsilon, seq)"}
 GRACE_S = 10.0  # after passing on a signal (or a timeout), how long a point may take to exit before SIGKILL
 MAX_WARNINGS = 20
 
@@ -201,6 +231,8 @@ def plan_value(plan, k, v):
     """A plan's value for field k as layer_run takes it; SweepError names what is wrong.
     Numbers are JSON numbers or strings spelled as layer_run reads them (number_text)."""
     where = f"plan '{plan['name']}': {k}={shown(v)}"
+    if k in SPEC_SWITCHES:
+        return plan_switch(where, v)
     if isinstance(v, bool) or v is None or isinstance(v, (list, dict)):
         raise SweepError(f"{where} is not a single value")
     if k in INT_FIELDS:
@@ -211,17 +243,65 @@ def plan_value(plan, k, v):
         if not isinstance(v, int) or not 1 <= v <= number_text.INT64_MAX:
             raise SweepError(f"{where} is not a positive integer (1 .. 2^63-1, ASCII digits)")
         return v
-    if k == "dropout":
-        if isinstance(v, str):
-            v = number_text.real(v)
-        if not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise SweepError(f"{where} is not a finite number (ASCII digits)")
+    if k in PROBABILITY_FIELDS:
+        v = plan_real(where, v)
         if not 0 <= v < 1 or number_text.to_float32(v) >= 1:
             raise SweepError(f"{where} is not in [0, 1) (as a float32, which layer_run runs)")
-        return float(v)
+        return v
+    if k == "rotary_percent":
+        v = plan_real(where, v)
+        if not 0 < v <= 1:
+            raise SweepError(f"{where} is not in (0, 1]")
+        return v
+    if k in ("norm_epsilon", "rotary_base"):
+        v, (lo, hi) = plan_real(where, v), SPEC_OPTIONS[f"{k}_range"]
+        if not lo <= v <= hi:
+            raise SweepError(f"{where} is not in [{lo:g}, {hi:g}]")
+        return v
     if not isinstance(v, str) or not v.strip():
         raise SweepError(f"{where} is not a name")
-    return v.strip()
+    v = v.strip()
+    if k == "recompute_modules":
+        return modules_text(where, v)
+    if k == "position_embedding":
+        v = POSITION_ALIASES.get(v, v)
+    if k in NAME_FIELDS and v not in SPEC_OPTIONS[k]:
+        known = SPEC_OPTIONS[k] + (list(POSITION_ALIASES) if k == "position_embedding" else [])
+        raise SweepError(f"{where} is not one of {', '.join(known)}")
+    return v
+
+
+def plan_real(where, v):
+    """A finite number: a JSON number or a string layer_run reads as one."""
+    if isinstance(v, str):
+        v = number_text.real(v)
+    try:
+        finite = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    except OverflowError:  # an integer of hundreds of digits
+        finite = False
+    if not finite:
+        raise SweepError(f"{where} is not a finite number (ASCII digits)")
+    return float(v)
+
+
+def plan_switch(where, v):
+    """An on/off field: true or false, or 1 or 0 as its column writes it."""
+    if v in (True, False, 1, 0, "1", "0") and not isinstance(v, float):
+        return v in (True, 1, "1")
+    raise SweepError(f"{where} is not true, false, 1 or 0")
+
+
+def modules_text(where, v):
+    """The recompute modules as layer_run writes them: its canonical order, each once."""
+    names = SPEC_OPTIONS["recompute_modules"]
+    words = v.split(",")
+    for w in words:
+        if w not in names:
+            raise SweepError(f"{where}: '{w}' is not a recompute module (a comma-separated subset of "
+                             f"{', '.join(names)})")
+        if words.count(w) > 1:
+            raise SweepError(f"{where} names '{w}' twice")
+    return ",".join(n for n in names if n in words)
 
 
 def config_list(plan, v):
@@ -274,18 +354,23 @@ def expand(plan, defaults):
         given = dict(fixed)
         given.update(zip(names, values))
         p = resolve(plan, given, defaults)
-        ident = tuple(key_text(k, p[k]) for k in KEY_COLUMNS if k in p)
+        ident = tuple(key_texts(p).values())
         if ident not in seen:  # a value listed twice (or a default spelled out) is still one point
             seen.add(ident)
             points.append(p)
+    if ("recompute_modules" in fixed or "recompute_modules" in grid) and not any(p["recompute_modules"]
+                                                                                 for p in points):
+        raise SweepError(f"plan '{plan['name']}': recompute_modules needs a selective configuration "
+                         f"({', '.join(sorted(SELECTIVE_CONFIGS))}) in config")
     return points
 
 
 def resolve(plan, given, defaults):
     """One point's layer_run settings, every key column filled as layer_run will write its row:
-    the preset's shape and family (PRESETS) unless the plan sets them; for llama
-    kv_heads defaults to the preset's or heads, ffn_hidden to the preset's or 4 x hidden
-    (LayerDims::groups, ::ffn), and dropout is 0 (layer_run's default for llama, which has none)."""
+    the preset's shape and spec (facts.json) unless the plan sets them. "arch" names the preset
+    family the spec starts from (llama on a gpt model: the llama spec at its shape, g = heads
+    and F = 4 x hidden); the plan's spec fields edit it. dropout is the point's --dropout,
+    always given: the plan's, else defaults' for a gpt point, else the preset's."""
     p = {"dtype": "bf16", "layers": 1, "attention": "unfused"}
     p.update({k: v for k, v in defaults.items() if k != "dropout"})
     p.update(given)
@@ -300,36 +385,120 @@ def resolve(plan, given, defaults):
     where = f"plan '{plan['name']}': model {model}"
     if arch not in ARCHS:
         raise SweepError(f"{where}: unknown arch '{arch}' (known: {', '.join(ARCHS)})")
-    if arch == "gpt":
-        if preset["arch"] == "llama":
-            raise SweepError(f"{where} is a llama model: arch gpt cannot run it")
-        extra = sorted(k for k in ("kv_heads", "ffn_hidden") if k in given)
-        if extra:
-            raise SweepError(f"{where}, arch gpt: {' and '.join(extra)} need arch llama")
-        p["kv_heads"] = p["ffn_hidden"] = ""  # layer_run leaves them empty for gpt
-        p.setdefault("dropout", defaults.get("dropout", DEFAULT_DROPOUT))
-    else:
-        p.setdefault("kv_heads", preset.get("kv_heads") or p["heads"])
-        p.setdefault("ffn_hidden", preset.get("ffn_hidden") or 4 * p["hidden"])
-        if "dropout" in given and given["dropout"] != 0:
-            raise SweepError(f"{where}, arch llama: dropout={key_text('dropout', given['dropout'])}, "
-                             f"but llama has no dropout (0)")
-        p["dropout"] = 0.0
+    if arch == "gpt" and preset["arch"] == "llama":
+        raise SweepError(f"{where} is a llama model: arch gpt cannot run it")
+    base = preset["spec"] if arch == preset["arch"] else ARCH_SPECS[arch]
+    if "dropout" not in given:
+        p["dropout"] = defaults.get("dropout", base["attention_dropout"]) if arch == "gpt" \
+            else base["attention_dropout"]
+    edits = {k: v for k, v in given.items() if k in SPEC_FIELDS}
+    if arch == "llama":  # spelled out, as always: a llama point's row says the g and F it ran
+        edits.setdefault("kv_heads", int(base["kv_heads"]) or p["heads"])
+        edits.setdefault("ffn_hidden", int(base["ffn_hidden"]) or 4 * p["hidden"])
+    p["varied"] = sorted(k for k in given if k in SPEC_FIELDS or k == "recompute_modules")
+    p["spec"], p["spec_args"] = edited_spec(f"{where}, arch {arch}", base, p["dropout"], edits)
+    p["kv_heads"] = int(p["spec"]["kv_heads"]) or p["heads"]
+    p["ffn_hidden"] = int(p["spec"]["ffn_hidden"]) or 4 * p["hidden"]
+    selective = p["config"] in SELECTIVE_CONFIGS
+    p["recompute_modules"] = p.get("recompute_modules", SPEC_OPTIONS["default_recompute_modules"]) \
+        if selective else ""
+    if selective and "recompute_modules" in given:
+        p["spec_args"] += ["--recompute-modules", p["recompute_modules"]]
     return p
 
 
+def edited_spec(where, base, dropout, edits):
+    """(the spec layer_run runs, the flags that make it from base): --dropout sets both
+    dropouts, then each edit its own field, as layer_run applies them."""
+    spec = dict(base, attention_dropout=number_text.to_float32(dropout),
+                hidden_dropout=number_text.to_float32(dropout))
+    args = []
+    for k, v in ((c, edits[c]) for c in KEY_COLUMNS if c in edits):  # in the key's order
+        if k in SPEC_SWITCHES:
+            flag, sets = SPEC_SWITCHES[k]
+            if v == sets:
+                args.append(flag)
+            elif v != base[k]:
+                raise SweepError(f"{where}: {k}={int(v)}, but layer_run's {flag} only sets it to {int(sets)}")
+        elif k == "activation":
+            if v in ACTIVATION_FLAGS:
+                args.append(ACTIVATION_FLAGS[v])
+            elif v != base[k]:
+                raise SweepError(f"{where}: activation={v}, but layer_run has no flag that turns "
+                                 f"{base[k]} into {v} (only {' and '.join(ACTIVATION_FLAGS)})")
+        else:
+            args += [SPEC_VALUE_FLAGS[k], number_flag_text(k, v)]
+        if k in PROBABILITY_FIELDS or k == "norm_epsilon":  # layer_run runs them as float32
+            v = number_text.to_float32(v)
+        spec[k] = v
+    return spec, args
+
+
+def number_flag_text(k, v):
+    """A value as the sweep passes it: probabilities as their key text, other reals in
+    Python's shortest round-trip spelling (layer_run's from_chars reads back the same double)."""
+    if k in PROBABILITY_FIELDS:
+        return key_text(k, v)
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def spec_family(s):
+    """The arch column: layers/config.cpp's spec_family, on the spec layer_run runs."""
+    plain = not s["qk_layernorm"] and s["rotary_percent"] == 1.0
+    if plain and s["normalization"] == "LayerNorm" and s["activation"] == "gelu" and s["ffn_hidden"] == 0 \
+            and s["add_bias_linear"] and s["kv_heads"] == 0 and s["position_embedding"] == "none":
+        return "gpt"
+    if plain and s["normalization"] == "RMSNorm" and s["activation"] == "swiglu" and not s["add_bias_linear"] \
+            and not s["add_qkv_bias"] and s["position_embedding"] == "rope" and s["attention_dropout"] == 0 \
+            and s["hidden_dropout"] == 0:
+        return "llama"
+    return "custom"
+
+
 def key_text(column, value):
-    """The one spelling of a key column's value: the text layer_run writes in its row (decimal
-    integers, names as given, dropout as number_text.float32_text of the float32 it runs).
-    A point is in the CSV when a row holds exactly these texts."""
-    if column == "dropout":
-        return number_text.float32_text(value)
-    return str(value)
+    """The one spelling of a probability column's value: the text layer_run writes in its row,
+    number_text.float32_text of the float32 it runs."""
+    return number_text.float32_text(value) if column in PROBABILITY_FIELDS else str(value)
+
+
+def key_texts(p):
+    """The key columns of a point's row (but backend and emulated), as layer_run writes them
+    (runners/result_row.cpp). A point is in the CSV when a row holds exactly these texts."""
+    s = p["spec"]
+    rope = s["position_embedding"] == "rope"
+    texts = {c: str(p[c]) for c in ("model", "hidden", "heads", "seq", "batch", "tp", "config", "attention",
+                                    "dtype")}
+    texts.update(
+        dropout=key_text("dropout", s["attention_dropout"]) if s["attention_dropout"] == s["hidden_dropout"] else "",
+        layers=str(p["layers"]), arch=spec_family(s), kv_heads=str(p["kv_heads"]),
+        ffn_hidden=str(p["ffn_hidden"]), normalization=s["normalization"],
+        norm_epsilon=number_text.float32_text(s["norm_epsilon"]), qk_layernorm=str(int(s["qk_layernorm"])),
+        activation=s["activation"], add_bias_linear=str(int(s["add_bias_linear"])),
+        add_qkv_bias=str(int(s["add_qkv_bias"])), position_embedding=s["position_embedding"],
+        rotary_percent="%.17g" % s["rotary_percent"] if rope else "",
+        rotary_base="%.17g" % s["rotary_base"] if rope else "",
+        attention_dropout=key_text("attention_dropout", s["attention_dropout"]),
+        hidden_dropout=key_text("hidden_dropout", s["hidden_dropout"]),
+        recompute_modules=p["recompute_modules"])
+    return texts
+
+
+def point_label(p):
+    """A point in the progress lines: its shape and configuration, its family's g and F
+    unless gpt, then the spec fields the plan set and a gpt dropout other than the preset's."""
+    texts = key_texts(p)
+    dropout, preset_dropout = key_text("dropout", p["dropout"]), PRESETS[p["model"]]["spec"]["attention_dropout"]
+    return (f"{p['model']} s={p['seq']} b={p['batch']} t={p['tp']} {p['config']}"
+            + (f" {texts['arch']} g={p['kv_heads']} F={p['ffn_hidden']}" if texts["arch"] != "gpt" else "")
+            + (f" {p['attention']}" if p["attention"] != "unfused" else "")
+            + (f" p={dropout}" if p["arch"] == "gpt" and dropout != key_text("dropout", preset_dropout) else "")
+            + "".join(f" {k}={texts[k]}" for k in p["varied"]
+                      if texts[k] and k not in ("dropout", "kv_heads", "ffn_hidden")))
 
 
 def point_key(p, backend, emulated):
-    values = dict(p, backend=backend, emulated=1 if emulated else 0)
-    return tuple(key_text(c, values[c]) for c in KEY_COLUMNS)
+    texts = dict(key_texts(p), backend=backend, emulated="1" if emulated else "0")
+    return tuple(texts[c] for c in KEY_COLUMNS)
 
 
 # ---------------------------------------------------------------- the CSV
@@ -406,8 +575,7 @@ def end_last_line(path):
 
 def failed_row(header, p, backend, emulated, status, message, command):
     values = {c: "" for c in header}
-    values.update({k: str(v) for k, v in p.items() if k in values})
-    values["dropout"] = key_text("dropout", p["dropout"])  # "0" and "0.1", as layer_run writes them
+    values.update(key_texts(p))
     values.update(backend=backend, emulated="1" if emulated else "0", status=status,
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=command)
     if "message" in values:
@@ -571,10 +739,8 @@ def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
     cmd = [layer_run, "--backend", args.backend, "--model", p["model"], "--hidden", str(p["hidden"]),
            "--heads", str(p["heads"]), "--seq", str(p["seq"]), "--batch", str(p["batch"]), "--tp", str(p["tp"]),
            "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"],
-           "--dropout", key_text("dropout", p["dropout"]), "--layers", str(p["layers"]), "--arch", p["arch"]]
-    if p["arch"] == "llama":  # given, not left to defaults: the row says what the key says
-        cmd += ["--kv-heads", str(p["kv_heads"]), "--ffn-hidden", str(p["ffn_hidden"])]
-    cmd += ["--csv", args.csv]
+           "--dropout", key_text("dropout", p["dropout"]), "--layers", str(p["layers"]), "--arch", p["arch"],
+           *p["spec_args"], "--csv", args.csv]
     if args.warmup is not None:
         cmd += ["--warmup", str(args.warmup)]
     if args.iters is not None:
@@ -790,15 +956,15 @@ def main(argv=None):
     ap.add_argument("--attention", default="unfused", choices=ATTENTIONS,
                     help="default for points whose plan does not set it")
     ap.add_argument("--dropout",
-                    help=f"default for gpt points whose plan does not set it ({DEFAULT_DROPOUT}); llama points "
-                         f"have no dropout (0)")
+                    help="default for points of arch gpt whose plan does not set it (the preset's, 0.1); llama "
+                         "points keep the preset's 0 unless the plan sets dropout")
     ap.add_argument("--layers", default="1")
     ap.add_argument("--warmup")
     ap.add_argument("--iters")
     ap.add_argument("--memory-limit", help="e.g. 80GiB: points past it are recorded as oom")
     ap.add_argument("--build", help="build folder holding runners/layer_run")
-    ap.add_argument("--extra", help="more layer_run arguments, one string (not the ones the sweep sets, nor "
-                                       "--hf-config, --rope-theta, --norm-eps)")
+    ap.add_argument("--extra", help="more layer_run arguments, one string (not the ones the sweep sets, such as "
+                                       "the spec's flags, nor --hf-config)")
     ap.add_argument("--dry-run", action="store_true", help="list the points and what would run; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run points recorded as failed again")
     ap.add_argument("--no-wait", action="store_true",
@@ -866,12 +1032,7 @@ def main(argv=None):
         if runner.stop is not None:
             break
         cmd = command_for(p, args, layer_run, emulated, mpirun, flavor)
-        label = (f"{p['model']} s={p['seq']} b={p['batch']} t={p['tp']} {p['config']}"
-                 + (f" {p['arch']} g={p['kv_heads']} F={p['ffn_hidden']}" if p["arch"] == "llama" else "")
-                 + (f" {p['attention']}" if p["attention"] != "unfused" else "")
-                 + (f" p={key_text('dropout', p['dropout'])}" if p["arch"] == "gpt"
-                    and key_text("dropout", p["dropout"]) != key_text("dropout", DEFAULT_DROPOUT)
-                    else ""))
+        label = point_label(p)
         lock.note(label)
         code, err, timed_out = runner.run(cmd, env, args.timeout, lock.inherited)
         if flavor == "openmpi" and code != 0 and "not enough slots" in err and "--oversubscribe" not in cmd:

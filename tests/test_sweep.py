@@ -185,14 +185,15 @@ class PlanExpansion(unittest.TestCase):
                 return sweep.expand(sweep.load_plan(path), defaults or {})
 
             # A gpt shape run as llama: g = heads and F = 4 hidden unless given (at the plan's
-            # hidden and heads, not the preset's); gpt points leave both empty, as layer_run does.
+            # hidden and heads, not the preset's); gpt points too, as layer_run writes them.
             pts = expand({"fixed": {"model": "tiny", "config": "baseline"},
                           "grid": {"arch": ["gpt", "llama"], "hidden": [64, 128], "heads": [4, 8]}},
                          {"dropout": 0.2})
             self.assertEqual(len(pts), 8)
             for p in pts:
                 if p["arch"] == "gpt":
-                    self.assertEqual((p["kv_heads"], p["ffn_hidden"], p["dropout"]), ("", "", 0.2))
+                    self.assertEqual((p["kv_heads"], p["ffn_hidden"], p["dropout"]),
+                                     (p["heads"], 4 * p["hidden"], 0.2))
                 else:
                     self.assertEqual((p["kv_heads"], p["ffn_hidden"], p["dropout"]),
                                      (p["heads"], 4 * p["hidden"], 0.0))
@@ -211,13 +212,71 @@ class PlanExpansion(unittest.TestCase):
             # ... and a gpt point is never the llama point of the same shape.
             g = expand({"fixed": {"model": "tiny", "config": "sp"}})
             self.assertNotEqual(sweep.point_key(g[0], "meta", False), sweep.point_key(a[0], "meta", False))
-            for bad, why in (({"fixed": {"model": "tiny", "kv_heads": 2}}, "need arch llama"),
-                             ({"grid": {"arch": ["gpt", "llama"], "ffn_hidden": [128]}}, "need arch llama"),
-                             ({"fixed": {"model": "llama3-8b", "arch": "gpt"}}, "is a llama model"),
+            # GQA and a wider MLP on the gpt preset, dropout on the llama one: layer_run runs
+            # them as custom specs, and so the key says.
+            gqa = expand({"fixed": {"model": "tiny", "config": "sp"}, "grid": {"kv_heads": [2], "ffn_hidden": [128]}})
+            self.assertEqual([(t["arch"], t["kv_heads"], t["ffn_hidden"], t["dropout"])
+                              for t in map(sweep.key_texts, gqa)], [("custom", "2", "128", "0.1")])
+            self.assertEqual(gqa[0]["spec_args"], ["--kv-heads", "2", "--ffn-hidden", "128"])
+            wet = expand({"fixed": {"model": "llama3-8b", "config": "sp", "dropout": 0.1}})
+            self.assertEqual([(t["arch"], t["dropout"], t["attention_dropout"]) for t in map(sweep.key_texts, wet)],
+                             [("custom", "0.1", "0.1")])
+            for bad, why in (({"fixed": {"model": "llama3-8b", "arch": "gpt"}}, "is a llama model"),
                              ({"fixed": {"arch": "bert"}}, "unknown arch"),
-                             ({"fixed": {"model": "llama3-8b", "dropout": 0.1}}, "no dropout"),
                              ({"fixed": {"model": "llama3-8b", "kv_heads": 0}}, "positive integer"),
                              ({"fixed": {"model": "llama3-9b"}}, "unknown model")):
+                with self.assertRaisesRegex(sweep.SweepError, why, msg=bad):
+                    expand(bad)
+        finally:
+            shutil.rmtree(tmp)
+
+    def test_spec_fields_are_keyed_as_layer_run_writes_them(self):
+        tmp = tempfile.mkdtemp()
+        try:
+            path = os.path.join(tmp, "p.json")
+
+            def expand(plan):
+                with open(path, "w") as f:
+                    json.dump(plan, f)
+                return sweep.expand(sweep.load_plan(path), {})
+
+            texts = [sweep.key_texts(p) for p in expand(
+                {"fixed": {"model": "tiny", "normalization": "RMSNorm", "norm_epsilon": "1e-6", "qk_layernorm": True,
+                           "activation": "squared_relu", "add_bias_linear": 0, "add_qkv_bias": "1",
+                           "position_embedding": "rope", "rotary_percent": 0.5, "rotary_base": 1e6,
+                           "attention_dropout": 0.2},
+                 "grid": {"config": ["baseline", "selective"], "recompute_modules": ["mlp,core_attn", "core_attn"]}})]
+            spec = ("custom", "RMSNorm", "1e-06", "1", "squared_relu", "0", "1", "rope", "0.5", "1000000", "", "0.2",
+                    "0.1")
+            columns = ("arch", "normalization", "norm_epsilon", "qk_layernorm", "activation", "add_bias_linear",
+                       "add_qkv_bias", "position_embedding", "rotary_percent", "rotary_base", "dropout",
+                       "attention_dropout", "hidden_dropout")
+            self.assertTrue(all(tuple(t[c] for c in columns) == spec for t in texts), texts)
+            # Modules are a selective point's own (one baseline point), in layer_run's order.
+            self.assertEqual(sorted((t["config"], t["recompute_modules"]) for t in texts),
+                             [("baseline", ""), ("selective", "core_attn"), ("selective", "core_attn,mlp")])
+            # Learned absolute positions are none inside the layer: no RoPE columns, one point.
+            texts = [sweep.key_texts(p) for p in expand({"fixed": {"model": "tiny", "config": "sp", "rotary_base": 5},
+                                                         "grid": {"position_embedding": ["none", "learned_absolute"]}})]
+            self.assertEqual([(t["arch"], t["position_embedding"], t["rotary_base"]) for t in texts],
+                             [("gpt", "none", "")])
+            for bad, why in (({"fixed": {"qk_layer_norm": True}}, "unknown field 'qk_layer_norm'"),
+                             ({"fixed": {"normalization": "rmsnorm"}}, "not one of LayerNorm, RMSNorm"),
+                             ({"grid": {"activation": ["swiglu", "relu"]}}, "not one of gelu, swiglu"),
+                             ({"fixed": {"model": "llama3-8b", "activation": "gelu"}}, "no flag that turns swiglu"),
+                             ({"fixed": {"model": "llama3-8b", "add_bias_linear": True}}, "only sets it to 0"),
+                             ({"fixed": {"recompute_modules": "core_attn,attn"}}, "'attn' is not a recompute module"),
+                             ({"fixed": {"recompute_modules": "mlp,mlp"}}, "names 'mlp' twice"),
+                             ({"fixed": {"recompute_modules": ""}}, "is not a name"),
+                             ({"fixed": {"recompute_modules": "mlp", "config": "baseline,full+sp"}},
+                              "needs a selective configuration"),
+                             ({"fixed": {"qk_layernorm": "yes"}}, "not true, false, 1 or 0"),
+                             ({"fixed": {"add_qkv_bias": 2}}, "not true, false, 1 or 0"),
+                             ({"fixed": {"rotary_percent": 0}}, r"not in \(0, 1\]"),
+                             ({"fixed": {"norm_epsilon": 2}}, "norm_epsilon=2 is not in"),
+                             ({"fixed": {"rotary_base": "0.5"}}, "rotary_base=\"0.5\" is not in"),
+                             ({"fixed": {"hidden_dropout": 1}}, r"not in \[0, 1\)"),
+                             ({"fixed": {"attention_dropout": "0,1"}}, "not a finite number")):
                 with self.assertRaisesRegex(sweep.SweepError, why, msg=bad):
                     expand(bad)
         finally:
@@ -508,12 +567,33 @@ class SweepRuns(unittest.TestCase):
                   ({"model": "22b", "arch": "llama", "hidden": 1024, "heads": 16, "seq": 128},
                    ["--arch", "llama", "--hidden", "1024", "--heads", "16", "--seq", "128"]),
                   ({"model": "llama3-70b", "hidden": 4096, "heads": 32, "kv_heads": 16},
-                   ["--hidden", "4096", "--heads", "32", "--kv-heads", "16"])]
+                   ["--hidden", "4096", "--heads", "32", "--kv-heads", "16"]),
+                  # The spec's options in Megatron-LM's spellings.
+                  ({"model": "tiny", "kv_heads": 2, "ffn_hidden": 128},
+                   ["--group-query-attention", "--num-query-groups", "2", "--ffn-hidden-size", "128"]),
+                  ({"model": "tiny", "normalization": "RMSNorm", "norm_epsilon": 1e-6, "qk_layernorm": True,
+                    "activation": "squared_relu", "add_bias_linear": False, "add_qkv_bias": True,
+                    "position_embedding": "rope", "rotary_percent": 0.5, "rotary_base": 1e6,
+                    "attention_dropout": 0.2, "hidden_dropout": 0.05},
+                   ["--normalization", "RMSNorm", "--norm-eps", "1e-6", "--qk-layernorm", "--squared-relu",
+                    "--disable-bias-linear", "--add-qkv-bias", "--position-embedding-type", "rope",
+                    "--rotary-percent", "0.5", "--rope-theta", "1e6", "--attention-dropout", "0.2",
+                    "--hidden-dropout", "0.05"]),
+                  ({"model": "llama3-8b", "dropout": 0.1, "position_embedding": "learned_absolute"},
+                   ["--dropout", "0.1", "--position-embedding-type", "learned_absolute"]),
+                  ({"model": "tiny", "arch": "llama", "rotary_percent": 0.25, "norm_epsilon": 0.1,
+                    "hidden_dropout": 0.3},
+                   ["--arch", "llama", "--rotary-percent", "0.25", "--norm-epsilon", "0.1", "--hidden-dropout", "0.3"]),
+                  ({"model": "tiny", "config": "selective"}, []),
+                  ({"model": "tiny", "config": "selective", "recompute_modules": "layernorm,mlp"},
+                   ["--recompute-modules", "layernorm,mlp"])]
         for given, options in cases:
             with self.subTest(**given):
-                p = sweep.resolve({"name": "t"}, dict(given, config="baseline"), {})
+                given = {k: sweep.plan_value({"name": "t"}, k, v) for k, v in given.items()}
+                config = given.setdefault("config", "baseline")
+                p = sweep.resolve({"name": "t"}, given, {})
                 emulated = p["tp"] > 1
-                r = subprocess.run([layer_run, "--backend", "meta", "--model", given["model"], "--config", "baseline",
+                r = subprocess.run([layer_run, "--backend", "meta", "--model", given["model"], "--config", config,
                                     *options, *(["--emulate-tp"] if emulated else []), "--csv", self.csv],
                                    capture_output=True, text=True, timeout=120)
                 self.assertEqual(r.returncode, 0, r.stderr)
@@ -559,7 +639,7 @@ class SweepRuns(unittest.TestCase):
         header, rows = read_rows(self.csv)
         got = sorted((row[header.index("seq")], row[header.index("arch")], row[header.index("kv_heads")],
                       row[header.index("ffn_hidden")], row[header.index("dropout")]) for row in rows)
-        self.assertEqual(got, sorted([(s, "gpt", "", "", "0.1") for s in ("8", "16")]
+        self.assertEqual(got, sorted([(s, "gpt", "4", "256", "0.1") for s in ("8", "16")]
                                      + [(s, "llama", g, "256", "0") for s in ("8", "16") for g in ("1", "2", "4")]))
         for plan, n in ((gpt, 2), (both, 4), (gqa, 6)):
             self.assertIn(f"{n} points, {n} already in", self.sweep(plan).stderr)
@@ -575,19 +655,55 @@ class SweepRuns(unittest.TestCase):
         self.assertIn("1 points, 1 already in", self.sweep(bad).stderr)
         self.assertIn("1 points, 0 already in", self.sweep(bad, "--retry-failed").stderr)
 
-    def test_a_csv_from_before_the_llama_columns_is_refused(self):
+    def test_a_csv_from_before_the_llama_or_spec_columns_is_refused(self):
         layer_run = sweep.find_layer_run(os.environ.get("ACTBENCH_BUILD"))
         header = sweep.read_header(layer_run)
-        self.assertEqual(header[-3:], ["arch", "kv_heads", "ffn_hidden"])
-        old = ",".join(header[:-3]) + "\n"
-        with open(self.csv, "w") as f:
-            f.write(old)
-        r = self.sweep("smoke")
-        self.assertEqual(r.returncode, 2)
-        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
-        self.assertIn("different header", r.stderr)
-        with open(self.csv) as f:
-            self.assertEqual(f.read(), old)
+        for last in ("command", "ffn_hidden"):  # before the llama columns; before the spec's
+            with self.subTest(last=last):
+                old = ",".join(header[:header.index(last) + 1]) + "\n"
+                with open(self.csv, "w") as f:
+                    f.write(old)
+                r = self.sweep("smoke")
+                self.assertEqual(r.returncode, 2)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertIn("different header", r.stderr)
+                with open(self.csv) as f:
+                    self.assertEqual(f.read(), old)
+
+    def test_gqa_gpt_and_llama_with_dropout_run_and_resume(self):
+        # layer_run runs both (as custom specs): so does the sweep, and finds their rows again.
+        plan = self.plan({"arch": ["gpt", "llama"], "kv_heads": [2, 4], "dropout": [0, 0.1]},
+                         fixed={"model": "tiny", "seq": 8, "config": "baseline"})
+        r = self.sweep(plan)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assert_each_point_once(8)
+        header, rows = read_rows(self.csv)
+        got = sorted(tuple(row[header.index(c)] for c in ("arch", "kv_heads", "ffn_hidden", "dropout", "normalization",
+                                                           "status")) for row in rows)
+        self.assertEqual(got, sorted([("custom", g, "256", p, "LayerNorm", "ok") for g in "24" for p in ("0", "0.1")]
+                                     + [("llama", g, "256", "0", "RMSNorm", "ok") for g in "24"]
+                                     + [("custom", g, "256", "0.1", "RMSNorm", "ok") for g in "24"]))
+        self.assertIn("8 points, 8 already in", self.sweep(plan).stderr)
+
+    def test_a_plan_of_spec_fields_and_recompute_modules_resumes(self):
+        plan = self.plan({"config": ["baseline", "selective"], "qk_layernorm": [False, True],
+                          "recompute_modules": ["core_attn", "layernorm,mlp,core_attn"]},
+                         fixed={"model": "tiny", "seq": 8, "position_embedding": "rope", "rotary_percent": 0.5,
+                                "normalization": "RMSNorm", "activation": "swiglu", "attention_dropout": 0})
+        r = self.sweep(plan)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assert_each_point_once(6)  # baseline has no modules: 2 points, selective 4
+        header, rows = read_rows(self.csv)
+        self.assertEqual(sorted((row[header.index("config")], row[header.index("qk_layernorm")],
+                                 row[header.index("recompute_modules")], row[header.index("dropout")],
+                                 row[header.index("rotary_percent")]) for row in rows),
+                         sorted([("baseline", q, "", "", "0.5") for q in "01"]
+                                + [("selective", q, m, "", "0.5") for q in "01"
+                                   for m in ("core_attn", "core_attn,mlp,layernorm")]))
+        r = self.sweep(plan)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("6 points, 6 already in", r.stderr)
+        self.assertIn("ran 0 ", r.stderr)
 
     def test_failed_and_oom_points_are_recorded_and_the_sweep_goes_on(self):
         # heads 5 do not divide h = 64: layer_run refuses the point; the others run.
@@ -874,18 +990,22 @@ class SweepRuns(unittest.TestCase):
         for extra, said in (("--arch llama", "--arch: the sweep sets it"), ("--kv-heads=2", "--kv-heads: the sweep"),
                             ("--seed 7 --ffn-hidden 128", "--ffn-hidden: the sweep"),
                             ("--hf-config config.json", "--hf-config: it changes what runs"),
-                            ("--rope-theta=1e6", "--rope-theta: it changes what runs"),
-                            ("--norm-eps 1e-6 --rope-theta 1", "--norm-eps, --rope-theta: it changes")):
+                            ("--rope-theta=1e6", "--rope-theta: the sweep sets it"),
+                            ("--norm-eps 1e-6 --rope-theta 1", "--norm-eps, --rope-theta: the sweep sets it"),
+                            ("--qk-layernorm --swiglu", "--qk-layernorm, --swiglu: the sweep sets it"),
+                            ("--recompute-modules mlp", "--recompute-modules: the sweep sets it")):
             r = self.sweep("llama", f"--extra={extra}")
             self.assertEqual(r.returncode, 2, extra)
             self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
             self.assertIn(said, r.stderr)
-        plan = self.plan({"seq": [8]}, fixed={"model": "llama3-8b", "dropout": 0.1})
-        r = self.sweep(plan)
-        self.assertEqual(r.returncode, 2)
-        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
-        self.assertIn("llama has no dropout", r.stderr)
-        self.assertFalse(os.path.exists(self.csv))
+        # A misspelt spec field, or a value layer_run would refuse: one line naming it, nothing run.
+        for grid, said in (({"qk_layer_norm": [True]}, "unknown field 'qk_layer_norm'"),
+                           ({"recompute_modules": ["mlp", "attn"]}, "'attn' is not a recompute module")):
+            r = self.sweep(self.plan(grid))
+            self.assertEqual(r.returncode, 2)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn(said, r.stderr)
+            self.assertFalse(os.path.exists(self.csv))
         r = self.sweep("smoke", csv_path=os.path.join(self.tmp, "missing", "x.csv"))
         self.assertEqual(r.returncode, 2)
         self.assertIn("does not exist", r.stderr)
