@@ -101,29 +101,31 @@ def measured_bars(ctx, layer):
     return out
 
 
-def group_sums(cats):
-    """[(label, colour, bytes)] of the groups, then any category no group names (as itself)."""
-    out = [(label, color, sum(cats.get(m, 0.0) for m in members)) for label, members, color in GROUPS]
-    out += [(c, "#17becf", b) for c, b in cats.items() if c not in GROUPED]
-    return out
+def stack_groups(all_cats):
+    """GROUPS, then each category no group names (as itself): the segments of every bar."""
+    unnamed = [c for cats in all_cats for c in cats if c not in GROUPED]
+    return GROUPS + [(c, (c,), "#17becf") for c in dict.fromkeys(unnamed)]
 
 
 def draw_panel(ax, bars, order, attention, measured):
     xs = list(range(len(order)))
     bottom = [0.0] * len(order)
-    stacks = [group_sums(bars.get((attention, name), {})) for name in order]
-    for i, (label, color, _) in enumerate(stacks[0]):
-        vals = [stack[i][2] / MIB for stack in stacks]
+    cats = [bars.get((attention, name), {}) for name in order]
+    for label, members, color in stack_groups(cats):
+        vals = [sum(c.get(m, 0.0) for m in members) / MIB for c in cats]
         if any(vals):
             ax.bar(xs, vals, 0.7, bottom=bottom, color=color, label=label, edgecolor="white", linewidth=0.3)
             bottom = [b + v for b, v in zip(bottom, vals)]
+    points = []
     for backend, (marker, face) in MARKERS.items():
         pts = [(x, measured[(attention, name)][backend] / MIB) for x, name in enumerate(order)
                if backend in measured.get((attention, name), {})]
+        points += pts
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, color=face, mec="black", mew=0.7, ms=3,
                     ls="none", label=f"measured: layer_run --backend {backend}")
-    ax.margins(y=0.08)  # room above the tallest bar for its measured point
+    # Room above the tallest bar for its point (a zero-height segment's sticky edge defeats margins).
+    ax.set_ylim(0, 1.08 * max(bottom + [y for _, y in points]) or 1)
     ax.set_xticks(xs)
     ax.set_xticklabels([bar_label(n) for n in order], rotation=40, ha="right", fontsize=5)
     ax.set_title(f"{attention} attention", fontsize=6)
