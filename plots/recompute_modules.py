@@ -164,19 +164,13 @@ def markdown(models, measured_of):
             common.markdown_table(header, table))
 
 
-def make(ctx):
-    rows = ctx.theory.table(TABLE)
-    if not rows:
-        raise Skip(f"{TABLE} has no rows")
-    missing = [c for c in NEEDED if c not in rows[0]]
-    if missing:
-        raise Skip(f"{TABLE} has no column {', '.join(missing)} (written by an older `theory`?)")
-    models = read_bars(rows)
-    measured_of = {model: measured_bars(ctx, layer) for model, (layer, _, _) in models.items()}
+def draw(models, measured_of):
+    """One row of panels per model (its layer above), one panel per attention, one legend."""
     common.style()
     fig = common.plt.figure(figsize=(5.2, 2.3 * len(models)), constrained_layout=True)
+    rows = fig.subfigures(len(models), 1, squeeze=False)[:, 0]
     handles = {}
-    for sub, (model, (layer, bars, order)) in zip(fig.subfigures(len(models), 1, squeeze=False)[:, 0], models.items()):
+    for sub, (model, (layer, bars, order)) in zip(rows, models.items()):
         sub.suptitle(describe(model, layer), fontsize=6)
         for ax, attention in zip(sub.subplots(1, len(ATTENTIONS)), ATTENTIONS):
             draw_panel(ax, bars, order, attention, measured_of[model])
@@ -188,6 +182,19 @@ def make(ctx):
                fontsize=4.5)
     fig.suptitle("Bytes kept for backward by --recompute-modules set (attn = core_attn, norm = layernorm); "
                  "bars: formula", fontsize=6)
+    return fig
+
+
+def make(ctx):
+    rows = ctx.theory.table(TABLE)
+    if not rows:
+        raise Skip(f"{TABLE} has no rows")
+    missing = [c for c in NEEDED if c not in rows[0]]
+    if missing:
+        raise Skip(f"{TABLE} has no column {', '.join(missing)} (written by an older `theory`?)")
+    models = read_bars(rows)
+    measured_of = {model: measured_bars(ctx, layer) for model, (layer, _, _) in models.items()}
+    fig = draw(models, measured_of)
     out = [common.save(fig, ctx.out_dir, "recompute_modules_bytes")]
     out.append(common.write_text(ctx.out_dir, "recompute_modules_bytes.md", markdown(models, measured_of)))
     return out
