@@ -32,6 +32,7 @@ import fig8  # noqa: E402
 import llama  # noqa: E402
 import longseq  # noqa: E402
 import memory_vs_predicted  # noqa: E402
+import recompute_modules  # noqa: E402
 import seqlen  # noqa: E402
 import table2  # noqa: E402
 import table4  # noqa: E402
@@ -48,6 +49,7 @@ PLOTS = [
     ("Measured vs predicted memory", memory_vs_predicted),
     ("Long sequences: paper's vs fused attention", longseq),
     ("The llama family: bytes by category, GQA vs MHA", llama),
+    ("Recompute modules: bytes by category, unfused and fused", recompute_modules),
 ]
 
 

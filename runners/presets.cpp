@@ -11,8 +11,7 @@ namespace {
 
 ModelPreset preset_of(const theory::ModelRow& r) {
   LayerDims dims{r.seq, r.batch, r.hidden, r.heads};
-  if (parse_arch(r.arch) == Arch::llama)
-    dims.spec = theory::llama_layer_spec(double(r.kv_heads), double(r.ffn_hidden), r.rope_theta > 0 ? r.rope_theta : 10000);
+  dims.spec = theory::preset_layer_spec(r);
   return {r.name, dims, r.tp, r.layers, r.pipeline, r.vocab};
 }
 

@@ -82,6 +82,12 @@ Table llama_table2_categories();
 Table llama_seqlen();
 theory::LlamaDims llama_dims(const theory::PlanModel& m, double s, double b, double t);
 
+// ---- Megatron-Core's recompute modules (recompute_tables.cpp) ----
+
+// Bytes by category for every --recompute-modules set (and none, and full) with SP, unfused
+// and fused, for the 22B layer and llama3-8b's at t = 8.
+Table recompute_modules_categories();
+
 // ---- everything `theory --out` writes ----
 
 struct TableSettings {

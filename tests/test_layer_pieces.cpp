@@ -11,6 +11,7 @@
 #include "theory/layer_pieces.hpp"
 #include "theory/layer_spec.hpp"
 #include "theory/llama_memory.hpp"
+#include "theory/model_table.hpp"
 
 using namespace actbench;
 using namespace actbench::theory;
@@ -293,6 +294,19 @@ TEST(LayerSpecTheory, PresetsAndNames) {
   EXPECT_EQ(parse_position("learned_absolute"), PositionEmbedding::none);
   EXPECT_THROW(parse_norm("rmsnorm"), InvalidArgument);
   EXPECT_THROW(parse_position("alibi"), InvalidArgument);
+}
+
+// Each preset row's layer: the llama rows carry their g, F and RoPE base, the others are the paper's.
+TEST(LayerSpecTheory, EachPresetRowsLayer) {
+  for (const ModelRow& row : model_table()) {
+    const LayerSpec spec = preset_layer_spec(row);
+    if (row.arch == "llama")
+      EXPECT_EQ(spec, llama_layer_spec(double(row.kv_heads), double(row.ffn_hidden), row.rope_theta)) << row.name;
+    else
+      EXPECT_EQ(spec, gpt_layer_spec()) << row.name;
+  }
+  ModelRow unset_theta{"x", "llama"};
+  EXPECT_EQ(preset_layer_spec(unset_theta).rotary_base, 10000);
 }
 
 TEST(LayerSpecTheory, RecomputeModulesParseAndName) {

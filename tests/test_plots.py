@@ -23,16 +23,18 @@ FIXTURES = os.path.join(HERE, "fixtures")
 RESULTS = os.path.join(FIXTURES, "results")
 THEORY_SNAPSHOT = os.path.join(FIXTURES, "theory")
 THEORY = os.environ.get("ACTBENCH_THEORY")
+LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN")
 # The system python has matplotlib; the scripts re-exec into it from any other python3.
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 ALL_FIGURES = ["table2_activation_bytes", "table4_layer_times", "table5_iteration_time", "fig1_memory",
                "fig7_percent_of_baseline", "fig8_time_breakdown", "seqlen_memory", "seqlen_terms_175b",
                "memory_measured_vs_predicted", "longseq_memory", "longseq_fit", "llama_activation_bytes",
-               "llama_seqlen_memory"]
+               "llama_seqlen_memory", "recompute_modules_bytes"]
 ALL_TABLES = ["table2_activation_bytes.md", "table4_layer_times.md", "table5_iteration_time.md", "fig1_memory.md",
               "fig7_percent_of_baseline.md", "fig8_time_breakdown.md", "seqlen_memory.md",
-              "memory_measured_vs_predicted.md", "longseq_memory.md", "llama_activation_bytes.md"]
+              "memory_measured_vs_predicted.md", "longseq_memory.md", "llama_activation_bytes.md",
+              "recompute_modules_bytes.md"]
 
 
 def png_size(path):
@@ -68,7 +70,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(RESULTS, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("10 made, 0 skipped", p.stdout)
+        self.assertIn("11 made, 0 skipped", p.stdout)
         # notes.csv is not a layer_run CSV: skipped; 63 layer_run rows and the CUPTI file read.
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
         for name in ALL_FIGURES:
@@ -112,7 +114,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(empty, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("7 made, 3 skipped", p.stdout)
+        self.assertIn("8 made, 3 skipped", p.stdout)
         for what in ("skipped: Table 4", "skipped: Figure 8", "skipped: Measured vs predicted"):
             self.assertIn(what, p.stdout)
         self.assertTrue(os.path.exists(os.path.join(out, "fig1_memory.png")))
@@ -187,7 +189,7 @@ class MakeAll(unittest.TestCase):
         # The good rows are all read (95 CUPTI rows: the bad file's one row is left out) and every
         # figure but the unwritable one is made.
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
-        self.assertIn("9 made, 0 skipped, 1 failed", p.stdout)
+        self.assertIn("10 made, 0 skipped, 1 failed", p.stdout)
         self.assertIn("ignored: notes.csv", p.stdout)
         self.assertIn("ignored: torch_peer.csv (a peer's CSV)", p.stdout)
         for name in ALL_FIGURES[1:]:
@@ -311,7 +313,7 @@ class MakeAll(unittest.TestCase):
 
     def test_each_script_alone(self):
         for script in ("table2", "table4", "table5", "fig1", "fig7", "fig8", "seqlen", "memory_vs_predicted",
-                       "longseq"):
+                       "longseq", "recompute_modules"):
             out = os.path.join(self.tmp, script)
             p = run([PYTHON, os.path.join(PLOTS, script + ".py"), RESULTS, out, "--theory", THEORY_SNAPSHOT])
             self.assertEqual(p.returncode, 0, f"{script}: {p.stderr}")
@@ -327,6 +329,120 @@ class MakeAll(unittest.TestCase):
         p = run([other, os.path.join(PLOTS, "fig7.py"), RESULTS, out, "--theory", THEORY_SNAPSHOT])
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertTrue(os.path.exists(os.path.join(out, "fig7_percent_of_baseline.png")))
+
+
+MIB = 1024.0 ** 2
+
+
+def recompute_rows(md_path):
+    """recompute_modules_bytes.md as {(model, attention, recompute): (formula MiB, {backend: MiB},
+    {category: MiB})}."""
+    def pairs(cell):
+        return {k: float(v) for k, v in (item.rsplit(" ", 1) for item in cell.split(", ") if item)}
+
+    rows = {}
+    with open(md_path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) != 7 or cells[0] in ("model", "---"):
+                continue
+            model, attention, recompute, formula, measured, _, categories = cells
+            rows[(model, attention, recompute)] = (float(formula), pairs(measured), pairs(categories))
+    return rows
+
+
+class RecomputeModulesFigure(unittest.TestCase):
+    """The --recompute-modules figure: its table is the theory CSV, bar by bar, it shows what each
+    module frees, and (with layer_run) every bar equals the bytes layer_run's meta backend measures."""
+    SETS = ["none", "core_attn", "mlp", "layernorm", "core_attn,mlp", "core_attn,layernorm", "mlp,layernorm",
+            "core_attn,mlp,layernorm", "full"]
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_recompute_")
+        self.theory = THEORY_SNAPSHOT
+        if THEORY:
+            self.theory = os.path.join(self.tmp, "theory")
+            p = run([THEORY, "--out", self.theory])
+            self.assertEqual(p.returncode, 0, p.stderr)
+        self.results = os.path.join(self.tmp, "results")
+        os.makedirs(self.results)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def make(self):
+        out = os.path.join(self.tmp, "out")
+        p = run([PYTHON, os.path.join(PLOTS, "recompute_modules.py"), self.results, out, "--theory", self.theory])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertTrue(os.path.exists(os.path.join(out, "recompute_modules_bytes.png")))
+        return recompute_rows(os.path.join(out, "recompute_modules_bytes.md"))
+
+    def theory_bars(self):
+        bars = {}
+        with open(os.path.join(self.theory, "recompute_modules.csv"), newline="") as f:
+            for r in csv.DictReader(f):
+                name = r["recompute_modules"] if r["recompute"] == "selective" else r["recompute"]
+                bars.setdefault((r["model"], r["attention"], name), {})[r["category"]] = int(r["bytes"])
+        return bars
+
+    def test_each_bar_is_its_categories_as_theory_writes_them(self):
+        rows, bars = self.make(), self.theory_bars()
+        expected = [(m, a, n) for m in ("22b", "llama3-8b") for a in ("unfused", "fused") for n in self.SETS]
+        self.assertEqual(list(rows), expected)
+        self.assertEqual(sorted(bars), sorted(expected))
+        for key, (formula, measured, cats) in rows.items():
+            self.assertEqual(measured, {}, key)  # no layer_run rows given
+            self.assertEqual(f"{formula:.3f}", f"{sum(bars[key].values()) / MIB:.3f}", key)
+            self.assertEqual({c: f"{v:.3f}" for c, v in cats.items()},
+                             {c: f"{b / MIB:.3f}" for c, b in bars[key].items()}, key)
+            self.assertAlmostEqual(sum(cats.values()), formula, delta=0.0005 * (len(cats) + 1), msg=key)
+
+    def test_what_each_module_frees(self):
+        bars = self.theory_bars()
+
+        def without(model, attention, *freed):
+            kept = dict(bars[(model, attention, "none")])
+            for c in freed:
+                self.assertIn(c, kept, (model, attention, c))
+                del kept[c]
+            return kept
+
+        for model, activation in (("22b", "gelu_input"), ("llama3-8b", "swiglu_input")):
+            # Fused: core_attn frees the log-sum-exp alone (q, k, v and the projection's input stay).
+            self.assertEqual(bars[(model, "fused", "core_attn")], without(model, "fused", "attn_lse"))
+            unfused_attn = [c for c in ("softmax_out", "attn_dropout_mask", "attn_dropout_out")
+                            if c in bars[(model, "unfused", "none")]]
+            self.assertEqual(bars[(model, "unfused", "core_attn")], without(model, "unfused", *unfused_attn))
+            for attention in ("unfused", "fused"):
+                # layernorm frees the two norm outputs; mlp the activation's input and fc2's.
+                self.assertEqual(bars[(model, attention, "layernorm")],
+                                 without(model, attention, "qkv_input", "fc1_input"))
+                self.assertEqual(bars[(model, attention, "mlp")], without(model, attention, activation, "fc2_input"))
+                self.assertEqual(list(bars[(model, attention, "full")]), ["layer_input"])
+        # The paper's 22B layer, MiB: fused core_attn frees 0.25 of 204.25.
+        rows = self.make()
+        self.assertEqual(rows[("22b", "fused", "none")][0], 204.25)
+        self.assertEqual(rows[("22b", "fused", "core_attn")][0], 204.0)
+
+    @unittest.skipUnless(LAYER_RUN, "ACTBENCH_LAYER_RUN (the layer_run binary) not set")
+    def test_every_bar_equals_the_meta_backend(self):
+        # The bars are the formula; layer_run's meta backend measures the same layers: its rows
+        # appear beside each bar in the table, and equal it to the printed digit.
+        path = os.path.join(self.results, "meta.csv")
+        for model, attention, name in self.theory_bars():
+            args = [LAYER_RUN, "--backend", "meta", "--model", model, "--tp", "8", "--emulate-tp",
+                    "--sequence-parallel", "--attention", attention, "--csv", path]
+            if name == "full":
+                args += ["--recompute-granularity", "full"]
+            elif name != "none":
+                args += ["--recompute-granularity", "selective", "--recompute-modules", name]
+            p = run(args)
+            self.assertEqual(p.returncode, 0, f"{args}: {p.stderr}")
+        rows = self.make()
+        self.assertEqual(len(rows), 36)
+        for key, (formula, measured, _) in rows.items():
+            self.assertEqual(list(measured), ["meta"], key)
+            self.assertEqual(measured["meta"], formula, key)
 
 
 class Labels(unittest.TestCase):
@@ -365,7 +481,7 @@ class TheoryRunner(unittest.TestCase):
         p = run([THEORY, "--out", self.tmp, "--results", RESULTS])
         self.assertEqual(p.returncode, 0, p.stderr)
         for name in ("table2.csv", "fig1.csv", "fig7.csv", "table5.csv", "seqlen.csv", "gpus.csv", "plan.csv",
-                     "pipeline.csv", "totals.csv", "paper_table4.csv", "paper_fig8.csv"):
+                     "pipeline.csv", "totals.csv", "paper_table4.csv", "paper_fig8.csv", "recompute_modules.csv"):
             self.assertTrue(os.path.exists(os.path.join(self.tmp, name)), name)
         self.assertEqual([n for n in os.listdir(self.tmp) if ".tmp." in n], [])
         fig1 = {r["model"]: r for r in self.table("fig1.csv")}

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "runtime/error.hpp"  // InvalidArgument: header only
+#include "theory/model_table.hpp"
 
 namespace actbench::theory {
 
@@ -22,6 +23,11 @@ LayerSpec llama_layer_spec(double kv_heads, double ffn_hidden, double rope_theta
   spec.attention_dropout = 0;
   spec.hidden_dropout = 0;
   return spec;
+}
+
+LayerSpec preset_layer_spec(const ModelRow& row) {
+  if (row.arch != "llama") return gpt_layer_spec();
+  return llama_layer_spec(double(row.kv_heads), double(row.ffn_hidden), row.rope_theta > 0 ? row.rope_theta : 10000);
 }
 
 namespace {

@@ -43,6 +43,10 @@ LayerSpec gpt_layer_spec();
 // The llama family: RMSNorm, grouped-query attention (g; 0 = MHA) with RoPE, SwiGLU MLP of
 // width F (0: 4h), no biases, no dropout.
 LayerSpec llama_layer_spec(double kv_heads, double ffn_hidden, double rope_theta = 10000, double norm_epsilon = 1e-5);
+struct ModelRow;
+// A preset's layer (model_table.hpp): the llama rows' spec with their g, F and RoPE base, the
+// paper's layer for the others.
+LayerSpec preset_layer_spec(const ModelRow& row);
 
 // One line (InvalidArgument) naming the option when the spec cannot be built at this shape:
 // g must divide a, t must divide a and g, epsilon > 0, dropouts in [0, 1), rotary_percent in
