@@ -34,6 +34,9 @@ import tempfile
 import time
 
 TIMEOUT_S = 20
+# make_all draws every figure from the theory tables even when the results folder holds nothing
+# usable (about 10 s on an idle machine): its cases get longer, still far short of a blocked read.
+MAKE_ALL_TIMEOUT_S = 120
 
 # Values a user mistypes, and values only a fuzzer types: empty, blanks, signs, other bases,
 # digits that are not ASCII, magnitudes past every integer type, non-finite reals, units.
@@ -90,17 +93,18 @@ class Campaign:
                 "missing": os.path.join(w, "missing"), "empty-name": "",
                 "in-missing-folder": os.path.join(w, "nowhere", "x"), "device": "/dev/null"}
 
-    def run(self, label, argv, csv=None, out_dir=None, path_case=False, must_refuse=False, seed_csv=None):
+    def run(self, label, argv, csv=None, out_dir=None, path_case=False, must_refuse=False, seed_csv=None,
+            timeout_s=TIMEOUT_S):
         self.cases += 1
         if seed_csv:  # each case its own copy of the CSV, so cases can run side by side
             shutil.copyfile(seed_csv, csv)
         before = open(csv, "rb").read() if csv and os.path.exists(csv) else None
         listing = sorted(os.listdir(out_dir)) if out_dir and os.path.isdir(out_dir) else None
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S,
+            p = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout_s,
                                stdin=subprocess.DEVNULL, cwd=self.work)  # stray outputs land in the scratch folder
         except subprocess.TimeoutExpired:
-            return self.fail(label, f"no answer within {TIMEOUT_S} s (blocked or unbounded work)")
+            return self.fail(label, f"no answer within {timeout_s} s (blocked or unbounded work)")
         err_lines = [l for l in p.stderr.splitlines() if l.strip()]
         if p.returncode not in (0, 2, 3):
             return self.fail(label, f"exit {p.returncode}: {p.stderr.strip()[:200]}")
@@ -250,10 +254,11 @@ def fuzz_scripts(c, python, build, root):
     os.mkdir(os.path.join(results, "folder.csv"))
     make_all = [python, os.path.join(root, "plots", "make_all.py"), "--theory-bin",
                 os.path.join(build, "runners", "theory")]
-    c.jobs.append(("make_all.py <results with a FIFO>", make_all + [results, os.path.join(c.work, "figs1")], {}))
+    c.jobs.append(("make_all.py <results with a FIFO>", make_all + [results, os.path.join(c.work, "figs1")],
+                   dict(timeout_s=MAKE_ALL_TIMEOUT_S)))
     for kind in ("fifo", "device", "missing"):
         c.jobs.append((f"make_all.py results <{kind}>", make_all + [c.paths()[kind], os.path.join(c.work, "figs2")],
-                       dict(path_case=True)))
+                       dict(path_case=True, timeout_s=MAKE_ALL_TIMEOUT_S)))
 
 
 def fuzz_row_kills(c, layer_run, root, kills=60):
