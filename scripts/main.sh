@@ -4,6 +4,7 @@
 #   meta    activation bytes of one layer per rank, the four paper models (t = 8) and the
 #           22B layer from 1k to 128k tokens, paper's and fused attention  -> OUT/meta_*.csv
 #   llama   the same bytes for LLaMA-3 8B/70B/405B layers (meta, t = 8)  -> OUT/meta_llama.csv
+#   modules each --recompute-modules set, 22B and LLaMA-3 8B (meta, t = 8) -> OUT/meta_recompute_modules.csv
 #   cpu     the tiny layer, all configurations, t = 1 and t = 2 over MPI   -> OUT/cpu_tiny.csv
 #           (and its llama-family twin                                     -> OUT/cpu_tiny_llama.csv)
 #   cuda    Table 4 (22B layer, t = 8 emulated) + CUPTI phase split, when a GPU is present
@@ -41,6 +42,16 @@ for attention in unfused fused; do
   for m in llama3-8b llama3-70b llama3-405b; do
     "$lr" --backend meta --model "$m" --tp 8 --emulate-tp --config "$configs" --attention "$attention" \
           --csv "$out/meta_llama.csv" >/dev/null
+  done
+done
+
+echo "== meta: every --recompute-modules set (selective+sp), 22B and LLaMA-3 8B, t = 8"
+for attention in unfused fused; do
+  for m in 22b llama3-8b; do
+    for modules in core_attn mlp layernorm core_attn,mlp core_attn,layernorm mlp,layernorm core_attn,mlp,layernorm; do
+      "$lr" --backend meta --model "$m" --tp 8 --emulate-tp --config selective+sp --recompute-modules "$modules" \
+            --attention "$attention" --csv "$out/meta_recompute_modules.csv" >/dev/null
+    done
   done
 done
 
