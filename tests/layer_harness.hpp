@@ -10,6 +10,18 @@
 
 namespace actbench::testing {
 
+// One iteration of one layer at t (emulated when t > 1): the memory schedule, no timing.
+inline ExperimentResult measure_once(Backend& be, const LayerDims& d, int t, LayerPolicy p, DType dtype) {
+  auto comm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
+  ExperimentSpec spec;
+  spec.dims = d;
+  spec.policy = p;
+  spec.dtype = dtype;
+  spec.warmup = 0;
+  spec.iters = 1;
+  return run_experiment(be, *comm, spec);
+}
+
 inline ExperimentSpec small_spec(const std::string& config, DType dtype, float dropout, LayerDims d) {
   ExperimentSpec spec;
   spec.dims = d;

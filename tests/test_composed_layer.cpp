@@ -69,17 +69,6 @@ LayerSpec draw_spec(std::mt19937& rng) {
   return s;
 }
 
-ExperimentResult measure(Backend& be, const LayerDims& d, int t, LayerPolicy p, DType dtype) {
-  auto comm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
-  ExperimentSpec spec;
-  spec.dims = d;
-  spec.policy = p;
-  spec.dtype = dtype;
-  spec.warmup = 0;
-  spec.iters = 1;
-  return run_experiment(be, *comm, spec);
-}
-
 theory::ByteCategories as_theory(const std::vector<std::pair<std::string, int64_t>>& measured,
                                  bool extras) {
   theory::ByteCategories out;
@@ -104,7 +93,7 @@ TEST(ComposedLayerMeta, MeasuredBytesEqualThePiecesForAGeneratedGrid) {
         for (Attention att : {Attention::unfused, Attention::fused})
           for (DType dtype : {DType::bf16, DType::fp32}) {
             p.attention = att;
-            const ExperimentResult r = measure(*be, d, t, p, dtype);
+            const ExperimentResult r = measure_once(*be, d, t, p, dtype);
             const std::string where = describe(d.spec) + " | " + config_name(p) + " " +
                                       recompute_modules_name(p.modules) + " " + attention_name(att) +
                                       " t=" + std::to_string(t) + " " + dtype_name(dtype);
@@ -149,8 +138,9 @@ TEST(ComposedLayerEffects, FusedCoreAttnFreesOnlyTheLogSumExp) {
   for (const LayerSpec& spec : {theory::gpt_layer_spec(), theory::llama_layer_spec(4, 0)}) {
     const LayerDims d = effect_dims(spec);
     const LayerPolicy none{Recompute::none, false, Attention::fused, {}};
-    const ExperimentResult kept = measure(*be, d, 1, none, DType::bf16);
-    const ExperimentResult rebuilt = measure(*be, d, 1, selective({true, false, false}, Attention::fused), DType::bf16);
+    const ExperimentResult kept = measure_once(*be, d, 1, none, DType::bf16);
+    const ExperimentResult rebuilt =
+        measure_once(*be, d, 1, selective({true, false, false}, Attention::fused), DType::bf16);
     EXPECT_EQ(kept.act_bytes - rebuilt.act_bytes, 4 * d.a * d.s * d.b);  // fp32 per row of each head
     EXPECT_EQ(bytes_of(kept, "attn_lse"), 4 * d.a * d.s * d.b);
     EXPECT_EQ(bytes_of(rebuilt, "attn_lse"), 0);
@@ -164,13 +154,13 @@ TEST(ComposedLayerEffects, EachModuleFreesItsPieces) {
   auto be = make_meta_backend();
   const LayerDims d = effect_dims(theory::gpt_layer_spec());
   const int64_t sbh = d.s * d.b * d.h, e = 2;
-  const ExperimentResult none = measure(*be, d, 1, {}, DType::bf16);
-  const ExperimentResult norms = measure(*be, d, 1, selective({false, false, true}, Attention::unfused), DType::bf16);
+  const ExperimentResult none = measure_once(*be, d, 1, {}, DType::bf16);
+  const ExperimentResult norms = measure_once(*be, d, 1, selective({false, false, true}, Attention::unfused), DType::bf16);
   EXPECT_EQ(none.act_bytes - norms.act_bytes, 2 * e * sbh);                  // qkv_input, fc1_input
   EXPECT_EQ(none.act_extra_bytes - norms.act_extra_bytes, 2 * 2 * 4 * d.s * d.b);  // mean, rstd of both
-  const ExperimentResult mlp = measure(*be, d, 1, selective({false, true, false}, Attention::unfused), DType::bf16);
+  const ExperimentResult mlp = measure_once(*be, d, 1, selective({false, true, false}, Attention::unfused), DType::bf16);
   EXPECT_EQ(none.act_bytes - mlp.act_bytes, 2 * e * 4 * sbh);                // gelu_input, fc2_input (4h wide)
-  const ExperimentResult all = measure(*be, d, 1, selective({true, true, true}, Attention::unfused), DType::bf16);
+  const ExperimentResult all = measure_once(*be, d, 1, selective({true, true, true}, Attention::unfused), DType::bf16);
   const int64_t scores = d.a * d.s * d.s * d.b;
   EXPECT_EQ(none.act_bytes - all.act_bytes, 2 * e * sbh + 2 * e * 4 * sbh + (2 * e + 1) * scores);
 }

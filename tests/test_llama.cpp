@@ -264,14 +264,7 @@ LayerDims llama(int64_t s, int64_t b, int64_t h, int64_t a, int64_t g, int64_t f
 
 ExperimentResult measure(const std::string& backend, const LayerDims& d, int t, LayerPolicy p, DType dtype) {
   auto be = make_backend(backend);
-  auto comm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
-  ExperimentSpec spec;
-  spec.dims = d;
-  spec.policy = p;
-  spec.dtype = dtype;
-  spec.warmup = 0;
-  spec.iters = 1;
-  return run_experiment(*be, *comm, spec);
+  return measure_once(*be, d, t, p, dtype);
 }
 
 void expect_bytes_match_theory(const ExperimentResult& r, const LayerDims& d, int t, LayerPolicy p, DType dtype,
