@@ -25,6 +25,7 @@ struct LayerSpec {
   bool add_bias_linear = true;  // a bias on every linear (QKV, projection, fc1, fc2)
   bool add_qkv_bias = false;    // a bias on QKV alone (Qwen2); implied by add_bias_linear
   double kv_heads = 0;          // g, key/value heads (--num-query-groups); 0: g = a (MHA)
+  double kv_channels = 0;       // d, each head's size (--kv-channels, HF head_dim); 0: h/a
   PositionEmbedding position = PositionEmbedding::none;
   double rotary_percent = 1.0;  // the share of each head's dimensions RoPE rotates
   double rotary_base = 10000;   // RoPE's theta
@@ -34,6 +35,7 @@ struct LayerSpec {
 
   double groups(const Dims& d) const { return kv_heads > 0 ? kv_heads : d.a; }
   double ffn(const Dims& d) const { return ffn_hidden > 0 ? ffn_hidden : 4 * d.h; }
+  double head_dim(const Dims& d) const { return kv_channels > 0 ? kv_channels : d.h / d.a; }
   bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
 };
 
