@@ -21,11 +21,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "runners/hf_config.hpp"
+#include "runners/megatron_args.hpp"
+#include "runners/memory_table.hpp"
 #include "runners/options.hpp"
 #include "runners/theory_options.hpp"
 #include "runners/theory_tables.hpp"
@@ -34,7 +37,9 @@
 #include "theory/layout_search.hpp"
 #include "theory/llama_memory.hpp"
 #include "theory/memory_totals.hpp"
+#include "theory/model_table.hpp"
 #include "theory/models.hpp"
+#include "theory/step_memory.hpp"
 
 namespace fs = std::filesystem;
 using namespace actbench;
@@ -211,6 +216,115 @@ int run_plan(const TheoryOptions& a) {
   return 0;
 }
 
+// The Hugging Face config's model (a LLaMA-style one, untied).
+TransformerModel hf_model(const HfModelConfig& c) {
+  TransformerModel m;
+  m.name = c.name;
+  m.h = double(c.hidden), m.a = double(c.heads), m.L = double(c.layers);
+  m.vocab = double(c.vocab);
+  m.vocab_divisible_by = 1;
+  m.seq = m.max_positions = double(c.max_positions);
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.layer = llama_layer_spec(double(c.kv_heads), double(c.ffn_hidden), c.rope_theta, c.rms_norm_eps);
+  return m;
+}
+
+// A preset's own layout and batch, as the Megatron flags the user's override.
+std::vector<std::string> preset_words(const ModelRow& row) {
+  std::vector<std::string> words = {"--tensor-model-parallel-size", std::to_string(row.tp),
+                                    "--pipeline-model-parallel-size", std::to_string(row.pipeline),
+                                    "--micro-batch-size", std::to_string(row.batch),
+                                    "--seq-length", std::to_string(row.seq), "--bf16"};
+  if (row.chunks > 1) words.insert(words.end(), {"--num-virtual-stages-per-pipeline-rank", std::to_string(row.chunks)});
+  if (row.global_batch > 0) words.insert(words.end(), {"--global-batch-size", std::to_string(row.global_batch)});
+  return words;
+}
+
+const ModelRow& preset_row(const std::string& name) {
+  std::vector<std::string> names;
+  for (const ModelRow& r : model_table()) {
+    if (r.name == name) return r;
+    names.push_back(r.name);
+  }
+  throw InvalidArgument("--model: unknown model '" + name + "' (expected " + one_of(names) + ")");
+}
+
+// The flags and the model `theory memory` was given: the preset's layout, the HF config's
+// shape (16-bit) or the launch script's flags, then the command line's Megatron flags.
+MegatronRun memory_run(const TheoryOptions& a) {
+  MegatronFlags flags;
+  std::optional<TransformerModel> base;
+  const std::string here = "theory memory";
+  if (!a.model.empty()) {
+    const ModelRow& row = preset_row(a.model);
+    base = preset_model(row);
+    apply_megatron_words(preset_words(row), true, here, flags);
+  } else if (!a.hf_config.empty()) {
+    base = hf_model(read_hf_config(a.hf_config));
+    apply_megatron_words({"--bf16", "--seq-length", fmt(base->seq)}, true, here, flags);
+  } else {
+    flags = read_megatron_args(a.megatron_args);
+  }
+  apply_megatron_words(a.megatron_words, true, here, flags);
+  if (base)
+    for (const std::string& name : megatron_model_flags())
+      if (flags.has(name))
+        throw InvalidArgument("--" + name + ": the model's shape comes from " + (a.model.empty() ? "--hf-config" : "--model"));
+  if (!flags.unmodelled.empty()) {
+    std::string names;
+    for (const std::string& f : flags.unmodelled) names += (names.empty() ? "" : ", ") + f;
+    std::fprintf(stderr, "theory: warning: not modelled (they change memory): %s\n", names.c_str());
+  }
+  return megatron_run(flags, base, a.gpus);
+}
+
+std::string run_text(const MegatronRun& r) {
+  const TransformerModel& m = r.model;
+  const StepConfig& c = r.step;
+  const Dims d = m.dims(c.seq, c.micro_batch, c.layout.t);
+  char text[640];
+  std::snprintf(text, sizeof text,
+                "%s: L=%g h=%g a=%g g=%g d=%g F=%g %s %s, vocab %g (padded %g), %s embeddings%s\n"
+                "%d GPUs: t=%d p=%d vp=%d dp=%d%s, s=%g b=%g, %g micro-batches per step, %s%s%s, %s attention, "
+                "%g/%g/%g+%g bytes per parameter (weight/grad/master+state)%s",
+                m.name.c_str(), m.L, m.h, m.a, m.layer.groups(d), m.layer.head_dim(d), m.layer.ffn(d),
+                norm_name(m.layer.normalization), activation_name(m.layer.activation), m.vocab, padded_vocab(m, c.layout.t),
+                m.tied_embeddings ? "tied" : "untied", m.learned_positions ? ", learned positions" : "", r.world_size,
+                c.layout.t, c.layout.p, c.layout.vp, c.layout.dp, c.policy.sequence_parallel ? " +SP" : "", c.seq,
+                c.micro_batch, c.microbatches(), recompute_name(c.policy.recompute),
+                c.policy.recompute == Recompute::selective ? (" (" + recompute_modules_name(c.policy.modules) + ")").c_str() : "",
+                c.stack.method != RecomputeMethod::none
+                    ? (std::string(" ") + recompute_method_name(c.stack.method) + " " + std::to_string(c.stack.num_layers)).c_str()
+                    : "",
+                attention_name(c.policy.attention), c.precision.weight, c.precision.grad, c.precision.master,
+                c.precision.optimizer_state, c.distributed_optimizer ? ", distributed optimizer" : "");
+  return text;
+}
+
+// theory memory: the whole step's memory, stage by stage (theory/step_memory.hpp).
+int run_memory(const TheoryOptions& a) {
+  const MegatronRun r = memory_run(a);
+  const Gpu* device = a.gpu.empty() ? nullptr : &named("--gpu", [&]() -> const Gpu& { return plan_gpu(a.gpu); });
+  const std::vector<StageMemory> stages = step_memory(r.model, r.step);
+  std::printf("%s\n", run_text(r).c_str());
+  std::printf("%5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s %9s%s  %s\n", "stage", "layers", "mbs", "weights", "grads",
+              "optim", "REST", "activ.", "emb+out", "workset", "PEAK", "", device ? "  fits" : "", "peak at");
+  for (const StageMemory& s : stages) {
+    const double workset = s.recompute_working_set_bytes + s.grad_working_set_bytes + s.loss_working_set_bytes +
+                           s.embedding_grad_bytes;
+    std::printf("%5d %6d %4d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %9s%s  %s\n", s.stage, s.layers,
+                s.microbatches_in_flight, s.weight_bytes / kGiB, s.grad_bytes / kGiB, s.optimizer_bytes / kGiB,
+                s.rest_bytes / kGiB, s.activation_bytes / kGiB, (s.embedding_bytes + s.output_bytes) / kGiB,
+                workset / kGiB, s.peak_bytes / kGiB, "",
+                device ? (s.peak_bytes <= device->memory_bytes ? "   yes" : "    no") : "", s.peak_at.c_str());
+  }
+  std::printf("GiB per GPU, as torch.cuda.memory_stats() counts allocated bytes; not modelled: library workspaces, "
+              "NCCL buffers, allocator rounding and fragmentation (reserved > allocated)\n");
+  if (!a.csv.empty()) write_table(a.csv, memory_table(stages));
+  return 0;
+}
+
 // theory --out DIR: every table, with the measured layer times of --results.
 int run_tables(const TheoryOptions& a) {
   const std::vector<MeasuredLayer> measured = read_measured_layers(a.results);
@@ -232,6 +346,7 @@ int run(int argc, char** argv) {
     case TheoryCommand::fit_plan: return run_plan(a);
     case TheoryCommand::layout_search: return run_plan_search(a);
     case TheoryCommand::llama_table: return run_llama_table(a);
+    case TheoryCommand::memory: return run_memory(a);
   }
   return 1;
 }

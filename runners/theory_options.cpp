@@ -16,7 +16,7 @@ namespace actbench {
 namespace {
 
 // The commands that read an option (a bit each).
-enum Reader : unsigned { kTables = 1, kFit = 2, kSearch = 4, kLlamaTable = 8 };
+enum Reader : unsigned { kTables = 1, kFit = 2, kSearch = 4, kLlamaTable = 8, kMemory = 16 };
 
 std::string command_words(unsigned reader) {
   switch (reader) {
@@ -26,8 +26,10 @@ std::string command_words(unsigned reader) {
       return "the fit planner (theory plan without --gpus)";
     case kSearch:
       return "the layout search (theory plan --gpus N)";
-    default:
+    case kLlamaTable:
       return "theory llama-table";
+    default:
+      return "theory memory";
   }
 }
 
@@ -39,6 +41,8 @@ Reader reader_of(TheoryCommand c) {
       return kSearch;
     case TheoryCommand::llama_table:
       return kLlamaTable;
+    case TheoryCommand::memory:
+      return kMemory;
     default:
       return kTables;
   }
@@ -94,7 +98,7 @@ class Options {
  private:
   static std::string readers_words(unsigned readers) {
     std::string words;
-    for (unsigned r : {kTables, kFit, kSearch, kLlamaTable})
+    for (unsigned r : {kTables, kFit, kSearch, kLlamaTable, kMemory})
       if (readers & r) words += (words.empty() ? "" : " and ") + command_words(r);
     return words;
   }
@@ -106,10 +110,11 @@ struct Apps {
   CLI::App* top = nullptr;
   CLI::App* plan = nullptr;
   CLI::App* llama_table = nullptr;
+  CLI::App* memory = nullptr;
 };
 
 Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bool& distributed_optimizer) {
-  Apps apps{&app, nullptr, nullptr};
+  Apps apps{&app, nullptr, nullptr, nullptr};
   app.require_subcommand(0, 1);
   opts.value(app, "--out", kTables, "folder to write the CSV tables to (created if missing)");
   opts.track(
@@ -158,6 +163,18 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   opts.value(table, "--seq", kLlamaTable,
              "sequence length, 1.." + std::to_string(kMaxTheorySeq) + " (default: the model's)");
   opts.value(table, "--batch", kLlamaTable, "micro-batch, 1.." + std::to_string(kMaxTheoryMicroBatch), "1");
+  CLI::App& memory = *app.add_subcommand(
+      "memory",
+      "the whole training step's memory on every pipeline stage, at rest and at its peak; any other flag is "
+      "Megatron-LM's (--tensor-model-parallel-size 4 --sequence-parallel --recompute-granularity selective ...)");
+  memory.allow_extras();
+  apps.memory = &memory;
+  opts.value(memory, "--model", kMemory, "a preset: 22b | 175b | 530b | 1t | llama3-8b | llama3-70b | llama3-405b");
+  opts.value(memory, "--hf-config", kMemory, "a Hugging Face config.json");
+  opts.value(memory, "--megatron-args", kMemory, "a file with a Megatron-LM launch script's arguments");
+  opts.value(memory, "--gpus", kMemory, "GPUs in the run, 1.." + gpus + " (default: the script's world size)");
+  opts.value(memory, "--gpu", kMemory, "a100 | h100 | h200 | b200: say whether each stage fits its memory");
+  opts.value(memory, "--csv", kMemory, "also write one row per pipeline stage to this CSV");
   return apps;
 }
 
@@ -227,6 +244,23 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
   o.top = static_cast<int>(parse_int_option("--top", opts.text(plan, "--top"), 1, kMaxTheoryTop));
 }
 
+void take_memory(const Options& opts, const CLI::App* memory, TheoryOptions& o) {
+  o.model = opts.text(memory, "--model");
+  o.hf_config = opts.given(memory, "--hf-config") ? opts.text(memory, "--hf-config") : "";
+  o.megatron_args = opts.given(memory, "--megatron-args") ? opts.text(memory, "--megatron-args") : "";
+  const int sources = !o.model.empty() + !o.hf_config.empty() + !o.megatron_args.empty();
+  if (sources != 1) throw InvalidArgument("give one of --model, --hf-config or --megatron-args");
+  for (const std::string* path : {&o.hf_config, &o.megatron_args})
+    if (!path->empty()) check_user_file(std::string(path == &o.hf_config ? "--hf-config " : "--megatron-args ") + *path, *path);
+  o.gpus = static_cast<int>(int_value(opts, memory, "--gpus", 1, theory::kMaxPlanGpus, 0));
+  o.gpu = opts.given(memory, "--gpu") ? opts.text(memory, "--gpu") : "";
+  if (opts.given(memory, "--csv")) {
+    o.csv = opts.text(memory, "--csv");
+    check_output_file("--csv", o.csv);
+  }
+  o.megatron_words = memory->remaining();
+}
+
 void take_llama_table(const Options& opts, const CLI::App* table, TheoryOptions& o) {
   take_model(opts, table, o);
   o.tp = static_cast<int>(parse_int_option("--tp", opts.text(table, "--tp"), 1, theory::kMaxPlanGpus));
@@ -254,7 +288,9 @@ TheoryOptions parse_theory_options(int argc, char** argv) {
     std::replace(what.begin(), what.end(), '\n', ' ');
     throw InvalidArgument(what);
   }
-  if (apps.llama_table->parsed())
+  if (apps.memory->parsed())
+    o.command = TheoryCommand::memory;
+  else if (apps.llama_table->parsed())
     o.command = TheoryCommand::llama_table;
   else if (apps.plan->parsed())
     o.command = opts.given(apps.plan, "--gpus") ? TheoryCommand::layout_search : TheoryCommand::fit_plan;
@@ -266,6 +302,8 @@ TheoryOptions parse_theory_options(int argc, char** argv) {
     take_tables(opts, apps.top, o);
   else if (o.command == TheoryCommand::llama_table)
     take_llama_table(opts, apps.llama_table, o);
+  else if (o.command == TheoryCommand::memory)
+    take_memory(opts, apps.memory, o);
   else
     take_plan(opts, apps.plan, o);
   return o;

@@ -17,6 +17,7 @@ enum class TheoryCommand {
   fit_plan,       // theory plan without --gpus: configurations of one layout of a Table 3 model
   layout_search,  // theory plan --gpus N: every layout and configuration
   llama_table,    // theory llama-table
+  memory,         // theory memory: the whole training step's memory, stage by stage
 };
 
 // Bounds of the values that no model's shape bounds (the GPU count and the global batch are
@@ -34,8 +35,10 @@ struct TheoryOptions {
   std::string out;
   std::vector<std::string> results;
   tables::TableSettings settings;  // --dtype, --optimizer
-  // the model: --model or --hf-config (empty: not given)
-  std::string model, hf_config;
+  // the model: --model or --hf-config (empty: not given); memory also --megatron-args
+  std::string model, hf_config, megatron_args;
+  // theory memory: Megatron-LM's flags on the command line, in order (runners/megatron_args.hpp)
+  std::vector<std::string> megatron_words;
   // plan and llama-table
   std::string gpu = "a100", csv, attention = "fused";
   int64_t seq = 0;                     // 0: the model's

@@ -69,16 +69,20 @@ std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int
   return order;
 }
 
-StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m) {
-  const StageOrder o = stage_order(p, microbatches, m, 0);
-  // The chunk an op works on repeats every p·m ops of each kind, so the steady phase's live
-  // counts repeat every p·m steps; the cool-down only frees. The warm-up and one period of
-  // the steady phase hold both peaks.
+std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage) {
+  if (stage < 0 || stage >= p) throw std::invalid_argument("pipeline: stage out of range");
+  const StageOrder o = stage_order(p, microbatches, m, stage);
   const int prefix = o.warmup + 2 * std::min(o.steady(), p * m);
+  std::vector<PipelineOp> ops;
+  ops.reserve(prefix);
+  for (int i = 0; i < prefix; ++i) ops.push_back(o.at(i));
+  return ops;
+}
+
+StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m) {
   StageZeroPeaks peaks;
   int live = 0, first_chunk_live = 0;
-  for (int i = 0; i < prefix; ++i) {
-    const PipelineOp op = o.at(i);
+  for (const PipelineOp& op : stage_peak_ops(p, microbatches, m, 0)) {
     const int step = op.forward ? 1 : -1;  // a backward frees its chunk's activations when it ends
     live += step;
     if (op.chunk == 0) first_chunk_live += step;

@@ -34,6 +34,12 @@ int first_chunk_microbatches_in_flight(int p, int microbatches, int m = 1);
 // (max_in_flight(order)[0]) and the micro-batches its chunk 0 holds
 // (first_chunk_microbatches_in_flight). Only the warm-up and one period (p·m steps) of the
 // steady phase are walked, so the cost grows with p·m, not with the micro-batches.
+// The ops of stage `stage` that hold all of its memory peaks, in order: its warm-up forwards
+// and one period (p·m forward/backward pairs) of its steady phase. Afterwards the live set of
+// chunk-microbatches repeats (the chunk an op works on repeats every p·m ops of each kind) and
+// the cool-down only frees. Throws std::invalid_argument like pipeline_order.
+std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage);
+
 struct StageZeroPeaks {
   int chunks = 0;
   int first_chunk_microbatches = 0;

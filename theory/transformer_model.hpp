@@ -27,6 +27,11 @@ struct TransformerModel {
   double position_rows() const { return max_positions > 0 ? max_positions : seq; }
 };
 
+struct ModelRow;
+// A preset (model_table.hpp) as Megatron builds it: the paper's GPT models with learned
+// positions and the output layer tied to the embedding, the llama family untied with RoPE.
+TransformerModel preset_model(const ModelRow& row);
+
 // The embedding's rows on all tensor-parallel ranks together: vocab rounded up to a multiple of
 // vocab_divisible_by · t (Megatron's _vocab_size_with_padding).
 double padded_vocab(const TransformerModel& m, double t);

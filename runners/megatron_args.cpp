@@ -1,0 +1,457 @@
+#include "runners/megatron_args.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "runners/hf_config.hpp"  // kMaxModelWidth, kMaxVocab, kMaxPositions
+#include "runners/options.hpp"
+#include "runtime/error.hpp"
+#include "runtime/user_file.hpp"
+#include "theory/layout_search.hpp"  // kMaxPlanGpus, kMaxGlobalBatch
+
+namespace actbench {
+namespace {
+
+enum class Kind { on_off, value, list };
+// read: the model reads it; refuse: a layer or layout the model cannot express;
+// unmodelled: changes memory in a way the model leaves out (one warning line names them).
+enum class Use { read, refuse, unmodelled };
+
+struct Flag {
+  const char* name;
+  Kind kind;
+  Use use;
+  const char* why = "";  // refuse: what it is
+};
+
+// Every flag the reader knows; any other is ignored (it changes no memory the model counts).
+const std::vector<Flag>& flag_table() {
+  static const std::vector<Flag> table = {
+      // the model
+      {"num-layers", Kind::value, Use::read},
+      {"hidden-size", Kind::value, Use::read},
+      {"ffn-hidden-size", Kind::value, Use::read},
+      {"num-attention-heads", Kind::value, Use::read},
+      {"kv-channels", Kind::value, Use::read},
+      {"group-query-attention", Kind::on_off, Use::read},
+      {"num-query-groups", Kind::value, Use::read},
+      {"max-position-embeddings", Kind::value, Use::read},
+      {"position-embedding-type", Kind::value, Use::read},
+      {"use-rotary-position-embeddings", Kind::on_off, Use::read},
+      {"no-position-embedding", Kind::on_off, Use::read},
+      {"rotary-percent", Kind::value, Use::read},
+      {"rotary-base", Kind::value, Use::read},
+      {"normalization", Kind::value, Use::read},
+      {"norm-epsilon", Kind::value, Use::read},
+      {"layernorm-epsilon", Kind::value, Use::read},
+      {"qk-layernorm", Kind::on_off, Use::read},
+      {"swiglu", Kind::on_off, Use::read},
+      {"squared-relu", Kind::on_off, Use::read},
+      {"disable-bias-linear", Kind::on_off, Use::read},
+      {"add-qkv-bias", Kind::on_off, Use::read},
+      {"attention-dropout", Kind::value, Use::read},
+      {"hidden-dropout", Kind::value, Use::read},
+      {"untie-embeddings-and-output-weights", Kind::on_off, Use::read},
+      {"vocab-size", Kind::value, Use::read},
+      {"tokenizer-type", Kind::value, Use::read},
+      {"make-vocab-size-divisible-by", Kind::value, Use::read},
+      // layout and batch
+      {"tensor-model-parallel-size", Kind::value, Use::read},
+      {"pipeline-model-parallel-size", Kind::value, Use::read},
+      {"num-layers-per-virtual-pipeline-stage", Kind::value, Use::read},
+      {"num-virtual-stages-per-pipeline-rank", Kind::value, Use::read},
+      {"decoder-first-pipeline-num-layers", Kind::value, Use::read},
+      {"decoder-last-pipeline-num-layers", Kind::value, Use::read},
+      {"account-for-embedding-in-pipeline-split", Kind::on_off, Use::read},
+      {"account-for-loss-in-pipeline-split", Kind::on_off, Use::read},
+      {"sequence-parallel", Kind::on_off, Use::read},
+      {"world-size", Kind::value, Use::read},
+      {"seq-length", Kind::value, Use::read},
+      {"micro-batch-size", Kind::value, Use::read},
+      {"global-batch-size", Kind::value, Use::read},
+      // recompute
+      {"recompute-granularity", Kind::value, Use::read},
+      {"recompute-activations", Kind::on_off, Use::read},
+      {"recompute-method", Kind::value, Use::read},
+      {"recompute-num-layers", Kind::value, Use::read},
+      {"recompute-modules", Kind::list, Use::read},
+      {"distribute-saved-activations", Kind::on_off, Use::read},
+      // precision, optimizer, attention kernel
+      {"bf16", Kind::on_off, Use::read},
+      {"fp16", Kind::on_off, Use::read},
+      {"accumulate-allreduce-grads-in-fp32", Kind::on_off, Use::read},
+      {"use-distributed-optimizer", Kind::on_off, Use::read},
+      {"optimizer", Kind::value, Use::read},
+      {"sgd-momentum", Kind::value, Use::read},
+      {"use-precision-aware-optimizer", Kind::on_off, Use::read},
+      {"main-params-dtype", Kind::value, Use::read},
+      {"main-grads-dtype", Kind::value, Use::read},
+      {"exp-avg-dtype", Kind::value, Use::read},
+      {"exp-avg-sq-dtype", Kind::value, Use::read},
+      {"no-gradient-accumulation-fusion", Kind::on_off, Use::read},
+      {"transformer-impl", Kind::value, Use::read},
+      {"attention-backend", Kind::value, Use::read},
+      {"use-flash-attn", Kind::on_off, Use::read},
+      // what the model cannot express
+      {"num-experts", Kind::value, Use::refuse, "a mixture-of-experts layer"},
+      {"expert-model-parallel-size", Kind::value, Use::refuse, "expert parallelism"},
+      {"context-parallel-size", Kind::value, Use::refuse, "context parallelism"},
+      {"multi-latent-attention", Kind::on_off, Use::refuse, "multi-latent attention"},
+      {"pipeline-model-parallel-layout", Kind::value, Use::refuse,
+       "a custom pipeline layout (give --decoder-first/last-pipeline-num-layers)"},
+      {"use-torch-fsdp2", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
+      {"use-custom-fsdp", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
+      {"use-megatron-fsdp", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
+      // changes memory, not modelled
+      {"fp8-format", Kind::value, Use::unmodelled},
+      {"fp8-param-gather", Kind::on_off, Use::unmodelled},
+      {"cross-entropy-loss-fusion", Kind::on_off, Use::unmodelled},
+      {"fp16-lm-cross-entropy", Kind::on_off, Use::unmodelled},
+      {"cpu-offloading", Kind::on_off, Use::unmodelled},
+      {"tp-comm-overlap", Kind::on_off, Use::unmodelled},
+      {"mtp-num-layers", Kind::value, Use::unmodelled},
+      {"rampup-batch-size", Kind::list, Use::unmodelled},
+      {"num-distributed-optimizer-instances", Kind::value, Use::unmodelled},
+      {"enable-cuda-graph", Kind::on_off, Use::unmodelled},
+      {"external-cuda-graph", Kind::on_off, Use::unmodelled},
+      {"optimizer-cpu-offload", Kind::on_off, Use::unmodelled},
+      // torchrun's, for the world size
+      {"nproc_per_node", Kind::value, Use::read},
+      {"nproc-per-node", Kind::value, Use::read},
+      {"nnodes", Kind::value, Use::read},
+  };
+  return table;
+}
+
+const Flag* find_flag(const std::string& name) {
+  for (const Flag& f : flag_table())
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+bool is_flag(const std::string& word) { return word.size() > 2 && word.compare(0, 2, "--") == 0; }
+
+// A word that can be a flag's value: not a flag, not a bash array's bracket.
+bool is_value(const std::string& word) { return !is_flag(word) && word != ")" && word != "(" && word != "\\"; }
+
+[[noreturn]] void fail(const std::string& where, const std::string& problem) {
+  throw InvalidArgument(where + ": " + problem);
+}
+
+}  // namespace
+
+std::vector<std::string> shell_words(const std::string& text, const std::string& where) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\\' && i + 1 < text.size()) {  // an escaped character; backslash-newline joins lines
+      if (text[i + 1] != '\n') word += text[i + 1], in_word = true;
+      ++i;
+    } else if (c == '\'' || c == '"') {
+      const size_t end = text.find(c, i + 1);
+      if (end == std::string::npos) fail(where, std::string("unterminated ") + c + " quote");
+      word += text.substr(i + 1, end - i - 1);
+      in_word = true;
+      i = end;
+    } else if (c == '#' && !in_word) {  // a comment, to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ';') {
+      if (in_word) words.push_back(word), word.clear(), in_word = false;
+    } else {
+      word += c, in_word = true;
+    }
+  }
+  if (in_word) words.push_back(word);
+  return words;
+}
+
+void apply_megatron_words(const std::vector<std::string>& words, bool strict, const std::string& where,
+                          MegatronFlags& flags) {
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& word = words[i];
+    if (!is_flag(word)) {
+      if (strict) fail(where, "unexpected word '" + printable(word) + "' (flags are --name [value])");
+      continue;  // the launcher, the script, a bash array's name and brackets
+    }
+    std::string name = word.substr(2), value;
+    bool inline_value = false;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1), name = name.substr(0, eq), inline_value = true;
+    }
+    const Flag* flag = find_flag(name);
+    if (!flag) {
+      if (strict) fail(where, "unknown flag --" + printable(name));
+      if (!inline_value && i + 1 < words.size() && is_value(words[i + 1])) ++i;  // its value, if any
+      continue;
+    }
+    const std::string shown = "--" + name;
+    if (flag->kind == Kind::on_off) {
+      if (inline_value) fail(where, shown + " takes no value");
+      value = "1";
+    } else if (flag->kind == Kind::value && !inline_value) {
+      if (i + 1 >= words.size() || !is_value(words[i + 1])) fail(where, shown + " needs a value");
+      value = words[++i];
+    } else if (flag->kind == Kind::list && !inline_value) {
+      while (i + 1 < words.size() && is_value(words[i + 1])) value += (value.empty() ? "" : ",") + words[++i];
+    }
+    if (value.find('$') != std::string::npos && flag->use != Use::unmodelled)
+      fail(where, shown + " is '" + printable(value) + "', a shell variable: write its value");
+    if (flag->use == Use::unmodelled) {
+      if (std::find(flags.unmodelled.begin(), flags.unmodelled.end(), shown) == flags.unmodelled.end())
+        flags.unmodelled.push_back(shown);
+      continue;
+    }
+    flags.values[name] = value;
+  }
+}
+
+MegatronFlags read_megatron_args(const std::string& path) {
+  const std::string where = "--megatron-args " + path;
+  MegatronFlags flags;
+  apply_megatron_words(shell_words(read_user_file(where, path), where), false, where, flags);
+  return flags;
+}
+
+const std::vector<std::string>& megatron_model_flags() {
+  static const std::vector<std::string> names = {"num-layers", "hidden-size", "num-attention-heads",
+                                                 "max-position-embeddings", "vocab-size", "tokenizer-type"};
+  return names;
+}
+
+namespace {
+
+// The flags' values, each parsed with its bounds, the error naming the flag.
+class Values {
+ public:
+  explicit Values(const MegatronFlags& f) : f_(f) {}
+  bool has(const std::string& name) const { return f_.has(name); }
+  bool on(const std::string& name) const { return f_.has(name); }
+  const std::string& text(const std::string& name) const { return f_.values.at(name); }
+  std::string text(const std::string& name, const std::string& fallback) const {
+    return has(name) ? text(name) : fallback;
+  }
+  int64_t integer(const std::string& name, int64_t min, int64_t max, int64_t fallback) const {
+    return has(name) ? parse_int_option("--" + name, text(name), min, max) : fallback;
+  }
+  int64_t required(const std::string& name, int64_t min, int64_t max) const {
+    if (!has(name)) throw InvalidArgument("--" + name + " is required (the launch script does not give it)");
+    return integer(name, min, max, 0);
+  }
+  double real(const std::string& name, double min, double max, double fallback) const {
+    if (!has(name)) return fallback;
+    const double v = parse_real_option("--" + name, text(name));
+    if (!(v >= min && v <= max))
+      throw InvalidArgument("--" + name + " must lie in " + real_range_text(min, max) + ", got " + text(name));
+    return v;
+  }
+
+ private:
+  const MegatronFlags& f_;
+};
+
+void refuse_what_is_not_modelled(const MegatronFlags& flags) {
+  for (const Flag& f : flag_table()) {
+    if (f.use != Use::refuse || !flags.has(f.name)) continue;
+    const std::string& v = flags.values.at(f.name);
+    // A size of 1 (or 0 experts) is the plain dense layer.
+    if (f.kind == Kind::value && (v == "1" || (std::string(f.name) == "num-experts" && v == "0"))) continue;
+    throw InvalidArgument("--" + std::string(f.name) + " " + printable(v) + ": " + f.why +
+                          " is not modelled by theory memory");
+  }
+}
+
+// The tokenizer's vocabulary, before Megatron pads it.
+double vocab_of(const Values& v) {
+  const std::string tokenizer = v.text("tokenizer-type", "");
+  if (tokenizer == "GPT2BPETokenizer") return 50257;
+  if (v.has("vocab-size")) {
+    const double size = static_cast<double>(v.integer("vocab-size", 1, kMaxVocab, 0));
+    return tokenizer == "NullTokenizer" ? size + 1 : size;  // NullTokenizer adds its end-of-document id
+  }
+  throw InvalidArgument("the vocabulary size: " +
+                        (tokenizer.empty() ? std::string("no --tokenizer-type") : "--tokenizer-type " + printable(tokenizer)) +
+                        " and no --vocab-size; add --vocab-size V (the tokenizer's size)");
+}
+
+// The model's shape from the flags alone (Megatron's defaults where absent).
+theory::TransformerModel model_from_flags(const Values& v) {
+  theory::TransformerModel m;
+  m.name = "megatron";
+  m.L = static_cast<double>(v.required("num-layers", 1, kMaxModelLayers));
+  m.h = static_cast<double>(v.required("hidden-size", 1, kMaxModelWidth));
+  m.a = static_cast<double>(v.required("num-attention-heads", 1, kMaxModelWidth));
+  m.vocab = vocab_of(v);
+  m.learned_positions = true;  // Megatron's default position embedding: learned_absolute
+  m.layer = theory::gpt_layer_spec();
+  return m;
+}
+
+// The layer flags as edits of the model's spec.
+void apply_layer_flags(const Values& v, theory::TransformerModel& m) {
+  theory::LayerSpec& s = m.layer;
+  if (v.has("normalization")) s.normalization = theory::parse_norm(v.text("normalization"));
+  for (const char* eps : {"layernorm-epsilon", "norm-epsilon"})
+    if (v.has(eps)) s.norm_epsilon = v.real(eps, 1e-30, 1, s.norm_epsilon);
+  if (v.on("qk-layernorm")) s.qk_layernorm = true;
+  if (v.on("swiglu") && v.on("squared-relu")) throw InvalidArgument("--swiglu and --squared-relu: give one");
+  if (v.on("swiglu")) s.activation = theory::Activation::swiglu;
+  if (v.on("squared-relu")) s.activation = theory::Activation::squared_relu;
+  if (v.has("ffn-hidden-size")) {
+    s.ffn_hidden = static_cast<double>(v.integer("ffn-hidden-size", 1, kMaxModelWidth, 0));
+  } else if (v.on("swiglu")) {  // Megatron's default SwiGLU width: 2/3 of 4h, down to a multiple of 64
+    s.ffn_hidden = std::floor(4 * m.h * 2 / 3 / 64) * 64;
+  }
+  if (v.on("disable-bias-linear")) s.add_bias_linear = false;
+  if (v.on("add-qkv-bias")) s.add_qkv_bias = true;
+  if (v.on("group-query-attention"))
+    s.kv_heads = static_cast<double>(v.integer("num-query-groups", 1, kMaxModelWidth, 1));
+  if (v.has("kv-channels")) s.kv_channels = static_cast<double>(v.integer("kv-channels", 1, kMaxModelWidth, 0));
+  if (v.on("use-rotary-position-embeddings")) s.position = theory::PositionEmbedding::rope;
+  if (v.has("position-embedding-type")) {
+    const std::string type = v.text("position-embedding-type");
+    s.position = theory::parse_position(type);
+    m.learned_positions = type == "learned_absolute";
+  } else if (v.on("use-rotary-position-embeddings") || v.on("no-position-embedding")) {
+    m.learned_positions = false;
+  }
+  if (v.on("no-position-embedding")) s.position = theory::PositionEmbedding::none;
+  s.rotary_percent = v.real("rotary-percent", 1e-9, 1, s.rotary_percent);
+  s.rotary_base = v.real("rotary-base", 1, 1e12, s.rotary_base);
+  s.attention_dropout = v.real("attention-dropout", 0, 0.999999, s.attention_dropout);
+  s.hidden_dropout = v.real("hidden-dropout", 0, 0.999999, s.hidden_dropout);
+  if (v.on("untie-embeddings-and-output-weights")) m.tied_embeddings = false;
+  if (v.has("make-vocab-size-divisible-by"))
+    m.vocab_divisible_by = static_cast<double>(v.integer("make-vocab-size-divisible-by", 1, kMaxVocab, 128));
+  if (v.has("seq-length")) m.seq = static_cast<double>(v.integer("seq-length", 1, kMaxPositions, 0));
+  if (v.has("max-position-embeddings"))
+    m.max_positions = static_cast<double>(v.integer("max-position-embeddings", 1, kMaxPositions, 0));
+}
+
+double dtype_bytes(const std::string& flag, const std::string& name) {
+  if (name == "fp32") return 4;
+  if (name == "bf16" || name == "fp16") return 2;
+  if (name == "fp8" || name == "uint8") return 1;
+  throw InvalidArgument("--" + flag + " must be fp32, bf16, fp16, fp8 or uint8, got '" + printable(name) + "'");
+}
+
+theory::TrainingPrecision precision_of(const Values& v) {
+  if (v.on("bf16") && v.on("fp16")) throw InvalidArgument("--bf16 and --fp16: give one");
+  theory::TrainingPrecision p;
+  if (!v.on("bf16") && !v.on("fp16")) {  // fp32 training: no master copy
+    p.activation = p.weight = p.grad = 4;
+    p.master = 0;
+  } else if (v.on("fp16") && !v.on("accumulate-allreduce-grads-in-fp32")) {
+    p.grad = 2;  // fp16's gradients stay fp16 unless asked (bf16's are always fp32)
+  }
+  const std::string optimizer = v.text("optimizer", "adam");
+  const bool aware = v.on("use-precision-aware-optimizer");
+  if (optimizer == "adam") {
+    p.optimizer_state = aware ? dtype_bytes("exp-avg-dtype", v.text("exp-avg-dtype", "fp32")) +
+                                    dtype_bytes("exp-avg-sq-dtype", v.text("exp-avg-sq-dtype", "fp32"))
+                              : 8;
+  } else if (optimizer == "sgd") {
+    p.optimizer_state = v.real("sgd-momentum", 0, 1e6, 0.9) != 0 ? 4 : 0;
+  } else {
+    throw InvalidArgument("--optimizer must be adam or sgd, got '" + printable(optimizer) + "'");
+  }
+  if (aware && p.master > 0) p.master = dtype_bytes("main-params-dtype", v.text("main-params-dtype", "fp32"));
+  if (aware && v.has("main-grads-dtype")) p.grad = dtype_bytes("main-grads-dtype", v.text("main-grads-dtype"));
+  return p;
+}
+
+LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
+  LayerPolicy c;
+  c.sequence_parallel = v.on("sequence-parallel") && t > 1;  // Megatron turns SP off at t = 1
+  const std::string impl = v.text("transformer-impl", "transformer_engine");
+  const std::string backend = v.text("attention-backend", "auto");
+  const bool unfused = (impl == "local" && !v.on("use-flash-attn")) || backend == "unfused" || backend == "local";
+  c.attention = unfused ? Attention::unfused : Attention::fused;
+  std::string granularity = v.text("recompute-granularity", v.on("recompute-activations") ? "selective" : "");
+  if (granularity == "full") {
+    c.recompute = Recompute::full;
+    if (!v.has("recompute-method"))
+      throw InvalidArgument("--recompute-granularity full needs --recompute-method uniform or block");
+    stack.method = parse_recompute_method(v.text("recompute-method"));
+    stack.num_layers = static_cast<int>(v.required("recompute-num-layers", 1, kMaxModelLayers));
+  } else if (granularity == "selective") {
+    c.recompute = Recompute::selective;
+    if (v.has("recompute-modules") && !v.text("recompute-modules").empty())
+      c.modules = parse_recompute_modules(v.text("recompute-modules"));
+  } else if (!granularity.empty()) {
+    throw InvalidArgument("--recompute-granularity must be full or selective, got '" + printable(granularity) + "'");
+  }
+  return c;
+}
+
+theory::StepLayout layout_of(const Values& v) {
+  const int64_t max = theory::kMaxPlanGpus;
+  theory::StepLayout l;
+  l.t = static_cast<int>(v.integer("tensor-model-parallel-size", 1, max, 1));
+  l.p = static_cast<int>(v.integer("pipeline-model-parallel-size", 1, max, 1));
+  if (v.has("num-layers-per-virtual-pipeline-stage") && v.has("num-virtual-stages-per-pipeline-rank"))
+    throw InvalidArgument("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank: give one");
+  l.vp = static_cast<int>(v.integer("num-virtual-stages-per-pipeline-rank", 1, max, 1));
+  l.first_stage_layers = static_cast<int>(v.integer("decoder-first-pipeline-num-layers", 1, kMaxModelLayers, 0));
+  l.last_stage_layers = static_cast<int>(v.integer("decoder-last-pipeline-num-layers", 1, kMaxModelLayers, 0));
+  l.embedding_in_split = v.on("account-for-embedding-in-pipeline-split");
+  l.loss_in_split = v.on("account-for-loss-in-pipeline-split");
+  return l;
+}
+
+// Megatron's --num-layers-per-virtual-pipeline-stage N: vp = layers per rank / N.
+int virtual_stages_from_layers(const Values& v, const theory::TransformerModel& m, int p) {
+  const int64_t per_chunk = v.integer("num-layers-per-virtual-pipeline-stage", 1, kMaxModelLayers, 0);
+  const double per_rank = m.L / p;
+  if (std::fmod(per_rank, static_cast<double>(per_chunk)) != 0)
+    throw InvalidArgument("--num-layers-per-virtual-pipeline-stage " + std::to_string(per_chunk) +
+                          " must divide the layers per pipeline stage (" + std::to_string(static_cast<int64_t>(per_rank)) + ")");
+  return static_cast<int>(per_rank / per_chunk);
+}
+
+int world_size_of(const Values& v, int gpus) {
+  if (gpus > 0) return gpus;
+  if (v.has("world-size")) return static_cast<int>(v.integer("world-size", 1, theory::kMaxPlanGpus, 0));
+  const bool launcher = v.has("nproc_per_node") || v.has("nproc-per-node");
+  if (!launcher) return 0;
+  const int64_t per_node = v.has("nproc_per_node") ? v.integer("nproc_per_node", 1, 1 << 16, 1)
+                                                   : v.integer("nproc-per-node", 1, 1 << 16, 1);
+  const int64_t nodes = v.integer("nnodes", 1, theory::kMaxPlanGpus, 1);
+  if (per_node * nodes > theory::kMaxPlanGpus) throw InvalidArgument("--nproc_per_node x --nnodes is too large");
+  return static_cast<int>(per_node * nodes);
+}
+
+}  // namespace
+
+MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus) {
+  refuse_what_is_not_modelled(flags);
+  const Values v(flags);
+  MegatronRun run;
+  run.model = base ? *base : model_from_flags(v);
+  apply_layer_flags(v, run.model);
+  theory::StepConfig& c = run.step;
+  c.layout = layout_of(v);
+  if (v.has("num-layers-per-virtual-pipeline-stage")) c.layout.vp = virtual_stages_from_layers(v, run.model, c.layout.p);
+  c.policy = policy_of(v, c.layout.t, c.stack);
+  c.distribute_saved_activations = v.on("distribute-saved-activations");
+  c.distributed_optimizer = v.on("use-distributed-optimizer");
+  c.gradient_accumulation_fusion = !v.on("no-gradient-accumulation-fusion");
+  c.precision = precision_of(v);
+  c.seq = run.model.seq;
+  c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));
+  run.world_size = world_size_of(v, gpus);
+  const int model_parallel = c.layout.t * c.layout.p;
+  if (run.world_size == 0)
+    throw InvalidArgument("the GPU count: give --gpus N (no --world-size or launcher --nproc_per_node to read it from)");
+  if (run.world_size % model_parallel != 0)
+    throw InvalidArgument("the world size (" + std::to_string(run.world_size) + " GPUs) must be a multiple of "
+                          "tensor x pipeline parallel (" + std::to_string(model_parallel) + ")");
+  c.layout.dp = run.world_size / model_parallel;
+  c.global_batch = static_cast<double>(
+      v.integer("global-batch-size", 1, static_cast<int64_t>(theory::kMaxGlobalBatch), 0));
+  return run;
+}
+
+}  // namespace actbench

@@ -1,0 +1,57 @@
+#include "runners/memory_table.hpp"
+
+namespace actbench::tables {
+
+const std::vector<MemoryColumn>& memory_columns() {
+  using S = theory::StageMemory;
+  static const std::vector<MemoryColumn> columns = {
+      {"stage", "", "pipeline stage, 0 (the embedding) to p - 1 (the output layer and loss)",
+       [](const S& s) { return std::to_string(s.stage); }},
+      {"layers", "", "transformer layers on the stage, all its virtual stages",
+       [](const S& s) { return std::to_string(s.layers); }},
+      {"parameters", "", "parameters on one GPU of the stage (split ones / t, norms and row-parallel biases whole)",
+       [](const S& s) { return fmt_bytes(s.parameters); }},
+      {"rest_bytes", "bytes", "allocated between steps: weight_bytes + grad_bytes + optimizer_bytes",
+       [](const S& s) { return fmt_bytes(s.rest_bytes); }},
+      {"peak_bytes", "bytes", "allocated at the step's peak: rest_bytes + every term below at that moment",
+       [](const S& s) { return fmt_bytes(s.peak_bytes); }},
+      {"weight_bytes", "bytes", "the parameters in the training precision (bf16/fp16: 2 bytes, fp32: 4)",
+       [](const S& s) { return fmt_bytes(s.weight_bytes); }},
+      {"grad_bytes", "bytes", "the main_grad buffer (fp32 with bf16), whole on every data-parallel rank",
+       [](const S& s) { return fmt_bytes(s.grad_bytes); }},
+      {"optimizer_bytes", "bytes", "fp32 master copy and Adam's moments, / data-parallel size with the distributed optimizer",
+       [](const S& s) { return fmt_bytes(s.optimizer_bytes); }},
+      {"microbatches_in_flight", "", "chunk-micro-batches whose forward has run and backward not, at the peak",
+       [](const S& s) { return std::to_string(s.microbatches_in_flight); }},
+      {"activation_bytes", "bytes", "their layers' saved tensors (the per-layer closed forms, norm statistics included)",
+       [](const S& s) { return fmt_bytes(s.activation_bytes); }},
+      {"embedding_bytes", "bytes", "their token ids, position ids and embedding dropout masks (first stage)",
+       [](const S& s) { return fmt_bytes(s.embedding_bytes); }},
+      {"output_bytes", "bytes", "their final norm input, output layer input and fp32 loss softmax (last stage)",
+       [](const S& s) { return fmt_bytes(s.output_bytes); }},
+      {"recompute_working_set_bytes", "bytes", "what recompute rebuilds for the layer whose backward runs at the peak",
+       [](const S& s) { return fmt_bytes(s.recompute_working_set_bytes); }},
+      {"grad_working_set_bytes", "bytes", "gradients that layer's backward holds at once (modelled, not measured)",
+       [](const S& s) { return fmt_bytes(s.grad_working_set_bytes); }},
+      {"loss_working_set_bytes", "bytes", "16-bit logits beside their fp32 copy, when the peak is at the loss",
+       [](const S& s) { return fmt_bytes(s.loss_working_set_bytes); }},
+      {"embedding_grad_bytes", "bytes", "the embedding's dense weight gradient, when the peak is at its backward",
+       [](const S& s) { return fmt_bytes(s.embedding_grad_bytes); }},
+      {"peak_at", "", "the pipeline op at the peak: forward|backward mb N chunk C",
+       [](const S& s) { return s.peak_at; }},
+  };
+  return columns;
+}
+
+Table memory_table(const std::vector<theory::StageMemory>& stages) {
+  Table t;
+  for (const MemoryColumn& c : memory_columns()) t.header.push_back(c.name);
+  for (const theory::StageMemory& s : stages) {
+    std::vector<std::string> row;
+    for (const MemoryColumn& c : memory_columns()) row.push_back(c.cell(s));
+    t.add(row);
+  }
+  return t;
+}
+
+}  // namespace actbench::tables
