@@ -203,12 +203,13 @@ class PeakTracker {
     --in_flight_;
   }
   // The live bytes with `without` already freed, plus the transients, as a candidate peak.
-  void candidate(const std::string& at, StageMemory transients, const ChunkBytes& without = {}) {
+  // `freed_layers`: one micro-batch's layers already freed (its backward ran through them).
+  void candidate(const std::string& at, StageMemory transients, double freed_layers = 0) {
     StageMemory s = transients;
-    s.microbatches_in_flight = in_flight_;
-    s.activation_bytes = live_.layers - without.layers;
-    s.embedding_bytes = live_.embedding - without.embedding;
-    s.output_bytes = live_.output - without.output;
+    s.microbatches_in_flight = in_flight_ - (freed_layers > 0 ? 1 : 0);
+    s.activation_bytes = live_.layers - freed_layers;
+    s.embedding_bytes = live_.embedding;
+    s.output_bytes = live_.output;
     s.peak_at = at;
     const double total = s.activation_bytes + s.embedding_bytes + s.output_bytes + s.recompute_working_set_bytes +
                          s.grad_working_set_bytes + s.loss_working_set_bytes + s.embedding_grad_bytes;
@@ -310,7 +311,7 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
       if (first) {  // the lookup's backward: this micro-batch's layers are freed by now
         StageMemory lookup;
         lookup.embedding_grad_bytes = embedding_grad;
-        peak.candidate(op_text(op) + " (embedding)", lookup, {bytes[op.chunk].layers, 0, 0});
+        peak.candidate(op_text(op) + " (embedding)", lookup, bytes[op.chunk].layers);
       }
       peak.backward_done(bytes[op.chunk]);
     }

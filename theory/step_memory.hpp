@@ -78,7 +78,9 @@ struct StageMemory {
   double weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   double rest_bytes = 0;   // weights + gradients + optimizer state
   // At the peak:
-  int microbatches_in_flight = 0;  // chunk-micro-batches whose forward ran and backward not yet
+  // Chunk-micro-batches whose layers' saved tensors are alive: forward ran, backward has not
+  // yet passed through them (at the embedding's backward, its micro-batch's layers are freed).
+  int microbatches_in_flight = 0;
   double activation_bytes = 0;     // their layers' saved tensors
   double embedding_bytes = 0;      // their token ids, embedding dropout masks (first chunk)
   double output_bytes = 0;         // their final norm, output layer input, fp32 softmax (last chunk)

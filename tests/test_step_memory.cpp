@@ -1,0 +1,377 @@
+// theory/step_memory: the at-rest bytes against the parameters counted tensor by tensor as
+// Megatron's GPTModel names them, the activations in flight against the pipeline schedule's
+// count, the stack closed forms and the peak's bookkeeping; runners/megatron_args: a launch
+// script's words, Megatron's defaults and what is refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runners/closed_form.hpp"
+#include "runners/megatron_args.hpp"
+#include "runtime/error.hpp"
+#include "theory/layer_pieces.hpp"
+#include "theory/pipeline.hpp"
+#include "theory/step_memory.hpp"
+
+using namespace actbench;
+using namespace actbench::theory;
+
+namespace {
+
+TransformerModel gpt_model() {
+  TransformerModel m;
+  m.name = "gpt-test";
+  m.h = 512, m.a = 8, m.L = 8, m.vocab = 50257, m.seq = 1024;
+  m.learned_positions = true;
+  m.tied_embeddings = true;
+  m.layer = gpt_layer_spec();
+  return m;
+}
+
+TransformerModel llama_model() {
+  TransformerModel m;
+  m.name = "llama-test";
+  m.h = 512, m.a = 8, m.L = 8, m.vocab = 32000, m.seq = 1024;
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.layer = llama_layer_spec(2, 1408);
+  return m;
+}
+
+// Qwen3-like: QK-norm, a head size that is not h/a, QKV bias (Qwen2's), LayerNorm for the
+// biases' sake.
+TransformerModel odd_model() {
+  TransformerModel m = llama_model();
+  m.name = "odd-test";
+  m.layer.qk_layernorm = true;
+  m.layer.kv_channels = 96;
+  m.layer.add_qkv_bias = true;
+  m.layer.normalization = Norm::layernorm;
+  return m;
+}
+
+using Tensors = std::vector<std::pair<std::string, int64_t>>;
+
+// One layer's tensors on one tensor-parallel rank, as Megatron-Core's TE spec names them.
+void add_layer(const TransformerModel& m, int64_t t, int i, Tensors& out) {
+  const int64_t h = int64_t(m.h), a = int64_t(m.a), g = m.layer.kv_heads > 0 ? int64_t(m.layer.kv_heads) : a;
+  const int64_t d = m.layer.kv_channels > 0 ? int64_t(m.layer.kv_channels) : h / a;
+  const int64_t F = m.layer.ffn_hidden > 0 ? int64_t(m.layer.ffn_hidden) : 4 * h;
+  const int64_t fc1 = m.layer.activation == Activation::swiglu ? 2 * F : F;
+  const bool ln = m.layer.normalization == Norm::layernorm, bias = m.layer.add_bias_linear;
+  const std::string p = "decoder.layers." + std::to_string(i) + ".";
+  out.push_back({p + "self_attention.linear_qkv.layer_norm_weight", h});
+  if (ln) out.push_back({p + "self_attention.linear_qkv.layer_norm_bias", h});
+  out.push_back({p + "self_attention.linear_qkv.weight", (a + 2 * g) * d / t * h});
+  if (bias || m.layer.add_qkv_bias) out.push_back({p + "self_attention.linear_qkv.bias", (a + 2 * g) * d / t});
+  if (m.layer.qk_layernorm)
+    for (const char* n : {"q_layernorm", "k_layernorm"}) {
+      out.push_back({p + "self_attention." + n + ".weight", d});
+      if (ln) out.push_back({p + "self_attention." + n + ".bias", d});
+    }
+  out.push_back({p + "self_attention.linear_proj.weight", h * (a * d / t)});
+  if (bias) out.push_back({p + "self_attention.linear_proj.bias", h});
+  out.push_back({p + "mlp.linear_fc1.layer_norm_weight", h});
+  if (ln) out.push_back({p + "mlp.linear_fc1.layer_norm_bias", h});
+  out.push_back({p + "mlp.linear_fc1.weight", fc1 / t * h});
+  if (bias) out.push_back({p + "mlp.linear_fc1.bias", fc1 / t});
+  out.push_back({p + "mlp.linear_fc2.weight", h * (F / t)});
+  if (bias) out.push_back({p + "mlp.linear_fc2.bias", h});
+}
+
+int64_t padded(int64_t vocab, int64_t multiple) { return (vocab + multiple - 1) / multiple * multiple; }
+
+// Stage `stage`'s tensors: its layers (assigned as given), the embedding on stage 0, the final
+// norm and output layer on the last (the tied one shared only when both are on one rank).
+Tensors stage_tensors(const TransformerModel& m, int64_t t, int p, int stage, const std::vector<int>& layers_of_stage) {
+  Tensors out;
+  const int64_t h = int64_t(m.h), V = padded(int64_t(m.vocab), 128 * t);
+  int first_layer = 0;
+  for (int k = 0; k < stage; ++k) first_layer += layers_of_stage[k];
+  for (int i = 0; i < layers_of_stage[stage]; ++i) add_layer(m, t, first_layer + i, out);
+  if (stage == 0) {
+    out.push_back({"embedding.word_embeddings.weight", V / t * h});
+    if (m.learned_positions) out.push_back({"embedding.position_embeddings.weight", int64_t(m.seq) * h});
+  }
+  if (stage == p - 1) {
+    out.push_back({"decoder.final_layernorm.weight", h});
+    if (m.layer.normalization == Norm::layernorm) out.push_back({"decoder.final_layernorm.bias", h});
+    if (!m.tied_embeddings || p > 1) out.push_back({"output_layer.weight", V / t * h});
+  }
+  return out;
+}
+
+double numel(const Tensors& ts) {
+  double n = 0;
+  for (const auto& [name, count] : ts) n += double(count);
+  return n;
+}
+
+StepConfig config(int t, int p, int dp, double global_batch) {
+  StepConfig c;
+  c.layout.t = t, c.layout.p = p, c.layout.dp = dp;
+  c.seq = 1024, c.micro_batch = 1, c.global_batch = global_batch;
+  return c;
+}
+
+struct RestCase {
+  TransformerModel model;
+  StepConfig config;
+  std::vector<int> layers_of_stage;
+};
+
+}  // namespace
+
+TEST(StepMemory, RestIsTheStageParametersCountedTensorByTensorTimesTheirBytes) {
+  std::vector<RestCase> cases;
+  cases.push_back({gpt_model(), config(1, 1, 1, 4), {8}});
+  cases.push_back({gpt_model(), config(2, 2, 2, 8), {4, 4}});
+  cases.push_back({llama_model(), config(2, 2, 2, 8), {4, 4}});
+  cases.push_back({odd_model(), config(2, 4, 1, 8), {2, 2, 2, 2}});
+  RestCase uneven{llama_model(), config(2, 3, 1, 6), {2, 4, 2}};
+  uneven.config.layout.first_stage_layers = 2, uneven.config.layout.last_stage_layers = 2;
+  cases.push_back(uneven);
+  RestCase distributed{odd_model(), config(1, 2, 4, 16), {4, 4}};
+  distributed.config.distributed_optimizer = true;
+  cases.push_back(distributed);
+  RestCase fp32{gpt_model(), config(2, 2, 2, 8), {4, 4}};
+  fp32.config.precision = {4, 4, 4, 0, 8};
+  cases.push_back(fp32);
+  RestCase interleaved{llama_model(), config(2, 2, 1, 8), {4, 4}};
+  interleaved.config.layout.vp = 2;
+  cases.push_back(interleaved);
+  for (const RestCase& k : cases) {
+    const StepConfig& c = k.config;
+    const std::vector<StageMemory> stages = step_memory(k.model, c);
+    ASSERT_EQ(int(stages.size()), c.layout.p);
+    for (int stage = 0; stage < c.layout.p; ++stage) {
+      SCOPED_TRACE(k.model.name + " t=" + std::to_string(c.layout.t) + " p=" + std::to_string(c.layout.p) +
+                   " stage " + std::to_string(stage));
+      const double n = numel(stage_tensors(k.model, c.layout.t, c.layout.p, stage, k.layers_of_stage));
+      const TrainingPrecision& b = c.precision;
+      const double expected = n * (b.weight + b.grad) +
+                              n * (b.master + b.optimizer_state) / (c.distributed_optimizer ? c.layout.dp : 1);
+      EXPECT_EQ(stages[stage].parameters, n);
+      EXPECT_EQ(stages[stage].layers, k.layers_of_stage[stage]);
+      EXPECT_DOUBLE_EQ(stages[stage].rest_bytes, expected);
+      EXPECT_DOUBLE_EQ(stages[stage].rest_bytes,
+                       stages[stage].weight_bytes + stages[stage].grad_bytes + stages[stage].optimizer_bytes);
+    }
+  }
+}
+
+TEST(StepMemory, ActivationsInFlightAreTheScheduleCountTimesTheLayerBytes) {
+  const TransformerModel m = llama_model();
+  for (const int vp : {1, 2})
+    for (const char* name : {"baseline", "selective+sp", "full+sp"})
+      for (const Attention attention : {Attention::unfused, Attention::fused}) {
+        StepConfig c = config(2, 2, 1, 8);
+        c.layout.vp = vp;
+        c.policy = parse_config(name);
+        c.policy.attention = attention;
+        SCOPED_TRACE(std::string(name) + " vp=" + std::to_string(vp));
+        const std::vector<int> in_flight = max_in_flight(pipeline_order(2, 8, vp));
+        const Dims d = m.dims(c.seq, c.micro_batch, 2);
+        const double layer = layer_bytes(d, m.layer, c.policy) + layer_extra_bytes(d, m.layer, c.policy);
+        const double chunk_layers = m.L / (2.0 * vp);
+        for (const StageMemory& s : step_memory(m, c)) {
+          // At the embedding's backward the micro-batch's own layers are freed already.
+          const bool at_lookup = s.peak_at.find("(embedding)") != std::string::npos;
+          EXPECT_EQ(s.microbatches_in_flight, in_flight[s.stage] - (at_lookup ? 1 : 0)) << s.peak_at;
+          EXPECT_DOUBLE_EQ(s.activation_bytes, s.microbatches_in_flight * chunk_layers * layer);
+          const double terms = s.activation_bytes + s.embedding_bytes + s.output_bytes + s.recompute_working_set_bytes +
+                               s.grad_working_set_bytes + s.loss_working_set_bytes + s.embedding_grad_bytes;
+          EXPECT_DOUBLE_EQ(s.peak_bytes, s.rest_bytes + terms);
+        }
+      }
+}
+
+TEST(StepMemory, FullRecomputeChunksKeepWhatTheStackClosedFormSays) {
+  const TransformerModel m = gpt_model();
+  for (const RecomputeMethod method : {RecomputeMethod::uniform, RecomputeMethod::block})
+    for (const int n : {1, 3, 4}) {
+      StepConfig c = config(2, 1, 1, 2);
+      c.policy = parse_config("full+sp");
+      c.stack = {method, n};
+      ExperimentSpec spec;
+      spec.dims.s = 1024, spec.dims.b = 1, spec.dims.h = 512, spec.dims.a = 8;
+      spec.dims.spec = m.layer;
+      spec.policy = c.policy;
+      spec.layers = 8;
+      spec.stack = c.stack;
+      SCOPED_TRACE(std::string(recompute_method_name(method)) + " " + std::to_string(n));
+      // block's kept layers also keep their norms' statistics, outside the paper's count.
+      LayerPolicy all = c.policy;
+      all.recompute = Recompute::none;
+      const double stats = method == RecomputeMethod::block ? (8 - n) * layer_extra_bytes(m.dims(1024, 1, 2), m.layer, all) : 0;
+      EXPECT_DOUBLE_EQ(chunk_bytes(m, c, 8, false, false).layers, stack_formula_bytes(spec, 2) + stats);
+    }
+}
+
+TEST(StepMemory, FirstStageHoldsMoreMicroBatchesThanTheLastWhichHoldsTheLoss) {
+  const TransformerModel m = llama_model();
+  StepConfig c = config(1, 4, 1, 16);
+  c.policy = parse_config("selective");
+  const std::vector<StageMemory> s = step_memory(m, c);
+  EXPECT_EQ(s[0].microbatches_in_flight, 4);
+  EXPECT_EQ(s[3].microbatches_in_flight, 1);
+  EXPECT_GT(s[0].embedding_bytes, 0);
+  EXPECT_EQ(s[0].output_bytes, 0);
+  EXPECT_GT(s[3].output_bytes, 4 * c.seq * 32000);  // the fp32 softmax over the whole vocabulary
+  EXPECT_GT(s[3].loss_working_set_bytes, 0);
+  EXPECT_EQ(s[1].embedding_bytes + s[1].output_bytes, 0);
+}
+
+TEST(StepMemory, VirtualAndUnevenStagesAsMegatronAssignsLayers) {
+  TransformerModel m = llama_model();
+  m.L = 10;
+  StepLayout l;
+  l.p = 3, l.first_stage_layers = 2, l.last_stage_layers = 4;
+  EXPECT_EQ(virtual_stage_layers(m, l), (std::vector<int>{2, 4, 4}));
+  l = {};
+  l.p = 2, l.vp = 3, l.embedding_in_split = true, l.loss_in_split = true;
+  m.L = 10;  // 12 "layers" over 6 virtual stages
+  EXPECT_EQ(virtual_stage_layers(m, l), (std::vector<int>{1, 2, 2, 2, 2, 1}));
+  l = {};
+  l.p = 3;
+  EXPECT_THROW(virtual_stage_layers(m, l), InvalidArgument);  // 10 layers over 3 stages
+  l.vp = 2, l.p = 1;
+  EXPECT_THROW(virtual_stage_layers(m, l), InvalidArgument);  // virtual stages without a pipeline
+}
+
+TEST(StepMemory, BadLayoutsAreOneLine) {
+  const TransformerModel m = llama_model();
+  StepConfig c = config(3, 1, 1, 1);  // 3 does not divide the heads
+  EXPECT_THROW(step_memory(m, c), InvalidArgument);
+  c = config(2, 2, 2, 3);  // 3 sequences over 2 data-parallel ranks
+  EXPECT_THROW(step_memory(m, c), InvalidArgument);
+  c = config(2, 2, 1, 6);
+  c.layout.vp = 2;  // 6 micro-batches, not a multiple of p = 4? p = 2: fine; vp needs N % p
+  EXPECT_NO_THROW(step_memory(m, c));
+  c = config(2, 4, 1, 6);
+  c.layout.vp = 2;
+  EXPECT_THROW(step_memory(m, c), InvalidArgument);
+}
+
+// ---- runners/megatron_args ----
+
+namespace {
+
+MegatronFlags flags_of(const std::string& script) {
+  MegatronFlags f;
+  apply_megatron_words(shell_words(script, "test"), false, "test", f);
+  return f;
+}
+
+const char* const kLlamaScript = R"(#!/bin/bash
+# a comment --num-layers 99
+MODEL_ARGS=(
+    --num-layers 32 --hidden-size 4096
+    --num-attention-heads 32 --group-query-attention --num-query-groups 8
+    --swiglu --normalization RMSNorm --disable-bias-linear
+    --position-embedding-type rope --untie-embeddings-and-output-weights
+)
+torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py ${MODEL_ARGS[@]} \
+    --seq-length 4096 --max-position-embeddings 4096 \
+    --tokenizer-type NullTokenizer --vocab-size 128255 \
+    --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --sequence-parallel \
+    --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer \
+    --recompute-granularity selective --recompute-modules core_attn mlp \
+    --data-path "$DATA" --lr 3e-4 --eval-interval=1000 --no-masked-softmax-fusion
+)";
+
+}  // namespace
+
+TEST(MegatronArgs, ShellWordsKeepQuotesJoinLinesAndDropComments) {
+  EXPECT_EQ(shell_words("a 'b c' \"d e\" \\\n f # g h\n--x=1", "t"),
+            (std::vector<std::string>{"a", "b c", "d e", "f", "--x=1"}));
+  EXPECT_THROW(shell_words("--a 'open", "t"), InvalidArgument);
+}
+
+TEST(MegatronArgs, ALaunchScriptWithMegatronsDefaults) {
+  const MegatronRun r = megatron_run(flags_of(kLlamaScript), std::nullopt, 0);
+  const TransformerModel& m = r.model;
+  EXPECT_EQ(m.L, 32);
+  EXPECT_EQ(m.h, 4096);
+  EXPECT_EQ(m.layer.kv_heads, 8);
+  EXPECT_EQ(m.layer.ffn_hidden, 10880);  // SwiGLU's default: 2/3 of 4h down to a multiple of 64
+  EXPECT_EQ(m.layer.normalization, Norm::rmsnorm);
+  EXPECT_FALSE(m.layer.add_bias_linear);
+  EXPECT_EQ(m.layer.position, PositionEmbedding::rope);
+  EXPECT_FALSE(m.learned_positions);
+  EXPECT_FALSE(m.tied_embeddings);
+  EXPECT_EQ(m.vocab, 128256);  // NullTokenizer adds its end-of-document id
+  EXPECT_EQ(padded_vocab(m, 4), 128512);
+  EXPECT_EQ(m.layer.attention_dropout, 0.1);  // Megatron's default
+  EXPECT_EQ(r.world_size, 16);
+  EXPECT_EQ(r.step.layout.t, 4);
+  EXPECT_EQ(r.step.layout.p, 2);
+  EXPECT_EQ(r.step.layout.dp, 2);
+  EXPECT_EQ(r.step.microbatches(), 32);
+  EXPECT_TRUE(r.step.policy.sequence_parallel);
+  EXPECT_EQ(r.step.policy.recompute, Recompute::selective);
+  EXPECT_EQ(r.step.policy.modules, (RecomputeModules{true, true, false}));
+  EXPECT_EQ(r.step.policy.attention, Attention::fused);  // Transformer Engine's attention
+  EXPECT_TRUE(r.step.distributed_optimizer);
+  EXPECT_EQ(r.step.precision.grad, 4);
+}
+
+TEST(MegatronArgs, LaterFlagsWinAndGpusOverrideTheLauncher) {
+  MegatronFlags f = flags_of(kLlamaScript);
+  apply_megatron_words({"--tensor-model-parallel-size", "2", "--recompute-granularity", "full", "--recompute-method",
+                        "uniform", "--recompute-num-layers", "2"},
+                       true, "cli", f);
+  const MegatronRun r = megatron_run(f, std::nullopt, 8);
+  EXPECT_EQ(r.step.layout.t, 2);
+  EXPECT_EQ(r.step.layout.dp, 2);
+  EXPECT_EQ(r.step.policy.recompute, Recompute::full);
+  EXPECT_EQ(r.step.stack, (StackRecompute{RecomputeMethod::uniform, 2}));
+}
+
+TEST(MegatronArgs, PrecisionAndOptimizerBytes) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 1 ";
+  auto precision = [&](const std::string& extra) { return megatron_run(flags_of(base + extra), std::nullopt, 0).step.precision; };
+  TrainingPrecision p = precision("");
+  EXPECT_EQ(p.weight, 4);
+  EXPECT_EQ(p.master, 0);
+  p = precision("--fp16");
+  EXPECT_EQ(p.grad, 2);
+  p = precision("--fp16 --accumulate-allreduce-grads-in-fp32");
+  EXPECT_EQ(p.grad, 4);
+  p = precision("--bf16 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16");
+  EXPECT_EQ(p.optimizer_state, 4);
+  p = precision("--bf16 --optimizer sgd");
+  EXPECT_EQ(p.optimizer_state, 4);
+  EXPECT_EQ(megatron_run(flags_of(base + "--tokenizer-type GPT2BPETokenizer"), std::nullopt, 0).model.vocab, 50257);
+  EXPECT_EQ(megatron_run(flags_of(base + "--transformer-impl local"), std::nullopt, 0).step.policy.attention,
+            Attention::unfused);
+}
+
+TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRefused) {
+  MegatronFlags f = flags_of("--foo 3 --num-layers 2 --fp8-format hybrid --bar --hidden-size 64");
+  EXPECT_EQ(f.values.at("num-layers"), "2");
+  EXPECT_EQ(f.values.at("hidden-size"), "64");
+  EXPECT_EQ(f.unmodelled, (std::vector<std::string>{"--fp8-format"}));
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 ";
+  for (const char* bad : {"--num-experts 8", "--context-parallel-size 2", "--multi-latent-attention",
+                          "--recompute-granularity full", "--optimizer lion", "--global-batch-size 3",
+                          "--tensor-model-parallel-size 3", "--hidden-size $H"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(
+        {
+          const MegatronRun r = megatron_run(flags_of(base + bad), std::nullopt, 0);
+          step_memory(r.model, r.step);
+        },
+        InvalidArgument);
+  }
+  EXPECT_NO_THROW(megatron_run(flags_of(base + "--context-parallel-size 1 --num-experts 0"), std::nullopt, 0));
+  MegatronFlags strict;
+  EXPECT_THROW(apply_megatron_words({"--tensor-model-paralel-size", "2"}, true, "cli", strict), InvalidArgument);
+  EXPECT_THROW(megatron_run(flags_of("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 9"),
+                            std::nullopt, 0),
+               InvalidArgument);  // no GPU count anywhere
+}
