@@ -308,15 +308,15 @@ int run_memory(const TheoryOptions& a) {
   const Gpu* device = a.gpu.empty() ? nullptr : &named("--gpu", [&]() -> const Gpu& { return plan_gpu(a.gpu); });
   const std::vector<StageMemory> stages = step_memory(r.model, r.step);
   std::printf("%s\n", run_text(r).c_str());
-  std::printf("%5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s %9s%s  %s\n", "stage", "layers", "mbs", "weights", "grads",
-              "optim", "REST", "activ.", "emb+out", "workset", "PEAK", "", device ? "  fits" : "", "peak at");
+  std::printf("%5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s%s  %s\n", "stage", "layers", "mbs", "weights", "grads",
+              "optim", "REST", "activ.", "emb+out", "workset", "PEAK", device ? "  fits" : "", "peak at");
   for (const StageMemory& s : stages) {
     const double workset = s.recompute_working_set_bytes + s.grad_working_set_bytes + s.loss_working_set_bytes +
                            s.embedding_grad_bytes;
-    std::printf("%5d %6d %4d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %9s%s  %s\n", s.stage, s.layers,
+    std::printf("%5d %6d %4d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG%s  %s\n", s.stage, s.layers,
                 s.microbatches_in_flight, s.weight_bytes / kGiB, s.grad_bytes / kGiB, s.optimizer_bytes / kGiB,
                 s.rest_bytes / kGiB, s.activation_bytes / kGiB, (s.embedding_bytes + s.output_bytes) / kGiB,
-                workset / kGiB, s.peak_bytes / kGiB, "",
+                workset / kGiB, s.peak_bytes / kGiB,
                 device ? (s.peak_bytes <= device->memory_bytes ? "   yes" : "    no") : "", s.peak_at.c_str());
   }
   std::printf("GiB per GPU, as torch.cuda.memory_stats() counts allocated bytes; not modelled: library workspaces, "

@@ -1,0 +1,216 @@
+"""theory memory as a user runs it: Megatron-LM launch scripts (tests/fixtures/megatron) and
+bad ones, the CSV's columns as docs/step_memory.md declares them, and the activations in
+flight against the per-layer bytes the meta backend measures.
+
+Run by ctest with ACTBENCH_THEORY and ACTBENCH_LAYER_RUN pointing at the binaries. Standard
+library only.
+"""
+import csv
+import os
+import re
+import subprocess
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+THEORY = os.environ.get("ACTBENCH_THEORY", os.path.join(ROOT, "build", "runners", "theory"))
+LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(ROOT, "build", "runners", "layer_run"))
+SCRIPTS = os.path.join(HERE, "fixtures", "megatron")
+
+
+def run(args, timeout=60):
+    return subprocess.run([THEORY, "memory", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def documented_columns():
+    """The column names of docs/step_memory.md's CSV table, in order."""
+    with open(os.path.join(ROOT, "docs", "step_memory.md"), encoding="utf-8") as f:
+        text = f.read()
+    table = text.split("## The CSV", 1)[1]
+    return re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)
+
+
+def read_rows(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+TERMS = ["activation_bytes", "embedding_bytes", "output_bytes", "recompute_working_set_bytes",
+         "grad_working_set_bytes", "loss_working_set_bytes", "embedding_grad_bytes"]
+
+
+class LaunchScripts(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+
+    def memory_csv(self, args):
+        out = os.path.join(self.tmp.name, "memory.csv")
+        r = run([*args, "--csv", out])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r, read_rows(out)
+
+    def test_each_script_gives_one_row_per_stage_that_adds_up(self):
+        stages = {"gpt3_857m.sh": 2, "llama3_8b.sh": 2, "qwen3_like_interleaved.sh": 4}
+        for name, p in stages.items():
+            with self.subTest(name):
+                r, (header, rows) = self.memory_csv(["--megatron-args", os.path.join(SCRIPTS, name)])
+                self.assertEqual(header, documented_columns())
+                self.assertEqual(len(rows), p)
+                self.assertEqual([int(row["stage"]) for row in rows], list(range(p)))
+                for row in rows:
+                    rest = sum(int(row[k]) for k in ("weight_bytes", "grad_bytes", "optimizer_bytes"))
+                    self.assertEqual(int(row["rest_bytes"]), rest)
+                    self.assertEqual(int(row["peak_bytes"]), rest + sum(int(row[k]) for k in TERMS))
+                self.assertGreater(int(rows[0]["embedding_bytes"]), 0)
+                self.assertGreater(int(rows[-1]["output_bytes"]), 0)
+                self.assertIn("GiB per GPU", r.stdout)
+
+    def test_the_command_line_overrides_the_script(self):
+        script = os.path.join(SCRIPTS, "llama3_8b.sh")
+        _, (_, base) = self.memory_csv(["--megatron-args", script])
+        _, (_, wider) = self.memory_csv(["--megatron-args", script, "--tensor-model-parallel-size", "4",
+                                         "--pipeline-model-parallel-size", "1", "--gpus", "8"])
+        self.assertEqual(len(wider), 1)
+        self.assertLess(int(wider[0]["weight_bytes"]), 2 * int(base[0]["weight_bytes"]))
+
+    def test_presets_take_their_own_layout(self):
+        _, (_, rows) = self.memory_csv(["--model", "175b", "--gpus", "512"])
+        self.assertEqual(len(rows), 8)  # Table 3's p = 8
+
+    def test_unmodelled_flags_are_named_in_one_warning_line(self):
+        with open(os.path.join(SCRIPTS, "llama3_8b.sh"), encoding="utf-8") as f:
+            text = f.read()
+        path = os.path.join(self.tmp.name, "fp8.sh")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.rstrip() + " \\\n    --fp8-format hybrid --cross-entropy-loss-fusion\n")
+        r = run(["--megatron-args", path])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn("--fp8-format", lines[0])
+        self.assertIn("--cross-entropy-loss-fusion", lines[0])
+
+
+class BadInput(unittest.TestCase):
+    BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 "
+            "--max-position-embeddings 512 --vocab-size 1000 --world-size 4 --bf16 ")
+
+    def check_refused(self, script, words, extra=()):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "train.sh")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(script)
+            r = run(["--megatron-args", path, *extra])
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertTrue(lines[0].startswith("theory: error: "), lines[0])
+        for w in words:
+            self.assertIn(w, lines[0])
+        self.assertEqual(r.stdout, "")
+
+    def test_bad_scripts_are_one_line_naming_the_flag(self):
+        cases = {
+            "--num-experts 8": ["--num-experts", "mixture-of-experts"],
+            "--context-parallel-size 2": ["--context-parallel-size"],
+            "--multi-latent-attention": ["--multi-latent-attention"],
+            "--tensor-model-parallel-size $TP": ["--tensor-model-parallel-size", "$TP"],
+            "--tensor-model-parallel-size 3": ["3"],
+            "--recompute-granularity full": ["--recompute-method"],
+            "--recompute-granularity everything": ["--recompute-granularity"],
+            "--normalization BatchNorm": ["BatchNorm"],
+            "--global-batch-size 6": ["--global-batch-size"],
+            "--hidden-size 0": ["--hidden-size"],
+            "--micro-batch-size": ["--micro-batch-size", "needs a value"],
+            "--optimizer lion": ["--optimizer"],
+            "--pipeline-model-parallel-size 3": ["pipeline"],
+            "--data-path 'unterminated": ["quote"],
+        }
+        for extra, words in cases.items():
+            with self.subTest(extra):
+                self.check_refused(self.BASE + extra + "\n", words)
+
+    def test_what_the_script_does_not_say(self):
+        self.check_refused("--hidden-size 256 --num-attention-heads 8 --vocab-size 10 --world-size 1\n",
+                           ["--num-layers"])
+        self.check_refused("--num-layers 2 --hidden-size 256 --num-attention-heads 8 --vocab-size 10\n",
+                           ["--gpus"])
+        self.check_refused("--num-layers 2 --hidden-size 256 --num-attention-heads 8 --world-size 1 "
+                           "--tokenizer-type HuggingFaceTokenizer\n", ["--vocab-size"])
+
+    def test_the_command_line_is_strict(self):
+        script = self.BASE + "\n"
+        self.check_refused(script, ["--tensor-model-paralel-size"], ["--tensor-model-paralel-size", "2"])
+        self.check_refused(script, ["stray"], ["stray"])
+
+    def test_one_model_source(self):
+        for args in (["--model", "22b", "--megatron-args", os.path.join(SCRIPTS, "llama3_8b.sh")], [],
+                     ["--model", "22b", "--gpus", "8", "--hidden-size", "128"],
+                     ["--model", "nope", "--gpus", "8"],
+                     ["--megatron-args", HERE]):
+            with self.subTest(args):
+                r = run(args)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+
+
+class AgainstMeta(unittest.TestCase):
+    """Stage 0's activations at its peak are the micro-batches the schedule holds there times
+    what one stage's layers keep, as layer_run measures it on the meta backend."""
+
+    SHAPE = ["--model", "tiny", "--hidden", "256", "--heads", "8", "--seq", "256", "--batch", "2"]
+
+    def measure(self, tmp, flags, layers):
+        out = os.path.join(tmp, "meta.csv")
+        args = [LAYER_RUN, "--backend", "meta", *self.SHAPE, "--tp", "2", "--emulate-tp", "--layers", str(layers),
+                *flags, "--csv", out]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        _, rows = read_rows(out)
+        self.assertEqual(len(rows), 1)
+        return rows[0]
+
+    def stage0(self, tmp, megatron_flags):
+        script = os.path.join(tmp, "train.sh")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write("--num-layers 8 --hidden-size 256 --num-attention-heads 8 --seq-length 256 "
+                    "--max-position-embeddings 256 --micro-batch-size 2 --global-batch-size 16 "
+                    "--vocab-size 1000 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+                    "--world-size 4 --bf16 " + " ".join(megatron_flags) + "\n")
+        out = os.path.join(tmp, "memory.csv")
+        r = run(["--megatron-args", script, "--csv", out])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return read_rows(out)[1][0]
+
+    def check(self, layer_flags, megatron_flags, run_flags, stack=False):
+        with tempfile.TemporaryDirectory() as tmp:
+            row = self.stage0(tmp, layer_flags + megatron_flags)
+            measured = self.measure(tmp, layer_flags + run_flags, 4 if stack else 1)
+        per_stage = int(measured["stack_act_bytes"]) if stack else \
+            4 * (int(measured["act_bytes"]) + int(measured["act_extra_bytes"]))
+        in_flight = int(row["microbatches_in_flight"])
+        self.assertIn(in_flight, (1, 2))  # 1F1B's stage 0 of 2 holds 2 (1 at its embedding's backward)
+        self.assertEqual(int(row["activation_bytes"]), in_flight * per_stage)
+
+    def test_gpt_layer_unfused_no_recompute(self):
+        spec = ["--attention-dropout", "0.1", "--hidden-dropout", "0.1"]
+        self.check(spec, ["--transformer-impl", "local"], ["--config", "baseline", "--attention", "unfused"])
+
+    def test_llama_style_layer_fused_selective_with_modules(self):
+        spec = ["--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size", "704", "--disable-bias-linear",
+                "--group-query-attention", "--num-query-groups", "2", "--position-embedding-type", "rope",
+                "--qk-layernorm", "--attention-dropout", "0", "--hidden-dropout", "0",
+                "--recompute-granularity", "selective", "--sequence-parallel", "--recompute-modules", "core_attn,mlp"]
+        self.check(spec, [], ["--attention", "fused"])
+
+    def test_full_recompute_uniform_groups(self):
+        spec = ["--attention-dropout", "0.1", "--hidden-dropout", "0.1", "--recompute-granularity", "full",
+                "--sequence-parallel", "--recompute-method", "uniform", "--recompute-num-layers", "2"]
+        self.check(spec, [], ["--attention", "fused"], stack=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
