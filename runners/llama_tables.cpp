@@ -11,7 +11,7 @@ namespace {
 
 // The LLaMA-3 presets at their tensor-parallel size (layer_run's presets), s = 8192, b = 1.
 struct LlamaRow {
-  PlanModel model;
+  TransformerModel model;
   int t;
 };
 std::vector<LlamaRow> llama_rows() {
@@ -23,7 +23,9 @@ std::vector<LlamaRow> llama_rows() {
 
 }  // namespace
 
-LlamaDims llama_dims(const PlanModel& m, double s, double b, double t) { return {s, b, m.h, m.a, m.g, m.F, t}; }
+LlamaDims llama_dims(const TransformerModel& m, double s, double b, double t) {
+  return {s, b, m.h, m.a, m.layer.kv_heads, m.layer.ffn_hidden, t};
+}
 
 // Table 2 for the llama family: bytes per layer and rank by configuration, unfused and fused.
 Table llama_table2() {
@@ -35,9 +37,9 @@ Table llama_table2() {
       for (const auto& name : config_names()) {
         LayerPolicy c = parse_config(name);
         c.attention = fused ? Attention::fused : Attention::unfused;
-        const LlamaDims d = llama_dims(m, m.s, 1, tp);
+        const LlamaDims d = llama_dims(m, m.seq, 1, tp);
         const double bytes = llama_activation_bytes(d, c);
-        t.add({m.name, fmt(tp), fmt(m.s), fmt(m.g), fmt(m.F), name, fused ? "fused" : "unfused", fmt_bytes(bytes),
+        t.add({m.name, fmt(tp), fmt(m.seq), fmt(m.layer.kv_heads), fmt(m.layer.ffn_hidden), name, fused ? "fused" : "unfused", fmt_bytes(bytes),
                fmt_bytes(llama_closed_form(d, c)), fmt_bytes(llama_norm_stats_bytes(d, c)), fmt_gib(bytes)});
       }
   return t;
@@ -50,7 +52,7 @@ Table llama_table2_categories() {
       for (const auto& name : config_names()) {
         LayerPolicy c = parse_config(name);
         c.attention = fused ? Attention::fused : Attention::unfused;
-        for (const auto& [cat, bytes] : llama_activation_bytes_by_category(llama_dims(m, m.s, 1, tp), c))
+        for (const auto& [cat, bytes] : llama_activation_bytes_by_category(llama_dims(m, m.seq, 1, tp), c))
           t.add({m.name, fmt(tp), name, fused ? "fused" : "unfused", cat, fmt_bytes(bytes)});
       }
   return t;
@@ -60,8 +62,8 @@ Table llama_table2_categories() {
 // multi-head attention (g = a): what grouped-query attention saves, by configuration.
 Table llama_seqlen() {
   Table t{{"model", "tp", "kv_heads", "seq", "config", "attention", "bytes", "gib"}, {}};
-  const PlanModel m = plan_model("llama3-70b");
-  for (double g : {m.g, m.a})
+  const TransformerModel m = plan_model("llama3-70b");
+  for (double g : {m.layer.kv_heads, m.a})
     for (double s = 1024; s <= 131072; s *= 2)
       for (bool fused : {false, true})
         for (const char* name : {"baseline", "selective+sp", "full"}) {

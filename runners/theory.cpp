@@ -48,24 +48,32 @@ using namespace actbench::theory;
 
 namespace {
 
+// The Hugging Face config's model (a LLaMA-style one, untied).
+TransformerModel hf_model(const HfModelConfig& c) {
+  TransformerModel m;
+  m.name = c.name;
+  m.h = double(c.hidden), m.a = double(c.heads), m.L = double(c.layers);
+  m.vocab = double(c.vocab);
+  m.seq = m.max_positions = double(c.max_positions);
+  m.learned_positions = false;
+  m.tied_embeddings = false;
+  m.layer = llama_layer_spec(double(c.kv_heads), double(c.ffn_hidden), c.rope_theta, c.rms_norm_eps);
+  return m;
+}
+
 // A model from --model (a llama preset or a paper GPT model) or --hf-config (one of them is
 // given: theory_options.cpp).
-PlanModel model_of(const std::string& name, const std::string& hf_config) {
-  if (!hf_config.empty()) {
-    const HfModelConfig c = read_hf_config(hf_config);
-    return {c.name, true, static_cast<double>(c.max_positions), static_cast<double>(c.hidden),
-            static_cast<double>(c.heads), static_cast<double>(c.kv_heads), static_cast<double>(c.ffn_hidden),
-            static_cast<double>(c.layers), static_cast<double>(c.vocab)};
-  }
+TransformerModel model_of(const std::string& name, const std::string& hf_config) {
+  if (!hf_config.empty()) return hf_model(read_hf_config(hf_config));
   return named("--model", [&] { return plan_model(name); });
 }
 
 // theory llama-table: the category table of one model, like Table 2, for every configuration.
 int run_llama_table(const TheoryOptions& a) {
-  const PlanModel m = model_of(a.model, a.hf_config);
-  if (!m.llama) throw InvalidArgument("--model " + m.name + " is a GPT model: its table is table2.csv (theory --out)");
-  const double s = a.seq > 0 ? static_cast<double>(a.seq) : m.s, batch = static_cast<double>(a.batch);
-  if (std::fmod(m.a, a.tp) != 0 || std::fmod(m.g > 0 ? m.g : m.a, a.tp) != 0)
+  const TransformerModel m = model_of(a.model, a.hf_config);
+  if (m.learned_positions) throw InvalidArgument("--model " + m.name + " is a GPT model: its table is table2.csv (theory --out)");
+  const double s = a.seq > 0 ? static_cast<double>(a.seq) : m.seq, batch = static_cast<double>(a.batch);
+  if (std::fmod(m.a, a.tp) != 0 || std::fmod(m.layer.kv_heads > 0 ? m.layer.kv_heads : m.a, a.tp) != 0)
     throw InvalidArgument("--tp must divide the heads and the key/value heads");
   const LlamaDims d = llama_dims(m, s, batch, a.tp);
   std::printf("%s: s=%g b=%g h=%g a=%g g=%g F=%g t=%d, bytes per layer and rank (bf16)\n", m.name.c_str(), s, batch,
@@ -115,20 +123,20 @@ int run_plan_search(const TheoryOptions& a) {
   r.efficiency = a.efficiency;
   const int top = a.top;
   const std::vector<PlanCandidate> plans = plan_search(r);
-  const double s = r.seq > 0 ? r.seq : r.model.s;
+  const double s = r.seq > 0 ? r.seq : r.model.seq;
   std::printf("%s on %d x %s (%.1f GiB), s=%g, global batch %g sequences, %s attention, %s optimizer, "
               "%.0f%% of peak FLOP/s\n",
               r.model.name.c_str(), r.gpus, r.gpu.label.c_str(), r.gpu.memory_bytes / kGiB, s, r.global_batch,
               a.attention.c_str(), r.distributed_optimizer ? "distributed" : "replicated", 100 * r.efficiency);
-  std::printf("%3s %3s %2s %4s %2s %-13s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s\n", "t", "p", "m", "dp", "b",
-              "config", "weights", "grads", "optim", "activ.", "extras", "recomp", "total", "iter_s", "tokens/s",
-              "MFU%");
+  std::printf("%3s %3s %2s %4s %2s %-13s %5s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s\n", "t", "p", "m", "dp", "b",
+              "config", "stage", "weights", "grads", "optim", "activ.", "extras", "workset", "peak", "iter_s",
+              "tokens/s", "MFU%");
   int shown = 0;
   for (const PlanCandidate& k : plans) {
     if (!k.fits || shown == top) break;
     ++shown;
-    std::printf("%3d %3d %2d %4d %2g %-13s %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f\n",
-                k.t, k.p, k.m, k.dp, k.b, k.config.c_str(), k.weight_bytes / kGiB, k.grad_bytes / kGiB,
+    std::printf("%3d %3d %2d %4d %2g %-13s %5d %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f\n",
+                k.t, k.p, k.m, k.dp, k.b, k.config.c_str(), k.stage, k.weight_bytes / kGiB, k.grad_bytes / kGiB,
                 k.optimizer_bytes / kGiB, k.activation_bytes / kGiB, k.extra_bytes / kGiB, k.working_set_bytes / kGiB,
                 k.total_bytes / kGiB, k.iteration_s, k.tokens_per_s, k.mfu_percent);
   }
@@ -142,7 +150,7 @@ ModelSpec fit_model(const std::string& name) {
   try {
     return paper_model(name);
   } catch (const std::invalid_argument& e) {
-    for (const PlanModel& m : llama_plan_models())
+    for (const TransformerModel& m : llama_plan_models())
       if (m.name == name)
         throw InvalidArgument("--model " + name +
                               ": the fit planner (theory plan without --gpus) takes 22b, 175b, 530b "
@@ -214,20 +222,6 @@ int run_plan(const TheoryOptions& a) {
   if (plan.cheapest < 0) std::printf("nothing fits: raise t or p, or lower b\n");
   if (!a.csv.empty()) write_table(a.csv, fit_table(m, opt, plan));
   return 0;
-}
-
-// The Hugging Face config's model (a LLaMA-style one, untied).
-TransformerModel hf_model(const HfModelConfig& c) {
-  TransformerModel m;
-  m.name = c.name;
-  m.h = double(c.hidden), m.a = double(c.heads), m.L = double(c.layers);
-  m.vocab = double(c.vocab);
-  m.vocab_divisible_by = 1;
-  m.seq = m.max_positions = double(c.max_positions);
-  m.learned_positions = false;
-  m.tied_embeddings = false;
-  m.layer = llama_layer_spec(double(c.kv_heads), double(c.ffn_hidden), c.rope_theta, c.rms_norm_eps);
-  return m;
 }
 
 // A preset's own layout and batch, as the Megatron flags the user's override.

@@ -309,16 +309,16 @@ Table fit_table(const ModelSpec& m, const FitOptions& opt, const FitPlan& plan) 
 
 Table search_table(const PlanRequest& r, const std::vector<PlanCandidate>& plans) {
   Table t{{"model", "gpu", "gpus", "seq", "global_batch", "attention", "distributed_optimizer", "tp", "pp",
-           "interleave", "dp", "microbatch", "microbatches", "config", "params_per_gpu", "weight_bytes",
+           "interleave", "dp", "microbatch", "microbatches", "config", "peak_stage", "params_per_gpu", "weight_bytes",
            "grad_bytes", "optimizer_bytes", "per_layer_activation_bytes", "layers_in_flight", "activation_bytes",
            "extra_bytes", "working_set_bytes", "headroom_bytes", "total_bytes", "fits", "iteration_s",
            "tokens_per_s", "mfu_percent"},
           {}};
-  const double s = r.seq > 0 ? r.seq : r.model.s;
+  const double s = r.seq > 0 ? r.seq : r.model.seq;
   for (const PlanCandidate& k : plans)
     t.add({r.model.name, r.gpu.name, fmt(r.gpus), fmt(s), fmt(r.global_batch), attention_name(r.attention),
            r.distributed_optimizer ? "1" : "0", fmt(k.t), fmt(k.p), fmt(k.m), fmt(k.dp), fmt(k.b),
-           fmt(k.microbatches), k.config, fmt_bytes(k.params_per_gpu), fmt_bytes(k.weight_bytes),
+           fmt(k.microbatches), k.config, fmt(k.stage), fmt_bytes(k.params_per_gpu), fmt_bytes(k.weight_bytes),
            fmt_bytes(k.grad_bytes), fmt_bytes(k.optimizer_bytes), fmt_bytes(k.per_layer_activation_bytes),
            fmt(k.layers_in_flight), fmt_bytes(k.activation_bytes), fmt_bytes(k.extra_bytes),
            fmt_bytes(k.working_set_bytes), fmt_bytes(k.headroom_bytes), fmt_bytes(k.total_bytes),

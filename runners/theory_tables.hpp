@@ -80,7 +80,7 @@ Table llama_table2();
 Table llama_table2_categories();
 // llama3-70b at t = 8 with its 8 key/value heads and with multi-head attention.
 Table llama_seqlen();
-theory::LlamaDims llama_dims(const theory::PlanModel& m, double s, double b, double t);
+theory::LlamaDims llama_dims(const theory::TransformerModel& m, double s, double b, double t);
 
 // ---- Megatron-Core's recompute modules (recompute_tables.cpp) ----
 

@@ -74,7 +74,7 @@ TEST(LayoutSearch, StageZeroPeaksDoNotWalkEveryMicrobatch) {
 TEST(LayoutSearch, ManyLayersOrAHugeBatchCostNoMoreThanTheGpuCount) {
   PlanRequest r;
   r.model = plan_model("llama3-8b");
-  r.model.L = 1e12;  // divisors are looked for among the pipeline sizes the GPUs allow, not up to L
+  r.model.L = kMaxPlanLayers;  // divisors are looked for among the pipeline sizes the GPUs allow, not up to L
   r.gpu = plan_gpu("h100");
   r.gpus = 64;
   r.global_batch = 1 << 24;
@@ -131,21 +131,27 @@ TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
     const LlamaDims d{8192, k.b, 8192, 64, 8, 28672, static_cast<double>(k.t)};
     LayerPolicy c = parse_config(k.config);
     c.attention = Attention::fused;
-    EXPECT_EQ(k.per_layer_activation_bytes, llama_activation_bytes(d, c));
-    if (k.m == 1 && k.microbatches >= k.p) {
-      EXPECT_EQ(k.layers_in_flight, 80) << "1F1B: p micro-batches of L/p layers";
+    EXPECT_EQ(k.per_layer_activation_bytes, llama_activation_bytes(d, c) + llama_norm_stats_bytes(d, c));
+    if (k.stage == 0 && k.m == 1 && k.microbatches >= k.p) {
+      // 1F1B: p micro-batches of L/p layers (one fewer at the embedding's backward).
+      EXPECT_TRUE(k.layers_in_flight == 80 || k.layers_in_flight == 80 - 80 / k.p) << k.layers_in_flight;
     }
   }
-  // A hand count: t 8, p 4, 1F1B, b 1, sp: 80 layers' worth of the sp row, 20 layers of weights
-  // (2 norms of h, the rest /8) + the word embedding /8.
+  // A hand count: t 8, p 4, 1F1B, b 1, sp: stage 0 peaks with 80 layers' worth of the sp row
+  // (and the RMSNorms' fp32 rstd), 20 layers of weights (2 norms of h, the rest /8) + the word
+  // embedding's 128256 rows padded to a multiple of 128 x 8, / 8.
   const auto it = std::find_if(plans.begin(), plans.end(), [](const PlanCandidate& k) {
     return k.t == 8 && k.p == 4 && k.m == 1 && k.b == 1 && k.config == "sp";
   });
   ASSERT_NE(it, plans.end());
+  ASSERT_EQ(it->stage, 0);
   const double h = 8192, layer = 2 * h + ((64 + 16) * 128 * h + h * h + 3 * 28672 * h) / 8;
-  EXPECT_DOUBLE_EQ(it->params_per_gpu, 20 * layer + 128256 * h / 8);
-  EXPECT_DOUBLE_EQ(it->activation_bytes, 80 * llama_closed_form({8192, 1, h, 64, 8, 28672, 8}, {Recompute::none, true, Attention::fused}));
-  EXPECT_DOUBLE_EQ(it->extra_bytes, 8 * 8192 * 4);  // token ids of the 4 micro-batches in flight
+  EXPECT_DOUBLE_EQ(it->params_per_gpu, 20 * layer + 129024 * h / 8);
+  const LlamaDims sp_dims{8192, 1, h, 64, 8, 28672, 8};
+  const LayerPolicy sp{Recompute::none, true, Attention::fused};
+  EXPECT_DOUBLE_EQ(it->activation_bytes, 80 * (llama_closed_form(sp_dims, sp) + llama_norm_stats_bytes(sp_dims, sp)));
+  // Token ids of the 4 micro-batches in flight, with the shard's ids and the masked rows' indices at t = 8.
+  EXPECT_DOUBLE_EQ(it->extra_bytes, (8 + 8 + 7) * 8192 * 4.0);
   // The distributed optimizer shards Adam's 12 bytes over dp.
   r.distributed_optimizer = true;
   for (const PlanCandidate& k : plan_search(r)) EXPECT_DOUBLE_EQ(k.optimizer_bytes, 6 * k.weight_bytes / k.dp);
@@ -171,7 +177,7 @@ TEST(LayoutSearch, BadRequestsAreInvalidArguments) {
 TEST(LayoutSearch, ThePapersGptModelsPlanToo) {
   PlanRequest r;
   r.model = plan_model("175b");
-  ASSERT_FALSE(r.model.llama);
+  ASSERT_TRUE(r.model.learned_positions);
   r.gpu = plan_gpu("a100");
   r.gpus = 64;
   r.seq = 2048;
@@ -184,11 +190,15 @@ TEST(LayoutSearch, ThePapersGptModelsPlanToo) {
   for (const PlanCandidate& k : plans) {
     const LayerPolicy c = parse_config(k.config);
     seen_selective |= c.recompute == Recompute::selective;
-    EXPECT_EQ(k.per_layer_activation_bytes, activation_bytes({2048, k.b, 12288, 96, static_cast<double>(k.t)}, c));
-    // 12 h² + 7h split over t, 6h replicated per layer; word embedding /t, positions whole.
+    const Dims d{2048, k.b, 12288, 96, static_cast<double>(k.t)};
+    EXPECT_EQ(k.per_layer_activation_bytes, activation_bytes(d, c) + layernorm_stats_bytes(d, c));
+    // 12 h² + 7h split over t, 6h replicated per layer; word embedding /t and positions whole on
+    // the first stage; the final LayerNorm and (p > 1) the tied output weight's copy on the last.
     const double h = 12288, layer = (12 * h * h + 7 * h) / k.t + 6 * h;
-    const double first = 96.0 / k.p * layer + 51200 * h / k.t + 2048 * h + (k.p == 1 ? 2 * h : 0);
-    EXPECT_DOUBLE_EQ(k.params_per_gpu, first) << k.t << " " << k.p;
+    double params = 96.0 / k.p * layer;
+    if (k.stage == 0) params += 51200 * h / k.t + 2048 * h;
+    if (k.stage == k.p - 1) params += 2 * h + (k.p > 1 ? 51200 * h / k.t : 0);
+    EXPECT_DOUBLE_EQ(k.params_per_gpu, params) << k.t << " " << k.p;
   }
   EXPECT_TRUE(seen_selective) << "unfused attention: selective recompute is searched";
 }

@@ -9,14 +9,10 @@
 // the fastest plans that fit come first. (Which configuration fits one given layout of a
 // paper model: config_fit.hpp.)
 //
-// Memory: bf16 weights (2 B/param), fp32 gradients (4), fp32 Adam master + m + v (12, or
-// 12/dp with the distributed optimizer). Replicated parameters (norms, GPT's row-parallel
-// biases) are not divided by t. Activations: the per-layer closed forms (llama_memory.hpp,
-// activation_memory.hpp) × the layers in flight on stage 0, counted on the simulated 1F1B or
-// interleaved schedule (pipeline.hpp). Extras: token ids (8 bytes per token) and, for GPT, the
-// embedding dropout mask for each micro-batch in flight on chunk 0 of stage 0 (from the same
-// schedule); with p = 1 also the final norm's and the output layer's inputs and the fp32
-// logits (vocab-parallel).
+// Memory: each candidate's whole training step (step_memory.hpp): bf16 weights, fp32
+// gradients, fp32 Adam master + moments (/ dp with the distributed optimizer), the
+// activations in flight on the simulated 1F1B or interleaved schedule, the embedding's and
+// the loss's terms and the working sets, on the stage whose peak is highest.
 //
 // Time (a model, not a measurement): GEMM and attention FLOPs at `efficiency` × the GPU's
 // dense bf16 peak, tensor-parallel collectives over NVLink, pipeline transfers and the
@@ -28,21 +24,14 @@
 #include "theory/activation_memory.hpp"
 #include "theory/models.hpp"
 #include "theory/pipeline.hpp"  // first_chunk_microbatches_in_flight
+#include "theory/transformer_model.hpp"
 
 namespace actbench::theory {
 
-struct PlanModel {
-  std::string name;
-  bool llama = true;                         // false: the paper's GPT layer
-  double s = 2048;                           // default sequence length
-  double h = 0, a = 0, g = 0, F = 0, L = 0, v = 0;  // g, F: llama only (0: a, 4h)
-  bool tied_embeddings = false;              // GPT: the output layer reuses the word embedding
-};
-
 // llama3-8b, llama3-70b, llama3-405b (s 8192, untied embeddings, v 128256).
-const std::vector<PlanModel>& llama_plan_models();
+const std::vector<TransformerModel>& llama_plan_models();
 // A llama preset or one of the paper's GPT models (22b, 175b, 530b, 1t); throws std::invalid_argument.
-PlanModel plan_model(const std::string& name);
+TransformerModel plan_model(const std::string& name);
 // a100, h100, h200 (models.hpp) and b200.
 const Gpu& plan_gpu(const std::string& name);
 
@@ -50,10 +39,12 @@ const Gpu& plan_gpu(const std::string& name);
 // iteration than any run uses. Within them every count stays an int; the search's cost grows
 // with the divisors of the GPU count, not with the global batch or the layers.
 constexpr int kMaxPlanGpus = 1 << 20;
+// The most layers a planned model may have (step_memory counts them as ints).
+constexpr double kMaxPlanLayers = 1 << 20;
 constexpr double kMaxGlobalBatch = 1 << 24;
 
 struct PlanRequest {
-  PlanModel model;
+  TransformerModel model;
   Gpu gpu;
   int gpus = 8;
   double seq = 0;           // 0: the model's
@@ -68,10 +59,15 @@ struct PlanCandidate {
   int t = 1, p = 1, m = 1, dp = 1;
   double b = 1, microbatches = 1;
   std::string config;  // baseline, sp, selective, selective+sp, full, full+sp
+  int stage = 0;  // the pipeline stage whose peak is highest: every byte below is that stage's
   double params_per_gpu = 0;
   double weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  // One layer's saved tensors (norm statistics included) and how many layers' worth the stage
+  // holds at its peak.
   double per_layer_activation_bytes = 0, layers_in_flight = 0, activation_bytes = 0;
-  double extra_bytes = 0, working_set_bytes = 0, headroom_bytes = 0, total_bytes = 0;
+  double extra_bytes = 0;        // embedding and output/loss terms (step_memory.hpp)
+  double working_set_bytes = 0;  // recompute, gradient, loss and embedding-gradient working sets
+  double headroom_bytes = 0, total_bytes = 0;  // total: the stage's peak + headroom
   bool fits = false;
   double iteration_s = 0, tokens_per_s = 0, mfu_percent = 0;
 };
