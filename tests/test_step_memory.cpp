@@ -185,7 +185,8 @@ TEST(StepMemory, ActivationsInFlightAreTheScheduleCountTimesTheLayerBytes) {
           EXPECT_DOUBLE_EQ(s.activation_bytes, s.microbatches_in_flight * chunk_layers * layer);
           const double terms = s.activation_bytes + s.embedding_bytes + s.output_bytes + s.recompute_working_set_bytes +
                                s.grad_working_set_bytes + s.loss_working_set_bytes + s.embedding_grad_bytes;
-          EXPECT_DOUBLE_EQ(s.peak_bytes, s.rest_bytes + terms);
+          EXPECT_DOUBLE_EQ(s.step_peak_bytes, s.rest_bytes + terms);
+          EXPECT_DOUBLE_EQ(s.peak_bytes, std::max(s.step_peak_bytes, s.setup_peak_bytes));
         }
       }
 }
@@ -224,6 +225,24 @@ TEST(StepMemory, FirstStageHoldsMoreMicroBatchesThanTheLastWhichHoldsTheLoss) {
   EXPECT_GT(s[3].output_bytes, 4 * c.seq * 32000);  // the fp32 softmax over the whole vocabulary
   EXPECT_GT(s[3].loss_working_set_bytes, 0);
   EXPECT_EQ(s[1].embedding_bytes + s[1].output_bytes, 0);
+}
+
+TEST(StepMemory, TheDistributedOptimizersSetupCanBeTheRunsPeak) {
+  // 32 data-parallel ranks, full recompute, short sequences: Adam's state is 12/32 bytes per
+  // parameter, less than the second copy of the weights while DDP fills its buffer.
+  const TransformerModel m = llama_model();
+  StepConfig c = config(1, 1, 32, 32);
+  c.seq = 128;
+  c.policy = parse_config("full");
+  c.distributed_optimizer = true;
+  const StageMemory s = step_memory(m, c).front();
+  EXPECT_DOUBLE_EQ(s.setup_peak_bytes, 2 * 2 * s.parameters + 4 * s.parameters);
+  EXPECT_GT(s.setup_peak_bytes, s.step_peak_bytes);
+  EXPECT_EQ(s.peak_bytes, s.setup_peak_bytes);
+  c.distributed_optimizer = false;  // no parameter buffer: the step is the peak
+  const StageMemory replicated = step_memory(m, c).front();
+  EXPECT_DOUBLE_EQ(replicated.setup_peak_bytes, replicated.weight_bytes + replicated.grad_bytes);
+  EXPECT_EQ(replicated.peak_bytes, replicated.step_peak_bytes);
 }
 
 TEST(StepMemory, VirtualAndUnevenStagesAsMegatronAssignsLayers) {

@@ -88,6 +88,7 @@ void fill_memory(const TransformerModel& M, const StepConfig& c, double headroom
   k.extra_bytes = top.embedding_bytes + top.output_bytes;
   k.working_set_bytes = top.recompute_working_set_bytes + top.grad_working_set_bytes + top.loss_working_set_bytes +
                         top.embedding_grad_bytes;
+  k.setup_bytes = top.setup_peak_bytes;
   k.headroom_bytes = headroom;
   k.total_bytes = top.peak_bytes + headroom;
 }

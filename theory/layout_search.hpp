@@ -67,7 +67,10 @@ struct PlanCandidate {
   double per_layer_activation_bytes = 0, layers_in_flight = 0, activation_bytes = 0;
   double extra_bytes = 0;        // embedding and output/loss terms (step_memory.hpp)
   double working_set_bytes = 0;  // recompute, gradient, loss and embedding-gradient working sets
-  double headroom_bytes = 0, total_bytes = 0;  // total: the stage's peak + headroom
+  double setup_bytes = 0;        // the stage's peak before the first step (step_memory.hpp)
+  // total: the stage's peak + headroom, i.e. the larger of setup_bytes and the sum of the
+  // terms above, + headroom
+  double headroom_bytes = 0, total_bytes = 0;
   bool fits = false;
   double iteration_s = 0, tokens_per_s = 0, mfu_percent = 0;
 };

@@ -156,9 +156,11 @@ ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c,
   const double r = c.policy.sequence_parallel ? t : 1.0, F = spec.ffn(d), head = spec.head_dim(d);
   const double act_width = spec.activation == Activation::swiglu ? 2 : 1;
   const double mlp = e * act_width * sb * F / t;
+  // Fused: dO, dq, dk, dv and the fp32 row sums. Unfused: the probabilities' gradient beside
+  // the scores' (without dropout), or beside the dropout output's once that output is freed.
   const double attention = c.policy.attention == Attention::fused
-                               ? e * sb * (d.a + 2 * spec.groups(d)) * head / t + 4 * d.a * sb / t
-                               : 2 * e * d.a * d.s * sb / t;
+                               ? e * sb * (2 * d.a + 2 * spec.groups(d)) * head / t + 4 * d.a * sb / t
+                               : (spec.attention_dropout > 0 ? 1 : 2) * e * d.a * d.s * sb / t;
   w.grads = e * sb * d.h / r + std::max(mlp, attention);
   if (!c.gradient_accumulation_fusion) {  // each weight's gradient lands in a bf16 tensor first
     const double qkv = (d.a + 2 * spec.groups(d)) * head * d.h, fc1 = act_width * F * d.h;
@@ -276,14 +278,17 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     StageMemory s;
     s.stage = stage;
     std::vector<ChunkBytes> bytes(vp);
+    double last_chunk_parameters = 0;
     std::vector<ChunkTransients> transients(vp);
     for (int chunk = 0; chunk < vp; ++chunk) {
       const int n = layers[chunk * p + stage];
       const bool first = stage == 0 && chunk == 0, last = stage == p - 1 && chunk == vp - 1;
+      double chunk_parameters = n * layer_parameters(m, t);
+      if (first) chunk_parameters += embedding_parameters(m, t);
+      if (last) chunk_parameters += output_parameters(m, t, m.tied_embeddings && p == 1);
       s.layers += n;
-      s.parameters += n * layer_parameters(m, t);
-      if (first) s.parameters += embedding_parameters(m, t);
-      if (last) s.parameters += output_parameters(m, t, m.tied_embeddings && p == 1);
+      s.parameters += chunk_parameters;
+      last_chunk_parameters = chunk_parameters;
       bytes[chunk] = chunk_bytes(m, c, n, first, last);
       transients[chunk] = chunk_transients(m, c, n);
     }
@@ -325,7 +330,13 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     s.loss_working_set_bytes = at.loss_working_set_bytes;
     s.embedding_grad_bytes = at.embedding_grad_bytes;
     s.peak_at = at.peak_at;
-    s.peak_bytes = s.rest_bytes + peak.best_total();
+    s.step_peak_bytes = s.rest_bytes + peak.best_total();
+    // The distributed optimizer's DDP moves each chunk's weights into one buffer beside the
+    // gradient buffer, chunk by chunk; the last chunk's old and new copies coexist with every
+    // buffer before any optimizer state exists.
+    s.setup_peak_bytes = s.weight_bytes + s.grad_bytes +
+                         (c.distributed_optimizer ? prec.weight * last_chunk_parameters : 0);
+    s.peak_bytes = std::max(s.step_peak_bytes, s.setup_peak_bytes);
     out.push_back(s);
   }
   return out;

@@ -18,7 +18,8 @@
 // the largest of, over the ops: the live bytes after a forward (plus, at the loss, the bf16
 // logits beside their fp32 copy), at the start of a backward the live bytes plus the working
 // set of its first layer (what recompute rebuilds, the gradients it holds), and at the end of
-// the first chunk's backward the embedding's dense weight gradient.
+// the first chunk's backward the embedding's dense weight gradient. Before the first step the
+// distributed optimizer's setup can peak higher (setup_peak_bytes).
 //
 // Not modelled (a real run adds them): library workspaces (cuBLAS/TE, NCCL buffers), the
 // allocator's rounding of each tensor to 512 bytes, the distributed optimizer's buffer
@@ -88,7 +89,11 @@ struct StageMemory {
   double grad_working_set_bytes = 0;       // gradients that layer's backward holds
   double loss_working_set_bytes = 0;       // the bf16 logits beside their fp32 copy
   double embedding_grad_bytes = 0;         // the word embedding's dense weight gradient
-  double peak_bytes = 0;
+  double step_peak_bytes = 0;  // rest_bytes + every term above: the peak of a training step
+  // Before the first step: weights and gradient buffers, and with the distributed optimizer
+  // the last model chunk's weights twice while DDP copies them into its parameter buffer.
+  double setup_peak_bytes = 0;
+  double peak_bytes = 0;       // the larger: allocated_bytes.all.peak from the start of the run
   std::string peak_at;  // the op: "forward mb 3 chunk 0", "backward mb 0 chunk 1", ...
 };
 
