@@ -270,7 +270,9 @@ MegatronRun memory_run(const TheoryOptions& a) {
     for (const std::string& f : flags.unmodelled) names += (names.empty() ? "" : ", ") + f;
     std::fprintf(stderr, "theory: warning: not modelled (they change memory): %s\n", names.c_str());
   }
-  return megatron_run(flags, base, a.gpus);
+  MegatronRun run = megatron_run(flags, base, a.gpus);
+  if (!base) run.model.name = "megatron:" + fs::path(a.megatron_args).filename().string();
+  return run;
 }
 
 std::string run_text(const MegatronRun& r) {
