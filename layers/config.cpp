@@ -22,7 +22,8 @@ std::string spec_family(const theory::LayerSpec& spec) {
   using namespace theory;
   const bool plain_attention = !spec.qk_layernorm && spec.rotary_percent == 1.0;
   if (plain_attention && spec.normalization == Norm::layernorm && spec.activation == Activation::gelu &&
-      spec.ffn_hidden == 0 && spec.add_bias_linear && spec.kv_heads == 0 && spec.position == PositionEmbedding::none)
+      spec.ffn_hidden == 0 && spec.add_bias_linear && spec.kv_heads == 0 && spec.kv_channels == 0 &&
+      spec.position == PositionEmbedding::none)
     return "gpt";
   if (plain_attention && spec.normalization == Norm::rmsnorm && spec.activation == Activation::swiglu &&
       !spec.add_bias_linear && !spec.add_qkv_bias && spec.position == PositionEmbedding::rope &&
@@ -35,7 +36,7 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
   auto fail = [](const std::string& m) { throw InvalidArgument(m); };
   if (d.s < 1 || d.b < 1 || d.h < 1 || d.a < 1) fail("seq, batch, hidden and heads must all be >= 1");
   if (t < 1) fail("--tp must be >= 1");
-  if (d.h % d.a != 0)
+  if (d.spec.kv_channels == 0 && d.h % d.a != 0)  // a given head size needs no h/a
     fail("hidden " + std::to_string(d.h) + " is not divisible by heads " + std::to_string(d.a));
   if (d.a % t != 0)
     fail("heads " + std::to_string(d.a) + " are not divisible by tp " + std::to_string(t) +
@@ -49,6 +50,12 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
          " (each rank needs whole key/value groups)");
   if (d.ffn() < 1 || d.ffn() % t != 0)
     fail("ffn-hidden " + std::to_string(d.ffn()) + " must be >= 1 and divisible by tp " + std::to_string(t));
+  // The spec's own bounds (kv_channels among them) before the head size is used below.
+  const theory::Dims shape{double(d.s), double(d.b), double(d.h), double(d.a), double(t)};
+  theory::check_layer_spec(shape, d.spec);
+  // QKV's (a + 2g)·d outputs, the widest head-sized width, in doubles: d may be any whole number.
+  if ((double(d.a) + 2.0 * double(g)) * d.spec.head_dim(shape) >= 0x1p63)
+    fail("kv-channels is too large: QKV's (heads + 2 x kv-heads) x kv-channels outputs overflow a 64-bit count");
   if (d.spec.position == theory::PositionEmbedding::rope) {
     const int64_t r = d.rotary_dim();
     if (r < 2 || r % 2 != 0)
@@ -56,7 +63,6 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
            " dimensions (head size x rotary-percent): it must be even and at least 2 (pairs i and i + R/2)");
     if (!(d.spec.rotary_base > 0)) fail("rotary-base must be positive");
   }
-  theory::check_layer_spec(theory::Dims{double(d.s), double(d.b), double(d.h), double(d.a), double(t)}, d.spec);
   if (p.sequence_parallel && d.s % t != 0)
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");

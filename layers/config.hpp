@@ -24,7 +24,8 @@ struct LayerDims {
   theory::LayerSpec spec = theory::gpt_layer_spec();
   int64_t groups() const { return spec.kv_heads > 0 ? static_cast<int64_t>(spec.kv_heads) : a; }
   int64_t ffn() const { return spec.ffn_hidden > 0 ? static_cast<int64_t>(spec.ffn_hidden) : 4 * h; }
-  int64_t head_dim() const { return h / a; }
+  // d, each head's size: --kv-channels when given (a·d need not be h), else h/a.
+  int64_t head_dim() const { return spec.kv_channels > 0 ? static_cast<int64_t>(spec.kv_channels) : h / a; }
   // RoPE's rotated dimensions of each head: Megatron's int(head_dim * rotary_percent); 0 without RoPE.
   int64_t rotary_dim() const;
 };

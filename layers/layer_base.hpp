@@ -153,7 +153,7 @@ class LayerBase : public Layer {
   Communicator& comm_;
   LayerOptions opt_;
   int tp_size_, tp_rank_;  // the tensor-parallel group: its size (the paper's t) and this rank
-  int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); h/a
+  int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); d (LayerDims::head_dim)
   int64_t kv_heads_per_rank_;
   float attention_dropout_, hidden_dropout_, norm_eps_;  // the spec's, as the kernels take them
   std::vector<ParamInfo> table_;

@@ -52,6 +52,7 @@ def read_bars(rows):
     out = {}
     for r in rows:
         layer = {c: r[c] for c in LAYER_COLUMNS + ("attention_dropout", "hidden_dropout")}
+        layer["kv_channels"] = layer_value(r, "kv_channels")  # the formula tables' heads are h/a
         _, bars, order = out.setdefault(r["model"], (layer, {}, []))
         name = bar_name(r["recompute"], r["recompute_modules"])
         if name not in order:
@@ -61,10 +62,13 @@ def read_bars(rows):
 
 
 def layer_value(r, column):
-    """A row's value of a layer column; older rows leave kv_heads (a) and ffn_hidden (4h) empty."""
+    """A row's value of a layer column; older rows leave kv_heads (a), kv_channels (h/a) and
+    ffn_hidden (4h) empty."""
     v = r.get(column) or ""
     if v == "" and column == "kv_heads":
         return r.get("heads")
+    if v == "" and column == "kv_channels" and num(r.get("hidden")) is not None and num(r.get("heads")):
+        return str(int(num(r["hidden"])) // int(num(r["heads"])))
     if v == "" and column == "ffn_hidden" and num(r.get("hidden")) is not None:
         return str(4 * int(num(r["hidden"])))
     return v
@@ -72,7 +76,7 @@ def layer_value(r, column):
 
 def same_layer(r, layer):
     """Whether a layer_run row ran this layer (older rows have one dropout column for both)."""
-    if any(layer_value(r, c) != layer[c] for c in LAYER_COLUMNS):
+    if any(layer_value(r, c) != layer[c] for c in LAYER_COLUMNS + ("kv_channels",)):
         return False
     for c in ("attention_dropout", "hidden_dropout"):
         if num(r.get(c) or r.get("dropout")) != num(layer[c]):

@@ -15,7 +15,8 @@ namespace {
 using Json = nlohmann::ordered_json;  // keys in the order written here, not sorted
 
 // A LayerSpec under the names of the CSV columns that record it (kv_heads 0: g = heads;
-// ffn_hidden 0: 4 x hidden), holding the values layer_run runs, not their CSV texts.
+// kv_channels 0: d = hidden / heads; ffn_hidden 0: 4 x hidden), holding the values layer_run
+// runs, not their CSV texts.
 Json spec_json(const theory::LayerSpec& s) {
   return {{"normalization", theory::norm_name(s.normalization)},
           {"norm_epsilon", s.norm_epsilon},
@@ -25,6 +26,7 @@ Json spec_json(const theory::LayerSpec& s) {
           {"add_bias_linear", s.add_bias_linear},
           {"add_qkv_bias", s.add_qkv_bias},
           {"kv_heads", s.kv_heads},
+          {"kv_channels", s.kv_channels},
           {"position_embedding", theory::position_name(s.position)},
           {"rotary_percent", s.rotary_percent},
           {"rotary_base", s.rotary_base},

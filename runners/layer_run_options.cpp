@@ -52,8 +52,8 @@ struct Args {
   std::string csv, dump, cupti, memory_limit;
   std::string arch, hf_config;
   // The spec's flags (layer_spec_options.hpp), Megatron's names first.
-  std::string normalization, norm_epsilon, ffn_hidden, num_query_groups, kv_heads, position, rotary_percent,
-      rotary_base, attention_dropout, hidden_dropout;
+  std::string normalization, norm_epsilon, ffn_hidden, num_query_groups, kv_heads, kv_channels, position,
+      rotary_percent, rotary_base, attention_dropout, hidden_dropout;
   bool qk_layernorm = false, swiglu = false, squared_relu = false, disable_bias_linear = false, add_qkv_bias = false,
        group_query_attention = false;
   std::string recompute_granularity, recompute_modules, recompute_method, recompute_num_layers;
@@ -79,6 +79,8 @@ void declare_spec_options(CLI::App& app, Args& a, const std::function<void(const
                "grouped-query attention with --num-query-groups key/value heads (default 1)");
   value("--num-query-groups", a.num_query_groups, "G key/value heads under --group-query-attention (dividing heads)");
   value("--kv-heads", a.kv_heads, "G key/value heads (1 <= G <= heads, dividing heads; G = heads is MHA)");
+  value("--kv-channels", a.kv_channels,
+        "D, each head's size (Hugging Face's head_dim): QKV has (heads + 2G) x D outputs; 0: hidden / heads");
   value("--position-embedding-type", a.position,
         "rope | learned_absolute | none (learned_absolute is added before the first layer: none inside it)");
   value("--rotary-percent", a.rotary_percent, "the share of each head's dimensions RoPE rotates, (0, 1]");
@@ -247,6 +249,7 @@ void take_spec_values(const Args& a, const GivenOptions& given, LayerRunOptions&
   e.disable_bias_linear = a.disable_bias_linear;
   e.add_qkv_bias = a.add_qkv_bias;
   take_query_groups(a, given, e);
+  if (has("--kv-channels")) e.kv_channels = parse_int_option("--kv-channels", a.kv_channels, 0, kMaxDim);
   if (has("--position-embedding-type")) e.position = theory::parse_position(a.position);
   if (has("--rotary-percent")) {
     const double p = parse_real_option("--rotary-percent", a.rotary_percent);

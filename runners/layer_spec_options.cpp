@@ -13,6 +13,7 @@ void apply_layer_spec_edits(const LayerSpecEdits& e, theory::LayerSpec& spec) {
   if (e.disable_bias_linear) spec.add_bias_linear = false;
   if (e.add_qkv_bias) spec.add_qkv_bias = true;
   if (e.kv_heads) spec.kv_heads = static_cast<double>(*e.kv_heads);
+  if (e.kv_channels) spec.kv_channels = static_cast<double>(*e.kv_channels);
   if (e.position) spec.position = *e.position;
   if (e.rotary_percent) spec.rotary_percent = *e.rotary_percent;
   if (e.rotary_base) spec.rotary_base = *e.rotary_base;
@@ -46,6 +47,7 @@ std::vector<std::pair<std::string, std::string>> layer_spec_edits_text(const Lay
           {"--disable-bias-linear", e.disable_bias_linear ? "1" : ""},
           {"--add-qkv-bias", e.add_qkv_bias ? "1" : ""},
           {"--num-query-groups (or --kv-heads)", text_of(e.kv_heads, i64)},
+          {"--kv-channels", text_of(e.kv_channels, i64)},
           {"--position-embedding-type", text_of(e.position, theory::position_name)},
           {"--rotary-percent", text_of(e.rotary_percent, exact)},
           {"--rotary-base (or --rope-theta)", text_of(e.rotary_base, exact)},

@@ -5,7 +5,7 @@
 //   --normalization LayerNorm|RMSNorm   --norm-epsilon E (--norm-eps)    --qk-layernorm
 //   --swiglu | --squared-relu           --ffn-hidden-size F (--ffn-hidden)
 //   --disable-bias-linear               --add-qkv-bias
-//   --group-query-attention --num-query-groups G (or --kv-heads G alone)
+//   --group-query-attention --num-query-groups G (or --kv-heads G alone)   --kv-channels D
 //   --position-embedding-type rope|learned_absolute|none   --rotary-percent P   --rotary-base B (--rope-theta)
 //   --attention-dropout P  --hidden-dropout P  (--dropout P sets both)
 //   --recompute-granularity full|selective (--recompute-activations: selective)  --sequence-parallel
@@ -33,6 +33,7 @@ struct LayerSpecEdits {
   std::optional<int64_t> ffn_hidden;
   bool disable_bias_linear = false, add_qkv_bias = false;
   std::optional<int64_t> kv_heads;
+  std::optional<int64_t> kv_channels;  // 0: hidden / heads
   std::optional<theory::PositionEmbedding> position;
   std::optional<double> rotary_percent, rotary_base;
   std::optional<float> attention_dropout, hidden_dropout;

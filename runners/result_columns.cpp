@@ -115,6 +115,9 @@ const std::vector<Column>& result_columns() {
        "when the spec is that preset (whatever its widths, groups, theta, epsilon and, for gpt, dropouts), else "
        "`custom`; the spec columns below say what ran"},
       {"kv_heads", "", "g, the key/value heads (`--num-query-groups`; g = heads is multi-head attention)"},
+      {"kv_channels", "",
+       "d, each head's size (`--kv-channels`, Hugging Face's `head_dim`): hidden / heads unless given; QKV has "
+       "(heads + 2 kv_heads) x d outputs and the projection heads x d inputs"},
       {"ffn_hidden", "", "F, the MLP's width (`--ffn-hidden-size`; SwiGLU's fc1 has 2F outputs)"},
       {"normalization", "", "`LayerNorm` or `RMSNorm` (`--normalization`), both block norms and the q/k norms"},
       {"norm_epsilon", "", "the norms' epsilon, as the float32 the run used (shortest decimal)"},

@@ -76,6 +76,7 @@ void set_spec_columns(CsvRow& row, const LayerDims& d, const LayerPolicy& p) {
   auto f32 = [](double v) { return float32_text(static_cast<float>(v)); };
   row.set("arch", spec_family(s));
   row.set("kv_heads", std::to_string(d.groups()));
+  row.set("kv_channels", std::to_string(d.head_dim()));
   row.set("ffn_hidden", std::to_string(d.ffn()));
   row.set("normalization", theory::norm_name(s.normalization));
   row.set("norm_epsilon", f32(s.norm_epsilon));

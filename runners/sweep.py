@@ -17,7 +17,7 @@ list ("baseline,sp" or, in fixed, ["baseline", "sp"]) is one point per configura
 of a point: model hidden heads seq batch tp config attention dtype dropout layers arch, and
 the layer spec's, each named as the CSV column that records it and passed under layer_run's
 Megatron-LM flag: normalization norm_epsilon qk_layernorm activation ffn_hidden
-add_bias_linear add_qkv_bias kv_heads position_embedding rotary_percent rotary_base
+add_bias_linear add_qkv_bias kv_heads kv_channels position_embedding rotary_percent rotary_base
 attention_dropout hidden_dropout recompute_modules (docs/sweeps.md). A point's key is the
 text layer_run writes in those columns (plus the backend and whether t is emulated), predicted
 by the rules layer_run writes them with (the arch column is gpt, llama or custom, as the spec
@@ -96,7 +96,7 @@ SPEC_OPTIONS = FACTS["spec_options"]  # the names and bounds layer_run takes for
 # other is reachable only as the preset's); the activation's flags name swiglu and squared_relu
 # (gelu is neither, so only a gelu preset runs it).
 SPEC_VALUE_FLAGS = {"normalization": "--normalization", "norm_epsilon": "--norm-epsilon",
-                    "ffn_hidden": "--ffn-hidden", "kv_heads": "--kv-heads",
+                    "ffn_hidden": "--ffn-hidden", "kv_heads": "--kv-heads", "kv_channels": "--kv-channels",
                     "position_embedding": "--position-embedding-type", "rotary_percent": "--rotary-percent",
                     "rotary_base": "--rotary-base", "attention_dropout": "--attention-dropout",
                     "hidden_dropout": "--hidden-dropout"}
@@ -106,7 +106,8 @@ ACTIVATION_FLAGS = {"swiglu": "--swiglu", "squared_relu": "--squared-relu"}
 SPEC_FIELDS = set(SPEC_VALUE_FLAGS) | set(SPEC_SWITCHES) | {"activation"}
 # The columns that identify a point (as layer_run writes them): every field a plan may vary.
 KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emulated", "config", "attention",
-               "dtype", "dropout", "layers", "arch", "kv_heads", "ffn_hidden", "normalization", "norm_epsilon",
+               "dtype", "dropout", "layers", "arch", "kv_heads", "kv_channels", "ffn_hidden", "normalization",
+               "norm_epsilon",
                "qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias", "position_embedding",
                "rotary_percent", "rotary_base", "attention_dropout", "hidden_dropout", "recompute_modules"]
 SHAPE_FIELDS = ("seq", "batch", "hidden", "heads", "tp")
@@ -135,7 +136,7 @@ BUILTIN_PLANS = {
     "smoke": {"fixed": {"model": "tiny", "tp": 2}, "grid": {"seq": [16, 32], "config": PAPER_CONFIGS}},
 }
 
-INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers", "kv_heads", "ffn_hidden"}
+INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers", "kv_heads", "kv_channels", "ffn_hidden"}
 TEXT_FIELDS = {"model", "config", "attention", "dtype", "arch"}
 PROBABILITY_FIELDS = {"dropout", "attention_dropout", "hidden_dropout"}
 NAME_FIELDS = {"normalization", "activation", "position_embedding"}  # names from SPEC_OPTIONS
@@ -154,7 +155,7 @@ OWN_OPTIONS = {"--backend", "--model", "--hidden", "--heads", "--seq", "--batch"
 # layer_run options that change what runs but that no key column records: refused in --extra,
 # since rows run with and without them would be the same point to a resumed sweep.
 UNKEYED_OPTIONS = {"--hf-config": "put the config's shape in the plan (arch llama, hidden, heads, kv_heads, "
-                                  "ffn_hidden, rotary_base, norm_epsilon, seq)"}
+                                  "kv_channels, ffn_hidden, rotary_base, norm_epsilon, seq)"}
 GRACE_S = 10.0  # after passing on a signal (or a timeout), how long a point may take to exit before SIGKILL
 MAX_WARNINGS = 20
 
@@ -398,6 +399,7 @@ def resolve(plan, given, defaults):
     p["varied"] = sorted(k for k in given if k in SPEC_FIELDS or k == "recompute_modules")
     p["spec"], p["spec_args"] = edited_spec(f"{where}, arch {arch}", base, p["dropout"], edits)
     p["kv_heads"] = int(p["spec"]["kv_heads"]) or p["heads"]
+    p["kv_channels"] = int(p["spec"]["kv_channels"]) or p["hidden"] // p["heads"]  # the head size d
     p["ffn_hidden"] = int(p["spec"]["ffn_hidden"]) or 4 * p["hidden"]
     selective = p["config"] in SELECTIVE_CONFIGS
     p["recompute_modules"] = p.get("recompute_modules", SPEC_OPTIONS["default_recompute_modules"]) \
@@ -446,7 +448,8 @@ def spec_family(s):
     """The arch column: layers/config.cpp's spec_family, on the spec layer_run runs."""
     plain = not s["qk_layernorm"] and s["rotary_percent"] == 1.0
     if plain and s["normalization"] == "LayerNorm" and s["activation"] == "gelu" and s["ffn_hidden"] == 0 \
-            and s["add_bias_linear"] and s["kv_heads"] == 0 and s["position_embedding"] == "none":
+            and s["add_bias_linear"] and s["kv_heads"] == 0 and s["kv_channels"] == 0 \
+            and s["position_embedding"] == "none":
         return "gpt"
     if plain and s["normalization"] == "RMSNorm" and s["activation"] == "swiglu" and not s["add_bias_linear"] \
             and not s["add_qkv_bias"] and s["position_embedding"] == "rope" and s["attention_dropout"] == 0 \
@@ -470,7 +473,7 @@ def key_texts(p):
                                     "dtype")}
     texts.update(
         dropout=key_text("dropout", s["attention_dropout"]) if s["attention_dropout"] == s["hidden_dropout"] else "",
-        layers=str(p["layers"]), arch=spec_family(s), kv_heads=str(p["kv_heads"]),
+        layers=str(p["layers"]), arch=spec_family(s), kv_heads=str(p["kv_heads"]), kv_channels=str(p["kv_channels"]),
         ffn_hidden=str(p["ffn_hidden"]), normalization=s["normalization"],
         norm_epsilon=number_text.float32_text(s["norm_epsilon"]), qk_layernorm=str(int(s["qk_layernorm"])),
         activation=s["activation"], add_bias_linear=str(int(s["add_bias_linear"])),

@@ -47,12 +47,14 @@ class Combo:
 
 
 # Each option on and off at least once: LayerNorm/RMSNorm, qk-layernorm, gelu/swiglu/squared-relu,
-# ffn width, biases (all, none, QKV alone), G = 1 < G = 2 < G = a, rope/none, partial rope, rope
-# base, norm epsilon, each module set, unfused/fused, dropout off/on (attention != hidden).
+# ffn width, biases (all, none, QKV alone), G = 1 < G = 2 < G = a, head size d below, at and above
+# h/a, rope/none, partial rope, rope base, norm epsilon, each module set, unfused/fused, dropout
+# off/on (attention != hidden).
 COMBOS = [
     Combo("gpt_default", NO_DROPOUT, "core_attn",
           normalization="LayerNorm", qk_layernorm=False, activation="gelu", ffn_hidden=256, add_bias_linear=True,
-          add_qkv_bias=False, kv_heads=4, position_embedding="none", attention="unfused", norm_epsilon=1e-5),
+          add_qkv_bias=False, kv_heads=4, kv_channels=16, position_embedding="none", attention="unfused",
+          norm_epsilon=1e-5),
     Combo("rmsnorm_qk_swiglu_rope", NO_DROPOUT + ["--normalization", "RMSNorm", "--qk-layernorm", "--swiglu",
                                                   "--ffn-hidden-size", "96", "--disable-bias-linear",
                                                   "--position-embedding-type", "rope"], "mlp",
@@ -114,10 +116,24 @@ COMBOS = [
                                           "--ffn-hidden", "64"], "core_attn",
           normalization="LayerNorm", activation="swiglu", kv_heads=2, add_bias_linear=False,
           position_embedding="rope", attention_dropout=0.0, hidden_dropout=0.0),
+    # --kv-channels: heads wider than h/a = 16 (a·d = 96 > h, as Qwen3's) and narrower (a·d = 32 < h)
+    Combo("wide_heads_gqa_qk_half_rope_fused", NO_DROPOUT + ["--kv-channels", "24", "--normalization", "RMSNorm",
+                                                             "--qk-layernorm", "--swiglu", "--disable-bias-linear",
+                                                             "--group-query-attention", "--num-query-groups", "2",
+                                                             "--position-embedding-type", "rope",
+                                                             "--rotary-percent", "0.5", "--attention", "fused"],
+          "core_attn,mlp,layernorm",
+          kv_channels=24, normalization="RMSNorm", qk_layernorm=True, activation="swiglu", add_bias_linear=False,
+          kv_heads=2, position_embedding="rope", rotary_percent=0.5, attention="fused"),
+    Combo("narrow_heads_gelu_biases_dropout", ["--kv-channels", "8", "--attention-dropout", "0.1",
+                                               "--hidden-dropout", "0.05"], "core_attn",
+          kv_channels=8, normalization="LayerNorm", activation="gelu", add_bias_linear=True, kv_heads=4,
+          position_embedding="none", attention="unfused", attention_dropout=0.1, hidden_dropout=0.05),
 ]
 # Under mpirun -np 2 --tp 2 with sequence parallelism (t divides G).
 MPI_COMBOS = ["gqa2_half_rope", "layernorm_qk_squared_relu_fused", "squared_relu_qkv_bias_no_rope",
-              "qkv_bias_only_partial_rope", "dropout_unfused_rope", "everything_on"]
+              "qkv_bias_only_partial_rope", "dropout_unfused_rope", "everything_on",
+              "wide_heads_gqa_qk_half_rope_fused", "narrow_heads_gelu_biases_dropout"]
 COMBO = {c.name: c for c in COMBOS}
 
 
@@ -210,6 +226,7 @@ class ComposedDumpTest(unittest.TestCase):
         self.assertEqual(seen["activation"], {"gelu", "swiglu", "squared_relu"})
         self.assertEqual(seen["position_embedding"], {"rope", "none"})
         self.assertTrue({1, 2, 4} <= seen["kv_heads"])
+        self.assertTrue({8, 16, 24} <= seen["kv_channels"])  # d below, at and above h/a
         for key in ["ffn_hidden", "rotary_percent", "rotary_base", "norm_epsilon"]:
             self.assertGreaterEqual(len(seen[key]), 2, key)
         self.assertTrue({"core_attn", "mlp", "layernorm", "core_attn,mlp,layernorm"} <= {c.modules for c in COMBOS})
@@ -287,11 +304,13 @@ class ComposedDumpTest(unittest.TestCase):
                 self.assertIn("y", failing())
                 edit_layer_json(**restore)
         self.assertEqual(failing(), [])
-        # a different G changes the parameters' shapes: refused, naming the file
-        edit_layer_json(kv_heads=4)
-        with self.assertRaisesRegex(ValueError, "qkv.weight.npy: shape"):
-            numpy_layer.check(folder, rtol=RTOL)
-        edit_layer_json(kv_heads=2)
+        # a different G or d changes the parameters' shapes: refused, naming the file
+        for changes in [{"kv_heads": 4}, {"kv_channels": 8}]:
+            with self.subTest(changes=changes):
+                restore = edit_layer_json(**changes)
+                with self.assertRaisesRegex(ValueError, "qkv.weight.npy: shape"):
+                    numpy_layer.check(folder, rtol=RTOL)
+                edit_layer_json(**restore)
         # qk_layernorm off: the q/k norms are skipped and their weights not read, so y is wrong
         edit_layer_json(qk_layernorm=False)
         self.assertIn("y", failing())

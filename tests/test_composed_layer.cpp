@@ -44,7 +44,8 @@ std::string describe(const LayerSpec& s) {
   return std::string(theory::norm_name(s.normalization)) + (s.qk_layernorm ? "+qk" : "") + " " +
          theory::activation_name(s.activation) + " F=" + std::to_string(s.ffn_hidden) +
          (s.add_bias_linear ? " bias" : (s.add_qkv_bias ? " qkv-bias" : " no-bias")) +
-         " g=" + std::to_string(s.kv_heads) + " " + theory::position_name(s.position) + " " +
+         " g=" + std::to_string(s.kv_heads) + " d=" + std::to_string(s.kv_channels) + " " +
+         theory::position_name(s.position) + " " +
          std::to_string(s.rotary_percent) + " drop=" + std::to_string(s.attention_dropout) + "/" +
          std::to_string(s.hidden_dropout);
 }
@@ -66,6 +67,7 @@ LayerSpec draw_spec(std::mt19937& rng) {
   s.rotary_percent = pick(2) ? 1.0 : 0.5;
   s.attention_dropout = pick(2) ? 0.1 : 0.0;
   s.hidden_dropout = pick(2) ? 0.1 : 0.0;
+  s.kv_channels = std::vector<double>{0, 4, 12}[pick(3)];  // h/a = 8, or a·d below or above h
   return s;
 }
 
@@ -86,7 +88,7 @@ TEST(ComposedLayerMeta, MeasuredBytesEqualThePiecesForAGeneratedGrid) {
   std::mt19937 rng(22);
   int runs = 0;
   for (int i = 0; i < 40; ++i) {
-    LayerDims d{16, 2, 128, 16};  // head size 8: rotary 0.5 rotates 4 dimensions
+    LayerDims d{16, 2, 128, 16};  // head size 8 (or kv_channels 4, 12): rotary 0.5 rotates 4 (2, 6) dimensions
     d.spec = draw_spec(rng);
     for (int t : {1, 2, 4, 8})
       for (LayerPolicy p : policies())
@@ -167,7 +169,8 @@ TEST(ComposedLayerEffects, EachModuleFreesItsPieces) {
 
 // Whatever is rebuilt, backward computes exactly what it computes from kept tensors: every
 // output and gradient bit for bit, dropout on, for every module set, fused and unfused, on
-// specs with every piece (q/k norms, RoPE on half the head, SwiGLU, GQA, biases).
+// specs with every piece (q/k norms, RoPE on half the head, SwiGLU, GQA, biases, a head size
+// apart from h/a).
 TEST(ComposedLayerEffects, RecomputeChangesNoValue) {
   auto be = make_cpu_backend();
   auto local = make_local_communicator();
@@ -179,7 +182,9 @@ TEST(ComposedLayerEffects, RecomputeChangesNoValue) {
   LayerSpec gpt_like = theory::gpt_layer_spec();
   gpt_like.activation = Activation::squared_relu;
   gpt_like.qk_layernorm = true;
-  for (const LayerSpec& spec : {with_everything, gpt_like}) {
+  LayerSpec wide_heads = with_everything;
+  wide_heads.kv_channels = 12;  // a·d = 48 of h 32; RoPE on 6 of each head's 12
+  for (const LayerSpec& spec : {with_everything, gpt_like, wide_heads}) {
     LayerDims d{8, 2, 32, 4};
     d.spec = spec;
     for (Attention att : {Attention::unfused, Attention::fused}) {

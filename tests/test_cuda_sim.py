@@ -38,9 +38,11 @@ except ImportError:
     np = numpy_layer = composed = None
 # Combinations of the composed layer's options run here: qk-layernorm (LayerNorm, and RMSNorm with
 # dropout, GQA and fused attention) with squared-ReLU, squared-ReLU with a QKV bias alone, GQA with
-# partial RoPE, and every option with dropout.
+# partial RoPE, every option with dropout, and heads of --kv-channels wider than h/a (fused: the
+# kernels' padded head size) and narrower (unfused, GeLU with biases and dropout).
 SIM_COMBOS = ["layernorm_qk_squared_relu_fused", "dropout_fused_gqa_qk_squared_relu", "squared_relu_qkv_bias_no_rope",
-              "gqa2_half_rope", "everything_on"]
+              "gqa2_half_rope", "everything_on", "wide_heads_gqa_qk_half_rope_fused",
+              "narrow_heads_gelu_biases_dropout"]
 
 
 def has_zero_gradient(combo):
@@ -256,6 +258,19 @@ class CudaSimTest(unittest.TestCase):
         rec = {p: n for p, n in kernels["selective"].items() if p.startswith("recompute.")}
         self.assertEqual(list(rec), ["recompute.core_attn"])
         self.assertLessEqual(rec["recompute.core_attn"], kernels["selective"]["fwd.core_attn"])
+
+    def test_fused_attention_refuses_heads_wider_than_its_kernels_with_one_line(self):
+        # The fused kernels take heads of up to 128 channels (Gemma's 256 run unfused): exit 2,
+        # one error line naming the head size, no row.
+        out = os.path.join(self.tmp, "wide.csv")
+        r = subprocess.run([LAYER_RUN, "--backend", "cuda", "--attention", "fused", "--kv-channels", "256",
+                            "--seq", "16", "--batch", "1", "--config", "baseline", "--csv", out],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        errors = [l for l in r.stderr.splitlines() if l.startswith("layer_run: error:")]
+        self.assertEqual(len(errors), 1, r.stderr)
+        self.assertIn("head dim 256", errors[0])
+        self.assertFalse(os.path.exists(out))
 
     def test_launch_limits_of_the_simulated_device_are_the_drivers(self):
         # Fused attention at head size 128 needs more shared memory than an sm_86 block may

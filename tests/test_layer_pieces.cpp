@@ -3,7 +3,11 @@
 // recompute module's and each option's effect against a number worked out by hand here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/error.hpp"
@@ -240,6 +244,35 @@ TEST(LayerPiecesTheory, GroupedQueryAttentionShrinksKAndV) {
   }
 }
 
+// --kv-channels: each head's size d apart from h/a (Qwen3-0.6B: h 1024, a 16, d 128). q, k, v,
+// the q/k norms' inputs and the attention output scale with d; the a·s² tensors, the
+// log-sum-exp and every statistic count heads and rows only.
+TEST(LayerPiecesTheory, HeadSizeScalesTheHeadTensorsOnly) {
+  LayerSpec base = gpt_layer_spec();
+  base.kv_heads = 4;
+  base.qk_layernorm = true;
+  const std::vector<std::string> head_tensors = {"q_norm_input", "k_norm_input", "q", "k", "v", "proj_input"};
+  for (const auto& [kv_channels, scale] : std::vector<std::pair<double, double>>{{64, 0.5}, {256, 2}, {128, 1}})
+    for (Attention attention : {Attention::unfused, Attention::fused})
+      for (const LayerPolicy& c : {policy(Recompute::none, false, attention), policy(Recompute::none, true, attention),
+                                   selective(kCoreAttn, attention), selective({true, true, true}, attention, true)}) {
+        LayerSpec sized = base;
+        sized.kv_channels = kv_channels;  // kHand's h/a is 128
+        ByteCategories expected = layer_bytes_by_category(kHand, base, c);
+        for (auto& [name, bytes] : expected)
+          if (std::find(head_tensors.begin(), head_tensors.end(), name) != head_tensors.end()) bytes *= scale;
+        EXPECT_EQ(layer_bytes_by_category(kHand, sized, c), expected) << kv_channels << " " << config_name(c);
+        EXPECT_EQ(layer_extra_bytes(kHand, sized, c), layer_extra_bytes(kHand, base, c));
+      }
+  // By hand at d = 256: q is 2 bytes · s·b·a·d/t = 2 · 2048 · 4096 / 2, k a quarter of it (g 4 of a 16).
+  LayerSpec wide = base;
+  wide.kv_channels = 256;
+  const ByteCategories kept = layer_bytes_by_category(kHand, wide, LayerPolicy{});
+  EXPECT_EQ(bytes_of(kept, "q"), 8388608.0);
+  EXPECT_EQ(bytes_of(kept, "k"), 2097152.0);
+  EXPECT_EQ(bytes_of(kept, "softmax_out"), 2 * 16777216.0);
+}
+
 TEST(LayerPiecesTheory, ActivationsAndNorms) {
   const LayerPolicy none = policy(Recompute::none, false, Attention::unfused);
   LayerSpec swiglu = gpt_layer_spec(), squared = gpt_layer_spec(), rms = gpt_layer_spec();
@@ -334,6 +367,19 @@ TEST(LayerSpecTheory, CheckRefusesWhatCannotBeBuilt) {
   bad = gpt_layer_spec();
   bad.norm_epsilon = 0;
   EXPECT_THROW(check_layer_spec(d, bad), InvalidArgument);
+  for (double kv_channels : {-128.0, 2.5, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    bad = gpt_layer_spec();
+    bad.kv_channels = kv_channels;
+    try {
+      check_layer_spec(d, bad);
+      ADD_FAILURE() << "kv_channels " << kv_channels << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("kv-channels ", 0), 0u) << e.what();
+    }
+  }
+  bad = gpt_layer_spec();
+  bad.kv_channels = 96;  // any whole size, not only h/a
+  EXPECT_NO_THROW(check_layer_spec(d, bad));
   try {
     check_layer_spec(d, llama_layer_spec(12, 0));
   } catch (const InvalidArgument& e) {

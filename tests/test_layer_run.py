@@ -120,6 +120,10 @@ class LayerRunTest(unittest.TestCase):
                                                   "--recompute-num-layers", "2"],
             "recompute layers above the stack": ["--backend", "meta", "--config", "full", "--layers", "2",
                                                  "--recompute-method", "block", "--recompute-num-layers", "3"],
+            "negative kv-channels": ["--backend", "meta", "--kv-channels", "-8"],
+            "fractional kv-channels": ["--backend", "meta", "--kv-channels", "12.5"],
+            "kv-channels giving odd RoPE dims": ["--backend", "meta", "--arch", "llama", "--kv-channels", "6",
+                                                 "--rotary-percent", "0.5"],
         }
         for what, args in cases.items():
             with self.subTest(what):
@@ -205,7 +209,7 @@ class LayerRunTest(unittest.TestCase):
                  ["--seed", "-1"], ["--seed", "18446744073709551616"], ["--seed", "1e3"], ["--seed", "+5"]]
         for opt in ["--batch", "--seq", "--hidden", "--heads", "--tp", "--dropout", "--warmup", "--iters",
                     "--layers", "--seed", "--dump", "--cupti", "--memory-limit", "--config", "--model", "--backend",
-                    "--dtype", "--attention", "--link-gbps"]:
+                    "--dtype", "--attention", "--link-gbps", "--kv-channels"]:
             cases.append([opt, ""])
         for args in cases:
             what = " ".join(repr(a) for a in args)
@@ -224,12 +228,31 @@ class LayerRunTest(unittest.TestCase):
         self.assertEqual([row[k] for k in ("seq", "batch", "hidden", "heads", "seed", "dropout", "memory_limit_bytes")],
                          ["16", "1", "32", "2", "18446744073709551615", "0", str(3 << 29)])
 
+    def test_kv_channels_is_the_head_size_in_the_row_and_the_formula(self):
+        # tiny is h 64, a 4 (h/a = 16): d not given (or 0), given below and above h/a; a gpt
+        # spec with a given d is custom, as with a given g or F
+        bytes_at = {}
+        for given, d, arch in [([], "16", "gpt"), (["--kv-channels", "0"], "16", "gpt"),
+                               (["--kv-channels", "8"], "8", "custom"), (["--kv-channels", "48"], "48", "custom")]:
+            with self.subTest(given=given):
+                if os.path.exists(self.csv):
+                    os.remove(self.csv)
+                r = self.run_layer("--backend", "meta", "--config", "baseline", *given)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                (row,) = self.rows()
+                self.assertEqual((row["kv_channels"], row["arch"]), (d, arch))
+                self.assertEqual(row["act_bytes"], row["act_bytes_formula"])
+                bytes_at[d] = int(row["act_bytes"])
+        self.assertLess(bytes_at["8"], bytes_at["16"])
+        self.assertLess(bytes_at["16"], bytes_at["48"])
+
     def test_overflowing_shapes_are_refused_naming_the_quantity(self):
         cases = {
             "tokens (seq x batch)": ["--seq", "4294967296", "--batch", "4294967296"],
             "parameter": ["--hidden", "4294967296", "--heads", "4"],
             "tokens (seq x batch) ": ["--batch", "9223372036854775807"],
             "attention scores": ["--seq", "2147483648", "--heads", "4", "--batch", "2"],
+            "kv-channels": ["--kv-channels", "4611686018427387904"],
         }
         for needle, args in cases.items():
             with self.subTest(" ".join(args)):

@@ -57,6 +57,10 @@ COMBINATIONS = {
     "everything": dict(normalization="RMSNorm", qk_layernorm=True, activation="swiglu", add_qkv_bias=True,
                        hidden=16, heads=4, kv_heads=2, position_embedding="rope", rotary_percent=0.5,
                        rotary_base=500.0, attention_dropout=0.3, hidden_dropout=0.2, seed=7, seq=6),
+    # --kv-channels: heads wider than h/a (Qwen3: a·d = 2h) and narrower (a·d < h)
+    "qwen3_wide_heads": dict(RMS_NO_BIAS, activation="swiglu", hidden=8, heads=4, kv_heads=2, kv_channels=4,
+                             qk_layernorm=True, position_embedding="rope", rotary_percent=0.5, seq=4),
+    "gelu_biases_narrow_heads": dict(hidden=8, heads=2, kv_channels=3, attention_dropout=0.2, seed=5),
 }
 
 
@@ -158,6 +162,8 @@ class GradientTest(unittest.TestCase):
         self.assertTrue({0.0} < seen("attention_dropout") and {0.0} < seen("hidden_dropout"))
         self.assertTrue({1.0} < seen("rotary_percent"))
         groups = {(s.kv_heads == s.heads, s.kv_heads == 1) for s in specs}
+        self.assertEqual({(s.heads * s.kv_channels > s.hidden) - (s.heads * s.kv_channels < s.hidden)
+                          for s in specs}, {-1, 0, 1})  # a·d below, at and above h
         self.assertEqual(groups, {(True, False), (False, True), (False, False)})  # MHA, MQA, GQA
 
 
@@ -168,7 +174,13 @@ class ForwardPiecesTest(unittest.TestCase):
     def test_q_and_k_are_norm_then_rope_of_each_head(self):
         # head size d = 8, RoPE on its first R = 4 dims; element by element as the contract writes it
         d, a, g, R, base = 8, 4, 2, 4, 500.0
-        spec = nl.spec_from_json(layer_json(**dict(COMBINATIONS["everything"], hidden=a * d, rotary_base=base)))
+        for shape in [dict(hidden=a * d), dict(hidden=12, kv_channels=d)]:  # d = h/a, or given apart from h
+            with self.subTest(**shape):
+                options = dict(COMBINATIONS["everything"], rotary_base=base, **shape)
+                self.check_norm_then_rope(options, d, a, g, R, base)
+
+    def check_norm_then_rope(self, options, d, a, g, R, base):
+        spec = nl.spec_from_json(layer_json(**options))
         P, x, _ = random_problem(spec)
         _, cache = nl.layer_fwd(spec, P, x, nl.dropout_scales(spec))
         for t, bi, j in [(0, 0, 0), (3, 1, 2), (5, 0, 3)]:
@@ -296,6 +308,8 @@ class CheckerTest(unittest.TestCase):
                                ({"qk_layernorm": 1}, ["'qk_layernorm'"]),
                                ({"seq": 0}, ["'seq'"]), ({"hidden_dropout": 1.0}, ["'hidden_dropout'"]),
                                ({"kv_heads": 3}, ["heads 2 is not a multiple of kv_heads 3"]),
+                               ({"hidden": 9}, ["hidden 9 is not a multiple of heads 2"]),
+                               ({"kv_channels": 0}, ["'kv_channels'"]), ({"kv_channels": 2.5}, ["'kv_channels'"]),
                                ({"hidden": 12, "heads": 2, "position_embedding": "rope", "rotary_percent": 0.5},
                                 ["odd number of rotary dims"]),
                                ({"ffn_hidden": 13}, ["fc1.weight.npy", "shape (12, 8)", "(13, 8)"])]:

@@ -584,6 +584,9 @@ class SweepRuns(unittest.TestCase):
                   ({"model": "tiny", "arch": "llama", "rotary_percent": 0.25, "norm_epsilon": 0.1,
                     "hidden_dropout": 0.3},
                    ["--arch", "llama", "--rotary-percent", "0.25", "--norm-epsilon", "0.1", "--hidden-dropout", "0.3"]),
+                  # --kv-channels: d apart from h/a on both families (a gpt spec with it is custom)
+                  ({"model": "tiny", "kv_channels": 8}, ["--kv-channels", "8"]),
+                  ({"model": "llama3-8b", "kv_channels": 64, "kv_heads": 4}, ["--kv-heads", "4", "--kv-channels", "64"]),
                   ({"model": "tiny", "config": "selective"}, []),
                   ({"model": "tiny", "config": "selective", "recompute_modules": "layernorm,mlp"},
                    ["--recompute-modules", "layernorm,mlp"])]

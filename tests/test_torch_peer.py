@@ -237,7 +237,8 @@ class PeerCliTest(unittest.TestCase):
                "ffn_hidden": 128, "attention_dropout": 0.0, "hidden_dropout": 0.0}
         for what, meta in {"qk-layernorm": dict(llama, qk_layernorm=True), "squared relu": dict(gpt, activation="squared_relu"),
                            "gpt with GQA": dict(gpt, kv_heads=2), "partial rope": dict(llama, rotary_percent=0.5),
-                           "RMSNorm gpt": dict(gpt, normalization="RMSNorm")}.items():
+                           "RMSNorm gpt": dict(gpt, normalization="RMSNorm"),
+                           "llama with kv-channels": dict(llama, kv_channels=16)}.items():
             with self.subTest(what):
                 dump = os.path.join(self.tmp, "dump_" + what.replace(" ", "_"))
                 os.mkdir(dump)

@@ -7,19 +7,20 @@ namespace {
 // Elements per rank of each kind of tensor a layer keeps.
 struct Extents {
   double region;  // s·b·h split along s under SP: norm inputs/outputs, residual masks
-  double heads;   // s·b·h/t: a/t heads of h/a (q, the attention output)
-  double groups;  // s·b·h·g/a/t: g/t key/value heads
+  double heads;   // s·b·a·d/t: a/t heads of d (q, the attention output)
+  double groups;  // s·b·g·d/t: g/t key/value heads
   double ffn;     // s·b·F/t: one tensor of the MLP's width
   double scores;  // a·s²·b/t: one a·s² tensor of a/t heads
   double rows;    // a·s·b/t: one value per row of each head
 };
 
 Extents extents_of(const Dims& d, const LayerSpec& spec, LayerPolicy c) {
-  const double sb = d.s * d.b, t = d.t, r = c.sequence_parallel ? t : 1.0;
+  const double sb = d.s * d.b, t = d.t, r = c.sequence_parallel ? t : 1.0, head = spec.head_dim(d);
+  const double query_width = spec.kv_channels > 0 ? d.a * head : d.h;  // a·d, which is h when d = h/a
   // Each term multiplied out before dividing so that integer shapes give exact integers.
   return {.region = sb * d.h / r,
-          .heads = sb * d.h / t,
-          .groups = sb * spec.groups(d) * (d.h / d.a) / t,
+          .heads = sb * query_width / t,
+          .groups = sb * spec.groups(d) * head / t,
           .ffn = sb * spec.ffn(d) / t,
           .scores = d.a * d.s * sb / t,
           .rows = d.a * sb / t};

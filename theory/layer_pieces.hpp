@@ -6,20 +6,21 @@
 // docs/theory.md ("One layer, piece by piece") derives each row.
 //
 // e bytes per element, m per dropout-mask element, r = t under SP (else 1), g key/value heads,
-// F the MLP width; "unless" names the recompute module (selective) that frees the piece.
+// d the head size (kv_channels; h/a unless given, so a·d = h), F the MLP width; "unless" names
+// the recompute module (selective) that frees the piece.
 //
 //   category            kept by                                  bytes        kept when
 //   ln1_input           norm 1 (also layernorm's checkpoint)      e·sbh/r
 //   qkv_input           the QKV GEMM (norm 1's output)            e·sbh/r      unless layernorm
-//   q_norm_input        the q norm                                e·sbh/t      qk_layernorm
-//   k_norm_input        the k norm                                e·sbh·g/a/t  qk_layernorm
-//   q, k                scores GEMM / fused attention (after RoPE) e·sbh/t, e·sbh·g/a/t
+//   q_norm_input        the q norm                                e·sbad/t     qk_layernorm
+//   k_norm_input        the k norm                                e·sbgd/t     qk_layernorm
+//   q, k                scores GEMM / fused attention (after RoPE) e·sbad/t, e·sbgd/t
 //   attn_lse            fused attention: fp32 per row             4·asb/t      fused, unless core_attn
 //   softmax_out         softmax (and ·V when no dropout)          e·as²b/t     unfused, unless core_attn
 //   attn_dropout_mask   attention dropout                         m·as²b/t     same, attention_dropout > 0
 //   attn_dropout_out    ·V                                        e·as²b/t     same, attention_dropout > 0
-//   v                   ·V / fused attention                      e·sbh·g/a/t
-//   proj_input          the output projection                     e·sbh/t
+//   v                   ·V / fused attention                      e·sbgd/t
+//   proj_input          the output projection                     e·sbad/t
 //   attn_residual_mask  hidden dropout after attention           m·sbh/r      hidden_dropout > 0
 //   ln2_input           norm 2                                    e·sbh/r
 //   fc1_input           fc1 (norm 2's output; mlp's checkpoint)   e·sbh/r      unless layernorm
@@ -32,7 +33,8 @@
 //
 // Biases (add_bias_linear, add_qkv_bias), RoPE and rotary_percent keep nothing: a bias's
 // gradient is a sum of the output's gradient, and RoPE is a fixed rotation whose backward is
-// the inverse rotation.
+// the inverse rotation. The head size d changes only the head tensors: the a·s² tensors and
+// the per-row statistics count heads and rows, not d.
 #include <string>
 #include <utility>
 #include <vector>

@@ -53,6 +53,8 @@ void check_layer_spec(const Dims& d, const LayerSpec& spec) {
   require(divides(d.t, d.a) && divides(d.t, g), "the tensor-parallel size " + number(d.t) + " must divide" + heads +
                                                     " and the query groups (" + number(g) + ")");
   require(spec.ffn_hidden >= 0, "ffn-hidden-size must not be negative");
+  require(std::isfinite(spec.kv_channels) && spec.kv_channels >= 0 && std::floor(spec.kv_channels) == spec.kv_channels,
+          "kv-channels " + number(spec.kv_channels) + " must be a whole number of channels per head, or 0 for hidden / heads");
   require(spec.norm_epsilon > 0, "norm-epsilon must be above 0");
   require(spec.attention_dropout >= 0 && spec.attention_dropout < 1, "attention-dropout must lie in [0, 1)");
   require(spec.hidden_dropout >= 0 && spec.hidden_dropout < 1, "hidden-dropout must lie in [0, 1)");

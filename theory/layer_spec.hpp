@@ -52,7 +52,7 @@ LayerSpec preset_layer_spec(const ModelRow& row);
 
 // One line (InvalidArgument) naming the option when the spec cannot be built at this shape:
 // g must divide a, t must divide a and g, epsilon > 0, dropouts in [0, 1), rotary_percent in
-// (0, 1], F >= 0.
+// (0, 1], F >= 0, kv_channels a whole number >= 0.
 void check_layer_spec(const Dims& d, const LayerSpec& spec);
 
 const char* norm_name(Norm n);                // "LayerNorm" | "RMSNorm" (Megatron's spelling)

@@ -5,10 +5,10 @@
 
 Recomputes y, dx and every parameter gradient from the dumped x, dy and parameters and
 compares. The layer is the one layer.json describes, any combination of its options: pre-norm
-(LayerNorm or RMSNorm), optional QK-norm, grouped-query causal attention with optional
-rotate-half RoPE, GeLU (tanh) / SwiGLU / squared-ReLU MLP, optional biases, and dropout on the
-attention probabilities and on both block outputs with the masks of runtime/philox.hpp
-reproduced here. Exit status 0 when every tensor matches, 1 otherwise (one line per tensor
+(LayerNorm or RMSNorm), optional QK-norm, grouped-query causal attention of any head size
+(kv_channels) with optional rotate-half RoPE, GeLU (tanh) / SwiGLU / squared-ReLU MLP,
+optional biases, and dropout on the attention probabilities and on both block outputs with
+the masks of runtime/philox.hpp reproduced here. Exit status 0 when every tensor matches, 1 otherwise (one line per tensor
 either way); 2 with one error line when the folder or --rtol is unusable.
 
 Functions for tests: spec_from_json, param_shapes, dropout_scales, forward, layer, check,
@@ -62,7 +62,11 @@ LAYER_KEYS = {
     "attention_dropout": lambda v: _real(v) and 0 <= v < 1, "hidden_dropout": lambda v: _real(v) and 0 <= v < 1,
 }
 
-LayerSpec = namedtuple("LayerSpec", list(LAYER_KEYS))
+# Keys a dump made before them lacks, with their meaning then: kv_channels (d, each head's size)
+# was hidden / heads.
+OPTIONAL_KEYS = {"kv_channels": _natural}
+
+LayerSpec = namedtuple("LayerSpec", list(LAYER_KEYS) + list(OPTIONAL_KEYS))
 
 
 def spec_from_json(meta, where="layer.json"):
@@ -74,10 +78,14 @@ def spec_from_json(meta, where="layer.json"):
             raise ValueError("%s: missing key %r" % (where, key))
         if not valid(meta[key]):
             raise ValueError("%s: %r has the unusable value %s" % (where, key, json.dumps(meta[key])))
-    spec = LayerSpec(**{key: meta[key] for key in LAYER_KEYS})
-    d = spec.hidden // spec.heads
-    if spec.hidden % spec.heads:
-        raise ValueError("%s: hidden %d is not a multiple of heads %d" % (where, spec.hidden, spec.heads))
+    for key, valid in OPTIONAL_KEYS.items():
+        if key in meta and not valid(meta[key]):
+            raise ValueError("%s: %r has the unusable value %s" % (where, key, json.dumps(meta[key])))
+    if "kv_channels" not in meta and meta["hidden"] % meta["heads"]:
+        raise ValueError("%s: hidden %d is not a multiple of heads %d" % (where, meta["hidden"], meta["heads"]))
+    spec = LayerSpec(**{key: meta[key] for key in LAYER_KEYS},
+                     kv_channels=meta.get("kv_channels", meta["hidden"] // meta["heads"]))
+    d = head_dim(spec)
     if spec.heads % spec.kv_heads:
         raise ValueError("%s: heads %d is not a multiple of kv_heads %d" % (where, spec.heads, spec.kv_heads))
     if spec.position_embedding == "rope" and rotary_dims(spec) % 2:
@@ -87,7 +95,8 @@ def spec_from_json(meta, where="layer.json"):
 
 
 def head_dim(spec):
-    return spec.hidden // spec.heads
+    """d, each head's size: QKV has (a + 2g)·d outputs, the projection a·d inputs (a·d need not be h)."""
+    return spec.kv_channels
 
 
 def rotary_dims(spec):

@@ -845,8 +845,10 @@ def dump_family(meta, folder):
         if meta.get(key, 0) != 0:
             raise BadInput("the dump in '%s' has %s %s; --check-against needs a dump made with --dropout 0"
                            % (folder, key, meta[key]))
+    # Both families' heads are hidden / heads wide (a dump before the kv_channels key has those).
+    heads_of_h_over_a = "kv_channels" not in meta or meta["kv_channels"] * meta.get("heads", 0) == meta.get("hidden")
     for family, options in PEER_FAMILIES.items():
-        if all(meta.get(k) == v for k, v in options.items()):
+        if heads_of_h_over_a and all(meta.get(k) == v for k, v in options.items()):
             if family == "gpt" and (meta.get("kv_heads") != meta.get("heads")
                                     or meta.get("ffn_hidden") != 4 * meta.get("hidden", 0)):
                 break
