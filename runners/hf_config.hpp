@@ -1,19 +1,23 @@
 #pragma once
-// A Hugging Face config.json of a LLaMA-style model, read with nlohmann::json. Only what the
-// llama family (--arch llama) can express is accepted; anything else is one clear error
-// (InvalidArgument): another activation than SiLU, biases, mixture-of-experts keys, ...
+// A Hugging Face config.json of a dense decoder model, read with nlohmann::json into the
+// whole-model type (theory/transformer_model.hpp). The families read are llama, mistral,
+// qwen2 (Qwen2 and Qwen2.5), qwen3 (dense) and gemma, each as transformers builds it; what the
+// layer spec (theory/layer_spec.hpp) cannot express is one clear error (InvalidArgument)
+// naming the key: another activation than SiLU, experts, latent attention, a sliding window in
+// effect, logit soft-capping, biases on some linears but not others, another model_type.
 // Every key the reader uses is checked like a flag: its JSON type and the bounds below.
 #include <cstdint>
 #include <limits>
 #include <string>
 
 #include "runners/run_args.hpp"
+#include "theory/transformer_model.hpp"
 
 namespace actbench {
 
-// The bounds of the llama family's numbers, for the config's keys and layer_run's flags alike.
-// Each lies far beyond any published model and far below where a count stops fitting 64 bits
-// or a loop over it stops ending; outside them a value is a mistake, not a model.
+// The bounds of a model's numbers, for the config's keys and layer_run's flags alike. Each
+// lies far beyond any published model and far below where a count stops fitting 64 bits or a
+// loop over it stops ending; outside them a value is a mistake, not a model.
 constexpr int64_t kMaxModelWidth = int64_t{1} << 20;      // hidden_size, intermediate_size, heads, head_dim
 constexpr int64_t kMaxModelLayers = kMaxLayers;           // num_hidden_layers (run_args.hpp)
 constexpr int64_t kMaxVocab = int64_t{1} << 24;           // vocab_size
@@ -29,10 +33,11 @@ constexpr double kMinRopeTheta = 1.0, kMaxRopeTheta = 1e12;
 std::string real_range_text(double min, double max);
 
 struct HfModelConfig {
-  std::string name;  // model_type and file, for the CSV's model column
-  int64_t hidden = 0, heads = 0, kv_heads = 0, ffn_hidden = 0, layers = 0, vocab = 0;
-  int64_t max_positions = 0;  // the default sequence length
-  double rms_norm_eps = 1e-5, rope_theta = 10000.0;
+  // name "model_type:folder" (the CSV's model column); h, a, L, vocab (vocab_divisible_by 1:
+  // a converted checkpoint keeps its rows); seq = max_positions = max_position_embeddings;
+  // RoPE inside the layer, no learned positions; tied_embeddings from tie_word_embeddings
+  // (the family's default when absent); the layer from the family and its keys.
+  theory::TransformerModel model;
 };
 
 // The file is opened through read_user_file (a folder or a FIFO is refused at once). Throws

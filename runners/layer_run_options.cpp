@@ -166,8 +166,8 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
     value(names, field, help, false);
   });
   value("--hf-config", a.hf_config,
-        "a Hugging Face config.json of a LLaMA-style model (sets --arch llama; instead of --model and the shape "
-        "flags the file defines)",
+        "a Hugging Face config.json of a llama, mistral, qwen2, qwen3 or gemma model: its shape and layer spec "
+        "(instead of --model and the flags the file defines)",
         false);
   return given;
 }
@@ -212,7 +212,7 @@ void take_hf_config(const GivenOptions& given, LayerRunOptions& o) {
       throw InvalidArgument(all_names(given, flag) + " cannot be combined with --hf-config: the config file defines " +
                             what);
   o.hf = read_hf_config(o.hf_config);
-  o.model = o.hf->name;
+  o.model = o.hf->model.name;
 }
 
 // A bounded real flag: the same bounds as the config's key (hf_config.hpp).
@@ -303,23 +303,34 @@ void take_recompute_values(const Args& a, const GivenOptions& given, LayerRunOpt
                           "--sequence-parallel: those name the one configuration to run");
 }
 
-// --hf-config's model as a layer: its own default sequence length, one sequence per batch.
-LayerDims hf_dims(const HfModelConfig& c) {
+// --hf-config's model as a layer: the config's spec, its own default sequence length, one
+// sequence per batch.
+LayerDims hf_dims(const HfModelConfig& c, const std::string& path) {
+  const theory::TransformerModel& m = c.model;
   LayerDims dims;
-  dims.spec = theory::llama_layer_spec(double(c.kv_heads), double(c.ffn_hidden), c.rope_theta,
-                                       double(static_cast<float>(c.rms_norm_eps)));
-  dims.h = c.hidden;
-  dims.a = c.heads;
-  dims.s = c.max_positions;
+  dims.spec = m.layer;
+  dims.spec.norm_epsilon = double(static_cast<float>(m.layer.norm_epsilon));  // the float32 the layers use
+  dims.h = static_cast<int64_t>(m.h);
+  dims.a = static_cast<int64_t>(m.a);
+  dims.s = static_cast<int64_t>(m.seq);
   dims.b = 1;
+  // The layers compute each head at LayerDims::head_dim(); where that is not the config's
+  // head_dim they would run another layer than the file describes.
+  if (m.layer.kv_channels > 0 && dims.head_dim() != static_cast<int64_t>(m.layer.kv_channels))
+    throw InvalidArgument("--hf-config " + path + ": \"head_dim\" " + std::to_string(int64_t(m.layer.kv_channels)) +
+                          " is not hidden_size / num_attention_heads: layer_run does not run such a layer yet");
   return dims;
 }
 
 // The spec: the model's preset (or --arch's; a llama model stays llama), then the flags' edits.
+// A config file defines its layer: --arch may only name the family it already is.
 void apply_spec_options(const LayerRunOptions& o, LayerDims& dims) {
   const bool llama_model = spec_family(dims.spec) == "llama";
   if (!o.arch.empty()) {
     const Arch a = parse_arch(o.arch);
+    if (o.hf && spec_family(dims.spec) != arch_name(a))
+      throw InvalidArgument("--arch " + o.arch + " cannot be combined with --hf-config " + o.hf_config +
+                            ": the config file defines the layer, which is not the " + o.arch + " preset's");
     if (a == Arch::gpt && llama_model) throw InvalidArgument("--arch gpt with a llama model (" + o.model + ")");
     if (a == Arch::llama && !llama_model) dims.spec = theory::llama_layer_spec(0, 0);
   }
@@ -352,7 +363,7 @@ void resolve_tp(LayerRunOptions& o, const ModelPreset* preset, int world) {
 
 // The model's shape (the config file's or the preset's) under the shape and family flags.
 LayerDims resolve_dims(LayerRunOptions& o, const ModelPreset* preset) {
-  LayerDims dims = preset ? preset->dims : hf_dims(*o.hf);
+  LayerDims dims = preset ? preset->dims : hf_dims(*o.hf, o.hf_config);
   if (o.hidden) dims.h = o.hidden;
   if (o.heads) dims.a = o.heads;
   if (o.seq) dims.s = o.seq;

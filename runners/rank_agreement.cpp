@@ -139,13 +139,19 @@ std::string exact_text(double v) {
 }
 
 // What a --hf-config file says, not its name: ranks started in different working folders read
-// different files under one name.
+// different files under one name. Every field of the model and of its layer, exactly.
 std::string hf_config_contents(const std::optional<HfModelConfig>& c) {
   if (!c) return "";
-  std::string text = c->name;
-  for (int64_t v : {c->hidden, c->heads, c->kv_heads, c->ffn_hidden, c->layers, c->vocab, c->max_positions})
-    text.append(" ").append(std::to_string(v));
-  for (double v : {c->rms_norm_eps, c->rope_theta}) text.append(" ").append(exact_text(v));
+  const theory::TransformerModel& m = c->model;
+  const theory::LayerSpec& s = m.layer;
+  auto code = [](auto e) { return static_cast<double>(static_cast<int>(e)); };
+  std::string text = m.name;
+  for (double v : {m.h, m.a, m.L, m.vocab, m.vocab_divisible_by, m.seq, m.max_positions, code(m.learned_positions),
+                   code(m.tied_embeddings), code(s.normalization), s.norm_epsilon, code(s.qk_layernorm),
+                   code(s.activation), s.ffn_hidden, code(s.add_bias_linear), code(s.add_qkv_bias), s.kv_heads,
+                   s.kv_channels, code(s.position), s.rotary_percent, s.rotary_base, s.attention_dropout,
+                   s.hidden_dropout})
+    text.append(" ").append(exact_text(v));
   return text;
 }
 

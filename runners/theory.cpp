@@ -48,29 +48,33 @@ using namespace actbench::theory;
 
 namespace {
 
-// The Hugging Face config's model (a LLaMA-style one, untied).
-TransformerModel hf_model(const HfModelConfig& c) {
-  TransformerModel m;
-  m.name = c.name;
-  m.h = double(c.hidden), m.a = double(c.heads), m.L = double(c.layers);
-  m.vocab = double(c.vocab);
-  m.seq = m.max_positions = double(c.max_positions);
-  m.learned_positions = false;
-  m.tied_embeddings = false;
-  m.layer = llama_layer_spec(double(c.kv_heads), double(c.ffn_hidden), c.rope_theta, c.rms_norm_eps);
-  return m;
+// llama-table's closed forms are the llama layer's (theory/llama_memory.hpp): a config whose
+// layer is another (Qwen's QKV biases or q/k norms, a head_dim other than h/a, biases,
+// attention dropout) is refused rather than tabled as llama.
+void require_llama_layer(const TransformerModel& m, const std::string& hf_config) {
+  const LayerSpec& s = m.layer;
+  const std::string other = s.qk_layernorm            ? "q/k RMSNorm (model_type qwen3)"
+                            : s.add_qkv_bias          ? "QKV biases (model_type qwen2)"
+                            : s.add_bias_linear       ? "biases (attention_bias, mlp_bias)"
+                            : s.kv_channels > 0       ? "a head_dim other than hidden_size / num_attention_heads"
+                            : s.attention_dropout > 0 ? "attention_dropout"
+                                                      : "";
+  if (!other.empty())
+    throw InvalidArgument("--hf-config " + hf_config + " (" + m.name + "): llama-table does not yet model " + other +
+                          "; theory plan and theory memory do");
 }
 
 // A model from --model (a llama preset or a paper GPT model) or --hf-config (one of them is
 // given: theory_options.cpp).
 TransformerModel model_of(const std::string& name, const std::string& hf_config) {
-  if (!hf_config.empty()) return hf_model(read_hf_config(hf_config));
+  if (!hf_config.empty()) return read_hf_config(hf_config).model;
   return named("--model", [&] { return plan_model(name); });
 }
 
 // theory llama-table: the category table of one model, like Table 2, for every configuration.
 int run_llama_table(const TheoryOptions& a) {
   const TransformerModel m = model_of(a.model, a.hf_config);
+  if (!a.hf_config.empty()) require_llama_layer(m, a.hf_config);
   if (m.learned_positions) throw InvalidArgument("--model " + m.name + " is a GPT model: its table is table2.csv (theory --out)");
   const double s = a.seq > 0 ? static_cast<double>(a.seq) : m.seq, batch = static_cast<double>(a.batch);
   if (std::fmod(m.a, a.tp) != 0 || std::fmod(m.layer.kv_heads > 0 ? m.layer.kv_heads : m.a, a.tp) != 0)
@@ -255,7 +259,7 @@ MegatronRun memory_run(const TheoryOptions& a) {
     base = preset_model(row);
     apply_megatron_words(preset_words(row), true, here, flags);
   } else if (!a.hf_config.empty()) {
-    base = hf_model(read_hf_config(a.hf_config));
+    base = read_hf_config(a.hf_config).model;
     apply_megatron_words({"--bf16", "--seq-length", fmt(base->seq)}, true, here, flags);
   } else {
     flags = read_megatron_args(a.megatron_args);

@@ -438,20 +438,23 @@ std::string with(const std::string& from, const std::string& to) {
 }  // namespace
 
 TEST(HfConfig, ReadsALlama3Config) {
-  const HfModelConfig c = read_hf_config(write_config("llama3-70b", kLlama3_70b));
-  EXPECT_EQ(c.hidden, 8192);
-  EXPECT_EQ(c.heads, 64);
-  EXPECT_EQ(c.kv_heads, 8);
-  EXPECT_EQ(c.ffn_hidden, 28672);
-  EXPECT_EQ(c.layers, 80);
-  EXPECT_EQ(c.vocab, 128256);
-  EXPECT_EQ(c.max_positions, 8192);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
-  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  const theory::TransformerModel m = read_hf_config(write_config("llama3-70b", kLlama3_70b)).model;
+  EXPECT_EQ(m.name, "llama:llama3-70b");
+  EXPECT_EQ(m.h, 8192);
+  EXPECT_EQ(m.a, 64);
+  EXPECT_EQ(m.layer.kv_heads, 8);
+  EXPECT_EQ(m.layer.ffn_hidden, 28672);
+  EXPECT_EQ(m.L, 80);
+  EXPECT_EQ(m.vocab, 128256);
+  EXPECT_EQ(m.seq, 8192);
+  EXPECT_DOUBLE_EQ(m.layer.rotary_base, 500000.0);
+  EXPECT_DOUBLE_EQ(m.layer.norm_epsilon, 1e-5);
   const LayerDims& preset = find_preset("llama3-70b").dims;
-  EXPECT_EQ(preset.h, c.hidden);
-  EXPECT_EQ(preset.groups(), c.kv_heads);
-  EXPECT_EQ(preset.ffn(), c.ffn_hidden);
+  EXPECT_EQ(preset.h, m.h);
+  EXPECT_EQ(preset.groups(), m.layer.kv_heads);
+  EXPECT_EQ(preset.ffn(), m.layer.ffn_hidden);
+  // the preset's layer, at the file's epsilon
+  EXPECT_EQ(m.layer, theory::llama_layer_spec(8, 28672, 500000.0, 1e-5));
 }
 
 TEST(HfConfig, RefusesWhatTheFamilyCannotExpress) {
@@ -475,7 +478,9 @@ TEST(HfConfig, EveryKeyHasItsTypeAndBounds) {
   refuses("float", with("\"hidden_size\": 8192", "\"hidden_size\": 8192.0"), "\"hidden_size\" must be an integer");
   refuses("bias", with("\"mlp_bias\": false", "\"mlp_bias\": 0"), "\"mlp_bias\" must be true or false");
   // null is the key's default, as in Hugging Face
-  EXPECT_EQ(read_hf_config(write_config("null", with("\"num_key_value_heads\": 8", "\"num_key_value_heads\": null"))).kv_heads, 64);
+  EXPECT_EQ(read_hf_config(write_config("null", with("\"num_key_value_heads\": 8", "\"num_key_value_heads\": null")))
+                .model.layer.kv_heads,
+            64);
 }
 
 TEST(HfConfig, TheBoundsHoldEveryPreset) {

@@ -39,6 +39,35 @@ LLAMA3_8B = {
 }
 
 
+# Published config.json files (tests/fixtures/hf): the families --hf-config reads, with the
+# spec columns each row must show, and those it refuses, with what the one line must say.
+HF_FIXTURES = os.path.join(HERE, "fixtures", "hf")
+HF_READ = {
+    "Llama-3.1-8B": dict(model="llama:Llama-3.1-8B", arch="llama", hidden="4096", heads="32", kv_heads="8",
+                         ffn_hidden="14336", norm_epsilon="1e-05", rotary_base="500000", qk_layernorm="0",
+                         add_bias_linear="0", add_qkv_bias="0"),
+    "Mistral-7B-v0.3": dict(model="mistral:Mistral-7B-v0.3", arch="llama", hidden="4096", heads="32", kv_heads="8",
+                            ffn_hidden="14336", norm_epsilon="1e-05", rotary_base="1000000", qk_layernorm="0",
+                            add_bias_linear="0", add_qkv_bias="0"),
+    "Qwen2.5-7B": dict(model="qwen2:Qwen2.5-7B", arch="custom", hidden="3584", heads="28", kv_heads="4",
+                       ffn_hidden="18944", norm_epsilon="1e-06", rotary_base="1000000", qk_layernorm="0",
+                       add_bias_linear="0", add_qkv_bias="1"),
+    "Qwen3-8B": dict(model="qwen3:Qwen3-8B", arch="custom", hidden="4096", heads="32", kv_heads="8",
+                     ffn_hidden="12288", norm_epsilon="1e-06", rotary_base="1000000", qk_layernorm="1",
+                     add_bias_linear="0", add_qkv_bias="0"),
+}
+HF_REFUSED = {
+    "Mistral-7B-v0.1": '"sliding_window" is 4096',
+    "gemma-2b": '"hidden_activation" is "gelu_pytorch_tanh"',
+    "Qwen3-30B-A3B": '"num_experts" is 128',
+    "Mixtral-8x7B-v0.1": '"num_local_experts" is 8',
+}
+
+
+def hf_fixture(model):
+    return os.path.join(HF_FIXTURES, model, "config.json")
+
+
 def llama_bytes(s, b, h, a, g, F, t, config, attention="unfused"):
     """Bytes one llama layer keeps per rank, 16-bit activations, counted tensor by tensor from the
     issue's list (independently of the C++ theory)."""
@@ -157,7 +186,7 @@ class LlamaCliTest(unittest.TestCase):
             ("vocab_size", 2 ** 40), ("vocab_size", 0), ("vocab_size", "128256"),
             ("max_position_embeddings", 2 ** 40), ("max_position_embeddings", 0), ("max_position_embeddings", -5),
             ("max_position_embeddings", "8192"),
-            ("head_dim", "128"), ("head_dim", 2 ** 62), ("head_dim", 0), ("head_dim", 64),
+            ("head_dim", "128"), ("head_dim", 2 ** 62), ("head_dim", 0),
             ("attention_bias", "no"), ("attention_bias", 1), ("mlp_bias", [False]),
             ("model_type", 5), ("model_type", ""), ("model_type", "x" * 100), ("model_type", "lla,ma"),
             ("model_type", "llama\nnext"),
@@ -319,6 +348,83 @@ class LlamaCliTest(unittest.TestCase):
         r = self.run_layer("--backend", "meta", "--hf-config", path, "--config", "full")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(self.rows()[0]["seq"], "8192")
+
+    # ---- --hf-config: each family's published config ----
+    def test_hf_config_families_run_with_their_spec_columns(self):
+        for model, columns in HF_READ.items():
+            with self.subTest(model):
+                self.fresh_csv()
+                r = self.run_quick("--backend", "meta", "--hf-config", hf_fixture(model), "--seq", "256",
+                                   "--config", "baseline,selective")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                for row in self.rows():
+                    self.assertEqual({k: row[k] for k in columns}, columns)
+                    self.assertEqual((row["seq"], row["normalization"], row["activation"], row["position_embedding"],
+                                      row["attention_dropout"], row["hidden_dropout"]),
+                                     ("256", "RMSNorm", "swiglu", "rope", "0", "0"))
+                    self.assertEqual(float(row["act_bytes"]), float(row["act_bytes_formula"]), row["config"])
+
+    def test_hf_config_families_the_spec_cannot_express_are_refused(self):
+        for model, words in HF_REFUSED.items():
+            path = hf_fixture(model)
+            with self.subTest(model):
+                self.assert_refused(self.run_quick("--backend", "meta", "--hf-config", path), model, path, words)
+                r = subprocess.run([THEORY, "llama-table", "--hf-config", path], capture_output=True, text=True,
+                                   timeout=20)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                self.assertTrue(r.stderr.startswith("theory: error: --hf-config " + path + ": "), r.stderr)
+                self.assertIn(words, r.stderr)
+
+    def test_hf_config_defines_the_layer_that_arch_would_replace(self):
+        # --arch may restate the config's family, never replace its layer
+        path = hf_fixture("Qwen3-8B")
+        r = self.run_quick("--backend", "meta", "--hf-config", path, "--seq", "64", "--arch", "llama")
+        self.assert_refused(r, "--arch llama on qwen3", "--arch llama", "--hf-config", path)
+        r = self.run_quick("--backend", "meta", "--hf-config", hf_fixture("Llama-3.1-8B"), "--arch", "gpt")
+        self.assert_refused(r, "--arch gpt on llama", "--arch gpt", "--hf-config")
+
+    def test_hf_config_head_dim_the_layers_do_not_run_yet_is_refused(self):
+        # Qwen3-0.6B: head_dim 128 at hidden 1024 / 16 heads. The reader takes it (kv_channels);
+        # layer_run refuses it while the layers compute each head at hidden / heads.
+        path = hf_fixture("Qwen3-0.6B")
+        self.assert_refused(self.run_quick("--backend", "meta", "--hf-config", path, "--seq", "64"), "Qwen3-0.6B",
+                            path, '"head_dim" 128')
+
+    @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
+    def test_hf_config_qwen_layers_on_cpu_match_numpy(self):
+        """Qwen2's QKV biases and Qwen3's q/k norms as the cpu backend runs them from the config,
+        at a small width (the published shape keys scaled down, every other key the file's)."""
+        small = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                     head_dim=16, num_hidden_layers=2)
+        for model, present in [("Qwen2.5-7B", "grad.qkv.bias"), ("Qwen3-8B", "grad.q_norm.weight")]:
+            with self.subTest(model):
+                with open(hf_fixture(model)) as f:
+                    cfg = dict(json.load(f), **small)
+                if model == "Qwen2.5-7B":
+                    del cfg["head_dim"]
+                folder = os.path.join(self.tmp, model)
+                os.makedirs(folder)
+                path = os.path.join(folder, "config.json")
+                with open(path, "w") as f:
+                    json.dump(cfg, f)
+                dump = os.path.join(self.tmp, "dump_" + model)
+                self.fresh_csv()
+                r = self.run_quick("--backend", "cpu", "--hf-config", path, "--seq", "12", "--batch", "2",
+                                   "--dtype", "fp32", "--config", "baseline", "--dump", dump)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                with open(os.path.join(dump, "layer.json")) as f:
+                    meta = json.load(f)
+                self.assertEqual((meta["add_qkv_bias"], meta["qk_layernorm"], meta["add_bias_linear"]),
+                                 (model == "Qwen2.5-7B", model == "Qwen3-8B", False))
+                results = numpy_layer.check(dump, rtol=1e-4)
+                self.assertIn(present, [name for name, *_ in results])
+                for name, err, scale, ok in results:
+                    self.assertTrue(ok, "%s: max|err| %.3e vs max|ref| %.3e" % (name, err, scale))
+                row = self.rows()[0]
+                self.assertEqual((row["model"], row["add_qkv_bias"], row["qk_layernorm"]),
+                                 (cfg["model_type"] + ":" + model, meta["add_qkv_bias"] and "1" or "0",
+                                  meta["qk_layernorm"] and "1" or "0"))
 
     def check_dump(self, dump, heads, kv_heads):
         with open(os.path.join(dump, "layer.json")) as f:
