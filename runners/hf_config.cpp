@@ -1,6 +1,5 @@
 #include "runners/hf_config.hpp"
 
-#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -213,9 +212,10 @@ void refuse_sliding_windows(const ConfigKeys& keys, const Family& f) {
   const char* const key = "sliding_window";
   if (const json* w = keys.find(key); w && !(w->is_number() && w->get<double>() == 0)) {
     const std::string window = "attention over the last " + keys.shown(key) + " tokens only";
-    if (!f.window_switch) keys.fail(key, "is " + keys.shown(key) + ": " + window + ", which the layer spec does not express");
+    const std::string unexpressed = ", which the layer spec does not express";
+    if (!f.window_switch) keys.fail(key, "is " + keys.shown(key) + ": " + window + unexpressed);
     if (keys.boolean("use_sliding_window"))
-      keys.fail("use_sliding_window", "is true: " + window + " (\"sliding_window\"), which the layer spec does not express");
+      keys.fail("use_sliding_window", "is true: " + window + " (\"sliding_window\")" + unexpressed);
   }
   if (const json* types = keys.find("layer_types")) {
     if (!types->is_array()) keys.fail("layer_types", "must be a list, got " + keys.shown("layer_types"));

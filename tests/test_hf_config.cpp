@@ -18,7 +18,9 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string fixture(const std::string& model) { return std::string(ACTBENCH_HF_FIXTURES) + "/" + model + "/config.json"; }
+std::string fixture(const std::string& model) {
+  return std::string(ACTBENCH_HF_FIXTURES) + "/" + model + "/config.json";
+}
 
 theory::TransformerModel read(const std::string& model) { return read_hf_config(fixture(model)).model; }
 
@@ -149,10 +151,9 @@ TEST(HfConfigFamilies, TheOtherKeysLandInTheSpec) {
   // a head size that does not split hidden_size evenly is read with head_dim
   EXPECT_EQ(read_edited("Qwen3-8B", {{"hidden_size", 4001}}).layer.kv_channels, 128);
   // transformers 5 keeps RoPE's keys in rope_parameters
+  const json rope_parameters = {{"rope_theta", 250000.0}, {"rope_type", "default"}, {"partial_rotary_factor", 0.25}};
   const theory::TransformerModel v5 = read_edited(
-      "Llama-3.1-8B", {{"rope_theta", nullptr},
-                       {"rope_scaling", nullptr},
-                       {"rope_parameters", {{"rope_theta", 250000.0}, {"rope_type", "default"}, {"partial_rotary_factor", 0.25}}}});
+      "Llama-3.1-8B", {{"rope_theta", nullptr}, {"rope_scaling", nullptr}, {"rope_parameters", rope_parameters}});
   EXPECT_EQ(v5.layer.rotary_base, 250000.0);
   EXPECT_EQ(v5.layer.rotary_percent, 0.25);
   // every kind of rope_scaling is read (it changes no byte)
