@@ -525,6 +525,22 @@ class TheoryLlamaTest(unittest.TestCase):
         with open(a) as fa, open(b) as fb:
             self.assertEqual(strip(csv.DictReader(fa)), strip(csv.DictReader(fb)))
 
+    def test_hf_config_families_the_planner_reads(self):
+        # a llama-shaped config of another family is planned; a layer PlanModel cannot carry
+        # (QKV biases, q/k norms) is one line saying so
+        r = self.theory("llama-table", "--hf-config", hf_fixture("Mistral-7B-v0.3"), "--seq", "4096")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(r.stdout.startswith("mistral:Mistral-7B-v0.3: s=4096 b=1 h=4096 a=32 g=8 F=14336"), r.stdout)
+        for model, what in [("Qwen2.5-7B", "QKV biases"), ("Qwen3-8B", "q/k RMSNorm")]:
+            with self.subTest(model):
+                path = hf_fixture(model)
+                for args in (["llama-table"], ["plan", "--gpus", "8", "--global-batch", "8"]):
+                    r = self.theory(args[0], "--hf-config", path, *args[1:])
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                    self.assertIn(path, r.stderr)
+                    self.assertIn("do not yet model " + what, r.stderr)
+
     def test_llama_table_prints_the_categories(self):
         r = self.theory("llama-table", "--model", "llama3-8b", "--seq", "4096")
         self.assertEqual(r.returncode, 0, r.stderr)
