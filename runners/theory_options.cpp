@@ -132,7 +132,7 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   const unsigned both = kFit | kSearch;
   const std::string gpus = std::to_string(theory::kMaxPlanGpus);
   opts.value(plan, "--model", both, "22b | 175b | 530b | 1t; with --gpus also llama3-8b | llama3-70b | llama3-405b");
-  opts.value(plan, "--hf-config", kSearch, "with --gpus: a Hugging Face config.json of a LLaMA-style model");
+  opts.value(plan, "--hf-config", kSearch, "with --gpus: a Hugging Face config.json (docs/hf_config.md)");
   opts.value(plan, "--gpus", kSearch,
              "search every layout of this many GPUs, 1.." + gpus + " (chooses the layout search)");
   opts.value(
@@ -158,7 +158,7 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
       *app.add_subcommand("llama-table", "the llama family's Table 2: bytes per category and configuration");
   apps.llama_table = &table;
   opts.value(table, "--model", kLlamaTable, "llama3-8b | llama3-70b | llama3-405b");
-  opts.value(table, "--hf-config", kLlamaTable, "a Hugging Face config.json of a LLaMA-style model");
+  opts.value(table, "--hf-config", kLlamaTable, "a Hugging Face config.json of a llama-layer model (docs/hf_config.md)");
   opts.value(table, "--tp", kLlamaTable, "tensor-parallel size", "1");
   opts.value(table, "--seq", kLlamaTable,
              "sequence length, 1.." + std::to_string(kMaxTheorySeq) + " (default: the model's)");

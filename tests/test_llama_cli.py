@@ -518,28 +518,52 @@ class TheoryLlamaTest(unittest.TestCase):
             json.dump(LLAMA3_8B, f)
         a = os.path.join(self.tmp, "a.csv")
         b = os.path.join(self.tmp, "b.csv")
-        common = ["--gpu", "b200", "--gpus", "16", "--seq", "8192", "--global-batch", "64", "--distributed-optimizer"]
+        # The config keeps its 128256 rows; the preset pads them to a multiple of 128·t as
+        # Megatron does, which adds none for t <= 2: on 2 GPUs every layout agrees.
+        common = ["--gpu", "b200", "--gpus", "2", "--seq", "8192", "--global-batch", "64", "--distributed-optimizer"]
         self.assertEqual(self.theory("plan", "--hf-config", path, *common, "--csv", a).returncode, 0)
         self.assertEqual(self.theory("plan", "--model", "llama3-8b", *common, "--csv", b).returncode, 0)
         strip = lambda rows: [{k: v for k, v in row.items() if k != "model"} for row in rows]
         with open(a) as fa, open(b) as fb:
-            self.assertEqual(strip(csv.DictReader(fa)), strip(csv.DictReader(fb)))
+            plans = strip(csv.DictReader(fa))
+            self.assertEqual(plans, strip(csv.DictReader(fb)))
+        self.assertEqual({row["tp"] for row in plans}, {"1", "2"})
 
-    def test_hf_config_families_the_planner_reads(self):
-        # a llama-shaped config of another family is planned; a layer PlanModel cannot carry
-        # (QKV biases, q/k norms) is one line saying so
+    def test_an_hf_config_keeps_its_vocabulary_unless_padded(self):
+        path = hf_fixture("Llama-3.1-8B")
+        common = ["memory", "--hf-config", path, "--gpus", "8", "--tensor-model-parallel-size", "8",
+                  "--seq-length", "4096"]
+        params = []
+        for padding in ([], ["--make-vocab-size-divisible-by", "128"]):
+            out = os.path.join(self.tmp, "memory%d.csv" % len(padding))
+            r = self.theory(*common, *padding, "--csv", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(out, newline="") as f:
+                params.append(int(next(csv.DictReader(f))["parameters"]))
+        # 128256 rows padded to 129024 (a multiple of 128 × 8): 96 more rows of h on each rank,
+        # in the word embedding and in the untied output layer
+        self.assertEqual(params[1] - params[0], 2 * (129024 - 128256) // 8 * 4096)
+
+    def test_hf_config_families_in_theory(self):
+        # a llama-shaped config of another family is tabled; llama-table's closed forms are the
+        # llama layer's, so Qwen's QKV biases and q/k norms are one line there, while plan and
+        # memory (the composed layer's pieces) read them
         r = self.theory("llama-table", "--hf-config", hf_fixture("Mistral-7B-v0.3"), "--seq", "4096")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertTrue(r.stdout.startswith("mistral:Mistral-7B-v0.3: s=4096 b=1 h=4096 a=32 g=8 F=14336"), r.stdout)
-        for model, what in [("Qwen2.5-7B", "QKV biases"), ("Qwen3-8B", "q/k RMSNorm")]:
+        for model, what in [("Qwen2.5-7B", "QKV biases"), ("Qwen3-8B", "q/k RMSNorm"), ("Qwen3-0.6B", "q/k RMSNorm")]:
             with self.subTest(model):
                 path = hf_fixture(model)
-                for args in (["llama-table"], ["plan", "--gpus", "8", "--global-batch", "8"]):
-                    r = self.theory(args[0], "--hf-config", path, *args[1:])
-                    self.assertEqual(r.returncode, 2, r.stderr)
-                    self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
-                    self.assertIn(path, r.stderr)
-                    self.assertIn("do not yet model " + what, r.stderr)
+                r = self.theory("llama-table", "--hf-config", path)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                self.assertIn(path, r.stderr)
+                self.assertIn("llama-table does not yet model " + what, r.stderr)
+                r = self.theory("plan", "--hf-config", path, "--gpus", "8", "--global-batch", "8", "--seq", "4096",
+                                "--top", "1")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertTrue(r.stdout.startswith(model.split("-")[0].lower().replace(".5", "") + ":" + model),
+                                r.stdout)
 
     def test_llama_table_prints_the_categories(self):
         r = self.theory("llama-table", "--model", "llama3-8b", "--seq", "4096")
