@@ -200,6 +200,7 @@ const std::pair<const char*, const char*> kFlagsTheConfigDefines[] = {
     {"--heads", "num_attention_heads"},
     {"--kv-heads", "num_key_value_heads"},
     {"--num-query-groups", "num_key_value_heads"},
+    {"--kv-channels", "head_dim"},
     {"--group-query-attention", "num_key_value_heads"},
     {"--ffn-hidden-size", "intermediate_size"},
     {"--rotary-base", "rope_theta"},
@@ -305,7 +306,7 @@ void take_recompute_values(const Args& a, const GivenOptions& given, LayerRunOpt
 
 // --hf-config's model as a layer: the config's spec, its own default sequence length, one
 // sequence per batch.
-LayerDims hf_dims(const HfModelConfig& c, const std::string& path) {
+LayerDims hf_dims(const HfModelConfig& c) {
   const theory::TransformerModel& m = c.model;
   LayerDims dims;
   dims.spec = m.layer;
@@ -314,11 +315,6 @@ LayerDims hf_dims(const HfModelConfig& c, const std::string& path) {
   dims.a = static_cast<int64_t>(m.a);
   dims.s = static_cast<int64_t>(m.seq);
   dims.b = 1;
-  // The layers compute each head at LayerDims::head_dim(); where that is not the config's
-  // head_dim they would run another layer than the file describes.
-  if (m.layer.kv_channels > 0 && dims.head_dim() != static_cast<int64_t>(m.layer.kv_channels))
-    throw InvalidArgument("--hf-config " + path + ": \"head_dim\" " + std::to_string(int64_t(m.layer.kv_channels)) +
-                          " is not hidden_size / num_attention_heads: layer_run does not run such a layer yet");
   return dims;
 }
 
@@ -363,7 +359,7 @@ void resolve_tp(LayerRunOptions& o, const ModelPreset* preset, int world) {
 
 // The model's shape (the config file's or the preset's) under the shape and family flags.
 LayerDims resolve_dims(LayerRunOptions& o, const ModelPreset* preset) {
-  LayerDims dims = preset ? preset->dims : hf_dims(*o.hf, o.hf_config);
+  LayerDims dims = preset ? preset->dims : hf_dims(*o.hf);
   if (o.hidden) dims.h = o.hidden;
   if (o.heads) dims.a = o.heads;
   if (o.seq) dims.s = o.seq;

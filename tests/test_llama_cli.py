@@ -241,7 +241,8 @@ class LlamaCliTest(unittest.TestCase):
     def test_flags_the_hf_config_defines_are_refused(self):
         path = self.write_config("Meta-Llama-3-8B")
         for flag, value in [("--model", "llama3-8b"), ("--model", "tiny"), ("--hidden", "4096"), ("--heads", "16"),
-                            ("--kv-heads", "4"), ("--ffn-hidden", "1024"), ("--rope-theta", "10000"),
+                            ("--kv-heads", "4"), ("--kv-channels", "64"), ("--ffn-hidden", "1024"),
+                            ("--rope-theta", "10000"),
                             ("--norm-eps", "1e-6")]:
             with self.subTest(flag):
                 self.fresh_csv()
@@ -384,12 +385,18 @@ class LlamaCliTest(unittest.TestCase):
         r = self.run_quick("--backend", "meta", "--hf-config", hf_fixture("Llama-3.1-8B"), "--arch", "gpt")
         self.assert_refused(r, "--arch gpt on llama", "--arch gpt", "--hf-config")
 
-    def test_hf_config_head_dim_the_layers_do_not_run_yet_is_refused(self):
-        # Qwen3-0.6B: head_dim 128 at hidden 1024 / 16 heads. The reader takes it (kv_channels);
-        # layer_run refuses it while the layers compute each head at hidden / heads.
-        path = hf_fixture("Qwen3-0.6B")
-        self.assert_refused(self.run_quick("--backend", "meta", "--hf-config", path, "--seq", "64"), "Qwen3-0.6B",
-                            path, '"head_dim" 128')
+    def test_hf_config_head_dim_is_the_head_size(self):
+        # Qwen3-0.6B: head_dim 128 at hidden 1024 / 16 heads
+        r = self.run_quick("--backend", "meta", "--hf-config", hf_fixture("Qwen3-0.6B"), "--seq", "64",
+                           "--config", "baseline")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        row = self.rows()[0]
+        self.assertEqual((row["model"], row["hidden"], row["heads"], row["kv_heads"], row["kv_channels"],
+                          row["qk_layernorm"]), ("qwen3:Qwen3-0.6B", "1024", "16", "8", "128", "1"))
+        self.assertEqual(row["act_bytes"], row["act_bytes_formula"])
+        self.fresh_csv()
+        r = self.run_quick("--backend", "meta", "--hf-config", hf_fixture("Qwen3-0.6B"), "--kv-channels", "64")
+        self.assert_refused(r, "--kv-channels", "--kv-channels", "--hf-config", "head_dim")
 
     @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
     def test_hf_config_qwen_layers_on_cpu_match_numpy(self):
@@ -397,12 +404,15 @@ class LlamaCliTest(unittest.TestCase):
         at a small width (the published shape keys scaled down, every other key the file's)."""
         small = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
                      head_dim=16, num_hidden_layers=2)
-        for model, present in [("Qwen2.5-7B", "grad.qkv.bias"), ("Qwen3-8B", "grad.q_norm.weight")]:
+        for model, present in [("Qwen2.5-7B", "grad.qkv.bias"), ("Qwen3-8B", "grad.q_norm.weight"),
+                               ("Qwen3-0.6B", "grad.k_norm.weight")]:
             with self.subTest(model):
                 with open(hf_fixture(model)) as f:
                     cfg = dict(json.load(f), **small)
                 if model == "Qwen2.5-7B":
                     del cfg["head_dim"]
+                if model == "Qwen3-0.6B":
+                    cfg["head_dim"] = 24  # not 64 / 4, as Qwen3-0.6B's 128 is not 1024 / 16
                 folder = os.path.join(self.tmp, model)
                 os.makedirs(folder)
                 path = os.path.join(folder, "config.json")
@@ -416,7 +426,8 @@ class LlamaCliTest(unittest.TestCase):
                 with open(os.path.join(dump, "layer.json")) as f:
                     meta = json.load(f)
                 self.assertEqual((meta["add_qkv_bias"], meta["qk_layernorm"], meta["add_bias_linear"]),
-                                 (model == "Qwen2.5-7B", model == "Qwen3-8B", False))
+                                 (model == "Qwen2.5-7B", model.startswith("Qwen3"), False))
+                self.assertEqual(meta["kv_channels"], cfg["head_dim"] if "head_dim" in cfg else 16)
                 results = numpy_layer.check(dump, rtol=1e-4)
                 self.assertIn(present, [name for name, *_ in results])
                 for name, err, scale, ok in results:
