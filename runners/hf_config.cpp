@@ -260,7 +260,8 @@ void read_shape(const ConfigKeys& keys, const Family& f, theory::TransformerMode
   m.a = static_cast<double>(keys.integer("num_attention_heads", kMaxModelWidth));
   m.L = static_cast<double>(keys.integer("num_hidden_layers", kMaxModelLayers));
   m.vocab = static_cast<double>(keys.integer("vocab_size", kMaxVocab));
-  m.vocab_divisible_by = 1;
+  // vocab_divisible_by stays Megatron's default (128): a run pads the embedding to a multiple
+  // of 128·t; theory memory --make-vocab-size-divisible-by 1 keeps the config's rows.
   m.seq = m.max_positions = static_cast<double>(keys.integer("max_position_embeddings", kMaxPositions, 2048));
   m.learned_positions = false;
   m.tied_embeddings = keys.boolean("tie_word_embeddings", f.tied);

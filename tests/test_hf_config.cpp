@@ -74,7 +74,7 @@ TEST(HfConfigFamilies, Llama31_8B) {
   EXPECT_EQ(m.a, 32);
   EXPECT_EQ(m.L, 32);
   EXPECT_EQ(m.vocab, 128256);
-  EXPECT_EQ(m.vocab_divisible_by, 1);  // a converted checkpoint keeps its rows
+  EXPECT_EQ(m.vocab_divisible_by, 128);  // Megatron pads the embedding, as for a preset
   EXPECT_EQ(m.seq, 131072);
   EXPECT_EQ(m.max_positions, 131072);
   EXPECT_FALSE(m.learned_positions);

@@ -529,23 +529,22 @@ class TheoryLlamaTest(unittest.TestCase):
             json.dump(LLAMA3_8B, f)
         a = os.path.join(self.tmp, "a.csv")
         b = os.path.join(self.tmp, "b.csv")
-        # The config keeps its 128256 rows; the preset pads them to a multiple of 128·t as
-        # Megatron does, which adds none for t <= 2: on 2 GPUs every layout agrees.
-        common = ["--gpu", "b200", "--gpus", "2", "--seq", "8192", "--global-batch", "64", "--distributed-optimizer"]
+        # Both pad the 128256 rows to a multiple of 128·t as Megatron does: every layout agrees.
+        common = ["--gpu", "b200", "--gpus", "16", "--seq", "8192", "--global-batch", "64", "--distributed-optimizer"]
         self.assertEqual(self.theory("plan", "--hf-config", path, *common, "--csv", a).returncode, 0)
         self.assertEqual(self.theory("plan", "--model", "llama3-8b", *common, "--csv", b).returncode, 0)
         strip = lambda rows: [{k: v for k, v in row.items() if k != "model"} for row in rows]
         with open(a) as fa, open(b) as fb:
             plans = strip(csv.DictReader(fa))
             self.assertEqual(plans, strip(csv.DictReader(fb)))
-        self.assertEqual({row["tp"] for row in plans}, {"1", "2"})
+        self.assertEqual({row["tp"] for row in plans}, {"1", "2", "4", "8"})
 
-    def test_an_hf_config_keeps_its_vocabulary_unless_padded(self):
+    def test_an_hf_config_is_padded_as_megatron_pads_unless_told_not_to(self):
         path = hf_fixture("Llama-3.1-8B")
         common = ["memory", "--hf-config", path, "--gpus", "8", "--tensor-model-parallel-size", "8",
                   "--seq-length", "4096"]
         params = []
-        for padding in ([], ["--make-vocab-size-divisible-by", "128"]):
+        for padding in (["--make-vocab-size-divisible-by", "1"], []):
             out = os.path.join(self.tmp, "memory%d.csv" % len(padding))
             r = self.theory(*common, *padding, "--csv", out)
             self.assertEqual(r.returncode, 0, r.stderr)
