@@ -283,13 +283,19 @@ std::string run_text(const MegatronRun& r) {
   const TransformerModel& m = r.model;
   const StepConfig& c = r.step;
   const Dims d = m.dims(c.seq, c.micro_batch, c.layout.t);
-  char text[640];
+  std::string options;
+  if (m.layer.qk_layernorm) options += " +qk-layernorm";
+  if (m.layer.add_bias_linear) options += " +biases";
+  else if (m.layer.add_qkv_bias) options += " +qkv-bias";
+  if (m.layer.attention_dropout > 0 || m.layer.hidden_dropout > 0) options += " +dropout";
+  char text[700];
   std::snprintf(text, sizeof text,
-                "%s: L=%g h=%g a=%g g=%g d=%g F=%g %s %s, vocab %g (padded %g), %s embeddings%s\n"
+                "%s: L=%g h=%g a=%g g=%g d=%g F=%g %s %s%s, vocab %g (padded %g), %s embeddings%s\n"
                 "%d GPUs: t=%d p=%d vp=%d dp=%d%s, s=%g b=%g, %g micro-batches per step, %s%s%s, %s attention, "
                 "%g/%g/%g+%g bytes per parameter (weight/grad/master+state)%s",
                 m.name.c_str(), m.L, m.h, m.a, m.layer.groups(d), m.layer.head_dim(d), m.layer.ffn(d),
-                norm_name(m.layer.normalization), activation_name(m.layer.activation), m.vocab, padded_vocab(m, c.layout.t),
+                norm_name(m.layer.normalization), activation_name(m.layer.activation), options.c_str(), m.vocab,
+                padded_vocab(m, c.layout.t),
                 m.tied_embeddings ? "tied" : "untied", m.learned_positions ? ", learned positions" : "", r.world_size,
                 c.layout.t, c.layout.p, c.layout.vp, c.layout.dp, c.policy.sequence_parallel ? " +SP" : "", c.seq,
                 c.micro_batch, c.microbatches(), recompute_name(c.policy.recompute),
