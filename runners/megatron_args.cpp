@@ -425,6 +425,14 @@ int world_size_of(const Values& v, int gpus) {
 
 }  // namespace
 
+theory::TransformerModel megatron_model(const MegatronFlags& flags) {
+  refuse_what_is_not_modelled(flags);
+  const Values v(flags);
+  theory::TransformerModel m = model_from_flags(v);
+  apply_layer_flags(v, m);
+  return m;
+}
+
 MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus) {
   refuse_what_is_not_modelled(flags);
   const Values v(flags);

@@ -60,4 +60,8 @@ struct MegatronRun {
 // the flags' world size. Throws InvalidArgument (one line naming the flag).
 MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus);
 
+// The model alone (its shape, layer, vocabulary and default sequence length): what the layout
+// search reads from a script. Throws InvalidArgument like megatron_run.
+theory::TransformerModel megatron_model(const MegatronFlags& flags);
+
 }  // namespace actbench

@@ -117,10 +117,23 @@ int run_llama_table(const TheoryOptions& a) {
 int run_plan_search(const TheoryOptions& a) {
   PlanRequest r;
   r.gpu = named("--gpu", [&] { return plan_gpu(a.gpu); });
-  r.model = model_of(a.model, a.hf_config);
   r.gpus = a.gpus;
   r.seq = static_cast<double>(a.seq);
   r.global_batch = static_cast<double>(a.global_batch);
+  if (a.megatron_args.empty()) {
+    r.model = model_of(a.model, a.hf_config);
+  } else {  // the script's model, and its batch unless the command line gives one
+    const MegatronFlags flags = read_megatron_args(a.megatron_args);
+    r.model = megatron_model(flags);
+    r.model.name = "megatron:" + fs::path(a.megatron_args).filename().string();
+    if (r.global_batch == 0) {
+      if (!flags.has("global-batch-size"))
+        throw InvalidArgument("--global-batch B is required: " + a.megatron_args + " has no --global-batch-size");
+      r.global_batch = static_cast<double>(
+          parse_int_option("--global-batch-size", flags.values.at("global-batch-size"), 1,
+                           static_cast<int64_t>(kMaxGlobalBatch)));
+    }
+  }
   r.distributed_optimizer = a.distributed_optimizer;
   r.attention = parse_attention(a.attention);
   r.headroom_bytes = static_cast<double>(a.headroom);

@@ -133,6 +133,9 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   const std::string gpus = std::to_string(theory::kMaxPlanGpus);
   opts.value(plan, "--model", both, "22b | 175b | 530b | 1t; with --gpus also llama3-8b | llama3-70b | llama3-405b");
   opts.value(plan, "--hf-config", kSearch, "with --gpus: a Hugging Face config.json (docs/hf_config.md)");
+  opts.value(plan, "--megatron-args", kSearch,
+             "with --gpus: the model of a Megatron-LM launch script (its --seq-length and --global-batch-size "
+             "unless given)");
   opts.value(plan, "--gpus", kSearch,
              "search every layout of this many GPUs, 1.." + gpus + " (chooses the layout search)");
   opts.value(
@@ -204,12 +207,18 @@ void take_tables(const Options& opts, const CLI::App* top, TheoryOptions& o) {
 void take_model(const Options& opts, const CLI::App* app, TheoryOptions& o) {
   o.model = opts.text(app, "--model");
   o.hf_config = opts.given(app, "--hf-config") ? opts.text(app, "--hf-config") : "";
-  // A FIFO or folder refused here, before read_hf_config opens it.
+  const bool script = o.command == TheoryCommand::layout_search && opts.given(app, "--megatron-args");
+  o.megatron_args = script ? opts.text(app, "--megatron-args") : "";
+  // A FIFO or folder refused here, before the reader opens it.
   if (!o.hf_config.empty()) check_user_file("--hf-config " + o.hf_config, o.hf_config);
-  if (!o.model.empty() && !o.hf_config.empty()) throw InvalidArgument("give --model or --hf-config, not both");
-  if (o.model.empty() && o.hf_config.empty())
+  if (!o.megatron_args.empty()) check_user_file("--megatron-args " + o.megatron_args, o.megatron_args);
+  const int sources = !o.model.empty() + !o.hf_config.empty() + !o.megatron_args.empty();
+  const std::string names = o.command == TheoryCommand::layout_search ? "--model, --hf-config or --megatron-args"
+                                                                      : "--model or --hf-config";
+  if (sources > 1) throw InvalidArgument("give one of " + names + ", not several");
+  if (sources == 0)
     throw InvalidArgument(o.command == TheoryCommand::fit_plan ? "--model is required (22b, 175b, 530b or 1t)"
-                                                               : "--model or --hf-config is required");
+                                                               : names + " is required");
 }
 
 // theory plan: the options both planners read, then the chosen one's.
@@ -232,7 +241,7 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
     return;
   }
   o.gpus = static_cast<int>(int_value(opts, plan, "--gpus", 1, theory::kMaxPlanGpus, 0));
-  if (!opts.given(plan, "--global-batch"))
+  if (!opts.given(plan, "--global-batch") && o.megatron_args.empty())
     throw InvalidArgument("--global-batch B (sequences per iteration) is required with --gpus");
   o.global_batch = int_value(opts, plan, "--global-batch", 1, static_cast<int64_t>(theory::kMaxGlobalBatch), 0);
   o.attention = opts.text(plan, "--attention");

@@ -96,6 +96,27 @@ class LaunchScripts(unittest.TestCase):
         self.assertIn("--cross-entropy-loss-fusion", lines[0])
 
 
+class PlanFromAScript(unittest.TestCase):
+    def test_the_layout_search_reads_a_scripts_model_as_the_preset(self):
+        # llama3_8b.sh describes the llama3-8b preset exactly (8192 tokens, padded vocabulary).
+        with tempfile.TemporaryDirectory() as tmp:
+            tables = []
+            for source in (["--megatron-args", os.path.join(SCRIPTS, "llama3_8b.sh")], ["--model", "llama3-8b"]):
+                out = os.path.join(tmp, "plan%d.csv" % len(tables))
+                r = subprocess.run([THEORY, "plan", *source, "--gpus", "16", "--global-batch", "64", "--gpu", "h100",
+                                    "--csv", out], capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                tables.append([{k: v for k, v in row.items() if k != "model"} for row in read_rows(out)[1]])
+        self.assertEqual(tables[0], tables[1])
+        self.assertGreater(len(tables[0]), 10)
+
+    def test_the_scripts_global_batch_is_the_default(self):
+        r = subprocess.run([THEORY, "plan", "--megatron-args", os.path.join(SCRIPTS, "llama3_8b.sh"), "--gpus", "8",
+                            "--top", "1"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("global batch 128 sequences", r.stdout)
+
+
 class BadInput(unittest.TestCase):
     BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 "
             "--max-position-embeddings 512 --vocab-size 1000 --world-size 4 --bf16 ")
