@@ -378,8 +378,7 @@ LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
     stack.num_layers = static_cast<int>(v.required("recompute-num-layers", 1, kMaxModelLayers));
   } else if (granularity == "selective") {
     c.recompute = Recompute::selective;
-    if (v.has("recompute-modules") && !v.text("recompute-modules").empty())
-      c.modules = parse_recompute_modules(v.text("recompute-modules"));
+    if (v.has("recompute-modules")) c.modules = parse_recompute_modules(v.text("recompute-modules"));
   } else if (!granularity.empty()) {
     throw InvalidArgument("--recompute-granularity must be full or selective, got '" + printable(granularity) + "'");
   }
@@ -423,10 +422,23 @@ int world_size_of(const Values& v, int gpus) {
   return static_cast<int>(per_node * nodes);
 }
 
+// Values read only under another flag (Megatron ignores them otherwise) are still checked when
+// given: a value given is used or refused, never silently dropped.
+void check_conditional_values(const Values& v) {
+  if (v.has("num-query-groups")) v.integer("num-query-groups", 1, kMaxModelWidth, 1);
+  if (v.has("recompute-num-layers")) v.integer("recompute-num-layers", 1, kMaxModelLayers, 1);
+  if (v.has("recompute-modules")) parse_recompute_modules(v.text("recompute-modules"));
+  if (v.has("recompute-method")) parse_recompute_method(v.text("recompute-method"));
+  if (v.has("sgd-momentum")) v.real("sgd-momentum", 0, 1e6, 0);
+  for (const char* flag : {"main-params-dtype", "main-grads-dtype", "exp-avg-dtype", "exp-avg-sq-dtype"})
+    if (v.has(flag)) dtype_bytes(flag, v.text(flag));
+}
+
 }  // namespace
 
 theory::TransformerModel megatron_model(const MegatronFlags& flags) {
   refuse_what_is_not_modelled(flags);
+  check_conditional_values(Values(flags));
   const Values v(flags);
   theory::TransformerModel m = model_from_flags(v);
   apply_layer_flags(v, m);
@@ -436,6 +448,7 @@ theory::TransformerModel megatron_model(const MegatronFlags& flags) {
 MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus) {
   refuse_what_is_not_modelled(flags);
   const Values v(flags);
+  check_conditional_values(v);
   MegatronRun run;
   run.model = base ? *base : model_from_flags(v);
   apply_layer_flags(v, run.model);

@@ -51,7 +51,15 @@ MUST_REFUSE = {"", " ", "-1", "nan", "inf", "-inf", "1e999", "999999999999999999
                "\uff11\uff12", "\u0661\u0662", "infGiB", "-1GiB", "nanGiB", "1e308GiB", ","}
 
 # Options that name a file or folder: fuzzed with kinds of paths, not with values.
-PATH_OPTIONS = {"--csv", "--dump", "--cupti", "--hf-config", "--out", "--results"}
+PATH_OPTIONS = {"--csv", "--dump", "--cupti", "--hf-config", "--megatron-args", "--out", "--results"}
+
+# theory memory's Megatron-LM flags (not in its --help: any Megatron flag is taken), each fuzzed
+# with every value like a declared option.
+MEGATRON_VALUE_FLAGS = ["--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                        "--num-virtual-stages-per-pipeline-rank", "--seq-length", "--micro-batch-size",
+                        "--global-batch-size", "--recompute-num-layers", "--hidden-dropout",
+                        "--make-vocab-size-divisible-by", "--decoder-first-pipeline-num-layers",
+                        "--recompute-modules", "--exp-avg-dtype"]
 
 CRASH_TEXT = re.compile(r"Traceback|terminate called|what\(\)|Aborted|Segmentation|core dumped|std::", re.I)
 NON_FINITE = re.compile(r"(?<![A-Za-z_])(nan|inf|infinity)(?![A-Za-z_])", re.I)
@@ -186,9 +194,12 @@ def fuzz_theory(c, theory):
     plan_paper = [theory, "plan", "--model", "175b"]
     plan_search = [theory, "plan", "--model", "llama3-70b", "--gpus", "64", "--global-batch", "64"]
     llama = [theory, "llama-table", "--model", "llama3-8b"]
+    memory = [theory, "memory", "--model", "llama3-8b", "--gpus", "8"]
     tables = [theory, "--out", out]
-    for base, sub in ((plan_paper, ["plan"]), (plan_search, ["plan"]), (llama, ["llama-table"]), (tables, [])):
-        for opt in options_of([theory] + sub):
+    for base, sub in ((plan_paper, ["plan"]), (plan_search, ["plan"]), (llama, ["llama-table"]), (memory, ["memory"]),
+                      (tables, [])):
+        extra = MEGATRON_VALUE_FLAGS if sub == ["memory"] else []
+        for opt in options_of([theory] + sub) + extra:
             if opt in PATH_OPTIONS:
                 continue  # fuzzed with paths below
             for v in VALUES:
@@ -209,6 +220,10 @@ def fuzz_theory(c, theory):
                        [theory, "plan", "--hf-config", path, "--gpus", "8", "--global-batch", "8"], dict(path_case=True)))
         c.jobs.append((f"theory llama-table --hf-config <{kind}>", [theory, "llama-table", "--hf-config", path],
                        dict(path_case=True)))
+        c.jobs.append((f"theory memory --megatron-args <{kind}>", [theory, "memory", "--megatron-args", path, "--gpus", "8"],
+                       dict(path_case=True)))
+        c.jobs.append((f"theory plan --megatron-args <{kind}>",
+                       [theory, "plan", "--megatron-args", path, "--gpus", "8", "--global-batch", "8"], dict(path_case=True)))
 
 
 # Plans a user (or a fuzzer) writes wrong: each is refused with one line before any point runs.
