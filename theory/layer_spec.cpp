@@ -40,11 +40,11 @@ std::string number(double x) {
   return text;
 }
 
+}  // namespace
+
 void require(bool ok, const std::string& what) {
   if (!ok) throw InvalidArgument(what);
 }
-
-}  // namespace
 
 void check_layer_spec(const Dims& d, const LayerSpec& spec) {
   const double g = spec.groups(d);

@@ -54,6 +54,8 @@ LayerSpec preset_layer_spec(const ModelRow& row);
 // g must divide a, t must divide a and g, epsilon > 0, dropouts in [0, 1), rotary_percent in
 // (0, 1], F >= 0, kv_channels a whole number >= 0.
 void check_layer_spec(const Dims& d, const LayerSpec& spec);
+// Throws InvalidArgument(what) unless ok: the one-line refusal the spec and the step checks share.
+void require(bool ok, const std::string& what);
 
 const char* norm_name(Norm n);                // "LayerNorm" | "RMSNorm" (Megatron's spelling)
 const char* activation_name(Activation a);    // "gelu" | "swiglu" | "squared_relu"

@@ -18,10 +18,6 @@ std::string text(double v) {
   return buf;
 }
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw InvalidArgument(what);
-}
-
 bool whole(double v) { return std::isfinite(v) && std::floor(v) == v; }
 
 // Megatron splits --num-layers over p ranks (the first and last may be given their own
