@@ -11,11 +11,13 @@ import csv
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from process_group import run_in_group  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
@@ -164,14 +166,8 @@ class ComposedDumpTest(unittest.TestCase):
         cmd = [LAYER_RUN, *CPU, *args, "--dump", dump, "--csv", out]
         if np_ranks:
             cmd = [MPIEXEC, "-np", str(np_ranks), *cmd]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            stdout, stderr = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            self.fail("layer_run hung for %d s: %s" % (timeout, " ".join(cmd)))
-        self.assertEqual(p.returncode, 0, "%s\n%s%s" % (" ".join(cmd), stdout, stderr))
+        p = run_in_group(self, cmd, timeout, "layer_run")
+        self.assertEqual(p.returncode, 0, "%s\n%s%s" % (" ".join(cmd), p.stdout, p.stderr))
         with open(out, newline="") as f:
             return dump, list(csv.DictReader(f))
 

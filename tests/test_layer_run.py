@@ -7,12 +7,14 @@ import csv
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from process_group import run_in_group  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
@@ -78,14 +80,7 @@ class LayerRunTest(unittest.TestCase):
                 cmd.append(":")
             cmd += ["-np", str(np_), LAYER_RUN, *args]
         start = time.monotonic()
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            self.fail("mpirun hung for %d s: %s" % (timeout, " ".join(cmd)))
-        return subprocess.CompletedProcess(cmd, p.returncode, out, err), time.monotonic() - start
+        return run_in_group(self, cmd, timeout, "mpirun"), time.monotonic() - start
 
     def rows(self, path=None):
         path = path or self.csv

@@ -8,12 +8,14 @@ import csv
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from process_group import run_in_group  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
@@ -269,14 +271,7 @@ class LlamaCliTest(unittest.TestCase):
         cmd = [MPIEXEC, "-q"]
         for i, folder in enumerate(folders):
             cmd += ([":"] if i else []) + ["-np", "1", "-wdir", folder, os.path.abspath(LAYER_RUN), *args]
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-            self.fail("mpirun hung for %d s: %s" % (timeout, " ".join(cmd)))
-        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+        return run_in_group(self, cmd, timeout, "mpirun")
 
     @unittest.skipUnless(MPIEXEC, "no mpirun")
     def test_mpi_ranks_compare_what_the_hf_config_says_not_its_name(self):
