@@ -20,6 +20,9 @@ class Layer {
   virtual void init_parameters() = 0;
   // x: [s_local, b, h] with s_local = s/t under SP, else s; returns y, the same shape.
   virtual Tensor forward(const Tensor& x) = 0;
+  // forward again, for a caller that checkpointed this layer (Megatron's --recompute-method
+  // uniform rebuilds a group in backward): the same work, its phases named recompute.*.
+  virtual Tensor recompute_forward(const Tensor& x) = 0;
   // dy: like y. Returns dx; releases saved().
   virtual Tensor backward(const Tensor& dy) = 0;
   virtual const SavedActivations& saved() const = 0;

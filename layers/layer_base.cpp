@@ -42,14 +42,18 @@ void LayerBase::check_activation_shape(const Tensor& t, const char* what) const 
     throw InvalidArgument(std::string(what) + " is " + shape_str(t.shape()) + ", expected " + shape_str(expected));
 }
 
-Tensor LayerBase::forward(const Tensor& x) {
+Tensor LayerBase::forward(const Tensor& x) { return forward_as(x, "fwd"); }
+
+Tensor LayerBase::recompute_forward(const Tensor& x) { return forward_as(x, "recompute"); }
+
+Tensor LayerBase::forward_as(const Tensor& x, const char* stage) {
   saved_.clear();
   check_activation_shape(x, "layer input");
   switch (opt_.policy.recompute) {
-    case Recompute::none: return forward_impl(x, saved_, Keep::all(), "fwd");
-    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but(opt_.policy.modules), "fwd");
+    case Recompute::none: return forward_impl(x, saved_, Keep::all(), stage);
+    case Recompute::selective: return forward_impl(x, saved_, Keep::all_but(opt_.policy.modules), stage);
     case Recompute::full: {
-      Tensor y = forward_impl(x, saved_, Keep::input_only(), "fwd");
+      Tensor y = forward_impl(x, saved_, Keep::input_only(), stage);
       saved_.layer_input = x;
       return y;
     }

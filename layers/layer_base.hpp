@@ -27,6 +27,7 @@ class LayerBase : public Layer {
   // Runs forward_impl keeping what the recompute policy says: none all, selective all but
   // what its modules rebuild, full only the layer input (saved().layer_input).
   Tensor forward(const Tensor& x) final;
+  Tensor recompute_forward(const Tensor& x) final;
 
   const SavedActivations& saved() const override { return saved_; }
   void drop_saved() override { saved_.clear(); }
@@ -57,6 +58,9 @@ class LayerBase : public Layer {
   // x: [s_local, b, h] (checked by forward). Stores into `save` what `keep` says; phases are
   // named stage.op ("fwd" or "recompute").
   virtual Tensor forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) = 0;
+
+  // forward and recompute_forward: the policy's keep, phases named stage.op.
+  Tensor forward_as(const Tensor& x, const char* stage);
 
   // The start of every backward: checks dy, takes saved() (leaving it empty) and, under full
   // recompute, runs the forward again from the kept input (phases "recompute.*", output

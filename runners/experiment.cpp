@@ -153,7 +153,7 @@ void LayerStackRunner::backward_stack(const Tensor& dy, std::vector<Tensor>& che
   for (size_t k = checkpoints.size(); k-- > 0;) {
     const size_t first = k * group, end = std::min(first + group, stack.size());
     Tensor r = std::move(checkpoints[k]);
-    for (size_t j = first; j < end; ++j) r = stack[j]->forward(r);
+    for (size_t j = first; j < end; ++j) r = stack[j]->recompute_forward(r);
     r = Tensor();
     for (size_t j = end; j-- > first;) g = stack[j]->backward(g);
   }

@@ -96,6 +96,35 @@ TEST(StackRecompute, UniformHoldsOneGroupInBackward) {
   EXPECT_LT(peak(3), peak(6));
 }
 
+TEST(StackRecompute, UniformsRebuiltGroupIsLoggedAsRecomputeNotForward) {
+  // Every phase a layer enters, counted by its stage: "fwd" for the forward pass, "recompute"
+  // for what backward runs again (Figure 8's split and the nsys ranges read these names).
+  struct StageCounts : PhaseListener {
+    int fwd = 0, recompute = 0;
+    void enter(const std::string& phase) override {
+      fwd += phase.rfind("fwd.", 0) == 0;
+      recompute += phase.rfind("recompute.", 0) == 0;
+    }
+    void exit() override {}
+  };
+  LayerDims d{64, 2, 64, 8};
+  auto be = make_meta_backend();
+  auto comm = make_local_communicator();
+  auto count = [&](const std::string& config, StackRecompute stack) {
+    LayerStackRunner runner(*be, *comm, stack_spec(config, 4, stack, d));
+    StageCounts counts;
+    PhaseLog log;
+    log.set_listener(&counts);
+    runner.iteration(false, &log);
+    return counts;
+  };
+  const StageCounts plain = count("baseline", {}), uniform = count("full", {RecomputeMethod::uniform, 2});
+  ASSERT_GT(plain.fwd, 0);
+  EXPECT_EQ(plain.recompute, 0);
+  EXPECT_EQ(uniform.fwd, plain.fwd);        // the forward pass once
+  EXPECT_EQ(uniform.recompute, plain.fwd);  // and every layer's forward again, as recompute
+}
+
 TEST(StackRecompute, NoMethodChangesAGradient) {
   LayerDims d{8, 2, 32, 4};
   d.spec = theory::llama_layer_spec(2, 48);
