@@ -1,7 +1,7 @@
 // Source locations of code addresses (the instrumented kernels' call sites of the access
 // hooks), from the line tables the kernel objects carry (-gline-tables-only), by addr2line.
-// Batched: one addr2line process per module and 128 addresses, so symbolizing every access
-// site of a launch costs a few processes, not one per site. Results are cached.
+// Batched: one process per module and 128 addresses, so symbolizing every access site of a
+// launch costs a few processes, not one per site. Cached.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -19,8 +19,29 @@ std::map<const void*, std::string>& cache() {
   return c;
 }
 
-// addr2line's answer for one address: "file:line", without " (discriminator N)"; empty when
-// it does not know.
+// The file a rewritten source stands for: the rewrite (src/rewrite.cpp) starts its copy with
+// `#line 1 "ORIGINAL"`, and addr2line names the copy instead of ORIGINAL for code of -O0
+// objects (it takes the DWARF 5 line table's file 1, which the #line names, for file 0, the
+// compilation unit). Any other file is itself.
+std::string original_file(const std::string& file) {
+  static std::map<std::string, std::string> originals;
+  auto it = originals.find(file);
+  if (it != originals.end()) return it->second;
+  std::string out = file;
+  if (FILE* f = std::fopen(file.c_str(), "r")) {
+    char first[4096];
+    const std::string prefix = "#line 1 \"";
+    if (std::fgets(first, sizeof first, f)) {
+      std::string line = first;
+      const size_t end = line.rfind('"');
+      if (line.rfind(prefix, 0) == 0 && end > prefix.size()) out = line.substr(prefix.size(), end - prefix.size());
+    }
+    std::fclose(f);
+  }
+  return originals[file] = out;
+}
+
+// One answer of addr2line without " (discriminator N)"; empty when it does not know.
 std::string clean(std::string line) {
   while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
   if (line.rfind("??", 0) == 0) return "";
@@ -29,23 +50,47 @@ std::string clean(std::string line) {
   return line;
 }
 
-// Runs addr2line on `offsets` of module `file`; stores the answers for `pcs` (same order).
-void run_addr2line(const std::string& file, const std::vector<const void*>& pcs, const std::vector<uintptr_t>& offsets) {
-  std::string cmd = "addr2line -C -e '" + file + "'";
+// A "file:line" answer with the original file of a rewritten source.
+std::string located(const std::string& answer) {
+  const size_t colon = answer.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == answer.size() ||
+      answer.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+    return answer;
+  return original_file(answer.substr(0, colon)) + answer.substr(colon);
+}
+
+// addr2line on `module`: one answer ("file:line") per address, or two ("function",
+// "file:line") with `functions`.
+std::string symbolizer_command(const std::string& module, bool functions) {
+  return std::string("addr2line -C ") + (functions ? "-f " : "") + "-e '" + module + "'";
+}
+
+// Runs the symbolizer on `offsets` of `module`; returns its answer lines.
+std::vector<std::string> run_symbolizer(const std::string& module, const std::vector<uintptr_t>& offsets,
+                                        bool functions) {
+  std::vector<std::string> answers;
+  if (module.empty()) return answers;
+  std::string cmd = symbolizer_command(module, functions);
   for (uintptr_t o : offsets) {
     char b[32];
     std::snprintf(b, sizeof b, " %#lx", static_cast<unsigned long>(o));
     cmd += b;
   }
   cmd += " 2>/dev/null";
-  std::vector<std::string> answers;
-  if (FILE* f = file.empty() ? nullptr : popen(cmd.c_str(), "r")) {
+  if (FILE* f = popen(cmd.c_str(), "r")) {
     char line[4096];
     while (std::fgets(line, sizeof line, f)) answers.push_back(clean(line));
     pclose(f);
   }
+  return answers;
+}
+
+// Stores the answers for `pcs` (offsets in `module`, same order) in the cache.
+void symbolize_batch(const std::string& module, const std::vector<const void*>& pcs,
+                     const std::vector<uintptr_t>& offsets) {
+  const std::vector<std::string> answers = run_symbolizer(module, offsets, false);
   for (size_t i = 0; i < pcs.size(); ++i) {
-    std::string s = i < answers.size() ? answers[i] : "";
+    std::string s = i < answers.size() ? located(answers[i]) : "";
     if (s.empty()) {
       char b[32];
       std::snprintf(b, sizeof b, "pc %p", pcs[i]);
@@ -74,13 +119,13 @@ void symbolize_all(const std::vector<const void*>& pcs) {
     mpcs.push_back(pc);
     offs.push_back(offset);
     if (mpcs.size() == kBatch) {
-      run_addr2line(module, mpcs, offs);
+      symbolize_batch(module, mpcs, offs);
       mpcs.clear();
       offs.clear();
     }
   }
   for (auto& [module, batch] : by_module)
-    if (!batch.first.empty()) run_addr2line(module, batch.first, batch.second);
+    if (!batch.first.empty()) symbolize_batch(module, batch.first, batch.second);
 }
 
 std::string symbolize(const void* pc) {
@@ -97,14 +142,9 @@ std::string function_name(const void* fn) {
   std::string name;
   Dl_info info{};
   if (dladdr(fn, &info) && info.dli_fname) {
-    char cmd[1200];
-    std::snprintf(cmd, sizeof cmd, "addr2line -f -C -e '%s' %#lx 2>/dev/null", info.dli_fname,
-                  static_cast<unsigned long>(reinterpret_cast<uintptr_t>(fn) - reinterpret_cast<uintptr_t>(info.dli_fbase)));
-    if (FILE* f = popen(cmd, "r")) {
-      char line[4096];
-      if (std::fgets(line, sizeof line, f)) name = clean(line);
-      pclose(f);
-    }
+    const uintptr_t offset = reinterpret_cast<uintptr_t>(fn) - reinterpret_cast<uintptr_t>(info.dli_fbase);
+    const std::vector<std::string> answers = run_symbolizer(info.dli_fname, {offset}, true);
+    if (!answers.empty()) name = answers[0];
   }
   return names[fn] = name;
 }

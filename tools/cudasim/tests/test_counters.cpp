@@ -123,6 +123,24 @@ TEST_F(Counters, Float4CoalescedAccessIsSixteenSectorsPerRequest) {
   EXPECT_EQ(k.unique_global_bytes_read, 1024u);
 }
 
+TEST_F(Counters, UnpackedUint4IsOneSixteenByteLoad) {
+  Dev<uint16_t> in(256, 0x3f80);
+  Dev<float> out(32);
+  const auto c = counted([&] { return sum_packs_bf16(out.p, in.p); }).total;
+  EXPECT_EQ(c.global_ld_requests, 1u);  // one 16-byte load a lane, not eight 2-byte ones
+  EXPECT_EQ(c.global_ld_sectors, 16u);  // 512 contiguous bytes
+  EXPECT_EQ(c.global_st_sectors, 4u);
+}
+
+TEST_F(Counters, InPlaceUpdateCountsItsLoad) {
+  Dev<float> x(32, 1.f);
+  const auto c = counted([&] { return scale_in_place(x.p); }).total;
+  EXPECT_EQ(c.global_ld_requests, 1u);  // the load before the store of the same address counts
+  EXPECT_EQ(c.global_ld_sectors, 4u);
+  EXPECT_EQ(c.global_st_requests, 1u);
+  EXPECT_EQ(c.global_st_sectors, 4u);
+}
+
 TEST_F(Counters, PartialWarpOfABlockOf48) {
   Dev<float> in(48, 1.f), out(48);
   const auto c = counted([&] { return copy_f32(out.p, in.p, 48, 48); }).total;

@@ -20,6 +20,11 @@ cudaError_t copy_f32_offset1(float* out, const float* in, int n);
 cudaError_t load_bf16(float* out, const uint16_t* in, int n);
 // out[i] = in[i] as float4 (16-byte loads and stores), i < n4, blocks of 64.
 cudaError_t copy_float4(float* out, const float* in, int n4);
+// One block of 32: out[t] = the sum of the 8 bf16 of in's t-th 16 bytes, loaded as one uint4
+// and unpacked from it (layernorm.cu's load_pack).
+cudaError_t sum_packs_bf16(float* out, const uint16_t* in);
+// One block of 32: x[t] *= 2 (a load and a store of one address).
+cudaError_t scale_in_place(float* x);
 // One block of 32: only even threads copy out[t] = in[t].
 cudaError_t copy_f32_even_lanes(float* out, const float* in);
 // One block of 32: for j < iters (a runtime trip count: one load site), out[32j + t] = in[32j + t].

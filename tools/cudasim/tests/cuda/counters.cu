@@ -25,6 +25,20 @@ __global__ void copy_float4_kernel(float4* out, const float4* in, int n4) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n4) out[i] = in[i];
 }
+// layernorm.cu's load_pack: one 16-byte load, its eight bf16 then read from the register copy.
+__global__ void sum_packs_bf16_kernel(float* out, const __nv_bfloat16* in) {
+  const int t = threadIdx.x;
+  const uint4 raw = reinterpret_cast<const uint4*>(in)[t];
+  const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) s += __bfloat162float(e[k]);
+  out[t] = s;
+}
+__global__ void scale_in_place_kernel(float* x) {
+  const int t = threadIdx.x;
+  x[t] *= 2.f;
+}
 __global__ void copy_f32_even_lanes_kernel(float* out, const float* in) {
   const int t = threadIdx.x;
   if (t % 2 == 0) out[t] = in[t];
@@ -108,6 +122,14 @@ cudaError_t load_bf16(float* out, const uint16_t* in, int n) {
 cudaError_t copy_float4(float* out, const float* in, int n4) {
   copy_float4_kernel<<<blocks_for(n4, 64), 64>>>(reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(in),
                                                  n4);
+  return cudaGetLastError();
+}
+cudaError_t sum_packs_bf16(float* out, const uint16_t* in) {
+  sum_packs_bf16_kernel<<<1, 32>>>(out, reinterpret_cast<const __nv_bfloat16*>(in));
+  return cudaGetLastError();
+}
+cudaError_t scale_in_place(float* x) {
+  scale_in_place_kernel<<<1, 32>>>(x);
   return cudaGetLastError();
 }
 cudaError_t copy_f32_even_lanes(float* out, const float* in) {
