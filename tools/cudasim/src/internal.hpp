@@ -110,4 +110,34 @@ std::string block_name();
 void race_begin_launch();
 void race_begin_block();
 
+// Source "file:line" of a code address (symbolize.cpp; addr2line, cached). symbolize_all
+// fills the cache for many addresses at once.
+std::string symbolize(const void* pc);
+void symbolize_all(const std::vector<const void*>& pcs);
+// The name of the function at `fn` (templates instantiated, from the symbol table); empty when
+// unknown.
+std::string function_name(const void* fn);
+
+// Memory-access counters (counters.cpp, cudasim/counters.hpp): fed by the instrumentation
+// hooks, so only in binaries whose kernels are instrumented (the race variant); elsewhere the
+// engine's calls are no-ops. count_access: one load or store as emitted; count_block_copy: a
+// memcpy/memset range, split as a GPU compiler would. The engine ends a warp's stretch of
+// converged execution (flush_warp: a collective naming every live lane completed, or its last
+// lane exited) or every warp's (flush_block: a barrier released, the block ended).
+#if defined(CUDASIM_RACE)
+void count_access(uintptr_t a, size_t n, bool write, const void* pc);
+void count_block_copy(uintptr_t a, size_t n, bool write, const void* pc);
+void counters_begin_launch();
+void counters_begin_block();
+void counters_flush_warp(int warp);
+void counters_flush_block();
+void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem);
+#else
+inline void counters_begin_launch() {}
+inline void counters_begin_block() {}
+inline void counters_flush_warp(int) {}
+inline void counters_flush_block() {}
+inline void counters_end_launch(const void*, dim3, dim3, size_t) {}
+#endif
+
 }  // namespace cudasim::internal

@@ -8,8 +8,6 @@
 // block with no __syncthreads between them (nor a full-warp collective, for lanes of one
 // warp). Also reported: reads of shared memory no thread of the block has written, and
 // accesses that land in the canary zone of a device buffer or past dynamic shared memory.
-#include <dlfcn.h>
-
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -53,38 +51,6 @@ Cell* cell(uintptr_t a) {
     g_last_cells = p.get();
   }
   return &g_last_cells[a & (kPage - 1)];
-}
-
-std::string symbolize(const void* pc) {
-  static std::map<const void*, std::string> cache;
-  auto it = cache.find(pc);
-  if (it != cache.end()) return it->second;
-  std::string out;
-  Dl_info info{};
-  if (dladdr(pc, &info) && info.dli_fname) {
-    char cmd[1024];
-    const uintptr_t offset = reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(info.dli_fbase) - 1;
-    std::snprintf(cmd, sizeof cmd, "addr2line -C -e '%s' %#lx 2>/dev/null", info.dli_fname,
-                  static_cast<unsigned long>(offset));
-    if (FILE* f = popen(cmd, "r")) {
-      char line[1024];
-      if (std::fgets(line, sizeof line, f)) {
-        out = line;
-        while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-        if (out.rfind("??", 0) == 0) out.clear();
-      }
-      pclose(f);
-    }
-  }
-  if (out.empty()) {
-    char b[32];
-    std::snprintf(b, sizeof b, "pc %p", pc);
-    out = b;
-  }
-  // Only the file name and line: the build directory adds nothing.
-  const size_t disc = out.find(" (discriminator");
-  if (disc != std::string::npos) out.erase(disc);
-  return cache[pc] = out;
 }
 
 enum Kind { kRace, kUninit, kBounds };
@@ -208,18 +174,40 @@ void race_begin_block() {}
 }  // namespace cudasim::internal
 
 // ---- the -fsanitize=thread instrumentation interface -------------------------------------------
+// Every access of instrumented kernel code goes to the counters (counters.cpp: a no-op unless
+// they are on) and to the race checker. Accesses of 1, 2, 4, 8 or 16 bytes are single loads
+// or stores as clang emitted them; ranges and the mem* calls below are block copies.
+
+namespace {
 
 using cudasim::internal::access;
 
+// Set while a hook runs: the hooks' own std::string and container code calls memcpy, which
+// must not come back in as a kernel access.
+bool g_in_hook = false;
+
+void on_access(void* p, size_t n, bool write, const void* pc) {
+  g_in_hook = true;
+  cudasim::internal::count_access(reinterpret_cast<uintptr_t>(p), n, write, pc);
+  access(reinterpret_cast<uintptr_t>(p), n, write, pc);
+  g_in_hook = false;
+}
+void on_block_copy(const void* p, size_t n, bool write, const void* pc) {
+  if (n == 0) return;
+  g_in_hook = true;
+  cudasim::internal::count_block_copy(reinterpret_cast<uintptr_t>(p), n, write, pc);
+  access(reinterpret_cast<uintptr_t>(p), n, write, pc);
+  g_in_hook = false;
+}
+bool in_kernel() { return cudasim::detail::current && !g_in_hook; }
+
+}  // namespace
+
 #define CUDASIM_TSAN_RW(N)                                                                                     \
-  extern "C" void __tsan_read##N(void* p) { access(reinterpret_cast<uintptr_t>(p), N, false, __builtin_return_address(0)); } \
-  extern "C" void __tsan_write##N(void* p) { access(reinterpret_cast<uintptr_t>(p), N, true, __builtin_return_address(0)); } \
-  extern "C" void __tsan_unaligned_read##N(void* p) {                                                        \
-    access(reinterpret_cast<uintptr_t>(p), N, false, __builtin_return_address(0));                            \
-  }                                                                                                            \
-  extern "C" void __tsan_unaligned_write##N(void* p) {                                                       \
-    access(reinterpret_cast<uintptr_t>(p), N, true, __builtin_return_address(0));                             \
-  }
+  extern "C" void __tsan_read##N(void* p) { on_access(p, N, false, __builtin_return_address(0)); }            \
+  extern "C" void __tsan_write##N(void* p) { on_access(p, N, true, __builtin_return_address(0)); }            \
+  extern "C" void __tsan_unaligned_read##N(void* p) { on_access(p, N, false, __builtin_return_address(0)); }  \
+  extern "C" void __tsan_unaligned_write##N(void* p) { on_access(p, N, true, __builtin_return_address(0)); }
 CUDASIM_TSAN_RW(1)
 CUDASIM_TSAN_RW(2)
 CUDASIM_TSAN_RW(4)
@@ -228,12 +216,8 @@ CUDASIM_TSAN_RW(16)
 #undef CUDASIM_TSAN_RW
 
 extern "C" {
-void __tsan_read_range(void* p, unsigned long n) {
-  access(reinterpret_cast<uintptr_t>(p), n, false, __builtin_return_address(0));
-}
-void __tsan_write_range(void* p, unsigned long n) {
-  access(reinterpret_cast<uintptr_t>(p), n, true, __builtin_return_address(0));
-}
+void __tsan_read_range(void* p, unsigned long n) { on_block_copy(p, n, false, __builtin_return_address(0)); }
+void __tsan_write_range(void* p, unsigned long n) { on_block_copy(p, n, true, __builtin_return_address(0)); }
 void __tsan_func_entry(void*) {}
 void __tsan_func_exit() {}
 void __tsan_init() {}
@@ -241,4 +225,30 @@ void __tsan_vptr_update(void**, void*) {}
 void __tsan_vptr_read(void**) {}
 void __tsan_ignore_thread_begin() {}
 void __tsan_ignore_thread_end() {}
+
+// -fsanitize=thread turns the llvm.memcpy/memmove/memset intrinsics (aggregate copies such as
+// `uint4 v = *p;`, zeroed arrays) into calls of memcpy, memmove and memset, which TSan's
+// runtime intercepts. Here the race variant links with -Wl,--wrap=memcpy (and memmove,
+// memset): calls made while a simulated thread runs are kernel accesses.
+void* __real_memcpy(void* d, const void* s, size_t n);
+void* __real_memmove(void* d, const void* s, size_t n);
+void* __real_memset(void* d, int c, size_t n);
+void* __wrap_memcpy(void* d, const void* s, size_t n) {
+  if (in_kernel()) {
+    on_block_copy(s, n, false, __builtin_return_address(0));
+    on_block_copy(d, n, true, __builtin_return_address(0));
+  }
+  return __real_memcpy(d, s, n);
+}
+void* __wrap_memmove(void* d, const void* s, size_t n) {
+  if (in_kernel()) {
+    on_block_copy(s, n, false, __builtin_return_address(0));
+    on_block_copy(d, n, true, __builtin_return_address(0));
+  }
+  return __real_memmove(d, s, n);
+}
+void* __wrap_memset(void* d, int c, size_t n) {
+  if (in_kernel()) on_block_copy(d, n, true, __builtin_return_address(0));
+  return __real_memset(d, c, n);
+}
 }

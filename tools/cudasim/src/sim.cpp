@@ -151,6 +151,15 @@ struct Settings {
         std::exit(2);
       }
     }
+#if !defined(CUDASIM_RACE)
+    if (const char* c = std::getenv("CUDASIM_COUNTERS")) {
+      std::fprintf(stderr,
+                   "cudasim: error: CUDASIM_COUNTERS=%s: this binary's kernels are not instrumented; the counters "
+                   "exist in the race variant (build/cudasim/test_cudasim_*_race)\n",
+                   c);
+      std::exit(2);
+    }
+#endif
   }
 };
 Settings& settings() {
@@ -404,6 +413,7 @@ void release_barrier_if_complete() {
   }
   ++running.bar_epoch;
   ++g_stats.barriers;
+  counters_flush_block();
   for (Thread& t : b.threads)
     if (t.state == State::barrier) t.state = State::runnable;
   b.at_barrier = 0;
@@ -417,6 +427,7 @@ void release_barrier_if_complete() {
   Warp& w = b.warps[t->warp];
   const unsigned bit = 1u << t->lane;
   w.live &= ~bit;
+  if (w.live == 0) counters_flush_warp(t->warp);
   // A lane that leaves while others of its warp wait for it at a collective:
   // they never complete.
   for (int l = 0; l < 32; ++l) {
@@ -543,6 +554,7 @@ bool run_block(uint64_t linear) {
 #if defined(CUDASIM_RACE)
   race_begin_block();
 #endif
+  counters_begin_block();
   ++g_stats.blocks_run;
   g_stats.threads_run += n;
 
@@ -557,6 +569,7 @@ bool run_block(uint64_t linear) {
     b.aborted = true;
     b.stacks_dirty = true;
   }
+  counters_flush_block();
   // Writes past the end of dynamic shared memory.
 #if defined(CUDASIM_ASAN)
   __asan_unpoison_memory_region(g_dynamic.data() + dyn, g_dynamic.size() - dyn);
@@ -727,7 +740,10 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
       if (static_cast<size_t>(o.linear) < b.greedy_hint) b.greedy_hint = o.linear;
     }
     w.arrived &= ~mask;
-    if ((mask & w.live) == w.live) ++w.sync_epoch;
+    if ((mask & w.live) == w.live) {
+      ++w.sync_epoch;
+      counters_flush_warp(t->warp);
+    }
     ++g_stats.warp_collectives;
     if (!bad_read.empty()) {
       add_report("warp", "undefined shuffle in " + kernel_header() + ": " + bad_read);
@@ -789,6 +805,7 @@ void launch(const void* kernel, const char* kernel_name, const char* file, int l
 #if defined(CUDASIM_RACE)
   race_begin_launch();
 #endif
+  counters_begin_launch();
 
   const uint64_t kernel_start_ns = activity::now_ns();
   const uint64_t nblocks = static_cast<uint64_t>(grid.x) * grid.y * grid.z;
@@ -819,6 +836,7 @@ void launch(const void* kernel, const char* kernel_name, const char* file, int l
 #endif
   ApiCall::kernel(kernel_name, kernel_start_ns, activity::now_ns(), grid, block, smem);
   check_canaries(kernel_name);
+  counters_end_launch(kernel, grid, block, smem);
   running.kernel = "";
   if (report_list().size() != reports_before) set_error(cudaErrorLaunchFailure);
 }

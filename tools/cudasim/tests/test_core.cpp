@@ -250,6 +250,29 @@ TEST_F(Core, PlantedRemovedBarrierAfterATileLoad) {
   EXPECT_TRUE(race || wrong) << "the removed barrier shows (NaN from unwritten shared memory)";
 }
 
+TEST_F(Core, PlantedRemovedBarrierAfterA16ByteTileLoad) {
+  const int n4 = 128;  // two whole tiles of 64 float4
+  const std::vector<float> in = iota_values(4 * n4);
+  Dev<float> d_in(in), d_out(4 * n4);
+  ASSERT_EQ(tile_reverse_vec(d_out.p, d_in.p, n4, 0), cudaSuccess) << cudasim::reports_text();
+  const auto good = d_out.get();
+  for (int i = 0; i < n4; ++i) {
+    const int r = i / 64 * 64 + 63 - i % 64;
+    for (int k = 0; k < 4; ++k) ASSERT_EQ(good[4 * i + k], in[4 * r + k]) << i;
+  }
+  const cudaError_t e = tile_reverse_vec(d_out.p, d_in.p, n4, 1);
+  std::string text;
+  const bool race = reported("race", &text);
+  const auto bad = d_out.get();
+  bool wrong = false;
+  for (int i = 0; i < 4 * n4; ++i) wrong |= !(bad[i] == good[i]);
+  if (cudasim::race_checker_enabled()) {
+    EXPECT_TRUE(race) << "the race checker sees 16-byte aggregate copies: " << text;
+    EXPECT_EQ(e, cudaErrorLaunchFailure);
+  }
+  EXPECT_TRUE(race || wrong) << "the removed barrier shows (NaN from unwritten shared memory)";
+}
+
 TEST_F(Core, PlantedRemovedFirstBarrierOfABlockReduction) {
   const int rows = 5, cols = 1000;
   const std::vector<float> in = iota_values(rows * cols);

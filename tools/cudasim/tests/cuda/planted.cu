@@ -17,6 +17,18 @@ __global__ void tile_reverse_kernel(float* out, const float* in, int n) {
   if (base + t < n) out[base + t] = tile[r];
 }
 
+// The same with 16-byte elements: the tile copies are aggregate copies (memcpy calls under
+// -fsanitize=thread), which the race checker must see too.
+template <int kBug>
+__global__ void tile_reverse_vec_kernel(float4* out, const float4* in, int n4) {
+  __shared__ float4 tile[kTile];
+  const int base = blockIdx.x * kTile, t = threadIdx.x;
+  if (base + t < n4) tile[t] = in[base + t];
+  if constexpr (kBug != 1) __syncthreads();  // bug 1: removed
+  const int r = kTile - 1 - t;
+  if (base + t < n4 && base + r < n4) out[base + t] = tile[r];
+}
+
 template <int kBug>
 __global__ void reduce_rows_kernel(float* out, const float* in, int cols) {
   __shared__ float scratch[32];
@@ -75,6 +87,14 @@ cudaError_t tile_reverse(float* out, const float* in, int n, int bug) {
   const unsigned blocks = static_cast<unsigned>((n + kTile - 1) / kTile);
   if (bug) tile_reverse_kernel<1><<<blocks, kTile>>>(out, in, n);
   else tile_reverse_kernel<0><<<blocks, kTile>>>(out, in, n);
+  return cudaGetLastError();
+}
+cudaError_t tile_reverse_vec(float* out, const float* in, int n4, int bug) {
+  const unsigned blocks = static_cast<unsigned>((n4 + kTile - 1) / kTile);
+  float4* o = reinterpret_cast<float4*>(out);
+  const float4* i = reinterpret_cast<const float4*>(in);
+  if (bug) tile_reverse_vec_kernel<1><<<blocks, kTile>>>(o, i, n4);
+  else tile_reverse_vec_kernel<0><<<blocks, kTile>>>(o, i, n4);
   return cudaGetLastError();
 }
 cudaError_t reduce_rows(float* out, const float* in, int rows, int cols, int bug) {

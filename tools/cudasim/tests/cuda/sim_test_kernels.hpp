@@ -29,6 +29,9 @@ cudaError_t stack_overflow(int* out, int depth);
 // A tiled transpose through shared memory; `bug`: 0 none, 1 the barrier between the tile
 // load and the reads removed.
 cudaError_t tile_reverse(float* out, const float* in, int n, int bug);
+// The same over float4 elements (n4 of them; 16-byte aggregate copies), in whole tiles:
+// out[i] = in[reverse of i in its tile of 64] where that lies below n4.
+cudaError_t tile_reverse_vec(float* out, const float* in, int n4, int bug);
 // A block reduction (common.cuh's block_sum pattern); bug 1: the first barrier removed.
 cudaError_t reduce_rows(float* out, const float* in, int rows, int cols, int bug);
 // A grid-stride-free elementwise scale; bug 1: the bounds guard removed.
