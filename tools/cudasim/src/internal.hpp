@@ -103,6 +103,18 @@ struct RunningBlock {
 };
 extern RunningBlock running;
 inline Thread* current_thread() { return static_cast<Thread*>(detail::current); }
+
+// Each simulated thread's own stack (its locals: every one an instrumented access at -O0).
+#if defined(CUDASIM_ASAN)
+constexpr size_t kFiberStackBytes = 256 * 1024;
+#else
+constexpr size_t kFiberStackBytes = 64 * 1024;
+#endif
+// Whether `a` lies on the running thread's stack: the hooks' fast path (neither device nor
+// shared memory, so neither checked nor counted).
+inline bool on_own_stack(const Thread* t, uintptr_t a) {
+  return a - reinterpret_cast<uintptr_t>(t->stack) < kFiberStackBytes;
+}
 std::string thread_name(const Thread& t);
 std::string block_name();
 

@@ -112,8 +112,11 @@ void access(uintptr_t a, size_t n, bool write, const void* pc) {
   now.bar = running.bar_epoch;
   now.wsync = warps[t->warp].sync_epoch;
   now.pc = pc;
-  const std::string header = std::string(running.kernel) + " launched at " + running.file + ":" +
-                             std::to_string(running.line) + ", block " + block_name();
+  // Built only for a report: an access that finds nothing wrong costs no string.
+  const auto header = [] {
+    return std::string(running.kernel) + " launched at " + running.file + ":" + std::to_string(running.line) +
+           ", block " + block_name();
+  };
   for (size_t i = 0; i < n; ++i) {
     Cell* c = cell(a + i);
     if (shared) {  // shared memory belongs to one block: other blocks' accesses are another memory
@@ -122,7 +125,7 @@ void access(uintptr_t a, size_t n, bool write, const void* pc) {
     }
     if (write) {
       if (c->w.launch && !ordered(c->w, now)) {
-        report(kRace, pc, "write-write race in " + header + " on " + describe_address(a + i) + ":\n  write by thread " +
+        report(kRace, pc, "write-write race in " + header() + " on " + describe_address(a + i) + ":\n  write by thread " +
                               thread_name(*t) + " at " + symbolize(pc) + "\n  write by " + who(c->w) +
                               "\n  with no barrier between");
         c->w = now;
@@ -130,7 +133,7 @@ void access(uintptr_t a, size_t n, bool write, const void* pc) {
       }
       if (c->r.launch && !(c->r.thread == now.thread && c->r.block == now.block && !c->r.multi) &&
           !ordered(c->r, now)) {
-        report(kRace, pc, "read-write race in " + header + " on " + describe_address(a + i) + ":\n  write by thread " +
+        report(kRace, pc, "read-write race in " + header() + " on " + describe_address(a + i) + ":\n  write by thread " +
                               thread_name(*t) + " at " + symbolize(pc) + "\n  read by " + who(c->r) +
                               (c->r.multi ? " (and others)" : "") + "\n  with no barrier between");
         c->w = now;
@@ -141,13 +144,13 @@ void access(uintptr_t a, size_t n, bool write, const void* pc) {
       c->r = Access{};
     } else {
       if (c->w.launch && !ordered(c->w, now)) {
-        report(kRace, pc, "read-after-write race in " + header + " on " + describe_address(a + i) +
+        report(kRace, pc, "read-after-write race in " + header() + " on " + describe_address(a + i) +
                               ":\n  read by thread " + thread_name(*t) + " at " + symbolize(pc) + "\n  write by " +
                               who(c->w) + "\n  with no barrier between");
         return;
       }
       if (shared && !c->w.launch) {
-        report(kUninit, pc, "read of shared memory that no thread of the block wrote in " + header + ": " +
+        report(kUninit, pc, "read of shared memory that no thread of the block wrote in " + header() + ": " +
                                 describe_address(a + i) + ", thread " + thread_name(*t) + " at " + symbolize(pc));
         return;
       }
@@ -187,6 +190,8 @@ using cudasim::internal::access;
 bool g_in_hook = false;
 
 void on_access(void* p, size_t n, bool write, const void* pc) {
+  const cudasim::internal::Thread* t = cudasim::internal::current_thread();
+  if (t && cudasim::internal::on_own_stack(t, reinterpret_cast<uintptr_t>(p))) return;
   g_in_hook = true;
   cudasim::internal::count_access(reinterpret_cast<uintptr_t>(p), n, write, pc);
   access(reinterpret_cast<uintptr_t>(p), n, write, pc);
@@ -194,6 +199,8 @@ void on_access(void* p, size_t n, bool write, const void* pc) {
 }
 void on_block_copy(const void* p, size_t n, bool write, const void* pc) {
   if (n == 0) return;
+  const cudasim::internal::Thread* t = cudasim::internal::current_thread();
+  if (t && cudasim::internal::on_own_stack(t, reinterpret_cast<uintptr_t>(p))) return;
   g_in_hook = true;
   cudasim::internal::count_block_copy(reinterpret_cast<uintptr_t>(p), n, write, pc);
   access(reinterpret_cast<uintptr_t>(p), n, write, pc);

@@ -93,11 +93,7 @@ using namespace internal;
 
 namespace {
 
-#if defined(CUDASIM_ASAN)
-constexpr size_t kStackBytes = 256 * 1024;
-#else
-constexpr size_t kStackBytes = 64 * 1024;
-#endif
+constexpr size_t kStackBytes = kFiberStackBytes;
 
 // ---- settings
 // -------------------------------------------------------------------------------
