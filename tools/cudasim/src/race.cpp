@@ -14,6 +14,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <algorithm>
 #include <unordered_map>
 
 #include "internal.hpp"
@@ -173,6 +174,21 @@ void race_begin_launch() {
   g_reported.clear();
 }
 void race_begin_block() {}
+
+void race_forget(uintptr_t lo, uintptr_t hi) {
+  g_last_page = ~uintptr_t{0};  // the cached page may be erased
+  for (uintptr_t page = lo >> kPageBits; page <= (hi - 1) >> kPageBits; ++page) {
+    auto it = g_shadow.find(page);
+    if (it == g_shadow.end()) continue;
+    const uintptr_t first = page << kPageBits, last = first + kPage;
+    if (first >= lo && last <= hi) {
+      g_shadow.erase(it);
+      continue;
+    }
+    // A page shared with a neighbouring buffer: forget only this buffer's bytes.
+    for (uintptr_t a = std::max(first, lo); a < std::min(last, hi); ++a) it->second[a - first] = Cell{};
+  }
+}
 
 }  // namespace cudasim::internal
 

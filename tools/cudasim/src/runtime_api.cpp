@@ -262,6 +262,9 @@ cudaError_t cudaFree(void* dev_ptr) {
   if (it == allocations().end()) return ret(cudaErrorInvalidValue);
   check_canaries("a kernel (found when the buffer was freed)");
   poison_canaries(it->second, false);
+#if defined(CUDASIM_RACE)
+  race_forget(it->second.base - kFrontCanary, it->second.base + it->second.padded + kBackCanary);
+#endif
   g_allocated -= it->second.size;
   std::free(it->second.raw);
   allocations().erase(it);
