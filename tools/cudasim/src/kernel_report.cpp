@@ -81,6 +81,7 @@ KernelRow launch_row(const LaunchCounts& k, const ModelDevice& dev) {
   KernelRow r;
   r.kernel = k.kernel;
   r.function = k.function;
+  r.launched_at = {k.launched_at};
   r.launches = 1;
   r.grid = k.grid;
   r.block = k.block;
@@ -111,6 +112,9 @@ bool same_geometry(const KernelRow& a, const KernelRow& b) {
 void add_into(KernelRow& sum, const KernelRow& r) {
   sum.geometry_varies = sum.geometry_varies || r.geometry_varies || !same_geometry(sum, r);
   sum.launches += r.launches;
+  for (const std::string& at : r.launched_at)
+    if (std::find(sum.launched_at.begin(), sum.launched_at.end(), at) == sum.launched_at.end())
+      sum.launched_at.push_back(at);
   sum.total += r.total;
   sum.unique_bytes_read += r.unique_bytes_read;
   sum.unique_bytes_written += r.unique_bytes_written;
@@ -165,6 +169,12 @@ const std::vector<Column>& columns() {
       {"kernel", "", "the kernel as written before <<<...>>>", [](const KernelRow& r) { return r.kernel; }},
       {"function", "", "the kernel function as instantiated (template arguments filled in)",
        [](const KernelRow& r) { return r.function; }},
+      {"launched_at", "file:line", "where the launches are written (the distinct places, separated by '; ')",
+       [](const KernelRow& r) {
+         std::string s;
+         for (const std::string& at : r.launched_at) s += (s.empty() ? "" : "; ") + at;
+         return s;
+       }},
       {"launches", "launches", "launches summed in this row", [](const KernelRow& r) { return num(r.launches); }},
       {"grid", "blocks", "gridDim as XxYxZ (empty: the summed launches differ in grid, block or shared memory)",
        [](const KernelRow& r) { return geometry(r, dims(r.grid)); }},

@@ -217,6 +217,8 @@ TEST_F(KernelReport, KernelRowsSumTheLaunchesOfOneFunction) {
   ASSERT_EQ(rows.size(), 2u);  // copy_f32_kernel, then copy_f32_offset1_kernel
   EXPECT_EQ(rows[0].kernel, "copy_f32_kernel");
   EXPECT_EQ(rows[0].launches, 2u);
+  ASSERT_EQ(rows[0].launched_at.size(), 1u);  // both from copy_f32's one launch line
+  EXPECT_NE(rows[0].launched_at[0].find("tests/cuda/counters.cu:"), std::string::npos) << rows[0].launched_at[0];
   EXPECT_TRUE(rows[0].geometry_varies);
   EXPECT_EQ(rows[0].total.global_ld_requests, 32u + 16u);
   EXPECT_EQ(rows[0].model.waves, 2u);  // one each

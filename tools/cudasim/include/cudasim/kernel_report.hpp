@@ -62,6 +62,7 @@ struct LineExcess {
 // that differ between the summed launches are flagged `varies` (empty in the CSV).
 struct KernelRow {
   std::string kernel, function;
+  std::vector<std::string> launched_at;  // the distinct file:line the launches are written at
   uint64_t launches = 0;
   Dim grid, block;
   uint64_t dynamic_smem_bytes = 0, static_smem_bytes = 0;
