@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -227,6 +228,28 @@ LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, Pha
   return out;
 }
 
+namespace {
+
+// The phase ranges told to each of the listeners given (null ones left out).
+class PhaseListeners : public PhaseListener {
+ public:
+  explicit PhaseListeners(std::initializer_list<PhaseListener*> listeners) {
+    for (PhaseListener* l : listeners)
+      if (l) listeners_.push_back(l);
+  }
+  void enter(const std::string& phase) override {
+    for (PhaseListener* l : listeners_) l->enter(phase);
+  }
+  void exit() override {
+    for (PhaseListener* l : listeners_) l->exit();
+  }
+
+ private:
+  std::vector<PhaseListener*> listeners_;
+};
+
+}  // namespace
+
 ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec) {
   check_spec(spec, comm);
   ExperimentResult res;
@@ -238,6 +261,7 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
   alloc.empty_cache();
   alloc.reset_peak();
   std::vector<double> fwd, bwd, total, emulated;
+  PhaseListeners listeners({spec.profiler, spec.kernel_report});
   try {
     LayerStackRunner runner(be, comm, spec);
     // meta: one iteration is the whole memory schedule; timing it means nothing.
@@ -247,11 +271,12 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
       const bool timed = be.computes() && it >= spec.warmup;
       if (timed && it == spec.warmup) {
         be.profiling(true);  // nsys --capture-range=cudaProfilerApi sees the timed iterations only
+        res.phases.set_listener(&listeners);
         if (spec.profiler) {
-          res.phases.set_listener(spec.profiler);
           spec.profiler->clear();
           spec.profiler->start();
         }
+        if (spec.kernel_report) spec.kernel_report->start();
       }
       LayerStackRunner::Iteration r = runner.iteration(measure_memory, timed ? &res.phases : nullptr);
       if (measure_memory) {
@@ -273,15 +298,20 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
       }
     }
     be.profiling(false);
+    res.phases.set_listener(nullptr);
     if (spec.profiler && be.computes()) {
       spec.profiler->stop();
-      res.phases.set_listener(nullptr);
       res.kernel_phases = spec.profiler->breakdown();
       res.cupti_dropped_records = spec.profiler->dropped_records();
+    }
+    if (spec.kernel_report && be.computes()) {
+      spec.kernel_report->stop();
+      res.kernel_report = spec.kernel_report->rows();
     }
   } catch (const OutOfMemory& e) {
     be.profiling(false);
     if (spec.profiler) spec.profiler->stop();
+    if (spec.kernel_report) spec.kernel_report->stop();
     res.phases.set_listener(nullptr);
     res.status = "oom";
     res.message = e.what();

@@ -12,6 +12,7 @@
 #include "layers/config.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/cupti_profiler.hpp"
+#include "runtime/kernel_report.hpp"
 #include "runtime/timing.hpp"
 
 namespace actbench {
@@ -27,6 +28,7 @@ struct ExperimentSpec {
   uint64_t seed = 1234;
   double link_gbps = 450.0;  // per direction, for the modeled communication time
   CuptiProfiler* profiler = nullptr;  // when set, records kernel time per phase over the timed iterations
+  KernelReportRecorder* kernel_report = nullptr;  // when set, counts the kernels per phase over the timed iterations
 };
 
 struct ExperimentResult {
@@ -46,6 +48,7 @@ struct ExperimentResult {
   PhaseLog phases;                   // host-clock totals over the timed iterations
   std::vector<PhaseTime> kernel_phases;  // with a profiler: GPU kernel time per phase, all timed iterations
   int64_t cupti_dropped_records = 0;     // with a profiler: records CUPTI dropped (non-zero: sums are short)
+  std::vector<KernelReportRecorder::Row> kernel_report;  // with a kernel_report: its rows, all timed iterations
 };
 
 ExperimentResult run_experiment(Backend& be, Communicator& comm, const ExperimentSpec& spec);

@@ -20,6 +20,7 @@
 #include "runtime/csv.hpp"
 #include "runtime/cupti_profiler.hpp"
 #include "runtime/error.hpp"
+#include "runtime/kernel_report.hpp"
 #include "runtime/provenance.hpp"
 
 using namespace actbench;
@@ -32,7 +33,21 @@ struct Setup {
   std::unique_ptr<Backend> be;
   std::unique_ptr<CuptiProfiler> profiler;
   std::unique_ptr<CsvAppender> cupti_csv;  // rank 0, with --cupti
+  std::unique_ptr<KernelReportRecorder> kernel_report;
+  std::unique_ptr<CsvAppender> kernel_report_csv;  // rank 0, with --kernel-report
 };
+
+// --kernel-report's file: the configuration and the phase, then the simulator's kernel columns.
+std::vector<std::string> kernel_report_header(const KernelReportRecorder& r) {
+  std::vector<std::string> head = {"config", "phase"};
+  for (const std::string& c : r.columns()) head.push_back(c);
+  return head;
+}
+std::vector<std::string> kernel_report_row(const std::string& config, const KernelReportRecorder::Row& k) {
+  std::vector<std::string> row = {config, k.phase};
+  row.insert(row.end(), k.fields.begin(), k.fields.end());
+  return row;
+}
 
 // The backend and what depends on it: meta and the simulator default to one iteration; the
 // cpu backend refuses a stack the host cannot hold.
@@ -61,9 +76,11 @@ void make_backend_for(LayerRunOptions& o, Setup& s, bool rank0) {
 // Everything that can be refused is refused here, on every rank, before the first row.
 void prepare(LayerRunOptions& o, Setup& s, const CsvAppender& csv, int world, bool rank0) {
   s.plan = plan_layer_run(o, world);
+  if (!o.kernel_report.empty()) s.kernel_report = KernelReportRecorder::create(o.kernel_report_device);
   if (rank0) {
     if (!o.cupti.empty()) s.cupti_csv = std::make_unique<CsvAppender>(o.cupti, column_names(cupti_columns()));
-    check_outputs(o, s.plan.policies, csv, s.cupti_csv.get());
+    if (s.kernel_report) s.kernel_report_csv = std::make_unique<CsvAppender>(o.kernel_report, kernel_report_header(*s.kernel_report));
+    check_outputs(o, s.plan.policies, csv, s.cupti_csv.get(), s.kernel_report_csv.get());
   }
   make_backend_for(o, s, rank0);
 }
@@ -86,6 +103,7 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.seed = o.seed;
   spec.link_gbps = o.link_gbps;
   spec.profiler = s.profiler.get();
+  spec.kernel_report = s.kernel_report.get();
   return spec;
 }
 
@@ -106,6 +124,9 @@ int run_configuration(const RunContext& run, Setup& s, Communicator& comm, Verdi
     if (!rank0) return;
     if (s.cupti_csv && m.result.status == "ok")
       for (const std::vector<std::string>& cupti_row : cupti_rows(run, m)) s.cupti_csv->append(cupti_row);
+    if (s.kernel_report_csv && m.result.status == "ok")
+      for (const KernelReportRecorder::Row& k : m.result.kernel_report)
+        s.kernel_report_csv->append(kernel_report_row(config_name(policy), k));
     csv.append(row);
     std::printf("%s", console_line(run, m).c_str());
   });

@@ -15,6 +15,7 @@
 #include "runners/result_columns.hpp"
 #include "runners/run_args.hpp"
 #include "runtime/error.hpp"
+#include "runtime/kernel_report.hpp"
 
 namespace actbench {
 namespace {
@@ -49,7 +50,7 @@ struct Args {
   std::string backend = "cpu", model = "tiny", configs = paper_configs_option(), attention = "unfused", dtype = "bf16";
   std::string hidden, heads, seq, batch, tp, layers = "1", warmup = "2", iters = "10", dropout,
                                                 seed = "1234", link_gbps = "450";
-  std::string csv, dump, cupti, memory_limit;
+  std::string csv, dump, cupti, memory_limit, kernel_report, kernel_report_device;
   std::string arch, hf_config;
   // The spec's flags (layer_spec_options.hpp), Megatron's names first.
   std::string normalization, norm_epsilon, ffn_hidden, num_query_groups, kv_heads, kv_channels, position,
@@ -156,6 +157,12 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   value("--dump", a.dump, "write canonical .npy tensors of one layer here (rank 0)", false);
   value("--cupti", a.cupti, "write GPU kernel time per phase (CUPTI) to this CSV (cuda backend; Figure 8's split)",
         false);
+  value("--kernel-report", a.kernel_report,
+        "write the simulator's memory-access counts per phase and kernel, with a modeled time, to this CSV (the "
+        "simulator build, --backend cuda)",
+        false);
+  value("--kernel-report-device", a.kernel_report_device,
+        "the device of --kernel-report's modeled columns: h100 (default) | a100", false);
   value("--memory-limit", a.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)", false);
   value("--link-gbps", a.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s", true);
   value("--arch", a.arch,
@@ -395,11 +402,21 @@ std::vector<LayerPolicy> resolve_policies(const LayerRunOptions& o) {
   return policies;
 }
 
+// --kernel-report: this build must count kernels (the simulator build), on --backend cuda.
+void check_kernel_report_options(const LayerRunOptions& o) {
+  if (o.kernel_report.empty()) return;
+  const std::string refusal = kernel_report_refusal(o.kernel_report_device);
+  if (!refusal.empty()) throw InvalidArgument(refusal);
+  if (o.backend != "cuda")
+    throw InvalidArgument("--kernel-report counts the simulated cuda kernels: it needs --backend cuda");
+}
+
 // What the layer and the backend allow, after the layer's own checks.
 void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int world) {
   if (!o.dump.empty() && o.layers != 1) throw InvalidArgument("--dump writes one layer: use --layers 1");
   if (!o.cupti.empty() && o.backend != "cuda")
     throw InvalidArgument("--cupti records GPU kernels: it needs --backend cuda");
+  check_kernel_report_options(o);
   if (world > 1 && o.backend == "cpu") {
     // Host collectives carry one tensor per MPI message, whose count is an int.
     const int64_t widest = std::max(dims.s * dims.b * dims.h, 4 * dims.h * dims.h / o.tp);
@@ -444,6 +461,11 @@ void parse_layer_run_options(int argc, char** argv, LayerRunOptions& o) {
   o.csv = a.csv;
   o.dump = a.dump;
   o.cupti = a.cupti;
+  o.kernel_report = a.kernel_report;
+  if (is_given(given, "--kernel-report-device")) {
+    if (a.kernel_report.empty()) throw InvalidArgument("--kernel-report-device needs --kernel-report");
+    o.kernel_report_device = a.kernel_report_device;
+  }
   o.configs = parse_config_list("--config", a.configs);
   take_run_values(a, given, o);
   take_spec_values(a, given, o);
@@ -464,17 +486,23 @@ LayerRunPlan plan_layer_run(LayerRunOptions& o, int world) {
 }
 
 void check_outputs(const LayerRunOptions& o, const std::vector<LayerPolicy>& policies, const CsvAppender& csv,
-                   const CsvAppender* cupti_csv) {
+                   const CsvAppender* cupti_csv, const CsvAppender* kernel_report_csv) {
   csv.check();
   if (cupti_csv) {
     if (same_path(o.cupti, o.csv)) throw InvalidArgument("--cupti '" + o.cupti + "' is the --csv file; give it its own");
     cupti_csv->check();
   }
+  if (kernel_report_csv) {
+    for (const auto& [flag, file] : {std::pair<const char*, const std::string&>{"--csv", o.csv}, {"--cupti", o.cupti}})
+      if (!file.empty() && same_path(o.kernel_report, file))
+        throw InvalidArgument("--kernel-report '" + o.kernel_report + "' is the " + flag + " file; give it its own");
+    kernel_report_csv->check();
+  }
   if (o.dump.empty()) return;
   for (LayerPolicy p : policies) {
     const std::string dir = dump_dir(o, policies.size(), p);
     check_output_dir("--dump", dir);
-    for (const std::string& file : {o.csv, o.cupti})
+    for (const std::string& file : {o.csv, o.cupti, o.kernel_report})
       if (!file.empty() && same_path(file, dir))
         throw InvalidArgument("--dump folder '" + dir + "' is the file '" + file + "'");
   }

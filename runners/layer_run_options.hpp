@@ -16,6 +16,7 @@ namespace actbench {
 
 struct LayerRunOptions {
   std::string backend, model, attention, dtype, csv, dump, cupti;
+  std::string kernel_report, kernel_report_device = "h100";  // --kernel-report FILE (simulator build)
   std::vector<std::string> configs;
   int64_t hidden = 0, heads = 0, seq = 0, batch = 0;  // 0: not given, the preset's
   int tp = 0;                                          // 0: not given
@@ -52,7 +53,7 @@ LayerRunPlan plan_layer_run(LayerRunOptions& o, int world);
 // Every output, before anything runs (rank 0 writes them all): the CSVs are writable with our
 // headers, no two outputs are the same path, the --dump folders can be made.
 void check_outputs(const LayerRunOptions& o, const std::vector<LayerPolicy>& policies, const CsvAppender& csv,
-                   const CsvAppender* cupti_csv);
+                   const CsvAppender* cupti_csv, const CsvAppender* kernel_report_csv);
 
 // Where --dump writes configuration p: the folder itself for one configuration, else a
 // subfolder named after it.

@@ -184,6 +184,8 @@ std::vector<std::pair<std::string, std::string>> normalized(const LayerRunOption
           {"--csv", o.csv},
           {"--dump", o.dump},
           {"--cupti", o.cupti},
+          {"--kernel-report", o.kernel_report},
+          {"--kernel-report-device", o.kernel_report_device},
           {"--arch", o.arch},
           {"--hf-config contents", hf_config_contents(o.hf)}};
   for (const auto& entry : layer_spec_edits_text(o.spec_edits)) out.push_back(entry);

@@ -35,6 +35,12 @@ target_include_directories(actbench_cuda_kernels_sim PRIVATE "${CMAKE_SOURCE_DIR
 # host C++ under strict aliasing).
 target_compile_options(actbench_cuda_kernels_sim PRIVATE -x c++ -include cudasim/cudasim.h -fno-strict-aliasing
                                                          ${cudasim_warnings} -Wno-unknown-pragmas)
+# ACTBENCH_CUDA_SIM_COUNTERS: the race variant's kernels (every access hooked: race checks and
+# the counters of layer_run --kernel-report); the runtime's side is in tools/standins.
+if(ACTBENCH_CUDA_SIM_COUNTERS)
+  include("${cudasim_dir}/race_flags.cmake")
+  target_compile_options(actbench_cuda_kernels_sim PRIVATE ${cudasim_kernel_flags_race})
+endif()
 
 add_library(actbench_kernels_cuda STATIC $<TARGET_OBJECTS:actbench_cuda_kernels_sim> cuda/gemm.cpp
                                          cuda/cuda_backend.cpp cuda/comm_nccl.cpp)

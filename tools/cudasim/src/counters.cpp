@@ -36,6 +36,8 @@ AccessCounts& AccessCounts::operator+=(const AccessCounts& o) {
   global_st_requests += o.global_st_requests;
   global_st_sectors += o.global_st_sectors;
   global_st_bytes += o.global_st_bytes;
+  global_ld_ideal_sectors += o.global_ld_ideal_sectors;
+  global_st_ideal_sectors += o.global_st_ideal_sectors;
   shared_ld_requests += o.shared_ld_requests;
   shared_ld_wavefronts += o.shared_ld_wavefronts;
   shared_ld_bank_conflicts += o.shared_ld_bank_conflicts;
@@ -116,6 +118,19 @@ class ByteSet {
     for (const auto& [page, bits] : pages_) n += bits->count();
     return n;
   }
+  // Whether any byte of [a, a + n) is in the set.
+  bool any(uintptr_t a, size_t n) const {
+    for (size_t i = 0; i < n; ++i) {
+      const uintptr_t b = a + i;
+      auto it = pages_.find(b / kPage);
+      if (it == pages_.end()) {
+        i += kPage - 1 - b % kPage;  // skip the rest of an absent page
+        continue;
+      }
+      if (it->second->test(b % kPage)) return true;
+    }
+    return false;
+  }
   void clear() {
     pages_.clear();
     last_page_ = ~uintptr_t{0};
@@ -138,9 +153,11 @@ struct Counters {
   std::vector<PendingGroups> pending;       // per warp of the running block
   std::unordered_map<const void*, AccessCounts> per_site;
   ByteSet read, written;
+  ByteSet static_shared;  // bytes of the static __shared__ section the launch touched
   std::vector<LaunchCounts> launches;
 
   Counters() {
+    on = open_env_kernel_report();
     const char* path = std::getenv("CUDASIM_COUNTERS");
     if (!path) return;
     csv = *path ? std::fopen(path, "w") : nullptr;
@@ -159,27 +176,58 @@ Counters& counters() {
   return c;
 }
 
+// The declared sizes of the static __shared__ variables any of whose bytes are in `touched`
+// (symbol sizes from the symbol table: static_shared_variables); without a symbol table, the
+// touched bytes themselves.
+uint64_t static_shared_bytes_touched(const ByteSet& touched) {
+  if (touched.count() == 0) return 0;
+  const std::vector<SharedVariable>& vars = static_shared_variables();
+  uint64_t bytes = 0;
+  for (const SharedVariable& v : vars)
+    if (touched.any(v.address, v.size)) bytes += v.size;
+  return bytes > 0 ? bytes : touched.count();
+}
+
 // ---- one request ----
+
+// The distinct bytes of the lanes' [addr, addr + size) ranges (lanes asking for the same
+// bytes, a broadcast, count them once).
+uint64_t distinct_bytes(std::vector<std::pair<uintptr_t, uintptr_t>>& ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t bytes = 0;
+  uintptr_t covered = 0;  // end of the union so far
+  for (const auto& [lo, hi] : ranges) {
+    const uintptr_t from = std::max(lo, covered);
+    if (hi > from) bytes += hi - from;
+    covered = std::max(covered, hi);
+  }
+  return bytes;
+}
 
 void count_global(const Group& g, AccessCounts& m) {
   std::vector<uintptr_t> sectors;
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
   uint64_t bytes = 0;
   for (int l = 0; l < kWarpSize; ++l) {
     if (!(g.lanes & (1u << l))) continue;
     const LaneAccess& a = g.at[l];
     bytes += a.size;
+    ranges.emplace_back(a.addr, a.addr + a.size);
     for (uintptr_t s = a.addr / kSectorBytes; s <= (a.addr + a.size - 1) / kSectorBytes; ++s) sectors.push_back(s);
   }
   std::sort(sectors.begin(), sectors.end());
   const uint64_t distinct = static_cast<uint64_t>(std::unique(sectors.begin(), sectors.end()) - sectors.begin());
+  const uint64_t ideal = (distinct_bytes(ranges) + kSectorBytes - 1) / kSectorBytes;
   if (g.write) {
     ++m.global_st_requests;
     m.global_st_sectors += distinct;
     m.global_st_bytes += bytes;
+    m.global_st_ideal_sectors += ideal;
   } else {
     ++m.global_ld_requests;
     m.global_ld_sectors += distinct;
     m.global_ld_bytes += bytes;
+    m.global_ld_ideal_sectors += ideal;
   }
 }
 
@@ -366,6 +414,8 @@ const std::vector<Column>& columns() {
 }
 #undef CUDASIM_COUNT_COLUMN
 
+}  // namespace
+
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
   std::string q = "\"";
@@ -375,6 +425,8 @@ std::string csv_field(const std::string& s) {
   }
   return q + "\"";
 }
+
+namespace {
 
 std::string csv_row(const LaunchCounts& launch, const LineCounts* line) {
   std::string row;
@@ -396,6 +448,7 @@ void count_access(uintptr_t a, size_t n, bool write, const void* pc) {
   bool shared = (a >= running.shared_lo && a < running.shared_hi) || (a >= running.dynamic_lo && a < running.dynamic_hi);
   if (!shared && !find_allocation(reinterpret_cast<const void*>(a), n)) return;  // stack, host, out of bounds
   if (!shared) (write ? c.written : c.read).add(a, n);
+  if (shared && a >= running.shared_lo && a < running.shared_hi) c.static_shared.add(a, n);
   Lane& lane = c.lanes[t->linear];
   const uint32_t bar = running.bar_epoch, wsync = (*running.warps)[t->warp].sync_epoch;
   if (lane.bar != bar || lane.wsync != wsync) {
@@ -433,6 +486,7 @@ void counters_begin_launch() {
   c.per_site.clear();
   c.read.clear();
   c.written.clear();
+  c.static_shared.clear();
 }
 
 void counters_begin_block() {
@@ -468,6 +522,7 @@ void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem)
   k.grid = {grid.x, grid.y, grid.z};
   k.block = {block.x, block.y, block.z};
   k.dynamic_smem_bytes = smem;
+  k.static_smem_bytes = static_shared_bytes_touched(c.static_shared);
   k.unique_global_bytes_read = c.read.count();
   k.unique_global_bytes_written = c.written.count();
   k.min_bytes = c.next_min_bytes;
@@ -477,6 +532,8 @@ void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem)
   c.per_site.clear();
   c.read.clear();
   c.written.clear();
+  c.static_shared.clear();
+  add_to_env_kernel_report(k);
   if (c.csv) {
     std::fputs(counters_csv_rows(k).c_str(), c.csv);
     std::fflush(c.csv);

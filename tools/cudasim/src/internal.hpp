@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cudasim/counters.hpp"
 #include "cudasim/device.hpp"
 #include "cudasim/sim.hpp"
 
@@ -132,6 +133,16 @@ void symbolize_all(const std::vector<const void*>& pcs);
 // The name of the function at `fn` (templates instantiated, from the symbol table); empty when
 // unknown.
 std::string function_name(const void* fn);
+// The static __shared__ variables of the running binary, from its symbol table (nm): address
+// in this process and declared size, ordered by address; empty when it cannot be read.
+struct SharedVariable {
+  uintptr_t address;
+  size_t size;
+};
+const std::vector<SharedVariable>& static_shared_variables();
+
+// A CSV field, quoted when it holds a comma, a quote or a newline (counters.cpp).
+std::string csv_field(const std::string& s);
 
 // Memory-access counters (counters.cpp, cudasim/counters.hpp): fed by the instrumentation
 // hooks, so only in binaries whose kernels are instrumented (the race variant); elsewhere the
@@ -147,6 +158,10 @@ void counters_begin_block();
 void counters_flush_warp(int warp);
 void counters_flush_block();
 void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem);
+// CUDASIM_KERNEL_REPORT (kernel_report.cpp): open_ checks the variables and the file (one line
+// and exit 2 when refused) and returns whether the report is asked for; add_ sums a launch.
+bool open_env_kernel_report();
+void add_to_env_kernel_report(const ::cudasim::LaunchCounts& launch);
 #else
 inline void counters_begin_launch() {}
 inline void counters_begin_block() {}

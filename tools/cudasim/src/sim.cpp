@@ -148,13 +148,14 @@ struct Settings {
       }
     }
 #if !defined(CUDASIM_RACE)
-    if (const char* c = std::getenv("CUDASIM_COUNTERS")) {
-      std::fprintf(stderr,
-                   "cudasim: error: CUDASIM_COUNTERS=%s: this binary's kernels are not instrumented; the counters "
-                   "exist in the race variant (build/cudasim/test_cudasim_*_race)\n",
-                   c);
-      std::exit(2);
-    }
+    for (const char* var : {"CUDASIM_COUNTERS", "CUDASIM_KERNEL_REPORT"})
+      if (const char* c = std::getenv(var)) {
+        std::fprintf(stderr,
+                     "cudasim: error: %s=%s: this binary's kernels are not instrumented; the counters "
+                     "exist in the race variant (build/cudasim/test_cudasim_*_race)\n",
+                     var, c);
+        std::exit(2);
+      }
 #endif
   }
 };

@@ -4,7 +4,10 @@
 // launch costs a few processes, not one per site. Cached.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -147,6 +150,43 @@ std::string function_name(const void* fn) {
     if (!answers.empty()) name = answers[0];
   }
   return names[fn] = name;
+}
+
+const std::vector<SharedVariable>& static_shared_variables() {
+  static const std::vector<SharedVariable> vars = [] {
+    std::vector<SharedVariable> out;
+    const uintptr_t lo = running.shared_lo, hi = running.shared_hi;
+    Dl_info info{};
+    if (lo >= hi || !dladdr(reinterpret_cast<const void*>(lo), &info) || !info.dli_fname) return out;
+    // nm's values are link-time addresses; the section's start symbol ties them to this process.
+    const std::string cmd = std::string("nm -S --defined-only '") + info.dli_fname + "' 2>/dev/null";
+    FILE* f = popen(cmd.c_str(), "r");
+    if (!f) return out;
+    std::vector<std::pair<unsigned long, unsigned long>> sized;  // value, size
+    unsigned long start = 0;
+    bool have_start = false;
+    char line[4096];
+    while (std::fgets(line, sizeof line, f)) {
+      // "VALUE SIZE TYPE NAME" for a sized symbol, "VALUE TYPE NAME" for a label.
+      std::vector<std::string> fields;
+      for (char* tok = std::strtok(line, " \t\n"); tok; tok = std::strtok(nullptr, " \t\n")) fields.push_back(tok);
+      if (fields.size() == 4) {
+        sized.emplace_back(std::strtoul(fields[0].c_str(), nullptr, 16), std::strtoul(fields[1].c_str(), nullptr, 16));
+      } else if (fields.size() == 3 && fields[2] == "__start_cudasim_shared") {
+        start = std::strtoul(fields[0].c_str(), nullptr, 16);
+        have_start = true;
+      }
+    }
+    pclose(f);
+    if (!have_start) return out;
+    for (const auto& [value, size] : sized) {
+      const uintptr_t address = lo + (value - start);
+      if (value >= start && address < hi && size > 0) out.push_back({address, size});
+    }
+    std::sort(out.begin(), out.end(), [](const SharedVariable& a, const SharedVariable& b) { return a.address < b.address; });
+    return out;
+  }();
+  return vars;
 }
 
 }  // namespace cudasim::internal

@@ -27,6 +27,10 @@ namespace cudasim {
 struct AccessCounts {
   uint64_t global_ld_requests = 0, global_ld_sectors = 0, global_ld_bytes = 0;
   uint64_t global_st_requests = 0, global_st_sectors = 0, global_st_bytes = 0;
+  // The fewest sectors that could hold what each request asked for: per request, its distinct
+  // bytes (lanes asking for the same byte count it once) / 32, rounded up. sectors - ideal is
+  // the excess a better access pattern could save.
+  uint64_t global_ld_ideal_sectors = 0, global_st_ideal_sectors = 0;
   uint64_t shared_ld_requests = 0, shared_ld_wavefronts = 0, shared_ld_bank_conflicts = 0;
   uint64_t shared_st_requests = 0, shared_st_wavefronts = 0, shared_st_bank_conflicts = 0;
   AccessCounts& operator+=(const AccessCounts& o);
@@ -52,6 +56,10 @@ struct LaunchCounts {
   std::string launched_at;   // file:line of the launch
   Dim grid, block;
   uint64_t dynamic_smem_bytes = 0;
+  // The static __shared__ variables the launch touched, their declared sizes summed (a variable
+  // no thread of the launch accessed is not counted: a lower bound on the kernel's static
+  // shared memory; exact for kernels that touch every variable they declare).
+  uint64_t static_smem_bytes = 0;
   uint64_t unique_global_bytes_read = 0, unique_global_bytes_written = 0;
   uint64_t min_bytes = 0;    // declared with declare_min_bytes before the launch; 0: none
   AccessCounts total;        // the sum of `lines`

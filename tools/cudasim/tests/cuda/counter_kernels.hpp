@@ -48,4 +48,9 @@ cudaError_t shared_f64(double* out, const double* in);
 // 16-byte accesses: s[t] = in[t]; __syncwarp(); out[t] = s[t] (float4).
 cudaError_t shared_float4(float* out, const float* in);
 
+// ---- occupancy (the kernel report) ----
+// `blocks` blocks of 32, each with `smem_bytes` of dynamic shared memory (<= 48 KiB): block b
+// stages in[0..31] in it and writes them reversed to out[32b..32b+31].
+cudaError_t dynamic_shared_reverse(float* out, const float* in, int blocks, size_t smem_bytes);
+
 }  // namespace cudasim_tests

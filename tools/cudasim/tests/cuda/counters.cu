@@ -98,6 +98,15 @@ __global__ void shared_float4_kernel(float4* out, const float4* in) {
   __syncwarp();
   out[t] = s[t];
 }
+// Each block of 32 stages its 32 floats of `in` (the same for every block) in dynamic shared
+// memory and writes them reversed to its own 32 of `out`.
+__global__ void dynamic_shared_reverse_kernel(float* out, const float* in) {
+  extern __shared__ float staged[];
+  const int t = threadIdx.x;
+  staged[t] = in[t];
+  __syncwarp();
+  out[blockIdx.x * 32 + t] = staged[31 - t];
+}
 
 int blocks_for(int n, int block) { return (n + block - 1) / block; }
 
@@ -167,6 +176,10 @@ cudaError_t shared_f64(double* out, const double* in) {
 }
 cudaError_t shared_float4(float* out, const float* in) {
   shared_float4_kernel<<<1, 32>>>(reinterpret_cast<float4*>(out), reinterpret_cast<const float4*>(in));
+  return cudaGetLastError();
+}
+cudaError_t dynamic_shared_reverse(float* out, const float* in, int blocks, size_t smem_bytes) {
+  dynamic_shared_reverse_kernel<<<blocks, 32, smem_bytes>>>(out, in);
   return cudaGetLastError();
 }
 
