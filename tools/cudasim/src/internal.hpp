@@ -125,6 +125,8 @@ void race_begin_block();
 // Drops the shadow of [lo, hi) (a freed buffer with its canaries): 64 bytes of shadow per byte
 // touched would otherwise outlive every buffer of a long run.
 void race_forget(uintptr_t lo, uintptr_t hi);
+// cudasim::set_race_checks.
+bool race_set_checks(bool on);
 
 // Source "file:line" of a code address (symbolize.cpp; addr2line, cached). symbolize_all
 // fills the cache for many addresses at once.

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <algorithm>
+#include <cstdlib>
 #include <unordered_map>
 
 #include "internal.hpp"
@@ -175,6 +176,16 @@ void race_begin_launch() {
 }
 void race_begin_block() {}
 
+// CUDASIM_RACE_CHECKS=0: counting without checking (set_race_checks).
+bool& race_checks() {
+  static bool on = [] {
+    const char* v = std::getenv("CUDASIM_RACE_CHECKS");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+bool race_set_checks(bool on) { return race_checks() = on; }
+
 void race_forget(uintptr_t lo, uintptr_t hi) {
   g_last_page = ~uintptr_t{0};  // the cached page may be erased
   for (uintptr_t page = lo >> kPageBits; page <= (hi - 1) >> kPageBits; ++page) {
@@ -210,7 +221,7 @@ void on_access(void* p, size_t n, bool write, const void* pc) {
   if (t && cudasim::internal::on_own_stack(t, reinterpret_cast<uintptr_t>(p))) return;
   g_in_hook = true;
   cudasim::internal::count_access(reinterpret_cast<uintptr_t>(p), n, write, pc);
-  access(reinterpret_cast<uintptr_t>(p), n, write, pc);
+  if (cudasim::internal::race_checks()) access(reinterpret_cast<uintptr_t>(p), n, write, pc);
   g_in_hook = false;
 }
 void on_block_copy(const void* p, size_t n, bool write, const void* pc) {
@@ -219,7 +230,7 @@ void on_block_copy(const void* p, size_t n, bool write, const void* pc) {
   if (t && cudasim::internal::on_own_stack(t, reinterpret_cast<uintptr_t>(p))) return;
   g_in_hook = true;
   cudasim::internal::count_block_copy(reinterpret_cast<uintptr_t>(p), n, write, pc);
-  access(reinterpret_cast<uintptr_t>(p), n, write, pc);
+  if (cudasim::internal::race_checks()) access(reinterpret_cast<uintptr_t>(p), n, write, pc);
   g_in_hook = false;
 }
 bool in_kernel() { return cudasim::detail::current && !g_in_hook; }

@@ -938,6 +938,14 @@ bool race_checker_enabled() {
   return false;
 #endif
 }
+bool set_race_checks(bool on) {
+#if defined(CUDASIM_RACE)
+  return race_set_checks(on);
+#else
+  (void)on;
+  return false;
+#endif
+}
 void set_block_filter(std::function<bool(uint64_t)> pred) { block_filter() = std::move(pred); }
 LaunchStats last_launch_stats() { return g_stats; }
 uint64_t launch_count() { return g_launches; }

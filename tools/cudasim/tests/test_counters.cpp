@@ -21,6 +21,7 @@
 #include "cudasim/counters.hpp"
 #include "cudasim/sim.hpp"
 #include "tests/cuda/counter_kernels.hpp"
+#include "tests/cuda/sim_test_kernels.hpp"
 
 using namespace cudasim_tests;
 using cudasim::LaunchCounts;
@@ -284,6 +285,28 @@ TEST_F(Counters, OffCountsNothing) {
   cudasim::set_counters(false);
   ASSERT_EQ(copy_f32(out.p, in.p, 32, 32), cudaSuccess);
   EXPECT_TRUE(cudasim::take_counted_launches().empty());
+}
+
+// Counting without the race checker: a planted race (the barrier after a tile load removed)
+// goes unreported, and the counts are those of the checked run.
+TEST_F(Counters, RaceChecksOffCountTheSameAndReportNothing) {
+  const int n = 256;
+  Dev<float> in(n, 1.f), out(n);
+  cudasim::take_counted_launches();
+  EXPECT_EQ(tile_reverse(out.p, in.p, n, 1), cudaErrorLaunchFailure) << "the race checker sees the planted race";
+  cudasim::take_reports();
+  const std::vector<LaunchCounts> checked_launches = cudasim::take_counted_launches();
+  ASSERT_EQ(checked_launches.size(), 1u);
+  const LaunchCounts& checked = checked_launches.front();
+  ASSERT_FALSE(cudasim::set_race_checks(false));
+  const LaunchCounts unchecked = counted([&] { return tile_reverse(out.p, in.p, n, 1); });
+  EXPECT_TRUE(cudasim::set_race_checks(true));
+  EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
+  EXPECT_EQ(unchecked.total.global_ld_sectors, checked.total.global_ld_sectors);
+  EXPECT_EQ(unchecked.total.global_st_sectors, checked.total.global_st_sectors);
+  EXPECT_EQ(unchecked.total.shared_ld_wavefronts, checked.total.shared_ld_wavefronts);
+  EXPECT_EQ(unchecked.total.shared_st_wavefronts, checked.total.shared_st_wavefronts);
+  EXPECT_GT(unchecked.total.shared_st_requests, 0u);
 }
 
 TEST_F(Counters, EveryColumnIsDeclaredOnceWithUnitAndMeaning) {

@@ -48,6 +48,11 @@ std::string reports_text();
 // Whether the race checker is compiled into this binary (the kernel objects built with
 // -fsanitize=thread and the hooks of race.cpp linked).
 bool race_checker_enabled();
+// Turns the race checker's work off (or back on) for the following accesses of a race-variant
+// binary, leaving the counters (cudasim/counters.hpp) as they are: counting alone needs none
+// of the checker's shadow (64 bytes per device byte touched). CUDASIM_RACE_CHECKS=0 starts
+// with it off. Returns whether it is on (always false where it is not compiled in).
+bool set_race_checks(bool on);
 
 // Runs only blocks whose linear index satisfies `pred` in the following launches (null: all).
 // Lets a test execute a few rows of a very large grid; skipped blocks write nothing.
