@@ -17,6 +17,7 @@
 // so that a warp's stores and loads of one plane are 512 contiguous bytes. The fused
 // LayerNorm/RMSNorm backward kernels write the same layout, one partial row per block.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/packs.cuh"
 
 namespace actbench::cuda {
 
@@ -35,35 +36,6 @@ inline ColumnChunks column_chunks(int64_t rows) {
   const int64_t used = (rows + per - 1) / per;  // rounding may leave the last chunks empty
   return {per, used < 1 ? 1 : used};
 }
-
-// VEC storage elements as floats: one 16-byte access when VEC > 1 (p must be 16-byte aligned).
-template <class T, int VEC>
-__device__ __forceinline__ void load_pack(const T* p, float (&v)[VEC]) {
-  if constexpr (VEC == 1) {
-    v[0] = to_float(*p);
-  } else {
-    static_assert(sizeof(T) * VEC == 16, "a pack is 16 bytes");
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = to_float(e[k]);
-  }
-}
-template <class T, int VEC>
-__device__ __forceinline__ void store_pack(T* p, const float (&v)[VEC]) {
-  if constexpr (VEC == 1) {
-    *p = from_float<T>(v[0]);
-  } else {
-    static_assert(sizeof(T) * VEC == 16, "a pack is 16 bytes");
-    uint4 raw;
-    T* e = reinterpret_cast<T*>(&raw);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) e[k] = from_float<T>(v[k]);
-    *reinterpret_cast<uint4*>(p) = raw;
-  }
-}
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // One fp32 partial row of `packs` packs of VEC columns, pack-major (see the header).
 template <int VEC>
@@ -115,12 +87,12 @@ __global__ void __launch_bounds__(kColTile* kRowLanes)
   if (p < packs) {
     for (int64_t r = r0 + ty; r < r1; r += kRowLanes) {
       float g[VEC];
-      load_pack<T, VEC>(dy + r * cols + p * VEC, g);
+      pack::load<T, VEC>(dy + r * cols + p * VEC, g);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[k] += g[k];
       if constexpr (kXhat) {
         float xv[VEC];
-        load_pack<T, VEC>(x + r * cols + p * VEC, xv);
+        pack::load<T, VEC>(x + r * cols + p * VEC, xv);
         const float mu = mean ? mean[r] : 0.f, rs = rstd[r];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) acc_x[k] += g[k] * ((xv[k] - mu) * rs);
@@ -157,10 +129,10 @@ __global__ void column_finish(const float* __restrict__ partial_a, T* __restrict
   for (int64_t p = global_thread(); p < packs; p += grid_threads()) {
     float a[VEC] = {}, b[VEC] = {};
     for (int64_t k = 0; k < chunks; ++k) PartialRow<VEC>::add(partial_a + k * cols, packs, p, a);
-    store_pack<T, VEC>(out_a + p * VEC, a);
+    pack::store<T, VEC>(out_a + p * VEC, a);
     if (out_b) {
       for (int64_t k = 0; k < chunks; ++k) PartialRow<VEC>::add(partial_b + k * cols, packs, p, b);
-      store_pack<T, VEC>(out_b + p * VEC, b);
+      pack::store<T, VEC>(out_b + p * VEC, b);
     }
   }
 }
@@ -203,8 +175,8 @@ template <class T, bool kXhat>
 void column_sums(const T* dy, const T* x, const float* mean, const float* rstd, T* out_dy, T* out_dy_xhat,
                  float* workspace, int64_t rows, int64_t cols, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool vec = cols % kVec == 0 && aligned16(dy) && (!kXhat || aligned16(x)) && (!out_dy || aligned16(out_dy)) &&
-                   (!out_dy_xhat || aligned16(out_dy_xhat)) && aligned16(workspace);
+  const bool vec = cols % kVec == 0 && pack::aligned16(dy) && (!kXhat || pack::aligned16(x)) && (!out_dy || pack::aligned16(out_dy)) &&
+                   (!out_dy_xhat || pack::aligned16(out_dy_xhat)) && pack::aligned16(workspace);
   if (vec)
     column_sums_vec<T, kVec, kXhat>(dy, x, mean, rstd, out_dy, out_dy_xhat, workspace, rows, cols, stream);
   else

@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int k = 0; k < PACKS; ++k) {
     const int64_t p = owned_pack(k);
     if (p < packs) {
-      load_pack<T, VEC>(w + p * VEC, wv[k]);
-      load_pack<T, VEC>(b + p * VEC, bv[k]);
+      pack::load<T, VEC>(w + p * VEC, wv[k]);
+      pack::load<T, VEC>(b + p * VEC, bv[k]);
     }
   }
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * kFwdRowsPerBlock; first < rows;
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int k = 0; k < PACKS; ++k) {
         const int64_t p = owned_pack(k);
         if (p < packs) {
-          load_pack<T, VEC>(xr + p * VEC, v[k]);
+          pack::load<T, VEC>(xr + p * VEC, v[k]);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) s += v[k][e];
         }
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kMaxThreads)
           float out[VEC];
 #pragma unroll
           for (int e = 0; e < VEC; ++e) out[e] = (v[k][e] - mu) * rs * wv[k][e] + bv[k][e];
-          store_pack<T, VEC>(yr + p * VEC, out);
+          pack::store<T, VEC>(yr + p * VEC, out);
         }
       }
       if (threadIdx.x == 0) {
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
   for (int k = 0; k < PACKS; ++k) {
     const int64_t p = owned_pack(k);
-    if (p < packs) load_pack<T, VEC>(w + p * VEC, wv[k]);
+    if (p < packs) pack::load<T, VEC>(w + p * VEC, wv[k]);
   }
   __syncthreads();
   for (int i = 0; i < count; ++i) {
@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       const int64_t p = owned_pack(k);
       if (p < packs) {
         float g[VEC];
-        load_pack<T, VEC>(dy + r * cols + p * VEC, g);
-        load_pack<T, VEC>(x + r * cols + p * VEC, xhat[k]);
+        pack::load<T, VEC>(dy + r * cols + p * VEC, g);
+        pack::load<T, VEC>(x + r * cols + p * VEC, xhat[k]);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           xhat[k][e] = (xhat[k][e] - mu) * rs;
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         float out[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; ++e) out[e] = rs * (gw[k][e] - mean_g - xhat[k][e] * mean_gx);
-        store_pack<T, VEC>(dx + r * cols + p * VEC, out);
+        pack::store<T, VEC>(dx + r * cols + p * VEC, out);
       }
     }
   }
@@ -186,7 +186,7 @@ __global__ void layernorm_fwd_long_kernel(const T* __restrict__ x, const T* __re
     float s = 0.f;
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
       float v[VEC];
-      load_pack<T, VEC>(xr + p * VEC, v);
+      pack::load<T, VEC>(xr + p * VEC, v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) s += v[k];
     }
@@ -194,19 +194,19 @@ __global__ void layernorm_fwd_long_kernel(const T* __restrict__ x, const T* __re
     float ss = 0.f;
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
       float v[VEC];
-      load_pack<T, VEC>(xr + p * VEC, v);
+      pack::load<T, VEC>(xr + p * VEC, v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) ss += (v[k] - mu) * (v[k] - mu);
     }
     const float rs = 1.f / sqrtf(block_sum(ss, scratch) / n + eps);
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
       float v[VEC], wv[VEC], bv[VEC], out[VEC];
-      load_pack<T, VEC>(xr + p * VEC, v);
-      load_pack<T, VEC>(w + p * VEC, wv);
-      load_pack<T, VEC>(b + p * VEC, bv);
+      pack::load<T, VEC>(xr + p * VEC, v);
+      pack::load<T, VEC>(w + p * VEC, wv);
+      pack::load<T, VEC>(b + p * VEC, bv);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out[k] = (v[k] - mu) * rs * wv[k] + bv[k];
-      store_pack<T, VEC>(y + r * cols + p * VEC, out);
+      pack::store<T, VEC>(y + r * cols + p * VEC, out);
     }
     if (threadIdx.x == 0) {
       mean[r] = mu;
@@ -230,9 +230,9 @@ __global__ void layernorm_bwd_dx_long_kernel(const T* __restrict__ dy, const T* 
     float sg = 0.f, sgx = 0.f;
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
       float g[VEC], xv[VEC], wv[VEC];
-      load_pack<T, VEC>(dyr + p * VEC, g);
-      load_pack<T, VEC>(xr + p * VEC, xv);
-      load_pack<T, VEC>(w + p * VEC, wv);
+      pack::load<T, VEC>(dyr + p * VEC, g);
+      pack::load<T, VEC>(xr + p * VEC, xv);
+      pack::load<T, VEC>(w + p * VEC, wv);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const float gk = g[k] * wv[k];
@@ -244,12 +244,12 @@ __global__ void layernorm_bwd_dx_long_kernel(const T* __restrict__ dy, const T* 
     const float mean_gx = block_sum(sgx, scratch) / n;
     for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
       float g[VEC], xv[VEC], wv[VEC], out[VEC];
-      load_pack<T, VEC>(dyr + p * VEC, g);
-      load_pack<T, VEC>(xr + p * VEC, xv);
-      load_pack<T, VEC>(w + p * VEC, wv);
+      pack::load<T, VEC>(dyr + p * VEC, g);
+      pack::load<T, VEC>(xr + p * VEC, xv);
+      pack::load<T, VEC>(w + p * VEC, wv);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out[k] = rs * (g[k] * wv[k] - mean_g - ((xv[k] - mu) * rs) * mean_gx);
-      store_pack<T, VEC>(dx + r * cols + p * VEC, out);
+      pack::store<T, VEC>(dx + r * cols + p * VEC, out);
     }
   }
 }
@@ -289,7 +289,7 @@ template <class T>
 void fwd(const T* x, const T* w, const T* b, float eps, T* y, float* mean, float* rstd, int64_t rows, int64_t cols,
          cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  if (cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(b) && aligned16(y))
+  if (cols % kVec == 0 && pack::aligned16(x) && pack::aligned16(w) && pack::aligned16(b) && pack::aligned16(y))
     fwd_vec<T, kVec>(x, w, b, eps, y, mean, rstd, rows, cols, stream);
   else
     fwd_vec<T, 1>(x, w, b, eps, y, mean, rstd, rows, cols, stream);
@@ -328,8 +328,8 @@ template <class T>
 void bwd(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, T* dw, T* db,
          float* workspace, int64_t rows, int64_t cols, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  if (cols % kVec == 0 && aligned16(dy) && aligned16(x) && aligned16(w) && aligned16(dx) && aligned16(dw) &&
-      aligned16(db) && aligned16(workspace))
+  if (cols % kVec == 0 && pack::aligned16(dy) && pack::aligned16(x) && pack::aligned16(w) && pack::aligned16(dx) && pack::aligned16(dw) &&
+      pack::aligned16(db) && pack::aligned16(workspace))
     bwd_vec<T, kVec>(dy, x, w, mean, rstd, dx, dw, db, workspace, rows, cols, stream);
   else
     bwd_vec<T, 1>(dy, x, w, mean, rstd, dx, dw, db, workspace, rows, cols, stream);
