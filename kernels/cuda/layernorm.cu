@@ -22,17 +22,11 @@ namespace {
 // the 1024 rows with it: fewer, wider blocks (one 16-byte pack per thread, up to 1024 threads).
 constexpr int kFwdRowsPerBlock = 32;
 constexpr int kBwdRowsPerBlock = 128;
-constexpr int kMaxThreads = 1024;
-
-// The packs a thread owns: p = threadIdx.x + k * blockDim.x for k < PACKS (a warp's k-th packs
-// are 32 consecutive 16-byte packs: 512 contiguous bytes per request). The same columns in every
-// row of the block, so weights and column partials stay in registers.
-__device__ __forceinline__ int64_t owned_pack(int k) { return threadIdx.x + static_cast<int64_t>(k) * blockDim.x; }
 
 // One row of x is read once into registers: the mean, the variance (two-pass, like the
 // reference) and y all come from those registers.
 template <class T, int VEC, int PACKS>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(pack::kMaxRowThreads)
     layernorm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b, float eps,
                          T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
                          int64_t cols) {
@@ -43,7 +37,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   float wv[PACKS][VEC], bv[PACKS][VEC];
 #pragma unroll
   for (int k = 0; k < PACKS; ++k) {
-    const int64_t p = owned_pack(k);
+    const int64_t p = pack::owned(k);
     if (p < packs) {
       pack::load<T, VEC>(w + p * VEC, wv[k]);
       pack::load<T, VEC>(b + p * VEC, bv[k]);
@@ -59,7 +53,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       float s = 0.f;
 #pragma unroll
       for (int k = 0; k < PACKS; ++k) {
-        const int64_t p = owned_pack(k);
+        const int64_t p = pack::owned(k);
         if (p < packs) {
           pack::load<T, VEC>(xr + p * VEC, v[k]);
 #pragma unroll
@@ -70,7 +64,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       float ss = 0.f;
 #pragma unroll
       for (int k = 0; k < PACKS; ++k) {
-        if (owned_pack(k) < packs) {
+        if (pack::owned(k) < packs) {
 #pragma unroll
           for (int e = 0; e < VEC; ++e) ss += (v[k][e] - mu) * (v[k][e] - mu);
         }
@@ -78,7 +72,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       const float rs = 1.f / sqrtf(block_sum(ss, scratch) / n + eps);
 #pragma unroll
       for (int k = 0; k < PACKS; ++k) {
-        const int64_t p = owned_pack(k);
+        const int64_t p = pack::owned(k);
         if (p < packs) {
           float out[VEC];
 #pragma unroll
@@ -105,7 +99,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 // per column, the block's sums of dy (dbias) and dy * xhat (dweight) accumulate in registers
 // in row order and are written as partial row g of part_db / part_dw (PartialRow layout).
 template <class T, int VEC, int PACKS>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(pack::kMaxRowThreads)
     layernorm_bwd_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                          float* __restrict__ part_db, float* __restrict__ part_dw, int64_t rows, int64_t cols) {
@@ -122,7 +116,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   float wv[PACKS][VEC], acc_db[PACKS][VEC] = {}, acc_dw[PACKS][VEC] = {};
 #pragma unroll
   for (int k = 0; k < PACKS; ++k) {
-    const int64_t p = owned_pack(k);
+    const int64_t p = pack::owned(k);
     if (p < packs) pack::load<T, VEC>(w + p * VEC, wv[k]);
   }
   __syncthreads();
@@ -133,7 +127,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     float sg = 0.f, sgx = 0.f;
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
-      const int64_t p = owned_pack(k);
+      const int64_t p = pack::owned(k);
       if (p < packs) {
         float g[VEC];
         pack::load<T, VEC>(dy + r * cols + p * VEC, g);
@@ -153,7 +147,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float mean_gx = block_sum(sgx, scratch) / n;
 #pragma unroll
     for (int k = 0; k < PACKS; ++k) {
-      const int64_t p = owned_pack(k);
+      const int64_t p = pack::owned(k);
       if (p < packs) {
         float out[VEC];
 #pragma unroll
@@ -164,7 +158,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 #pragma unroll
   for (int k = 0; k < PACKS; ++k) {
-    const int64_t p = owned_pack(k);
+    const int64_t p = pack::owned(k);
     if (p < packs) {
       PartialRow<VEC>::store(part_db + blockIdx.x * cols, packs, p, acc_db[k]);
       PartialRow<VEC>::store(part_dw + blockIdx.x * cols, packs, p, acc_dw[k]);
@@ -172,7 +166,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// Rows longer than kMaxThreads * 8 packs: one block per row, x (fwd) or dy and x (bwd) read
+// Rows longer than pack::kMaxRowThreads * 8 packs: one block per row, x (fwd) or dy and x (bwd) read
 // again in each pass, and the column sums of column_reduce.cuh.
 template <class T, int VEC>
 __global__ void layernorm_fwd_long_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
@@ -254,26 +248,14 @@ __global__ void layernorm_bwd_dx_long_kernel(const T* __restrict__ dy, const T* 
   }
 }
 
-// Threads for a row of `packs` packs at `per_thread` packs each: whole warps, at least one.
-unsigned row_threads(int64_t packs, int per_thread) {
-  const int64_t t = ((packs + per_thread - 1) / per_thread + 31) / 32 * 32;
-  return static_cast<unsigned>(t < 32 ? 32 : t);
-}
-// Packs per thread so that a row fits one block of at most kMaxThreads: 1, 2, 4 or 8; 0 when
-// the row is longer (the long-row kernels).
-int packs_per_thread(int64_t packs) {
-  for (int per : {1, 2, 4, 8})
-    if (packs <= static_cast<int64_t>(per) * kMaxThreads) return per;
-  return 0;
-}
 unsigned blocks_for(int64_t rows, int rows_per_block) { return row_blocks((rows + rows_per_block - 1) / rows_per_block); }
 
 template <class T, int VEC>
 void fwd_vec(const T* x, const T* w, const T* b, float eps, T* y, float* mean, float* rstd, int64_t rows,
              int64_t cols, cudaStream_t stream) {
   const int64_t packs = cols / VEC;
-  const int per = packs_per_thread(packs);
-  const unsigned grid = blocks_for(rows, kFwdRowsPerBlock), threads = row_threads(packs, per ? per : 8);
+  const int per = pack::per_thread(packs);
+  const unsigned grid = blocks_for(rows, kFwdRowsPerBlock), threads = pack::row_threads(packs, per ? per : 8);
   switch (per) {
     case 1: layernorm_fwd_kernel<T, VEC, 1><<<grid, threads, 0, stream>>>(x, w, b, eps, y, mean, rstd, rows, cols); break;
     case 2: layernorm_fwd_kernel<T, VEC, 2><<<grid, threads, 0, stream>>>(x, w, b, eps, y, mean, rstd, rows, cols); break;
@@ -301,7 +283,7 @@ template <class T, int VEC>
 void bwd_vec(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, T* dw, T* db,
              float* workspace, int64_t rows, int64_t cols, cudaStream_t stream) {
   const int64_t packs = cols / VEC;
-  const int per = packs_per_thread(packs);
+  const int per = pack::per_thread(packs);
   if (per == 0) {
     if (rows > 0) {
       layernorm_bwd_dx_long_kernel<T, VEC><<<row_blocks(rows), 256, 0, stream>>>(dy, x, w, mean, rstd, dx, rows, cols);
@@ -313,7 +295,7 @@ void bwd_vec(const T* dy, const T* x, const T* w, const float* mean, const float
   const int64_t blocks = fused_bwd_blocks(rows);
   float* part_db = workspace;
   float* part_dw = workspace + blocks * cols;
-  const unsigned grid = static_cast<unsigned>(blocks), threads = row_threads(packs, per);
+  const unsigned grid = static_cast<unsigned>(blocks), threads = pack::row_threads(packs, per);
   switch (per) {
     case 1: layernorm_bwd_kernel<T, VEC, 1><<<grid, threads, 0, stream>>>(dy, x, w, mean, rstd, dx, part_db, part_dw, rows, cols); break;
     case 2: layernorm_bwd_kernel<T, VEC, 2><<<grid, threads, 0, stream>>>(dy, x, w, mean, rstd, dx, part_db, part_dw, rows, cols); break;
