@@ -17,11 +17,14 @@ namespace {
 // the block's rows are written as one coalesced store. Backward: each block also writes one fp32
 // partial row of dweight and dbias (8 bytes per column) that the finish kernel reads back: with
 // the weight read that is 18 bytes per column and block against 6 per element of dy, x and dx in
-// bf16, so 128 rows per block keep it near 2 %. At the 22B shape (cols 6144) that is 256
-// forward / 64 backward blocks for the 8192 rows without sequence parallelism and 32 / 8 for
-// the 1024 rows with it: fewer, wider blocks (one 16-byte pack per thread, up to 1024 threads).
+// bf16, so 64 rows per block keep it under 5 % (4.5 % counted at the 22B geometry). At the
+// 22B shape (cols 6144) that is 256 forward / 128 backward blocks for the 8192 rows without
+// sequence parallelism (about one backward block per SM of an H100) and 32 / 16 for the 1024
+// rows with it, too few to fill a GPU: there the 5 % bound on the fp32 partials and full
+// occupancy conflict (docs/kernel_efficiency.md). One 16-byte pack per thread, up to 1024
+// threads a block.
 constexpr int kFwdRowsPerBlock = 32;
-constexpr int kBwdRowsPerBlock = 128;
+constexpr int kBwdRowsPerBlock = 64;
 
 // One row of x is read once into registers: the mean, the variance (two-pass, like the
 // reference) and y all come from those registers.

@@ -15,10 +15,10 @@ namespace {
 // RMSNorm rows per block: the weight slice is read once per block into registers; the
 // backward's fused kernel writes one fp32 dweight partial row per block (column_reduce.cuh's
 // layout), read back by the finish kernel. As for LayerNorm (layernorm.cu): 32 rows per block
-// forward, 128 backward, one 16-byte pack per thread up to 1024 threads (llama3-8b: h = 4096,
-// 512 threads; 8192 rows are 256 / 64 blocks, 1024 rows with sequence parallelism 32 / 8).
+// forward, 64 backward, one 16-byte pack per thread up to 1024 threads (llama3-8b: h = 4096,
+// 512 threads; 8192 rows are 256 / 128 blocks, 1024 rows with sequence parallelism 32 / 16).
 constexpr int kFwdRowsPerBlock = 32;
-constexpr int kBwdRowsPerBlock = 128;
+constexpr int kBwdRowsPerBlock = 64;
 
 // rstd = 1 / sqrt(mean(x²) + eps); y = x * rstd * w. A row of x is read once into registers.
 template <class T, int VEC, int PACKS>
