@@ -315,7 +315,7 @@ TEST_P(SimKernels, BiasDropoutResidual) {
 }
 
 TEST_P(SimKernels, AddBiasAndColumnReductions) {
-  for (int64_t rows : {1, 111, 333})  // 333 rows: six chunks of the two-stage column sums
+  for (int64_t rows : {1, 111, 333})  // 333 rows: two chunks of the two-stage column sums
     for (int64_t cols : {45, 70}) {
       const std::string what = name(std::to_string(rows) + "x" + std::to_string(cols));
       Both y = random({rows, cols}, dt()), bias = random({cols}, dt());
