@@ -509,7 +509,8 @@ void counters_flush_block() {
   for (PendingGroups& g : c.pending) flush(g);
 }
 
-void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem) {
+void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, uint64_t blocks_run,
+                         uint64_t sample) {
   Counters& c = counters();
   if (!c.in_launch) return;
   counters_flush_block();
@@ -522,6 +523,8 @@ void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem)
   k.grid = {grid.x, grid.y, grid.z};
   k.block = {block.x, block.y, block.z};
   k.dynamic_smem_bytes = smem;
+  k.blocks_run = blocks_run;
+  k.block_sample = sample;
   k.static_smem_bytes = static_shared_bytes_touched(c.static_shared);
   k.unique_global_bytes_read = c.read.count();
   k.unique_global_bytes_written = c.written.count();

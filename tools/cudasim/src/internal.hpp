@@ -159,7 +159,8 @@ void counters_begin_launch();
 void counters_begin_block();
 void counters_flush_warp(int warp);
 void counters_flush_block();
-void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem);
+void counters_end_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, uint64_t blocks_run,
+                         uint64_t sample);
 // CUDASIM_KERNEL_REPORT (kernel_report.cpp): open_ checks the variables and the file (one line
 // and exit 2 when refused) and returns whether the report is asked for; add_ sums a launch.
 bool open_env_kernel_report();
@@ -169,7 +170,7 @@ inline void counters_begin_launch() {}
 inline void counters_begin_block() {}
 inline void counters_flush_warp(int) {}
 inline void counters_flush_block() {}
-inline void counters_end_launch(const void*, dim3, dim3, size_t) {}
+inline void counters_end_launch(const void*, dim3, dim3, size_t, uint64_t, uint64_t) {}
 #endif
 
 }  // namespace cudasim::internal

@@ -77,8 +77,45 @@ std::string real(double v) {
 std::string ratio(uint64_t a, uint64_t b) { return b ? real(static_cast<double>(a) / static_cast<double>(b)) : ""; }
 std::string dims(const Dim& d) { return num(d.x) + "x" + num(d.y) + "x" + num(d.z); }
 
-KernelRow launch_row(const LaunchCounts& k, const ModelDevice& dev) {
+// A block-sampled launch (set_block_sample) as the whole launch would count: every count times
+// blocks / blocks_run. Exact for kernels whose blocks all do the same work (elementwise and
+// grid-stride kernels, rows of one length); an estimate for rows of varying work (the causal
+// softmax's rows, sampled evenly). Unique bytes scale too, which over-counts what every block
+// reads alike (a weight vector) by the sample factor: negligible beside row traffic.
+AccessCounts scaled(const AccessCounts& c, double f) {
+  auto x = [f](uint64_t v) { return static_cast<uint64_t>(static_cast<double>(v) * f + 0.5); };
+  AccessCounts s;
+  s.global_ld_requests = x(c.global_ld_requests);
+  s.global_ld_sectors = x(c.global_ld_sectors);
+  s.global_ld_bytes = x(c.global_ld_bytes);
+  s.global_ld_ideal_sectors = x(c.global_ld_ideal_sectors);
+  s.global_st_requests = x(c.global_st_requests);
+  s.global_st_sectors = x(c.global_st_sectors);
+  s.global_st_bytes = x(c.global_st_bytes);
+  s.global_st_ideal_sectors = x(c.global_st_ideal_sectors);
+  s.shared_ld_requests = x(c.shared_ld_requests);
+  s.shared_ld_wavefronts = x(c.shared_ld_wavefronts);
+  s.shared_ld_bank_conflicts = x(c.shared_ld_bank_conflicts);
+  s.shared_st_requests = x(c.shared_st_requests);
+  s.shared_st_wavefronts = x(c.shared_st_wavefronts);
+  s.shared_st_bank_conflicts = x(c.shared_st_bank_conflicts);
+  return s;
+}
+LaunchCounts whole_launch(const LaunchCounts& k) {
+  if (k.block_sample <= 1 || k.blocks_run == 0 || k.blocks_run >= volume(k.grid)) return k;
+  const double f = static_cast<double>(volume(k.grid)) / static_cast<double>(k.blocks_run);
+  LaunchCounts w = k;
+  w.total = scaled(k.total, f);
+  for (LineCounts& l : w.lines) l.counts = scaled(l.counts, f);
+  w.unique_global_bytes_read = static_cast<uint64_t>(static_cast<double>(k.unique_global_bytes_read) * f + 0.5);
+  w.unique_global_bytes_written = static_cast<uint64_t>(static_cast<double>(k.unique_global_bytes_written) * f + 0.5);
+  return w;
+}
+
+KernelRow launch_row(const LaunchCounts& sampled_or_whole, const ModelDevice& dev) {
+  const LaunchCounts k = whole_launch(sampled_or_whole);
   KernelRow r;
+  r.block_sample = k.block_sample;
   r.kernel = k.kernel;
   r.function = k.function;
   r.launched_at = {k.launched_at};
@@ -112,6 +149,7 @@ bool same_geometry(const KernelRow& a, const KernelRow& b) {
 void add_into(KernelRow& sum, const KernelRow& r) {
   sum.geometry_varies = sum.geometry_varies || r.geometry_varies || !same_geometry(sum, r);
   sum.launches += r.launches;
+  sum.block_sample = std::max(sum.block_sample, r.block_sample);
   for (const std::string& at : r.launched_at)
     if (std::find(sum.launched_at.begin(), sum.launched_at.end(), at) == sum.launched_at.end())
       sum.launched_at.push_back(at);
@@ -176,6 +214,9 @@ const std::vector<Column>& columns() {
          return s;
        }},
       {"launches", "launches", "launches summed in this row", [](const KernelRow& r) { return num(r.launches); }},
+      {"block_sample", "",
+       "1: every block ran; N: one block in N ran (set_block_sample) and the counts are scaled to the whole grid",
+       [](const KernelRow& r) { return num(r.block_sample); }},
       {"grid", "blocks", "gridDim as XxYxZ (empty: the summed launches differ in grid, block or shared memory)",
        [](const KernelRow& r) { return geometry(r, dims(r.grid)); }},
       {"block", "threads", "blockDim as XxYxZ (empty: it varies)",

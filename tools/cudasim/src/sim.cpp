@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -113,7 +114,18 @@ struct Settings {
   DeviceModel device = DeviceModel::h100;
   Schedule schedule = Schedule::round_robin;
   uint64_t seed = 1;
+  uint64_t block_sample = 1;  // run every block_sample-th block (set_block_sample)
   Settings() {
+    if (const char* n = std::getenv("CUDASIM_BLOCK_SAMPLE")) {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long v = std::strtoull(n, &end, 10);
+      if (!*n || *end || errno || v < 1 || n[0] == '-' || n[0] == '+') {
+        std::fprintf(stderr, "cudasim: error: CUDASIM_BLOCK_SAMPLE=%s is not a whole number >= 1\n", n);
+        std::exit(2);
+      }
+      block_sample = v;
+    }
     if (const char* d = std::getenv("CUDASIM_DEVICE")) {
       const std::string s = d;
       if (s == "h100")
@@ -512,6 +524,14 @@ void report_deadlock() {
   add_report("deadlock", msg);
 }
 
+// Block sampling (set_block_sample): of every `n` consecutive blocks the middle one runs; a grid
+// of fewer blocks than n/2 runs its last block. Every launch runs at least one block.
+bool sampled(uint64_t linear, uint64_t nblocks) {
+  const uint64_t n = settings().block_sample;
+  if (n <= 1) return true;
+  return linear % n == std::min(n / 2, nblocks - 1);
+}
+
 bool run_block(uint64_t linear) {
   Block& b = g_block;
   const unsigned bx = detail::block_dim.x, by = detail::block_dim.y;
@@ -824,6 +844,7 @@ void launch(const void* kernel, const char* kernel_name, const char* file, int l
   for (uint64_t k = 0; k < nblocks && ok; ++k) {
     const uint64_t linear = order.empty() ? k : order[k];
     if (block_filter() && !block_filter()(linear)) continue;
+    if (!sampled(linear, nblocks)) continue;
     detail::block_idx = uint3{static_cast<unsigned>(linear % grid.x), static_cast<unsigned>((linear / grid.x) % grid.y),
                               static_cast<unsigned>(linear / (static_cast<uint64_t>(grid.x) * grid.y))};
     ok = run_block(linear);
@@ -833,7 +854,7 @@ void launch(const void* kernel, const char* kernel_name, const char* file, int l
 #endif
   ApiCall::kernel(kernel_name, kernel_start_ns, activity::now_ns(), grid, block, smem);
   check_canaries(kernel_name);
-  counters_end_launch(kernel, grid, block, smem);
+  counters_end_launch(kernel, grid, block, smem, g_stats.blocks_run, settings().block_sample);
   running.kernel = "";
   if (report_list().size() != reports_before) set_error(cudaErrorLaunchFailure);
 }
@@ -947,6 +968,8 @@ bool set_race_checks(bool on) {
 #endif
 }
 void set_block_filter(std::function<bool(uint64_t)> pred) { block_filter() = std::move(pred); }
+void set_block_sample(uint64_t every) { settings().block_sample = every < 1 ? 1 : every; }
+uint64_t block_sample() { return settings().block_sample; }
 LaunchStats last_launch_stats() { return g_stats; }
 uint64_t launch_count() { return g_launches; }
 

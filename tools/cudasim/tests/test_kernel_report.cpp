@@ -96,6 +96,33 @@ TEST_F(KernelReport, CoalescedCopyHasNoExcessAndMovesItsMinimum) {
   EXPECT_EQ(col("excess_lines"), "");
 }
 
+// Block sampling: one block in 5 of a 40-block copy runs (blocks 2, 7, ..., 37: 8 of them), and
+// the report scales its counts to the whole grid, equal to the unsampled launch's for a kernel
+// whose blocks all do the same work. Blocks that did not run wrote nothing.
+TEST_F(KernelReport, SampledLaunchIsScaledToTheWholeGrid) {
+  const int n = 40 * 256;
+  Dev<float> in(n, 1.f), whole_out(n), sampled_out(n, -1.f);
+  const KernelRow whole = one_row([&] { return copy_f32(whole_out.p, in.p, n, 256); }, h100());
+  cudasim::set_block_sample(5);
+  const std::vector<LaunchCounts> l = counted([&] { EXPECT_EQ(copy_f32(sampled_out.p, in.p, n, 256), cudaSuccess); });
+  cudasim::set_block_sample(1);
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].blocks_run, 8u);
+  EXPECT_EQ(l[0].block_sample, 5u);
+  EXPECT_EQ(l[0].total.global_ld_requests, 8u * 8);  // the raw counts: 8 blocks of 8 warps
+  std::vector<float> out(n);
+  ASSERT_EQ(cudaMemcpy(out.data(), sampled_out.p, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(out[2 * 256], 1.f);  // block 2 ran
+  EXPECT_EQ(out[0], -1.f);       // block 0 did not
+  const KernelRow r = cudasim::launch_rows(l, h100()).front();
+  EXPECT_EQ(r.block_sample, 5u);
+  EXPECT_EQ(r.total.global_ld_requests, whole.total.global_ld_requests);  // 320: scaled by 40 / 8
+  EXPECT_EQ(r.total.global_st_sectors, whole.total.global_st_sectors);
+  EXPECT_EQ(r.unique_bytes_read, whole.unique_bytes_read);
+  EXPECT_EQ(r.model.waves, whole.model.waves);
+  EXPECT_DOUBLE_EQ(r.model.total_us, whole.model.total_us);
+}
+
 TEST_F(KernelReport, MisalignedLoadHasOneExcessSectorPerRequestOnItsLine) {
   Dev<float> in(1025, 1.f), out(1024);
   const KernelRow r = one_row([&] { return copy_f32_offset1(out.p, in.p, 1024); }, h100());
@@ -288,8 +315,23 @@ TEST_F(KernelReport, EnvironmentVariableWritesTheReportAtExit) {
   ASSERT_EQ(rows.size(), 2u);  // the header and copy_f32_kernel (launched twice)
   EXPECT_EQ(rows[0] + "\n", cudasim::kernel_report_csv_line(cudasim::kernel_report_csv_header(a100())));
   EXPECT_EQ(rows[1].rfind("copy_f32_kernel,", 0), 0u) << rows[1];
-  EXPECT_NE(rows[1].find(",2,4x1x1,256x1x1,"), std::string::npos) << rows[1];  // launches, grid, block
+  EXPECT_NE(rows[1].find(",2,1,4x1x1,256x1x1,"), std::string::npos) << rows[1];  // launches, grid, block
   std::remove(csv.c_str());
+}
+
+TEST_F(KernelReport, BadBlockSampleIsOneErrorLine) {
+  const std::string err = ::testing::TempDir() + "cudasim_block_sample_err.txt";
+  for (const std::string value : {"0", "-3", "2x", "", "99999999999999999999999"}) {
+    const std::string cmd = "CUDASIM_BLOCK_SAMPLE='" + value + "' '" + self() +
+                            "' --gtest_filter=KernelReport.SmallLaunchIsOneWaveOnBothDevices > /dev/null 2> '" + err + "'";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 2) << value;
+    const std::vector<std::string> lines = lines_of(err);
+    ASSERT_EQ(lines.size(), 1u) << value;
+    EXPECT_NE(lines[0].find("CUDASIM_BLOCK_SAMPLE=" + value + " is not a whole number"), std::string::npos) << lines[0];
+  }
+  std::remove(err.c_str());
 }
 
 TEST_F(KernelReport, UnknownDeviceOrUnwritableFileIsOneErrorLine) {

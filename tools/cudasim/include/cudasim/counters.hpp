@@ -56,6 +56,8 @@ struct LaunchCounts {
   std::string launched_at;   // file:line of the launch
   Dim grid, block;
   uint64_t dynamic_smem_bytes = 0;
+  uint64_t blocks_run = 0;    // blocks executed (fewer than the grid under a block filter or sample)
+  uint64_t block_sample = 1;  // the block sample in effect (set_block_sample): 1 = every block
   // The static __shared__ variables the launch touched, their declared sizes summed (a variable
   // no thread of the launch accessed is not counted: a lower bound on the kernel's static
   // shared memory; exact for kernels that touch every variable they declare).

@@ -64,6 +64,7 @@ struct KernelRow {
   std::string kernel, function;
   std::vector<std::string> launched_at;  // the distinct file:line the launches are written at
   uint64_t launches = 0;
+  uint64_t block_sample = 1;  // the largest block sample of the launches (counts scaled to whole grids)
   Dim grid, block;
   uint64_t dynamic_smem_bytes = 0, static_smem_bytes = 0;
   bool geometry_varies = false;  // grid, block or shared memory differ between the launches

@@ -57,6 +57,13 @@ bool set_race_checks(bool on);
 // Runs only blocks whose linear index satisfies `pred` in the following launches (null: all).
 // Lets a test execute a few rows of a very large grid; skipped blocks write nothing.
 void set_block_filter(std::function<bool(uint64_t linear_block)> pred);
+// Block sampling, for counting launches too large to run whole: of every `every` consecutive
+// blocks of a launch only the middle one runs (a grid smaller than every / 2 runs its last
+// block); the counters record the launch's blocks_run and sample, and the kernel report scales
+// its counts by blocks / blocks_run. Results are those of the blocks that ran only. 1 (the
+// default) runs every block; CUDASIM_BLOCK_SAMPLE=N sets it at start.
+void set_block_sample(uint64_t every);
+uint64_t block_sample();
 
 // Statistics of the last launch (for tests of the simulator itself).
 struct LaunchStats {
