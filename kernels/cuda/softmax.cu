@@ -28,18 +28,23 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kWide = kN > 1;
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t diag = r % cols;
+    const int diag = static_cast<int>(r % cols);  // cols <= 8192: 32-bit columns
     const T* row_in = in + r * cols;
     T* row_out = out + r * cols;
     float v[kItems][kN];
     float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
-      const int64_t j0 = (threadIdx.x + static_cast<int64_t>(k) * kThreads) * kN;
-      if (j0 <= diag) load_pack<T, kN, kWide>(row_in + j0, v[k]);
+      const int j0 = (static_cast<int>(threadIdx.x) + k * kThreads) * kN;
+      if (j0 <= diag) {
+        load_pack<T, kN, kWide>(row_in + j0, v[k]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kN; ++e) v[k][e] = -INFINITY;
+      }
 #pragma unroll
       for (int e = 0; e < kN; ++e) {
-        if (j0 + e > diag) v[k][e] = -INFINITY;
+        v[k][e] = j0 + e <= diag ? v[k][e] : -INFINITY;
         m = fmaxf(m, v[k][e]);
       }
     }
@@ -47,7 +52,7 @@ __global__ void __launch_bounds__(kThreads)
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
-      const int64_t j0 = (threadIdx.x + static_cast<int64_t>(k) * kThreads) * kN;
+      const int j0 = (static_cast<int>(threadIdx.x) + k * kThreads) * kN;
 #pragma unroll
       for (int e = 0; e < kN; ++e) {
         v[k][e] = j0 + e <= diag ? expf(v[k][e] - m) : 0.f;
@@ -57,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
     const float inv_total = 1.f / block_sum(s, scratch);
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
-      const int64_t j0 = (threadIdx.x + static_cast<int64_t>(k) * kThreads) * kN;
+      const int j0 = (static_cast<int>(threadIdx.x) + k * kThreads) * kN;
       if (j0 < cols) {
 #pragma unroll
         for (int e = 0; e < kN; ++e) v[k][e] = j0 + e <= diag ? v[k][e] * inv_total : 0.f;
@@ -108,27 +113,31 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kWide = kN > 1;
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t diag = r % cols;
+    const int diag = static_cast<int>(r % cols);  // cols <= 8192: 32-bit columns
     const int64_t base = r * cols;
     float p[kItems][kN], dp[kItems][kN];
     float dot = 0.f;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
-      const int64_t j0 = (threadIdx.x + static_cast<int64_t>(k) * kThreads) * kN;
+      const int j0 = (static_cast<int>(threadIdx.x) + k * kThreads) * kN;
       if (j0 <= diag) {
         load_pack<T, kN, kWide>(probs + base + j0, p[k]);
         load_pack<T, kN, kWide>(dprobs + base + j0, dp[k]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kN; ++e) p[k][e] = dp[k][e] = 0.f;
       }
 #pragma unroll
       for (int e = 0; e < kN; ++e) {
-        if (j0 + e > diag) p[k][e] = dp[k][e] = 0.f;
+        p[k][e] = j0 + e <= diag ? p[k][e] : 0.f;
+        dp[k][e] = j0 + e <= diag ? dp[k][e] : 0.f;
         dot += p[k][e] * dp[k][e];
       }
     }
     dot = block_sum(dot, scratch);
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
-      const int64_t j0 = (threadIdx.x + static_cast<int64_t>(k) * kThreads) * kN;
+      const int j0 = (static_cast<int>(threadIdx.x) + k * kThreads) * kN;
       if (j0 < cols) {
 #pragma unroll
         for (int e = 0; e < kN; ++e) p[k][e] = j0 + e <= diag ? p[k][e] * (dp[k][e] - dot) : 0.f;
