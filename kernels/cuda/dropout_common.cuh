@@ -38,8 +38,9 @@ __device__ __forceinline__ void dropout_keep(const DropoutSpec& spec, uint32_t t
   }
 }
 
-// Calls op(first, keep) for every group of kN consecutive local elements (grid-stride; n is a
-// multiple of kN).
+// Calls op(i, keep) for every group of kN consecutive local elements i .. i + kN - 1
+// (grid-stride; n is a multiple of kN and spec.inner of kN when kN > 1). The cursor starts at
+// the thread's first group and steps by the grid's kN * threads, so the loop divides nothing.
 template <int kN, class Op>
 __device__ __forceinline__ void dropout_for_each(const DropoutSpec& spec, uint32_t threshold, int64_t n, Op op) {
   const int64_t groups = n / kN, stride = grid_threads();
