@@ -11,6 +11,7 @@
 
 #include "kernels/backend.hpp"
 #include "dropout_specs.hpp"
+#include "kernels/cuda/dropout_cursor.hpp"
 #include "kernels/cuda/online_softmax.hpp"
 #include "kernels/cuda/philox_groups.hpp"
 #include "runtime/philox.hpp"
@@ -66,6 +67,24 @@ TEST(CudaHost, DropoutGroupsOfFourAreFourConsecutiveCanonicalIndices) {
       for (int64_t k = 1; k < 4; ++k) ASSERT_EQ(s.canonical_index(4 * g + k), c + k) << "group " << g;
     }
   }
+}
+
+// dropout_common.cuh's loops: a DropoutCursor started at any element and advanced by a fixed
+// step (a grid stride, a row of a bias band) gives every element's canonical index, whether
+// the step is below one inner row or spans several mid slices and outer blocks.
+TEST(CudaHost, DropoutCursorAdvancesToEachCanonicalIndex) {
+  const DropoutSpec specs[] = {spec_of(3, 5, 11, 4, 36), spec_of(1, 14, 42, 28, 44), spec_of(4, 3, 7, 2, 5),
+                               spec_of(2, 8, 64, 8, 2048LL * 2048), spec_of(1, 256, 8192, 0, 6144)};
+  for (const DropoutSpec& s : specs)
+    for (int64_t start : {int64_t{0}, int64_t{3}, int64_t{40}, s.numel() / 3})
+      for (int64_t step : {int64_t{1}, int64_t{8}, int64_t{36}, int64_t{44} * 7, s.inner, s.inner * s.mid_local + 8,
+                           int64_t{2048} * 256 * 8}) {
+        DropoutCursor at = DropoutCursor::at(s, start);
+        const DropoutCursor by = DropoutCursor::at(s, step);
+        for (int64_t i = start, n = 0; i < s.numel() && n < 2000; i += step, ++n, at.advance(s, by))
+          ASSERT_EQ(at.canonical(s), static_cast<uint64_t>(s.canonical_index(i)))
+              << "inner " << s.inner << " start " << start << " step " << step << " element " << i;
+      }
 }
 
 // attention.cu's AttnDropout: when (mid_local * inner) % (S * S) == 0 ("uniform"), the

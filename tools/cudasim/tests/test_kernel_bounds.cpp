@@ -257,6 +257,19 @@ TEST_F(KernelBounds, BiasDropoutResidual) {
   });
 }
 
+// fp32: 4-element packs, the bias band's share of the traffic (4 bytes per 8 rows against 13 per
+// element) the largest of the three dtypes.
+TEST_F(KernelBounds, BiasDropoutResidualFp32) {
+  const DropoutSpec spec = residual_spec(0.1f);
+  const uint64_t n = uint64_t(kRows) * kHidden;
+  constexpr size_t kFp32 = 4;
+  Dev x(n * kFp32), bias(kHidden * kFp32), residual(n * kFp32), out(n * kFp32), mask(n);
+  expect_bounded("bias + dropout + residual (fp32)", n * (3 * kFp32 + 1) + kHidden * kFp32, [&] {
+    cuda::bias_dropout_residual_fwd(DType::fp32, x.p, bias.p, residual.p, spec, out.p, mask.as<uint8_t>(), kRows,
+                                    kHidden, nullptr);
+  });
+}
+
 TEST_F(KernelBounds, BiasGrad) {
   const uint64_t n = uint64_t(kRows) * kHidden;
   Dev dy(n * kBf16), db(kHidden * kBf16), ws(cuda::bias_grad_workspace_floats(kRows, kHidden) * sizeof(float));

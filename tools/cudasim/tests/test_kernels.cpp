@@ -195,76 +195,99 @@ TEST_P(SimKernels, LayerNormForwardBackward) {
 // ---- causal softmax ------------------------------------------------------------------------
 
 TEST_P(SimKernels, CausalSoftmaxForwardBackward) {
-  // Register-cached rows of up to 256 and 512 columns (kItems 1, 2).
-  const std::pair<int64_t, int64_t> shapes[] = {{3, 37}, {1, 300}};
-  for (auto [batch, s] : shapes) {
+  // Register-cached rows of single elements (37, 300 columns: kItems 1, 2) and of 16-byte
+  // packs (40: a pack holds the diagonal in most rows; 2064: 2 packs a thread in bf16/fp16, 4
+  // in fp32, whose blocks of a few rows run: the first, the middle and the last two).
+  struct Case {
+    int64_t batch, s;
+    std::vector<int64_t> rows;  // the rows that run and are compared; empty: all
+  };
+  const Case cases[] = {{3, 37, {}}, {1, 300, {}}, {2, 40, {}}, {1, 2064, {0, 1, 1035, 2062, 2063}}};
+  for (const Case& k : cases) {
+    const int64_t batch = k.batch, s = k.s;
     const std::string what = name("[" + std::to_string(batch) + ", " + std::to_string(s) + ", " + std::to_string(s) + "]");
+    if (!k.rows.empty())
+      cudasim::set_block_filter([&](uint64_t b) {
+        for (int64_t r : k.rows)
+          if (static_cast<uint64_t>(r) == b) return true;
+        return false;
+      });
+    auto compare = [&](const Both& t, const std::string& op) {
+      if (k.rows.empty()) return expect_close(t, tol_for(dt()), op + " " + what);
+      for (int64_t r : k.rows) expect_close(t, tol_for(dt()), op + " " + what + " row " + std::to_string(r), r * s, (r + 1) * s);
+    };
     Both scores = random({batch, s, s}, dt(), -4.f, 4.f), probs = output({batch, s, s}, dt());
     cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), batch * s, s, nullptr);
     cpu_->softmax_causal_fwd(scores.c, probs.c);
-    expect_close(probs, tol_for(dt()), "softmax fwd " + what);
+    compare(probs, "softmax fwd");
     Both probs_ref = with_values({batch, s, s}, dt(), cpu_values(probs.c));
     Both dprobs = random({batch, s, s}, dt()), dscores = output({batch, s, s}, dt());
     cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), batch * s, s, nullptr);
     cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
-    expect_close(dscores, tol_for(dt()), "softmax bwd " + what);
+    compare(dscores, "softmax bwd");
+    cudasim::set_block_filter(nullptr);
   }
 }
 
 class SimLongRows : public SimKernels {};
 
 TEST_P(SimLongRows, CausalSoftmax) {
-  // S = 8193 > 256 * 32 takes the online (long-row) kernels. The cpu computes all S rows; the
-  // simulator runs the blocks of a few rows (the first, the middle, the two longest) and only
-  // those rows are compared. 67M elements per tensor on the cpu: fp32 only (the dtype
-  // conversions are the same code as in the short-row kernels, tested in every dtype).
-  const int64_t s = 8193;
-  const std::vector<int64_t> rows = {0, 1, 4100, s - 2, s - 1};
-  cudasim::set_block_filter([&](uint64_t b) {
-    for (int64_t r : rows)
-      if (static_cast<uint64_t>(r) == b) return true;
-    return false;
-  });
-  auto fill = [&](const Tensor& t, uint32_t seed, float lo, float hi) {
-    // Small-integer multiples of 1/64: exact in every dtype, so one float fills any storage.
-    std::vector<float> row(static_cast<size_t>(s));
-    for (int64_t r = 0; r < s; ++r) {
-      for (int64_t j = 0; j < s; ++j) {
-        uint32_t h = static_cast<uint32_t>(r * 2654435761u) ^ static_cast<uint32_t>(j * 40503u) ^ (seed * 97u);
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        row[static_cast<size_t>(j)] = lo + (hi - lo) * static_cast<float>(h % 1024) / 1024.f;
+  // S > 256 * 32 takes the online (long-row) kernels: 8193 element by element, 8196 in
+  // 16-byte packs (4 fp32). The cpu computes all S rows; the simulator runs the blocks of a
+  // few rows (the first, the middle, the two longest) and only those rows are compared. 67M
+  // elements per tensor on the cpu: fp32 only (the dtype conversions are the same code as in
+  // the short-row kernels, tested in every dtype).
+  for (const int64_t s : {int64_t{8193}, int64_t{8196}}) {
+    const std::vector<int64_t> rows = {0, 1, 4100, s - 2, s - 1};
+    cudasim::set_block_filter([&](uint64_t b) {
+      for (int64_t r : rows)
+        if (static_cast<uint64_t>(r) == b) return true;
+      return false;
+    });
+    auto fill = [&](const Tensor& t, uint32_t seed, float lo, float hi) {
+      // Small-integer multiples of 1/64: exact in every dtype, so one float fills any storage.
+      std::vector<float> row(static_cast<size_t>(s));
+      for (int64_t r = 0; r < s; ++r) {
+        for (int64_t j = 0; j < s; ++j) {
+          uint32_t h = static_cast<uint32_t>(r * 2654435761u) ^ static_cast<uint32_t>(j * 40503u) ^ (seed * 97u);
+          h ^= h >> 15;
+          h *= 2246822519u;
+          h ^= h >> 13;
+          row[static_cast<size_t>(j)] = lo + (hi - lo) * static_cast<float>(h % 1024) / 1024.f;
+        }
+        cpu_->upload(row.data(), t.view({s, s}).rows(r, r + 1));
       }
-      cpu_->upload(row.data(), t.view({s, s}).rows(r, r + 1));
-    }
-  };
-  Tensor scores_c = cpu_->empty({1, s, s}, dt());
-  fill(scores_c, 1, -4.f, 4.f);
-  Both scores{scores_c, to_device(scores_c)};
-  Both probs{cpu_->empty({1, s, s}, dt()), std::make_shared<DeviceBuffer>(scores_c.bytes())};
-  cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), s, s, nullptr);
-  cpu_->softmax_causal_fwd(scores.c, probs.c);
-  for (int64_t r : rows) expect_close(probs, tol_for(dt()), name("softmax fwd long row " + std::to_string(r)), r * s, (r + 1) * s);
-  scores = Both{};
+    };
+    Tensor scores_c = cpu_->empty({1, s, s}, dt());
+    fill(scores_c, 1, -4.f, 4.f);
+    Both scores{scores_c, to_device(scores_c)};
+    Both probs{cpu_->empty({1, s, s}, dt()), std::make_shared<DeviceBuffer>(scores_c.bytes())};
+    cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), s, s, nullptr);
+    cpu_->softmax_causal_fwd(scores.c, probs.c);
+    for (int64_t r : rows) expect_close(probs, tol_for(dt()), name("softmax fwd long row " + std::to_string(r)), r * s, (r + 1) * s);
+    scores = Both{};
 
-  Tensor dprobs_c = cpu_->empty({1, s, s}, dt());
-  fill(dprobs_c, 2, -1.f, 1.f);
-  Both dprobs{dprobs_c, to_device(dprobs_c)};
-  Both probs_ref{probs.c, to_device(probs.c)};
-  probs = Both{};
-  Both dscores{cpu_->empty({1, s, s}, dt()), std::make_shared<DeviceBuffer>(dprobs_c.bytes())};
-  cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), s, s, nullptr);
-  cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
-  for (int64_t r : rows)
-    expect_close(dscores, tol_for(dt()), name("softmax bwd long row " + std::to_string(r)), r * s, (r + 1) * s);
+    Tensor dprobs_c = cpu_->empty({1, s, s}, dt());
+    fill(dprobs_c, 2, -1.f, 1.f);
+    Both dprobs{dprobs_c, to_device(dprobs_c)};
+    Both probs_ref{probs.c, to_device(probs.c)};
+    probs = Both{};
+    Both dscores{cpu_->empty({1, s, s}, dt()), std::make_shared<DeviceBuffer>(dprobs_c.bytes())};
+    cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), s, s, nullptr);
+    cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
+    for (int64_t r : rows)
+      expect_close(dscores, tol_for(dt()), name("softmax bwd long row " + std::to_string(r)), r * s, (r + 1) * s);
+    cudasim::set_block_filter(nullptr);
+  }
 }
 
 // ---- dropout -------------------------------------------------------------------------------
 
 TEST_P(SimKernels, DropoutMasksBitwiseEqual) {
-  // inner 37: one Philox call per element; inner 36: groups of four; p = 0: no words drawn.
-  for (int64_t inner : {37, 36})
+  // inner 37: one Philox call per element; inner 36: groups of four; inner 40: 16-byte packs
+  // (8 or 4 elements, one or two Philox calls); p = 0: no words drawn. dropout_bwd takes
+  // 16-byte packs for every n (555 and 540: a tail of 3 or 4 elements in bf16/fp16).
+  for (int64_t inner : {37, 36, 40})
     for (float p : {0.f, 0.1f, 0.5f}) {
       const DropoutSpec spec = make_spec(p, 3, 5, 11, 4, inner, kSiteAttnProbs);
       const Shape shape = {3, 5, inner};
@@ -299,7 +322,9 @@ TEST_P(SimKernels, GeluForwardBackward) {
 // ---- residual path: bias + dropout + residual, bias add, column reductions, add, scale --------
 
 TEST_P(SimKernels, BiasDropoutResidual) {
-  for (int64_t cols : {52, 51})  // groups of four / one word per element
+  // 56: 16-byte packs; 52: packs in fp32, groups of four element by element in bf16/fp16; 51:
+  // one word per element
+  for (int64_t cols : {56, 52, 51})
     for (float p : {0.f, 0.2f}) {
       const int64_t rows = 37;
       const DropoutSpec spec = make_spec(p, 1, rows, 3 * rows, rows, cols, kSiteMlpOut);
@@ -311,12 +336,20 @@ TEST_P(SimKernels, BiasDropoutResidual) {
       cpu_->bias_dropout_residual_fwd(x.c, bias.c, res.c, spec, out.c, mask.c);
       expect_bits_equal(mask, "bias_dropout_residual mask " + what);
       expect_close(out, tol_for(dt()), "bias_dropout_residual out " + what);
+
+      // Without a bias (the cuda backend passes the elements as one row).
+      Both out2 = output({rows, cols}, dt()), mask2 = output({rows, cols}, DType::u8);
+      cuda::bias_dropout_residual_fwd(dt(), x.dev(), nullptr, res.dev(), spec, out2.dev(), mask2.devu8(), 1,
+                                      rows * cols, nullptr);
+      cpu_->bias_dropout_residual_fwd(x.c, Tensor(), res.c, spec, out2.c, mask2.c);
+      expect_bits_equal(mask2, "dropout_residual mask " + what);
+      expect_close(out2, tol_for(dt()), "dropout_residual out " + what);
     }
 }
 
 TEST_P(SimKernels, AddBiasAndColumnReductions) {
   for (int64_t rows : {1, 111, 333})  // 333 rows: two chunks of the two-stage column sums
-    for (int64_t cols : {45, 70}) {
+    for (int64_t cols : {45, 70, 72}) {  // 72: 16-byte packs
       const std::string what = name(std::to_string(rows) + "x" + std::to_string(cols));
       Both y = random({rows, cols}, dt()), bias = random({cols}, dt());
       cuda::add_bias(dt(), y.dev(), bias.dev(), rows, cols, nullptr);
@@ -340,6 +373,17 @@ TEST_P(SimKernels, AddInplaceAndScaleInplace) {
   cuda::add_inplace(dt(), dst.dev(), src.dev(), n, nullptr);
   cpu_->add_inplace(dst.c, src.c);
   expect_close(dst, tol_for(dt()), name("add_inplace"));
+  // From element 1: not 16-byte aligned, element by element.
+  auto from_1 = [&](const Both& t) { return static_cast<char*>(t.dev()) + dtype_size(dt()); };
+  Both dst1 = random(shape, dt()), src1 = random(shape, dt());
+  cuda::add_inplace(dt(), from_1(dst1), from_1(src1), n - 1, nullptr);
+  cpu_->add_inplace(dst1.c.view({n}).rows(1, n), src1.c.view({n}).rows(1, n));
+  expect_close(dst1, tol_for(dt()), name("add_inplace from element 1"));
+  Both c1 = random({n}, dt());
+  cuda::scale_inplace(dt(), from_1(c1), 0.5f, n - 1, nullptr);
+  Both a1 = random({n - 1, 0}, dt()), b1 = random({0, 1}, dt());
+  cpu_->gemm(gemm_args(false, false, n - 1, 1, 0, 1, 1.f, 0.5f), a1.c, b1.c, c1.c.view({n}).rows(1, n).view({n - 1, 1}));
+  expect_close(c1, tol_for(dt()), name("scale_inplace from element 1"));
   // scale_inplace is the GEMM with k = 0: C = beta C (beta = 0 writes zeros, whatever C held).
   for (float beta : {0.5f, -1.25f, 0.f}) {
     Both c = random({n}, dt());
