@@ -357,6 +357,20 @@ TEST_F(LtReject, StatusStringsNameTheStatus) {
 }
 
 // The cuBLAS fallback entry point on the same loop: values and its documented ld checks.
+// ACTBENCH_STANDIN_GEMM=skip: checked as always, nothing computed (D keeps its values).
+TEST_F(LtReject, SkipModeChecksButComputesNothing) {
+  setenv("ACTBENCH_STANDIN_GEMM", "skip", 1);
+  const cublasStatus_t ok = matmul(lt);
+  const std::vector<float> after = D;
+  const cublasStatus_t unknown_handle = matmul(nullptr);
+  unsetenv("ACTBENCH_STANDIN_GEMM");
+  EXPECT_EQ(ok, CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(after, std::vector<float>(12, 0.f));  // computing would give 1 * 2 + 1 * 1 = 3
+  EXPECT_EQ(unknown_handle, CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(matmul(lt), CUBLAS_STATUS_SUCCESS);   // and without the variable it computes
+  EXPECT_EQ(D, std::vector<float>(12, 3.f));
+}
+
 TEST(CublasFallback, StridedBatchedExMatchesReferenceAndChecksLd) {
   cublasHandle_t h = nullptr;
   LT_OK(cublasCreate_v2(&h));
