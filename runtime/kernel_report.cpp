@@ -1,5 +1,6 @@
 #include "runtime/kernel_report.hpp"
 
+#include <algorithm>
 #include <map>
 
 #include "runtime/error.hpp"
@@ -7,6 +8,7 @@
 #if ACTBENCH_HAVE_SIM_COUNTERS
 #include "cudasim/counters.hpp"
 #include "cudasim/kernel_report.hpp"
+#include "tools/standins/cublaslt/gemm_log.hpp"
 #endif
 
 namespace actbench {
@@ -18,7 +20,10 @@ namespace {
 class SimKernelReport : public KernelReportRecorder {
  public:
   explicit SimKernelReport(const cudasim::ModelDevice& dev) : dev_(dev) {}
-  ~SimKernelReport() override { cudasim::set_counters(false); }
+  ~SimKernelReport() override {
+    cudasim::set_counters(false);
+    standin::set_gemm_log(false);
+  }
 
   // The simulator runs a kernel when it is launched, so the launches counted since the last
   // change of phase all belong to the phase open until now.
@@ -33,35 +38,64 @@ class SimKernelReport : public KernelReportRecorder {
   void start() override {
     cudasim::set_counters(true);
     cudasim::take_counted_launches();
+    standin::set_gemm_log(true);
+    standin::take_gemm_calls();
     launches_.clear();
+    gemms_.clear();
     order_.clear();
   }
   void stop() override {
     attribute();
     cudasim::set_counters(false);
+    standin::set_gemm_log(false);
   }
   std::vector<std::string> columns() const override { return cudasim::kernel_report_csv_header(dev_); }
   std::vector<Row> rows() const override {
     std::vector<Row> out;
-    for (const std::string& phase : order_)
-      for (const cudasim::KernelRow& k : cudasim::kernel_rows(launches_.at(phase), dev_))
-        out.push_back({phase, cudasim::kernel_report_csv_fields(k)});
+    for (const std::string& phase : order_) {
+      if (auto it = launches_.find(phase); it != launches_.end())
+        for (const cudasim::KernelRow& k : cudasim::kernel_rows(it->second, dev_))
+          out.push_back({phase, cudasim::kernel_report_csv_fields(k)});
+      if (auto it = gemms_.find(phase); it != gemms_.end())
+        for (const cudasim::KernelRow& g : gemm_rows(it->second))
+          out.push_back({phase, cudasim::kernel_report_csv_fields(g)});
+    }
     return out;
   }
 
  private:
   void attribute() {
     std::vector<cudasim::LaunchCounts> counted = cudasim::take_counted_launches();
-    if (counted.empty()) return;
+    std::vector<standin::GemmCall> gemms = standin::take_gemm_calls();
+    if (counted.empty() && gemms.empty()) return;
     const std::string phase = open_.empty() ? "other" : open_.back();
-    auto [it, fresh] = launches_.try_emplace(phase);
-    if (fresh) order_.push_back(phase);
-    for (cudasim::LaunchCounts& k : counted) it->second.push_back(std::move(k));
+    if (std::find(order_.begin(), order_.end(), phase) == order_.end()) order_.push_back(phase);
+    for (cudasim::LaunchCounts& k : counted) launches_[phase].push_back(std::move(k));
+    for (const standin::GemmCall& g : gemms) gemms_[phase].push_back(g);
+  }
+
+  // One row per GEMM shape (m, n, k, batch, types, whether C is read), its calls summed.
+  std::vector<cudasim::KernelRow> gemm_rows(const std::vector<standin::GemmCall>& calls) const {
+    std::vector<std::string> order;
+    std::map<std::string, std::vector<standin::GemmCall>> by_shape;
+    for (const standin::GemmCall& g : calls) {
+      const std::string name = g.describe();
+      if (by_shape.find(name) == by_shape.end()) order.push_back(name);
+      by_shape[name].push_back(g);
+    }
+    std::vector<cudasim::KernelRow> rows;
+    for (const std::string& name : order) {
+      const std::vector<standin::GemmCall>& same = by_shape.at(name);
+      rows.push_back(cudasim::gemm_row(name, same.size(), same.front().flops() * static_cast<double>(same.size()),
+                                       same.front().min_bytes() * same.size(), same.front().tensor_cores(), dev_));
+    }
+    return rows;
   }
 
   const cudasim::ModelDevice& dev_;
   std::vector<std::string> open_;  // the open phases, innermost last
   std::map<std::string, std::vector<cudasim::LaunchCounts>> launches_;
+  std::map<std::string, std::vector<standin::GemmCall>> gemms_;  // the cuBLASLt stand-in's calls
   std::vector<std::string> order_;
 };
 

@@ -11,6 +11,7 @@ In every build the option's refusals are one line, exit 2, and no row is written
 """
 import csv
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +26,7 @@ COUNTING = BUILD == "counting"
 GPT_FILES = {"layernorm.cu", "softmax.cu", "dropout.cu", "activation.cu", "residual.cu", "layout.cu"}
 FUSED_LLAMA_FILES = {"attention.cu", "llama.cu"}
 LEAD = ["config", "phase"]
+GEMM = "cublasLtMatmul"  # the rows of the cuBLASLt stand-in's calls
 COUNTS = ["launches", "global_ld_requests", "global_ld_sectors", "global_ld_ideal_sectors", "global_st_requests",
           "global_st_sectors", "global_st_ideal_sectors", "excess_sectors", "shared_wavefronts",
           "shared_bank_conflicts", "unique_bytes_read", "unique_bytes_written", "bytes_moved"]
@@ -56,7 +58,9 @@ class KernelReportTest(unittest.TestCase):
 
     def assert_well_formed(self, rows, device):
         self.assertTrue(rows)
-        for row in rows:
+        for row in [r for r in rows if r["kernel"] == GEMM]:
+            self.assert_gemm_row(row, device)
+        for row in [r for r in rows if r["kernel"] != GEMM]:
             self.assertNotIn(None, row.values(), row)  # as many fields as the header
             self.assertRegex(row["phase"], r"^(fwd|bwd|recompute)\.\w+$")
             for name in COUNTS:
@@ -78,10 +82,22 @@ class KernelReportTest(unittest.TestCase):
             self.assertGreaterEqual(float(row["modeled_us_" + device]), 3.0, row)
             self.assertTrue(row["launched_at"].startswith("kernels/cuda/"), row)
 
+    def assert_gemm_row(self, row, device):
+        """A cuBLASLt call: its FLOPs (2 m n k per batch), bytes and modeled time; no counts."""
+        self.assertRegex(row["phase"], r"^(fwd|bwd|recompute)\.\w+$")
+        m, n, k, batch = (int(x) for x in re.match(r"^m (\d+) n (\d+) k (\d+) batch (\d+), ", row["function"]).groups())
+        calls = int(row["launches"])
+        self.assertAlmostEqual(float(row["flops"]), 2 * m * n * k * batch * calls, delta=1e-5 * float(row["flops"]))
+        self.assertGreater(int(row["min_bytes"]), 0)
+        for name in COUNTS[1:] + ["grid", "block", "launched_at", "waves_" + device]:
+            self.assertEqual(row[name], "", (name, row))
+        self.assertGreaterEqual(float(row["modeled_us_" + device]), 2.0 * calls, row)
+
     def files(self, rows):
         """The .cu files the rows' kernels are launched from (column_reduce.cuh's launches are
         its includers')."""
-        names = {at.split(":")[0].split("/")[-1] for r in rows for at in r["launched_at"].split("; ")}
+        names = {at.split(":")[0].split("/")[-1] for r in rows if r["kernel"] != GEMM
+                 for at in r["launched_at"].split("; ")}
         return {n for n in names if n.endswith(".cu")}
 
     @unittest.skipUnless(COUNTING, "needs the simulator build with counters")
@@ -100,7 +116,10 @@ class KernelReportTest(unittest.TestCase):
         # Selective recompute re-runs the softmax and the attention dropout, nothing else.
         recompute = [r for r in rows if r["config"] == "selective" and r["phase"].startswith("recompute.")]
         self.assertEqual({r["phase"] for r in recompute}, {"recompute.core_attn"})
-        self.assertEqual({r["kernel"].split("<")[0] for r in recompute}, {"softmax_fwd_cached", "dropout_fwd_kernel"})
+        self.assertEqual({r["kernel"].split("<")[0] for r in recompute if r["kernel"] != GEMM},
+                         {"softmax_fwd_cached", "dropout_fwd_kernel"})
+        # and the two batched GEMMs around them (QKᵀ, and ·V which backward needs again)
+        self.assertTrue([r for r in recompute if r["kernel"] == GEMM])
         # Each re-runs with the forward's counts.
         for r in recompute:
             fwd = [f for f in rows if f["config"] == "selective" and f["phase"] == "fwd.core_attn" and

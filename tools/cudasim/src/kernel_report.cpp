@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "internal.hpp"
 
@@ -20,10 +21,12 @@ const std::vector<ModelDevice>& model_devices() {
   // compute capability 9.0: 228 KiB shared memory per SM, 227 KiB per block.
   // A100 SXM4 80GB: 2039 GB/s HBM2e, 108 SMs, 1.41 GHz boost; compute capability 8.0: 164 KiB
   // per SM, 163 KiB per block. Both: 2048 threads and 32 blocks per SM, 32 banks of 4 bytes a
-  // clock, 1 KiB of shared memory reserved per block.
+  // clock, 1 KiB of shared memory reserved per block. Dense tensor-core BF16/FP16 (no
+  // sparsity): H100 SXM5 989.4 TFLOPS, A100 312 TFLOPS; FP32: 67 and 19.5 TFLOPS.
   static const std::vector<ModelDevice> devices = {
-      {"h100", "H100 SXM5 80GB", 3.35e12, 132, 1.98e9, 128, 2048, 32, 228 * 1024, 227 * 1024, 1024},
-      {"a100", "A100 SXM4 80GB", 2.039e12, 108, 1.41e9, 128, 2048, 32, 164 * 1024, 163 * 1024, 1024},
+      {"h100", "H100 SXM5 80GB", 3.35e12, 132, 1.98e9, 128, 2048, 32, 228 * 1024, 227 * 1024, 1024, 989.4e12, 67e12},
+      {"a100", "A100 SXM4 80GB", 2.039e12, 108, 1.41e9, 128, 2048, 32, 164 * 1024, 163 * 1024, 1024, 312e12,
+       19.5e12},
   };
   return devices;
 }
@@ -192,7 +195,7 @@ std::string top_excess(const KernelRow& r) {
 }
 
 // A modeled number: empty where the block does not fit the device or the geometry varies.
-bool modeled(const KernelRow& r) { return r.model.blocks_per_sm > 0 || r.geometry_varies; }
+bool modeled(const KernelRow& r) { return r.model.blocks_per_sm > 0 || r.geometry_varies || r.library_call; }
 std::string geometry(const KernelRow& r, std::string value) { return r.geometry_varies ? "" : value; }
 
 struct Column {
@@ -263,6 +266,8 @@ const std::vector<Column>& columns() {
        [](const KernelRow& r) { return r.min_bytes ? num(r.min_bytes) : std::string(); }},
       {"bytes_moved_per_min", "ratio", "bytes_moved / min_bytes (empty: no minimum)",
        [](const KernelRow& r) { return ratio(r.bytes_moved(), r.min_bytes); }},
+      {"flops", "FLOP", "a library GEMM row's floating-point operations (2 m n k per batch; empty for kernels)",
+       [](const KernelRow& r) { return r.library_call ? real(r.flops) : std::string(); }},
       {"blocks_per_sm_{dev}", "blocks",
        "modeled occupancy: resident blocks per SM from the block's threads and shared memory (0: it does not fit; "
        "empty: it varies)",
@@ -277,6 +282,9 @@ const std::vector<Column>& columns() {
        [](const KernelRow& r) { return modeled(r) ? real(r.model.shared_us) : std::string(); }},
       {"modeled_waves_us_{dev}", "us (modeled)", "waves x the per-wave minimum",
        [](const KernelRow& r) { return modeled(r) ? real(r.model.waves_us) : std::string(); }},
+      {"modeled_math_us_{dev}", "us (modeled)",
+       "a GEMM row's flops / (the device's math peak x the stated efficiency; empty for kernels)",
+       [](const KernelRow& r) { return r.library_call ? real(r.model.math_us) : std::string(); }},
       {"modeled_us_{dev}", "us (modeled)",
        "launch overhead + the largest of the three above, summed over the launches: a model, not a measurement",
        [](const KernelRow& r) { return modeled(r) ? real(r.model.total_us) : std::string(); }},
@@ -339,10 +347,38 @@ std::vector<std::string> kernel_report_csv_header(const ModelDevice& dev) {
   return out;
 }
 
+// What a library GEMM row has: no counts, no launch geometry of its own.
+static bool library_column(const Column& c) {
+  static const std::set<std::string> kept = {"kernel",        "function",         "launches",
+                                             "block_sample",  "min_bytes",        "flops",
+                                             "modeled_dram_us_{dev}", "modeled_math_us_{dev}", "modeled_us_{dev}"};
+  return kept.count(c.name) > 0;
+}
+static std::string field(const Column& c, const KernelRow& row) {
+  return !row.library_call || library_column(c) ? c.value(row) : std::string();
+}
+
 std::vector<std::string> kernel_report_csv_fields(const KernelRow& row) {
   std::vector<std::string> out;
-  for (const Column& c : columns()) out.push_back(c.value(row));
+  for (const Column& c : columns()) out.push_back(field(c, row));
   return out;
+}
+
+KernelRow gemm_row(const std::string& function, uint64_t calls, double flops, uint64_t bytes, bool tensor_cores,
+                   const ModelDevice& dev) {
+  KernelRow r;
+  r.kernel = "cublasLtMatmul";
+  r.function = function;
+  r.launches = calls;
+  r.library_call = true;
+  r.flops = flops;
+  r.min_bytes = bytes;
+  r.device = &dev;
+  LaunchModel& m = r.model;
+  m.dram_us = static_cast<double>(bytes) / dev.dram_bytes_per_s * 1e6;
+  m.math_us = flops / ((tensor_cores ? dev.tensor_flops : dev.fp32_flops) * kModeledGemmEfficiency) * 1e6;
+  m.total_us = static_cast<double>(calls) * kModeledLaunchOverheadUs + std::max(m.dram_us, m.math_us);
+  return r;
 }
 
 std::string kernel_report_csv_line(const std::vector<std::string>& fields) {
@@ -359,7 +395,7 @@ std::string kernel_report_text(const std::vector<KernelRow>& rows, const ModelDe
   for (const KernelRow& r : rows) {
     out += "\n";
     for (const Column& c : columns()) {
-      const std::string v = c.value(r);
+      const std::string v = field(c, r);
       std::string name = column_name(c, dev);
       name.resize(width + 2, ' ');
       out += "  " + name + (v.empty() ? "-" : v) + (*c.unit && !v.empty() ? std::string(" ") + c.unit : "") + "\n";

@@ -123,6 +123,31 @@ TEST_F(KernelReport, SampledLaunchIsScaledToTheWholeGrid) {
   EXPECT_DOUBLE_EQ(r.model.total_us, whole.model.total_us);
 }
 
+// A library GEMM row: its FLOPs at 70 % of the math peak or its bytes at the DRAM bandwidth,
+// whichever is longer, plus one launch overhead per call; no counted column is filled.
+TEST_F(KernelReport, GemmRowIsModeledFromItsFlopsAndBytes) {
+  const KernelRow g = cudasim::gemm_row("m 4096 n 4096 k 4096", 2, 2e12, 1000000000, true, a100());
+  EXPECT_NEAR(g.model.math_us, 2e12 / (312e12 * 0.7) * 1e6, 1e-6);  // 9157.5 us: the bound
+  EXPECT_NEAR(g.model.dram_us, 1e9 / 2.039e12 * 1e6, 1e-6);        // 490.4 us
+  EXPECT_NEAR(g.model.total_us, 2 * 2.0 + g.model.math_us, 1e-6);
+  const KernelRow fp32 = cudasim::gemm_row("fp32", 1, 19.5e12 * 0.7 * 1e-3, 1000, false, a100());
+  EXPECT_NEAR(fp32.model.math_us, 1000.0, 1e-6);  // the CUDA cores' 19.5 TFLOPS, 70 % of it, for 1 ms
+  const std::vector<std::string> head = cudasim::kernel_report_csv_header(a100());
+  const std::vector<std::string> f = cudasim::kernel_report_csv_fields(g);
+  auto col = [&](const std::string& name) {
+    const size_t i = static_cast<size_t>(std::find(head.begin(), head.end(), name) - head.begin());
+    return i < f.size() ? f[i] : std::string("(no column)");
+  };
+  EXPECT_EQ(col("kernel"), "cublasLtMatmul");
+  EXPECT_EQ(col("launches"), "2");
+  EXPECT_EQ(col("flops"), "2e+12");
+  EXPECT_EQ(col("min_bytes"), "1000000000");
+  EXPECT_EQ(col("global_ld_requests"), "");  // not counted: the simulator does not run cuBLASLt
+  EXPECT_EQ(col("bytes_moved"), "");
+  EXPECT_EQ(col("waves_a100"), "");
+  EXPECT_EQ(col("modeled_us_a100"), "9161.51");  // 4 + 9157.51
+}
+
 TEST_F(KernelReport, MisalignedLoadHasOneExcessSectorPerRequestOnItsLine) {
   Dev<float> in(1025, 1.f), out(1024);
   const KernelRow r = one_row([&] { return copy_f32_offset1(out.p, in.p, 1024); }, h100());

@@ -16,9 +16,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "tools/standins/common/half_bits.hpp"
+#include "tools/standins/cublaslt/gemm_log.hpp"
 
 using actbench::standin::bf16_to_float;
 using actbench::standin::float_to_bf16;
@@ -197,7 +199,18 @@ bool skip_compute() {
 // D = alpha * op(A) op(B) + beta * C. Products summed in fp32 in k order (CUBLAS_COMPUTE_32F);
 // C is not read when beta == 0. D may alias C (in place): each element of C is read before
 // the same element of D is written and no other element is touched in between.
+struct GemmLog {
+  bool on = false;
+  std::vector<actbench::standin::GemmCall> calls;
+};
+GemmLog& gemm_log() {
+  static GemmLog log;
+  return log;
+}
+
 void compute(const Problem& p, float alpha, const void* A, const void* B, float beta, const void* C, void* D) {
+  if (gemm_log().on) gemm_log().calls.push_back({p.m, p.n, p.k, p.batch, static_cast<int>(p.a.type),
+                                                 static_cast<int>(p.d.type), beta != 0.f});
   if (skip_compute()) return;
   std::vector<float> a_row(static_cast<size_t>(p.k));
   for (int64_t batch = 0; batch < p.batch; ++batch) {
@@ -565,3 +578,31 @@ cublasStatus_t CUBLASWINAPI cublasGemmStridedBatchedEx_64(
 }
 
 }  // extern "C"
+
+// ---- the GEMM log (gemm_log.hpp) -----------------------------------------------------------
+
+namespace actbench::standin {
+
+uint64_t GemmCall::min_bytes() const {
+  const uint64_t ab = ab_type == CUDA_R_32F ? 4 : 2, cd = cd_type == CUDA_R_32F ? 4 : 2;
+  const uint64_t m_ = static_cast<uint64_t>(m), n_ = static_cast<uint64_t>(n), k_ = static_cast<uint64_t>(k);
+  return static_cast<uint64_t>(batch) * ((m_ * k_ + k_ * n_) * ab + m_ * n_ * cd * (reads_c ? 2 : 1));
+}
+
+bool GemmCall::tensor_cores() const { return ab_type != CUDA_R_32F; }
+
+std::string GemmCall::describe() const {
+  auto type = [](int t) { return t == CUDA_R_32F ? "fp32" : t == CUDA_R_16BF ? "bf16" : "fp16"; };
+  return "m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) + " batch " +
+         std::to_string(batch) + ", " + type(ab_type) + " -> " + type(cd_type) + (reads_c ? ", + C" : "");
+}
+
+void set_gemm_log(bool on) { gemm_log().on = on; }
+
+std::vector<GemmCall> take_gemm_calls() {
+  std::vector<GemmCall> calls;
+  calls.swap(gemm_log().calls);
+  return calls;
+}
+
+}  // namespace actbench::standin

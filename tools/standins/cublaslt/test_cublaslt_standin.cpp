@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tools/standins/common/half_bits.hpp"
+#include "tools/standins/cublaslt/gemm_log.hpp"
 
 namespace {
 
@@ -369,6 +370,26 @@ TEST_F(LtReject, SkipModeChecksButComputesNothing) {
   EXPECT_EQ(unknown_handle, CUBLAS_STATUS_NOT_INITIALIZED);
   EXPECT_EQ(matmul(lt), CUBLAS_STATUS_SUCCESS);   // and without the variable it computes
   EXPECT_EQ(D, std::vector<float>(12, 3.f));
+}
+
+// The GEMM log: each call that passes its checks, with its FLOPs and least bytes.
+TEST_F(LtReject, GemmLogRecordsCallsThatPassTheirChecks) {
+  set_gemm_log(true);
+  EXPECT_EQ(matmul(lt), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(matmul(nullptr), CUBLAS_STATUS_NOT_INITIALIZED);  // refused: not recorded
+  set_gemm_log(false);
+  EXPECT_EQ(matmul(lt), CUBLAS_STATUS_SUCCESS);  // the log is off: not recorded
+  const std::vector<GemmCall> calls = take_gemm_calls();
+  ASSERT_EQ(calls.size(), 1u);
+  const GemmCall& c = calls[0];
+  EXPECT_EQ(c.m, 4);
+  EXPECT_EQ(c.n, 3);
+  EXPECT_EQ(c.k, 2);
+  EXPECT_EQ(c.batch, 1);
+  EXPECT_TRUE(c.reads_c);                 // beta = 1
+  EXPECT_DOUBLE_EQ(c.flops(), 48.0);      // 2 m n k
+  EXPECT_EQ(c.min_bytes(), 56u + 96u);    // fp32 A (4x2) and B (2x3) read; C read and D written (4x3 each)
+  EXPECT_TRUE(take_gemm_calls().empty());
 }
 
 TEST(CublasFallback, StridedBatchedExMatchesReferenceAndChecksLd) {

@@ -28,6 +28,8 @@ struct ModelDevice {
   int max_threads_per_sm, max_blocks_per_sm;
   uint64_t shared_per_sm, shared_per_block_max;  // bytes, the opt-in maximum per block
   uint64_t shared_reserved_per_block;            // bytes the system reserves for each block
+  double tensor_flops;  // dense bf16/fp16 tensor-core FLOP/s (fp32 accumulate): 16-bit GEMMs
+  double fp32_flops;    // FP32 FLOP/s of the CUDA cores: fp32 GEMMs (cuBLASLt's COMPUTE_32F)
 };
 const std::vector<ModelDevice>& model_devices();
 // Null when `name` is none of model_devices().
@@ -37,6 +39,7 @@ std::string model_device_names();  // "h100 | a100"
 // The model's assumptions besides the device's limits (stated in the README).
 constexpr double kModeledLaunchOverheadUs = 2.0;  // per launch, added to the bound below
 constexpr double kModeledWaveMinimumUs = 1.0;     // the least time one wave of blocks takes
+constexpr double kModeledGemmEfficiency = 0.7;    // of the math peak, for a library GEMM row
 
 // Where one launch stands on `dev`: resident blocks per SM from its block size and shared
 // memory (static + dynamic + the reserved bytes), the waves its grid takes, and its modeled
@@ -48,7 +51,7 @@ struct LaunchModel {
   int blocks_per_sm = 0;          // 0: the block does not fit an SM (no time is modeled)
   const char* limited_by = "";    // "threads", "blocks", "shared memory"
   uint64_t waves = 0;
-  double dram_us = 0, shared_us = 0, waves_us = 0, total_us = 0;
+  double dram_us = 0, shared_us = 0, waves_us = 0, math_us = 0, total_us = 0;
 };
 LaunchModel model_launch(const LaunchCounts& launch, const ModelDevice& dev);
 
@@ -74,9 +77,20 @@ struct KernelRow {
   std::vector<LineExcess> excess_lines;  // every line with excess, largest first
   LaunchModel model;  // summed: waves and times; blocks_per_sm 0 when it varies
   const ModelDevice* device = nullptr;
+  // A library call the simulator does not execute as kernels (a cuBLASLt GEMM, gemm_row): no
+  // counts, only its FLOPs, its bytes (min_bytes) and their modeled time.
+  bool library_call = false;
+  double flops = 0;
   uint64_t excess_sectors() const;
   uint64_t bytes_moved() const;  // (load + store sectors) x 32: what L1 is asked for
 };
+
+// A library GEMM (cuBLASLt) as one row: `calls` calls of `flops` FLOPs and `bytes` bytes in all
+// (A and B read, C read when beta != 0, D written: its minimum), modeled as launch overhead +
+// max(bytes / DRAM bandwidth, flops / (peak x kModeledGemmEfficiency)), the peak being the
+// tensor cores' for 16-bit operands and the CUDA cores' FP32 rate otherwise.
+KernelRow gemm_row(const std::string& function, uint64_t calls, double flops, uint64_t bytes, bool tensor_cores,
+                   const ModelDevice& dev);
 
 // One row per launch, in launch order.
 std::vector<KernelRow> launch_rows(const std::vector<LaunchCounts>& launches, const ModelDevice& dev);
