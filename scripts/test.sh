@@ -3,7 +3,8 @@
 # mpi, gpu-sim; gpu tests skip without a device). Extra arguments go to that ctest (e.g. -L cpu).
 # Then the simulator build (build-sim/, -DACTBENCH_CUDA_SIM=ON): the cuda backend on the CPU
 # simulator, its tests (label cuda-sim); and the counting flavour of it (build-sim-counters/,
-# -DACTBENCH_CUDA_SIM_COUNTERS=ON: only layer_run, for its --kernel-report test).
+# -DACTBENCH_CUDA_SIM_COUNTERS=ON: only layer_run, for the tests of --kernel-report and of
+# runners/modeled_table4.py).
 # ACTBENCH_CUDA_SIM_TESTS=0 leaves both out.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -21,6 +22,6 @@ if [ "${ACTBENCH_CUDA_SIM_TESTS:-1}" != 0 ]; then
   cmake -S "$root" -B "$counting_build" -DCMAKE_BUILD_TYPE=Release -DACTBENCH_CUDA_SIM=ON \
     -DACTBENCH_CUDA_SIM_COUNTERS=ON >/dev/null
   cmake --build "$counting_build" -j "$(nproc)" --target layer_run
-  (cd "$counting_build" && ctest --output-on-failure -R '^cuda_sim_kernel_report$') || status=$?
+  (cd "$counting_build" && ctest --output-on-failure -R '^cuda_sim_(kernel_report|modeled_table4)$') || status=$?
 fi
 exit "$status"
