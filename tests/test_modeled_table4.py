@@ -73,8 +73,10 @@ class ModeledTable4Test(unittest.TestCase):
             self.assertLess(t["baseline"], t["selective"])
             self.assertLess(t["selective"], t["full"])
             self.assertEqual(mine["baseline"]["overhead_percent_modeled"], "")
+            # The CSV's times carry 3 decimals and the overhead 1: allow for their rounding.
+            rounding = 100 * 0.0005 * (1 / t["baseline"] + t["full"] / t["baseline"] ** 2) + 0.05
             self.assertAlmostEqual(float(mine["full"]["overhead_percent_modeled"]),
-                                   100 * (t["full"] / t["baseline"] - 1), delta=0.1)
+                                   100 * (t["full"] / t["baseline"] - 1), delta=rounding)
         # The faster device is modeled faster.
         a100 = sum(float(r["total_ms_modeled"]) for r in rows if r["device"] == "a100")
         h100 = sum(float(r["total_ms_modeled"]) for r in rows if r["device"] == "h100")
