@@ -20,6 +20,7 @@
 
 #include "cudasim/counters.hpp"
 #include "cudasim/sim.hpp"
+#include "tests/counting_test.hpp"
 #include "tests/cuda/counter_kernels.hpp"
 #include "tests/cuda/sim_test_kernels.hpp"
 
@@ -28,32 +29,9 @@ using cudasim::LaunchCounts;
 
 namespace {
 
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  explicit Dev(size_t count, T fill = T{}) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)), cudaSuccess);
-    std::vector<T> v(count, fill);
-    EXPECT_EQ(cudaMemcpy(p, v.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-};
 
-class Counters : public ::testing::Test {
+class Counters : public CountingTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(cudasim::counters_available());
-    was_on_ = cudasim::counters_enabled();
-    ASSERT_TRUE(cudasim::set_counters(true));
-    cudasim::take_counted_launches();
-    cudasim::take_reports();
-    (void)cudaGetLastError();
-  }
-  void TearDown() override {
-    cudasim::set_counters(was_on_);
-    EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
-    cudasim::take_reports();
-  }
   // The counts of the one launch `launch` makes.
   static LaunchCounts counted(const std::function<cudaError_t()>& launch) {
     cudasim::take_counted_launches();
@@ -62,7 +40,6 @@ class Counters : public ::testing::Test {
     EXPECT_EQ(l.size(), 1u);
     return l.empty() ? LaunchCounts{} : l.front();
   }
-  bool was_on_ = false;
 };
 
 // ---- global memory -----------------------------------------------------------------------

@@ -33,6 +33,7 @@
 #include "cudasim/counters.hpp"
 #include "cudasim/sim.hpp"
 #include "dropout_specs.hpp"
+#include "tests/counting_test.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 
@@ -111,21 +112,8 @@ void append_table_row(const std::string& op, const std::vector<LaunchCounts>& la
   std::fclose(f);
 }
 
-class KernelBounds : public ::testing::Test {
+class KernelBounds : public cudasim_tests::CountingTest {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(cudasim::counters_available());
-    was_on_ = cudasim::counters_enabled();
-    ASSERT_TRUE(cudasim::set_counters(true));
-    cudasim::take_counted_launches();
-    cudasim::take_reports();
-    (void)cudaGetLastError();
-  }
-  void TearDown() override {
-    cudasim::set_counters(was_on_);
-    EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
-    cudasim::take_reports();
-  }
 
   // Runs `op` (one or more launches), then checks the bounds of the header against
   // `min_bytes`, the least the op must move.
@@ -164,8 +152,6 @@ class KernelBounds : public ::testing::Test {
     EXPECT_GE(double(all.bytes), kMinBytesPerRequest * double(all.requests))
         << op << ": " << double(all.bytes) / double(all.requests) << " bytes per global request\n" << detail;
   }
-
-  bool was_on_ = false;
 };
 
 // The dropout of the attention probabilities [b, a/t, s, s] (layers/core_attention.cpp) cut to

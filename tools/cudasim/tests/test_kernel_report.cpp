@@ -18,6 +18,7 @@
 
 #include "cudasim/kernel_report.hpp"
 #include "cudasim/sim.hpp"
+#include "tests/counting_test.hpp"
 #include "tests/cuda/counter_kernels.hpp"
 
 using namespace cudasim_tests;
@@ -26,34 +27,12 @@ using cudasim::LaunchCounts;
 
 namespace {
 
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  explicit Dev(size_t count, T fill = T{}) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)), cudaSuccess);
-    std::vector<T> v(count, fill);
-    EXPECT_EQ(cudaMemcpy(p, v.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-};
 
 const cudasim::ModelDevice& h100() { return *cudasim::find_model_device("h100"); }
 const cudasim::ModelDevice& a100() { return *cudasim::find_model_device("a100"); }
 
-class KernelReport : public ::testing::Test {
+class KernelReport : public CountingTest {
  protected:
-  void SetUp() override {
-    was_on_ = cudasim::counters_enabled();
-    ASSERT_TRUE(cudasim::set_counters(true));
-    cudasim::take_counted_launches();
-    cudasim::take_reports();
-    (void)cudaGetLastError();
-  }
-  void TearDown() override {
-    cudasim::set_counters(was_on_);
-    EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
-    cudasim::take_reports();
-  }
   // The launches `run` makes.
   static std::vector<LaunchCounts> counted(const std::function<void()>& run) {
     cudasim::take_counted_launches();
@@ -66,7 +45,6 @@ class KernelReport : public ::testing::Test {
     const std::vector<KernelRow> rows = cudasim::launch_rows(l, dev);
     return rows.empty() ? KernelRow{} : rows.front();
   }
-  bool was_on_ = false;
 };
 
 // ---- ideal and excess sectors -----------------------------------------------------------------
