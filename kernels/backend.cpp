@@ -73,10 +73,26 @@ class Contract {
     return n;
   }
 
-  // t [..., S, S].
-  void square_last_dims(const char* name, const Tensor& t) const {
-    if (t.ndim() < 2 || t.dim(-1) != t.dim(-2))
-      fail(std::string(name) + " must be [..., S, S], got " + shape_str(t.shape()));
+  // t [..., S, S], or [..., R, C] with rows placed inside [0, C).
+  void causal_rows(const char* name, const Tensor& t, const SeqPositions& rows) const {
+    if (t.ndim() < 2) fail(std::string(name) + " must be [..., R, C], got " + shape_str(t.shape()));
+    if (rows.is_identity(t.dim(-2))) {
+      if (t.dim(-1) != t.dim(-2)) fail(std::string(name) + " must be [..., S, S], got " + shape_str(t.shape()));
+      return;
+    }
+    positions("score rows", rows, t.dim(-2), t.dim(-1));
+  }
+
+  // Rows [0, n) placed by `pos` inside [0, limit) (limit < 0: no upper bound).
+  void positions(const char* what, const SeqPositions& pos, int64_t n, int64_t limit) const {
+    SeqPositions::Run runs[2];
+    const int count = pos.runs(n, runs);
+    for (int r = 0; r < count; ++r)
+      if (runs[r].position < 0 || (limit >= 0 && runs[r].position + runs[r].rows > limit))
+        fail(std::string(what) + " " + std::to_string(runs[r].row) + ".." + std::to_string(runs[r].row + runs[r].rows) +
+             " at positions " + std::to_string(runs[r].position) + ".." +
+             std::to_string(runs[r].position + runs[r].rows) +
+             (limit >= 0 ? " do not fit [0, " + std::to_string(limit) + ")" : " must not be negative"));
   }
 
   // A spec whose shard fits mid_global, with p in [0, 1), describing `numel` elements.
@@ -86,31 +102,42 @@ class Contract {
       fail("dropout spec shard [" + std::to_string(spec.mid_offset) + ", " +
            std::to_string(spec.mid_offset + spec.mid_local) + ") does not fit mid_global " +
            std::to_string(spec.mid_global));
+    positions("dropout spec inner elements", spec.inner_positions, spec.inner, spec.inner_canonical());
     if (spec.numel() != numel)
       fail("the dropout spec describes " + std::to_string(spec.numel()) + " elements, expected " +
            std::to_string(numel) + " (" + of + ")");
     probability(spec.p);
   }
 
-  // q [B, S, D] with k, v [B / r, S, D], r dividing B (B = 0: empty k and v).
-  void attention_qkv(const Tensor& q, const Tensor& k, const Tensor& v) const {
+  // q [B, S, D] with k, v [B / r, Sk, D], r dividing B (B = 0: empty k and v); Sk = S
+  // unless `rows` places both in a sequence of rows.total positions.
+  void attention_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionRows& rows) const {
     if (q.ndim() != 3) fail("q must be [B, S, D], got " + shape_str(q.shape()));
-    if (k.shape() != v.shape() || k.ndim() != 3 || k.dim(1) != q.dim(1) || k.dim(2) != q.dim(2) ||
+    const bool placed = rows.total > 0;
+    if (k.shape() != v.shape() || k.ndim() != 3 || (!placed && k.dim(1) != q.dim(1)) || k.dim(2) != q.dim(2) ||
         (k.dim(0) < 1 ? q.dim(0) != 0 : q.dim(0) % k.dim(0) != 0))
-      fail("k and v must be [B / r, S, D] with r dividing B for q " + shape_str(q.shape()) + ", got " +
-           shape_str(k.shape()) + " and " + shape_str(v.shape()));
+      fail(std::string("k and v must be [B / r, ") + (placed ? "Sk" : "S") + ", D] with r dividing B for q " +
+           shape_str(q.shape()) + ", got " + shape_str(k.shape()) + " and " + shape_str(v.shape()));
+    if (!placed) {
+      if (!rows.queries.is_identity(q.dim(1)) || !rows.keys.is_identity(k.dim(1)))
+        fail("query or key positions need the sequence's total length (AttentionRows::total)");
+      return;
+    }
+    positions("query rows", rows.queries, q.dim(1), rows.total);
+    positions("key rows", rows.keys, k.dim(1), rows.total);
   }
   void same_shape(const char* name, const Tensor& t, const char* like_name, const Tensor& like) const {
     if (t.shape() != like.shape())
       fail(std::string(name) + " must be " + shape_str(like.shape()) + " like " + like_name + ", got " +
            shape_str(t.shape()));
   }
-  // lse [B, S] fp32 and a spec of the B * S * S probabilities, for q [B, S, D].
-  void attention_rows(const Tensor& q, const Tensor& lse, const DropoutSpec& spec) const {
-    const int64_t B = q.dim(0), S = q.dim(1);
+  // lse [B, S] fp32 and a spec of the B * T * T probabilities, for q [B, S, D] (T = S, or
+  // the total of the rows' sequence).
+  void attention_rows(const Tensor& q, const Tensor& lse, const DropoutSpec& spec, const AttentionRows& rows) const {
+    const int64_t B = q.dim(0), S = q.dim(1), T = rows.total > 0 ? rows.total : S;
     numel("lse", lse, B * S);
     dtype("lse", lse, DType::fp32);
-    dropout_spec(spec, B * S * S, "the [B, S, S] probabilities");
+    dropout_spec(spec, B * T * T, "the [B, T, T] probabilities of the whole sequence");
   }
 
   // A rotary embedding (either direction): in [B, NH, S, D] rotated on its first rotary_dim
@@ -268,22 +295,23 @@ void Backend::layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& wei
 
 // ---- causal softmax -----------------------------------------------------------------------
 
-void Backend::softmax_causal_fwd(const Tensor& scores, const Tensor& probs) {
+void Backend::softmax_causal_fwd(const Tensor& scores, const Tensor& probs, const SeqPositions& rows) {
   const Contract c("softmax_causal_fwd", allocator_->device(), {{"scores", &scores}, {"probs", &probs}});
-  c.square_last_dims("scores", scores);
+  c.causal_rows("scores", scores, rows);
   c.numel("probs", probs, scores.numel());
   c.floats({{"scores", &scores}, {"probs", &probs}});
-  softmax_causal_fwd_impl(scores, probs);
+  softmax_causal_fwd_impl(scores, probs, rows);
 }
 
-void Backend::softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores) {
+void Backend::softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores,
+                                 const SeqPositions& rows) {
   const Contract c("softmax_causal_bwd", allocator_->device(),
                    {{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
-  c.square_last_dims("probs", probs);
+  c.causal_rows("probs", probs, rows);
   c.numel("dprobs", dprobs, probs.numel());
   c.numel("dscores", dscores, probs.numel());
   c.floats({{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
-  softmax_causal_bwd_impl(dprobs, probs, dscores);
+  softmax_causal_bwd_impl(dprobs, probs, dscores, rows);
 }
 
 // ---- dropout, activations, residual -----------------------------------------------------
@@ -349,31 +377,44 @@ void Backend::bias_dropout_residual_fwd(const Tensor& x, const Tensor& bias, con
 // ---- fused attention ----------------------------------------------------------------------
 
 void Backend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
-                            const Tensor& out, const Tensor& lse) {
+                            const Tensor& out, const Tensor& lse, const AttentionRows& rows) {
   const Contract c("attention_fwd", allocator_->device(),
                    {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
-  c.attention_qkv(q, k, v);
+  c.attention_qkv(q, k, v, rows);
   c.same_shape("out", out, "q", q);
-  c.attention_rows(q, lse, spec);
+  c.attention_rows(q, lse, spec, rows);
   c.floats({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
-  attention_fwd_impl(q, k, v, scale, spec, out, lse);
+  attention_fwd_impl(q, k, v, scale, spec, out, lse, rows);
 }
 
 void Backend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                             const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
-                            const Tensor& dv) {
+                            const Tensor& dv, const AttentionRows& rows) {
   const Contract c("attention_bwd", allocator_->device(),
                    {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}, {"dq", &dq},
                     {"dk", &dk}, {"dv", &dv}});
-  c.attention_qkv(q, k, v);
+  c.attention_qkv(q, k, v, rows);
   c.same_shape("out", out, "q", q);
   c.same_shape("dout", dout, "q", q);
   c.same_shape("dq", dq, "q", q);
   c.same_shape("dk", dk, "k", k);
   c.same_shape("dv", dv, "k", k);
-  c.attention_rows(q, lse, spec);
+  c.attention_rows(q, lse, spec, rows);
   c.floats({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
-  attention_bwd_impl(q, k, v, out, dout, lse, scale, spec, dq, dk, dv);
+  attention_bwd_impl(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, rows);
+}
+
+void Backend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_part, const Tensor& lse_part) {
+  const Contract c("attention_merge", allocator_->device(),
+                   {{"out", &out}, {"lse", &lse}, {"out_part", &out_part}, {"lse_part", &lse_part}});
+  if (out.ndim() != 3) c.fail("out must be [B, S, D], got " + shape_str(out.shape()));
+  c.same_shape("out_part", out_part, "out", out);
+  c.numel("lse", lse, out.dim(0) * out.dim(1));
+  c.numel("lse_part", lse_part, out.dim(0) * out.dim(1));
+  c.dtype("lse", lse, DType::fp32);
+  c.dtype("lse_part", lse_part, DType::fp32);
+  c.floats({{"out", &out}, {"out_part", &out_part}});
+  attention_merge_impl(out, lse, out_part, lse_part);
 }
 
 // ---- the llama family ---------------------------------------------------------------------
@@ -403,15 +444,20 @@ void Backend::rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weigh
   rmsnorm_bwd_impl(dy, x, weight, rstd, dx, dweight);
 }
 
-void Backend::rope_fwd(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y) {
-  Contract("rope_fwd", allocator_->device(), {{"x", &x}, {"y", &y}}).rotation("x", x, "y", y, theta, rotary_dim);
-  rope_fwd_impl(x, theta, rotary_dim, y);
+void Backend::rope_fwd(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y,
+                       const SeqPositions& positions) {
+  const Contract c("rope_fwd", allocator_->device(), {{"x", &x}, {"y", &y}});
+  c.rotation("x", x, "y", y, theta, rotary_dim);
+  c.positions("rows", positions, x.dim(2), -1);
+  rope_fwd_impl(x, theta, rotary_dim, y, positions);
 }
 
-void Backend::rope_bwd(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx) {
-  Contract("rope_bwd", allocator_->device(), {{"dy", &dy}, {"dx", &dx}})
-      .rotation("dy", dy, "dx", dx, theta, rotary_dim);
-  rope_bwd_impl(dy, theta, rotary_dim, dx);
+void Backend::rope_bwd(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx,
+                       const SeqPositions& positions) {
+  const Contract c("rope_bwd", allocator_->device(), {{"dy", &dy}, {"dx", &dx}});
+  c.rotation("dy", dy, "dx", dx, theta, rotary_dim);
+  c.positions("rows", positions, dy.dim(2), -1);
+  rope_bwd_impl(dy, theta, rotary_dim, dx, positions);
 }
 
 void Backend::swiglu_fwd(const Tensor& x, const Tensor& y) {
@@ -441,6 +487,19 @@ void Backend::merge_heads(const Tensor& src, int64_t col_offset, const Tensor& d
   const Contract c("merge_heads", allocator_->device(), {{"src", &src}, {"dst", &dst}});
   c.heads(dst, col_offset, src);
   merge_heads_impl(src, col_offset, dst);
+}
+
+void Backend::copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows) {
+  const Contract c("copy_rows", allocator_->device(), {{"src", &src}, {"dst", &dst}});
+  if (src.ndim() != 3 || dst.ndim() != 3 || src.dim(0) != dst.dim(0) || src.dim(2) != dst.dim(2))
+    c.fail("src and dst must be [O, Rs, W] and [O, Rd, W], got " + shape_str(src.shape()) + " and " +
+           shape_str(dst.shape()));
+  c.same_dtype("src", src, "dst", dst);
+  if (rows < 0 || src_row < 0 || dst_row < 0 || src_row + rows > src.dim(1) || dst_row + rows > dst.dim(1))
+    c.fail("rows " + std::to_string(src_row) + ".." + std::to_string(src_row + rows) + " -> " +
+           std::to_string(dst_row) + ".." + std::to_string(dst_row + rows) + " do not fit " + shape_str(src.shape()) +
+           " -> " + shape_str(dst.shape()));
+  copy_rows_impl(src, src_row, dst, dst_row, rows);
 }
 
 }  // namespace actbench

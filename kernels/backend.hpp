@@ -14,6 +14,7 @@
 #include "runtime/error.hpp"
 #include "runtime/gpu_state.hpp"
 #include "runtime/philox.hpp"
+#include "runtime/seq_positions.hpp"
 #include "runtime/tensor.hpp"
 #include "runtime/timing.hpp"
 
@@ -34,27 +35,45 @@ inline GemmArgs gemm_args(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 }
 
 // Where a dropout mask comes from. The local tensor is viewed as [outer, mid_local, inner]
-// and its element (o, m, i) is element ((o * mid_global + mid_offset + m) * inner + i) of
-// the canonical unsharded tensor; that canonical index is the Philox counter, so the mask
-// is the same for every t, SP or not, and when recomputed.
+// and its element (o, m, i) is element ((o * mid_global + mid_offset + m) * inner_global +
+// inner_positions.at(i)) of the canonical unsharded tensor; that canonical index is the Philox
+// counter, so the mask is the same for every t, SP or not, and when recomputed. Context
+// parallelism's attention probabilities keep only some rows of each head's [S, S]: their
+// inner index runs are placed by inner_positions in an inner_global (0: inner) of S * S.
 struct DropoutSpec {
   float p = 0.f;
   uint64_t seed = 0;
   uint32_t layer = 0;
   uint32_t site = 0;
   int64_t outer = 1, mid_local = 1, mid_global = 1, mid_offset = 0, inner = 1;
+  int64_t inner_global = 0;
+  SeqPositions inner_positions;
   ACTBENCH_HD int64_t numel() const { return outer * mid_local * inner; }
+  ACTBENCH_HD int64_t inner_canonical() const { return inner_global > 0 ? inner_global : inner; }
   ACTBENCH_HD int64_t canonical_index(int64_t local) const {
     int64_t i = local % inner;
     int64_t rest = local / inner;
     int64_t m = rest % mid_local;
     int64_t o = rest / mid_local;
-    return (o * mid_global + mid_offset + m) * inner + i;
+    return (o * mid_global + mid_offset + m) * inner_canonical() + inner_positions.at(i);
   }
   ACTBENCH_HD bool keep(int64_t local) const {
     return philox_word(seed, layer, site, static_cast<uint64_t>(canonical_index(local))) >= dropout_threshold(p);
   }
   ACTBENCH_HD float scale() const { return p > 0.f ? 1.f / (1.f - p) : 1.f; }
+};
+
+// The rows of a fused attention within one sequence of `total` positions: query row i is at
+// queries.at(i), key row j at keys.at(j), and j is visible from i when keys.at(j) <=
+// queries.at(i) (causal). Context parallelism runs a rank's query chunks against its own keys,
+// another rank's (ring) or all of them (all-gather). The dropout spec then describes the
+// B * total * total probabilities of the whole sequence: element (b, i, j) is its local index
+// (b * total + queries.at(i)) * total + keys.at(j). The default (total 0) is the square causal
+// attention of S rows: every row at its own index, total = S.
+struct AttentionRows {
+  SeqPositions queries, keys;
+  int64_t total = 0;
+  bool operator==(const AttentionRows&) const = default;
 };
 
 // The contract, written once (kernels/backend.cpp) and the same for every backend: the public
@@ -137,10 +156,14 @@ class Backend {
   void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                      const Tensor& dx, const Tensor& dweight, const Tensor& dbias);
 
-  // ---- causal softmax over the last dim of scores [..., S, S] (row i sees columns <= i) --
-  // probs (dprobs, dscores) have the elements of scores (probs).
-  void softmax_causal_fwd(const Tensor& scores, const Tensor& probs);
-  void softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores);
+  // ---- causal softmax over the last dim of scores [..., R, C] ----------------------------
+  // Row i of each matrix sees the columns <= rows.at(i) (< C); the rest are exactly zero.
+  // The default is the square [..., S, S] (row i sees columns <= i); context parallelism's
+  // rows are two chunks of a longer sequence. probs (dprobs, dscores) have the elements of
+  // scores (probs).
+  void softmax_causal_fwd(const Tensor& scores, const Tensor& probs, const SeqPositions& rows = {});
+  void softmax_causal_bwd(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores,
+                          const SeqPositions& rows = {});
 
   // ---- dropout: y = x * keep / (1 - p); mask u8 (1 = kept); y, mask (dx) like x (dy) ----
   void dropout_fwd(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask);
@@ -162,7 +185,9 @@ class Backend {
                                  const Tensor& out, const Tensor& mask);
 
   // ---- fused causal attention (FlashAttention-style; --attention fused) ----------------
-  // q, k, v, out [B, S, D] (B = batch x heads of this rank); lse [B, S] fp32, the
+  // q, out [B, S, D] (B = batch x heads of this rank), k, v [B, Sk, D] with Sk = S unless
+  // `rows` places them (AttentionRows: query and key rows in a longer sequence); lse [B, S]
+  // fp32, the
   // log-sum-exp of each row of scale * q k^T over the causal columns. Probabilities are never
   // stored: forward keeps out and lse; backward recomputes the scores tile by tile. Dropout
   // on the probabilities uses `spec` (B * S * S elements) exactly as dropout_fwd on the
@@ -171,12 +196,20 @@ class Backend {
   // Grouped-query attention: k, v (and dk, dv) may hold B/r batches for r = B / k.dim(0)
   // query batches per key/value batch; query batch i reads key/value batch i / r, and dk, dv
   // sum over the r queries of their group (r = 1 is multi-head attention). B = 0 (no work)
-  // pairs with an empty k and v.
+  // pairs with an empty k and v. A query row that sees no key (context parallelism's
+  // blocks) gets out = 0 and lse = -inf, and contributes nothing in backward. Backward reads
+  // the out and lse of the whole attention (after every attention_merge): with those, one
+  // key block's dk, dv and its share of dq are exact.
   void attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
-                     const Tensor& out, const Tensor& lse);
+                     const Tensor& out, const Tensor& lse, const AttentionRows& rows = {});
   void attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                      const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
-                     const Tensor& dv);
+                     const Tensor& dv, const AttentionRows& rows = {});
+  // Two partial attentions of the same queries over disjoint keys, merged (the online
+  // softmax's rescaling): out, lse hold one, out_part, lse_part the other; afterwards out and
+  // lse are those of both key sets. out, out_part [B, S, D] float; lse, lse_part [B, S] fp32.
+  // A row whose lse is -inf has seen no key: its out is ignored.
+  void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_part, const Tensor& lse_part);
 
   // ---- the llama family (--arch llama) ---------------------------------------------------
   // RMSNorm over the last dim: x [M, H], weight [H], rstd [M] fp32 = 1 / sqrt(mean(x²) + eps),
@@ -190,9 +223,11 @@ class Backend {
   // i < R/2, angle = p * theta^(-2i/R);
   //   y[i] = x[i] cos - x[i + R/2] sin,  y[i + R/2] = x[i + R/2] cos + x[i] sin;
   // dims R..D-1 pass through unchanged (Megatron-Core's --rotary-percent: R = int(D * percent)).
-  // y may be x (in place). Backward is the rotation by -angle (dx may be dy).
-  void rope_fwd(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y);
-  void rope_bwd(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx);
+  // y may be x (in place). Backward is the rotation by -angle (dx may be dy). Row s of each
+  // head is at position positions.at(s) (default: s; context parallelism's two chunks).
+  void rope_fwd(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y, const SeqPositions& positions = {});
+  void rope_bwd(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx,
+                const SeqPositions& positions = {});
   // SwiGLU: x [M, 2N] is [gate | up] per row (N >= 1); y [M, N] = silu(gate) * up.
   void swiglu_fwd(const Tensor& x, const Tensor& y);
   // dx [M, 2N] = [d gate | d up].
@@ -204,6 +239,10 @@ class Backend {
   void split_heads(const Tensor& src, int64_t col_offset, const Tensor& dst);
   // The inverse: writes src [B, NH, S, D] into columns [col_offset, col_offset + NH*D) of dst [S, B, W].
   void merge_heads(const Tensor& src, int64_t col_offset, const Tensor& dst);
+  // dst[o, dst_row + r, :] = src[o, src_row + r, :] for r < rows: src [O, Rs, W] and dst
+  // [O, Rd, W] (any dtype, the same; 3-d views), the runs inside both. Context parallelism
+  // moves sequence chunks between a rank's order and the whole sequence's with it.
+  void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows);
 
  protected:
   explicit Backend(std::unique_ptr<CachingAllocator> alloc) : allocator_(std::move(alloc)) {}
@@ -221,8 +260,9 @@ class Backend {
                                   const Tensor& mean, const Tensor& rstd) = 0;
   virtual void layernorm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                   const Tensor& rstd, const Tensor& dx, const Tensor& dweight, const Tensor& dbias) = 0;
-  virtual void softmax_causal_fwd_impl(const Tensor& scores, const Tensor& probs) = 0;
-  virtual void softmax_causal_bwd_impl(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores) = 0;
+  virtual void softmax_causal_fwd_impl(const Tensor& scores, const Tensor& probs, const SeqPositions& rows) = 0;
+  virtual void softmax_causal_bwd_impl(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores,
+                                       const SeqPositions& rows) = 0;
   virtual void dropout_fwd_impl(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) = 0;
   virtual void dropout_bwd_impl(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) = 0;
   virtual void gelu_fwd_impl(const Tensor& x, const Tensor& y) = 0;
@@ -233,16 +273,24 @@ class Backend {
                                               const DropoutSpec& spec, const Tensor& out, const Tensor& mask) = 0;
   virtual void split_heads_impl(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
   virtual void merge_heads_impl(const Tensor& src, int64_t col_offset, const Tensor& dst) = 0;
+  virtual void copy_rows_impl(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row,
+                              int64_t rows) = 0;
 
   // Optional: a backend without them says so.
   virtual void attention_fwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                                  const DropoutSpec& spec, const Tensor& out, const Tensor& lse) {
+                                  const DropoutSpec& spec, const Tensor& out, const Tensor& lse,
+                                  const AttentionRows& rows) {
     throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
   }
   virtual void attention_bwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& dout, const Tensor& lse, float scale, const DropoutSpec& spec,
-                                  const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                  const Tensor& dq, const Tensor& dk, const Tensor& dv, const AttentionRows& rows) {
     throw InvalidArgument(std::string("--attention fused is not implemented on the ") + name() + " backend");
+  }
+  virtual void attention_merge_impl(const Tensor& out, const Tensor& lse, const Tensor& out_part,
+                                    const Tensor& lse_part) {
+    throw InvalidArgument(std::string("attention_merge (context parallelism) is not implemented on the ") + name() +
+                          " backend");
   }
   virtual void rmsnorm_fwd_impl(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Tensor& rstd) {
     not_implemented("rmsnorm_fwd");
@@ -251,10 +299,12 @@ class Backend {
                                 const Tensor& dx, const Tensor& dweight) {
     not_implemented("rmsnorm_bwd");
   }
-  virtual void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y) {
+  virtual void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y,
+                             const SeqPositions& positions) {
     not_implemented("rope_fwd");
   }
-  virtual void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx) {
+  virtual void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx,
+                             const SeqPositions& positions) {
     not_implemented("rope_bwd");
   }
   virtual void swiglu_fwd_impl(const Tensor& x, const Tensor& y) { not_implemented("swiglu_fwd"); }

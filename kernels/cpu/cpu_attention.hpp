@@ -12,13 +12,20 @@ namespace actbench::cpu {
 
 constexpr int64_t kAttentionTile = 16;  // keys per tile: small, so tests cross many tiles
 
-// q, out: [B, S, D] row-major float; lse: [B, S]. k, v: [B / group, S, D]: query batch i
-// reads key/value batch i / group (grouped-query attention; group 1 is multi-head).
-void attention_fwd(const float* q, const float* k, const float* v, int64_t B, int64_t S, int64_t D, float scale,
-                   const DropoutSpec& spec, float* out, float* lse, int64_t group = 1);
-// dq written; dk, dv [B / group, S, D] written, each the sum over the group's query batches.
+// The shape of one call: q, out [B, S, D] row-major float, lse [B, S]; k, v [B / group, Sk, D]:
+// query batch i reads key/value batch i / group (grouped-query attention; group 1 is
+// multi-head). rows places query and key rows in one sequence (backend.hpp's AttentionRows;
+// total 0: Sk = S, each row at its own index).
+struct AttentionShape {
+  int64_t B = 0, S = 0, Sk = 0, D = 0, group = 1;
+  AttentionRows rows;
+  int64_t total() const { return rows.total > 0 ? rows.total : S; }
+};
+void attention_fwd(const float* q, const float* k, const float* v, const AttentionShape& shape, float scale,
+                   const DropoutSpec& spec, float* out, float* lse);
+// dq written; dk, dv [B / group, Sk, D] written, each the sum over the group's query batches.
 void attention_bwd(const float* q, const float* k, const float* v, const float* out, const float* dout,
-                   const float* lse, int64_t B, int64_t S, int64_t D, float scale, const DropoutSpec& spec, float* dq,
-                   float* dk, float* dv, int64_t group = 1);
+                   const float* lse, const AttentionShape& shape, float scale, const DropoutSpec& spec, float* dq,
+                   float* dk, float* dv);
 
 }  // namespace actbench::cpu

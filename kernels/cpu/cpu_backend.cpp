@@ -250,41 +250,42 @@ class CpuBackend final : public Backend {
   }
 
   // ---- causal softmax ----
-  void softmax_causal_fwd_impl(const Tensor& scores, const Tensor& probs) override {
-    const int64_t S = scores.dim(-1);
-    const int64_t rows = S > 0 ? scores.numel() / S : 0;  // B * S rows, row i of each matrix sees j <= i
+  void softmax_causal_fwd_impl(const Tensor& scores, const Tensor& probs, const SeqPositions& pos) override {
+    const int64_t C = scores.dim(-1), R = scores.dim(-2);
+    const int64_t rows = C > 0 ? scores.numel() / C : 0;  // row r of each matrix sees columns <= pos.at(r)
     const FloatIn sv(scores);
     FloatOut pv(probs);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = r % S;
-      const float* in = sv.data() + r * S;
-      float* out = pv.data() + r * S;
+      const int64_t last = pos.at(r % R);
+      const float* in = sv.data() + r * C;
+      float* out = pv.data() + r * C;
       float mx = in[0];
-      for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, in[j]);
+      for (int64_t j = 1; j <= last; ++j) mx = std::max(mx, in[j]);
       double sum = 0;
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j <= last; ++j) {
         out[j] = std::exp(in[j] - mx);  // max subtracted: exp never overflows
         sum += out[j];
       }
       const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j <= i; ++j) out[j] *= inv;
-      for (int64_t j = i + 1; j < S; ++j) out[j] = 0.f;  // the causal mask: exactly zero
+      for (int64_t j = 0; j <= last; ++j) out[j] *= inv;
+      for (int64_t j = last + 1; j < C; ++j) out[j] = 0.f;  // the causal mask: exactly zero
     }
     pv.commit();
   }
 
-  void softmax_causal_bwd_impl(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores) override {
-    const int64_t S = probs.dim(-1);
-    const int64_t rows = S > 0 ? probs.numel() / S : 0;
+  void softmax_causal_bwd_impl(const Tensor& dprobs, const Tensor& probs, const Tensor& dscores,
+                               const SeqPositions& pos) override {
+    const int64_t C = probs.dim(-1), R = probs.dim(-2);
+    const int64_t rows = C > 0 ? probs.numel() / C : 0;
     const FloatIn dp(dprobs), p(probs);
     FloatOut ds(dscores);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = r % S, o = r * S;
+      const int64_t last = pos.at(r % R), o = r * C;
       double dot = 0;  // sum_j p_j dp_j over the visible columns
-      for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(p[o + j]) * dp[o + j];
+      for (int64_t j = 0; j <= last; ++j) dot += static_cast<double>(p[o + j]) * dp[o + j];
       const float dot_f = static_cast<float>(dot);
-      for (int64_t j = 0; j <= i; ++j) ds[o + j] = p[o + j] * (dp[o + j] - dot_f);
-      for (int64_t j = i + 1; j < S; ++j) ds[o + j] = 0.f;
+      for (int64_t j = 0; j <= last; ++j) ds[o + j] = p[o + j] * (dp[o + j] - dot_f);
+      for (int64_t j = last + 1; j < C; ++j) ds[o + j] = 0.f;
     }
     ds.commit();
   }
@@ -366,25 +367,44 @@ class CpuBackend final : public Backend {
 
   // ---- fused attention (kernels/cpu/cpu_attention.cpp) ----
   void attention_fwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
-                          const Tensor& out, const Tensor& lse) override {
-    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2), group = kv_group(q, k);
+                          const Tensor& out, const Tensor& lse, const AttentionRows& rows) override {
     const FloatIn qv(q), kv(k), vv(v);
     FloatOut ov(out);
-    cpu::attention_fwd(qv.data(), kv.data(), vv.data(), B, S, D, scale, spec, ov.data(), lse.data_as<float>(), group);
+    cpu::attention_fwd(qv.data(), kv.data(), vv.data(), attention_shape(q, k, rows), scale, spec, ov.data(),
+                       lse.data_as<float>());
     ov.commit();
   }
 
   void attention_bwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                           const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
-                          const Tensor& dv) override {
-    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2), group = kv_group(q, k);
+                          const Tensor& dv, const AttentionRows& rows) override {
     const FloatIn qv(q), kv(k), vv(v), ov(out), gv(dout), lv(lse);
     FloatOut dqo(dq), dko(dk), dvo(dv);
-    cpu::attention_bwd(qv.data(), kv.data(), vv.data(), ov.data(), gv.data(), lv.data(), B, S, D, scale, spec,
-                       dqo.data(), dko.data(), dvo.data(), group);
+    cpu::attention_bwd(qv.data(), kv.data(), vv.data(), ov.data(), gv.data(), lv.data(), attention_shape(q, k, rows),
+                       scale, spec, dqo.data(), dko.data(), dvo.data());
     dqo.commit();
     dko.commit();
     dvo.commit();
+  }
+
+  void attention_merge_impl(const Tensor& out, const Tensor& lse, const Tensor& out_part,
+                            const Tensor& lse_part) override {
+    const int64_t D = out.dim(2), rows = out.dim(0) * out.dim(1);
+    const FloatIn part(out_part);
+    FloatOut acc(out, /*load=*/true);
+    float* l = lse.data_as<float>();
+    const float* lp = lse_part.data_as<const float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      if (std::isinf(lp[r]) && lp[r] < 0) continue;  // the part saw no key: nothing to add
+      const double a = l[r], b = lp[r];
+      const double m = std::max(a, b);
+      const double merged = m + std::log(std::exp(a - m) + std::exp(b - m));  // exp(-inf) = 0
+      const double wa = std::exp(a - merged), wb = std::exp(b - merged);
+      for (int64_t d = 0; d < D; ++d)
+        acc[r * D + d] = static_cast<float>(wa * acc[r * D + d] + wb * part[r * D + d]);
+      l[r] = static_cast<float>(merged);
+    }
+    acc.commit();
   }
 
   // ---- the llama family ----
@@ -429,11 +449,13 @@ class CpuBackend final : public Backend {
     store_doubles(dw, dweight);
   }
 
-  void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y) override {
-    rope(x, theta, rotary_dim, 1.0, y);
+  void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y,
+                     const SeqPositions& positions) override {
+    rope(x, theta, rotary_dim, 1.0, y, positions);
   }
-  void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx) override {
-    rope(dy, theta, rotary_dim, -1.0, dx);
+  void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx,
+                     const SeqPositions& positions) override {
+    rope(dy, theta, rotary_dim, -1.0, dx, positions);
   }
 
   void swiglu_fwd_impl(const Tensor& x, const Tensor& y) override {
@@ -491,18 +513,32 @@ class CpuBackend final : public Backend {
                       s + static_cast<size_t>(((b * NH + h) * S + i) * D) * es, run);
   }
 
+  void copy_rows_impl(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows) override {
+    const size_t es = src.element_size(), run = static_cast<size_t>(rows * src.dim(2)) * es;
+    if (run == 0) return;
+    const char* s = static_cast<const char*>(src.data());
+    char* d = static_cast<char*>(dst.data());
+    for (int64_t o = 0; o < src.dim(0); ++o)  // one run of rows x W elements per outer index
+      std::memcpy(d + static_cast<size_t>((o * dst.dim(1) + dst_row) * dst.dim(2)) * es,
+                  s + static_cast<size_t>((o * src.dim(1) + src_row) * src.dim(2)) * es, run);
+  }
+
   // k, v [B / r, S, D] for q [B, S, D]: r, the query batches per key/value batch (1 for B = 0).
   static int64_t kv_group(const Tensor& q, const Tensor& k) { return k.dim(0) ? q.dim(0) / k.dim(0) : 1; }
+  static cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const AttentionRows& rows) {
+    return cpu::AttentionShape{q.dim(0), q.dim(1), k.dim(1), q.dim(2), kv_group(q, k), rows};
+  }
 
   // y = rotation of x by sign * angle, pairs (i, i + R/2) of the first R = rotary_dim dims of
   // each row of x [B, NH, S, D]; dims R..D-1 are copied.
-  static void rope(const Tensor& x, double theta, int64_t rotary_dim, double sign, const Tensor& y) {
+  static void rope(const Tensor& x, double theta, int64_t rotary_dim, double sign, const Tensor& y,
+                   const SeqPositions& positions) {
     const int64_t S = x.dim(2), D = x.dim(3), R = rotary_dim, half = R / 2, rows = x.numel() / D;
     std::vector<float> cosines(static_cast<size_t>(S * half)), sines(static_cast<size_t>(S * half));
-    for (int64_t p = 0; p < S; ++p)
+    for (int64_t p = 0; p < S; ++p)  // row p of each head, at its place in the whole sequence
       for (int64_t i = 0; i < half; ++i) {
         const double exponent = -2.0 * static_cast<double>(i) / static_cast<double>(R);
-        const double angle = static_cast<double>(p) * std::pow(theta, exponent);
+        const double angle = static_cast<double>(positions.at(p)) * std::pow(theta, exponent);
         cosines[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(angle));
         sines[static_cast<size_t>(p * half + i)] = static_cast<float>(sign * std::sin(angle));
       }

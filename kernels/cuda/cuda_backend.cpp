@@ -247,13 +247,15 @@ class CudaBackend final : public Backend {
   }
 
   // ---- softmax ------------------------------------------------------------------------
-  void softmax_causal_fwd_impl(const Tensor& s, const Tensor& p) override {
+  void softmax_causal_fwd_impl(const Tensor& s, const Tensor& p, const SeqPositions& rows) override {
     const DType dt = one_dtype("softmax_causal_fwd", {&s, &p});
+    square_only("softmax_causal_fwd", rows, s.dim(-2));
     const int64_t cols = s.dim(-1);
     cuda::softmax_causal_fwd(dt, s.data(), p.data(), cols ? s.numel() / cols : 0, cols, stream_);
   }
-  void softmax_causal_bwd_impl(const Tensor& dp, const Tensor& p, const Tensor& ds) override {
+  void softmax_causal_bwd_impl(const Tensor& dp, const Tensor& p, const Tensor& ds, const SeqPositions& rows) override {
     const DType dt = one_dtype("softmax_causal_bwd", {&dp, &p, &ds});
+    square_only("softmax_causal_bwd", rows, p.dim(-2));
     const int64_t cols = p.dim(-1);
     cuda::softmax_causal_bwd(dt, dp.data(), p.data(), ds.data(), cols ? p.numel() / cols : 0, cols, stream_);
   }
@@ -261,6 +263,7 @@ class CudaBackend final : public Backend {
   // ---- dropout ------------------------------------------------------------------------
   void dropout_fwd_impl(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) override {
     const DType dt = one_dtype("dropout_fwd", {&x, &y});
+    square_only("dropout_fwd", spec.inner_positions, spec.inner);
     cuda::dropout_fwd(dt, x.data(), spec, y.data(), mask.data_as<uint8_t>(), stream_);
   }
   void dropout_bwd_impl(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override {
@@ -292,6 +295,7 @@ class CudaBackend final : public Backend {
   void bias_dropout_residual_fwd_impl(const Tensor& x, const Tensor& bias, const Tensor& r, const DropoutSpec& spec,
                                       const Tensor& out, const Tensor& mask) override {
     const char* op = "bias_dropout_residual_fwd";
+    square_only(op, spec.inner_positions, spec.inner);
     if (!bias.defined()) {  // no bias: the elements as one row
       const DType dt = one_dtype(op, {&x, &r, &out});
       cuda::bias_dropout_residual_fwd(dt, x.data(), nullptr, r.data(), spec, out.data(), mask.data_as<uint8_t>(), 1,
@@ -306,17 +310,19 @@ class CudaBackend final : public Backend {
 
   // ---- fused attention (kernels/cuda/attention.cu) ------------------------------------
   void attention_fwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
-                          const Tensor& out, const Tensor& lse) override {
+                          const Tensor& out, const Tensor& lse, const AttentionRows& rows) override {
     const DType dt = one_dtype("attention_fwd", {&q, &k, &v, &out});
+    square_only("attention_fwd", rows);
     const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2), group = kv_group(q, k);
     cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(), B, S, D,
                         stream_, group);
   }
   void attention_bwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                           const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
-                          const Tensor& dv) override {
+                          const Tensor& dv, const AttentionRows& rows) override {
     const char* op = "attention_bwd";
     const DType dt = one_dtype(op, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+    square_only(op, rows);
     const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2), group = kv_group(q, k);
     if (D > cuda::kAttentionMaxHeadDim)  // before the workspace is allocated
       throw InvalidArgument(std::string(op) + ": head dim " + std::to_string(D) + " is larger than " +
@@ -343,10 +349,14 @@ class CudaBackend final : public Backend {
     cuda::rmsnorm_bwd(dt, dy.data(), x.data(), w.data(), rstd.data_as<float>(), dx.data(), dw.data(),
                       ws.data_as<float>(), rows, cols, stream_);
   }
-  void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y) override {
+  void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y,
+                     const SeqPositions& positions) override {
+    square_only("rope_fwd", positions, x.dim(2));
     rope("rope_fwd", x, theta, rotary_dim, false, y);
   }
-  void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx) override {
+  void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx,
+                     const SeqPositions& positions) override {
+    square_only("rope_bwd", positions, dy.dim(2));
     rope("rope_bwd", dy, theta, rotary_dim, true, dx);
   }
   void swiglu_fwd_impl(const Tensor& x, const Tensor& y) override {
@@ -372,6 +382,29 @@ class CudaBackend final : public Backend {
 
   // k, v [B / r, S, D] for q [B, S, D]: r query batches per key/value batch (GQA; 1 for B = 0).
   static int64_t kv_group(const Tensor& q, const Tensor& k) { return k.dim(0) ? q.dim(0) / k.dim(0) : 1; }
+  void copy_rows_impl(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows) override {
+    const size_t es = src.element_size(), run = static_cast<size_t>(rows * src.dim(2)) * es;
+    if (run == 0) return;
+    const char* s = static_cast<const char*>(src.data());
+    char* d = static_cast<char*>(dst.data());
+    for (int64_t o = 0; o < src.dim(0); ++o)  // one run of rows x W elements per outer index
+      CUDA_CHECK(cudaMemcpyAsync(d + static_cast<size_t>((o * dst.dim(1) + dst_row) * dst.dim(2)) * es,
+                                 s + static_cast<size_t>((o * src.dim(1) + src_row) * src.dim(2)) * es, run,
+                                 cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  // Context parallelism's row placement is not in the cuda kernels yet: refused in one line.
+  static void square_only(const char* op, const SeqPositions& rows, int64_t n) {
+    if (!rows.is_identity(n))
+      throw InvalidArgument(std::string(op) + ": rows placed in a longer sequence (context parallelism) are not "
+                            "supported by the cuda kernels yet");
+  }
+  static void square_only(const char* op, const AttentionRows& rows) {
+    if (rows.total > 0)
+      throw InvalidArgument(std::string(op) + ": rows placed in a longer sequence (context parallelism) are not "
+                            "supported by the cuda kernels yet");
+  }
+
   void rope(const char* op, const Tensor& x, double theta, int64_t rotary_dim, bool inverse, const Tensor& y) {
     const DType dt = one_dtype(op, {&x, &y});
     const int64_t D = x.dim(3);  // >= rotary_dim >= 2 (the contract)

@@ -28,8 +28,8 @@ class MetaBackend final : public Backend {
                           const Tensor&) override {}
   void layernorm_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const Tensor&, const Tensor&) override {}
-  void softmax_causal_fwd_impl(const Tensor&, const Tensor&) override {}
-  void softmax_causal_bwd_impl(const Tensor&, const Tensor&, const Tensor&) override {}
+  void softmax_causal_fwd_impl(const Tensor&, const Tensor&, const SeqPositions&) override {}
+  void softmax_causal_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const SeqPositions&) override {}
   void dropout_fwd_impl(const Tensor&, const DropoutSpec&, const Tensor&, const Tensor&) override {}
   void dropout_bwd_impl(const Tensor&, const Tensor&, float, const Tensor&) override {}
   void gelu_fwd_impl(const Tensor&, const Tensor&) override {}
@@ -39,17 +39,20 @@ class MetaBackend final : public Backend {
   void bias_dropout_residual_fwd_impl(const Tensor&, const Tensor&, const Tensor&, const DropoutSpec&, const Tensor&,
                                       const Tensor&) override {}
   void attention_fwd_impl(const Tensor&, const Tensor&, const Tensor&, float, const DropoutSpec&, const Tensor&,
-                          const Tensor&) override {}
+                          const Tensor&, const AttentionRows&) override {}
   void attention_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          float, const DropoutSpec&, const Tensor&, const Tensor&, const Tensor&) override {}
+                          float, const DropoutSpec&, const Tensor&, const Tensor&, const Tensor&,
+                          const AttentionRows&) override {}
   void rmsnorm_fwd_impl(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&) override {}
   void rmsnorm_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                         const Tensor&) override {}
-  void rope_fwd_impl(const Tensor&, double, int64_t, const Tensor&) override {}
-  void rope_bwd_impl(const Tensor&, double, int64_t, const Tensor&) override {}
+  void rope_fwd_impl(const Tensor&, double, int64_t, const Tensor&, const SeqPositions&) override {}
+  void rope_bwd_impl(const Tensor&, double, int64_t, const Tensor&, const SeqPositions&) override {}
   void swiglu_fwd_impl(const Tensor&, const Tensor&) override {}
   void swiglu_bwd_impl(const Tensor&, const Tensor&, const Tensor&) override {}
   void split_heads_impl(const Tensor&, int64_t, const Tensor&) override {}
+  void copy_rows_impl(const Tensor&, int64_t, const Tensor&, int64_t, int64_t) override {}
+  void attention_merge_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void merge_heads_impl(const Tensor&, int64_t, const Tensor&) override {}
 };
 
