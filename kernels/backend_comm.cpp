@@ -23,6 +23,16 @@ class BackendLocalCommunicator final : public Communicator {
     check_gather_shapes(out, in, 1, "reduce_scatter");
     be_.copy(in, out);
   }
+  void send_recv(const Tensor& send, int dst, const Tensor& recv, int src) override {
+    check_send_recv(send, dst, recv, src);
+    count_send_recv(send, dst);
+    be_.copy(send, recv);
+  }
+  void all_to_all(const Tensor& in, const Tensor& out) override {
+    check_all_to_all(in, out);
+    count_all_to_all(in);
+    be_.copy(in, out);
+  }
   void barrier() override {}
   void max_inplace(std::vector<double>&) override {}
   std::vector<float> gather_host(const std::vector<float>& local) override { return local; }
@@ -32,7 +42,8 @@ class BackendLocalCommunicator final : public Communicator {
 };
 
 // As runtime/'s emulated communicator: all-gather replicates the local shard, reduce-scatter
-// keeps rank 0's rows unreduced, all-reduce leaves the partial sum; bytes counted for n ranks.
+// keeps rank 0's rows unreduced, all-reduce leaves the partial sum, send-receive and
+// all-to-all copy their input to their output; bytes counted for n ranks.
 class BackendEmulatedCommunicator final : public Communicator {
  public:
   BackendEmulatedCommunicator(Backend& be, int n) : be_(be), n_(n) {
@@ -54,6 +65,18 @@ class BackendEmulatedCommunicator final : public Communicator {
     count_reduce_scatter(in);
     Timed timed(*this);
     be_.copy(in.rows(0, out.dim(0)), out);
+  }
+  void send_recv(const Tensor& send, int dst, const Tensor& recv, int src) override {
+    check_send_recv(send, dst, recv, src);
+    count_send_recv(send, dst);
+    Timed timed(*this);
+    be_.copy(send, recv);
+  }
+  void all_to_all(const Tensor& in, const Tensor& out) override {
+    check_all_to_all(in, out);
+    count_all_to_all(in);
+    Timed timed(*this);
+    be_.copy(in, out);
   }
   void open_emulated_window() override { windows_.emplace_back(); }
   std::vector<double> take_emulated_ms() override {

@@ -4,7 +4,8 @@
 //   own copy(), so they work on device memory too (runtime/'s versions memcpy on the host).
 //   Same semantics, mode and byte counts as those (runtime/communicator.cpp).
 // - Under mpirun: bind_device_for_rank() before the backend exists, then
-//   make_world_communicator(): NCCL on the backend's stream for cuda, MPI otherwise.
+//   make_world_communicator() (one tensor-parallel group: NCCL on the backend's stream for
+//   cuda, MPI otherwise), or make_parallel_groups() for tensor- and context-parallel groups.
 #include <memory>
 #include <string>
 
@@ -24,5 +25,16 @@ void bind_device_for_rank(const std::string& backend_name, int rank);
 // for cuda, the MPI communicator for cpu and meta. Throws InvalidArgument when the build
 // cannot provide it (e.g. cuda without NCCL).
 std::unique_ptr<Communicator> make_world_communicator(Backend& backend);
+
+struct ParallelGroups {
+  std::unique_ptr<Communicator> world, tp, cp;  // world: every rank (metadata, agreement, dumps)
+};
+// Under mpirun: the world split into tensor- and context-parallel groups for `backend` (NCCL for
+// cuda, MPI otherwise). Throws InvalidArgument (one line) unless tp >= 1, cp >= 1 and tp*cp is
+// the world size.
+// Megatron-Core's rank order: world rank r has tp_rank = r % tp and cp_rank = r / tp; a TP
+// group is the tp consecutive ranks with the same r / tp, a CP group the cp ranks with the same
+// r % tp, ordered by cp_rank. Every rank calls it together (it splits collectively).
+ParallelGroups make_parallel_groups(Backend& backend, int tp, int cp);
 
 }  // namespace actbench

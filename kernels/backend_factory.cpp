@@ -1,3 +1,6 @@
+#include <cstdint>
+#include <string>
+
 #include "kernels/backend.hpp"
 #include "kernels/backend_comm.hpp"
 #include "runtime/error.hpp"
@@ -44,6 +47,40 @@ std::unique_ptr<Communicator> make_world_communicator(Backend& backend) {
 #endif
   }
   return make_mpi_communicator();
+}
+
+namespace {
+
+// The ranks of `world` with the same color, ranked by key: of the same kind as world.
+std::unique_ptr<Communicator> split_world(Backend& backend, Communicator& world, int color, int key) {
+  if (std::string(backend.name()) == "cuda") {
+#if ACTBENCH_HAVE_CUDA_BACKEND
+    return split_nccl_communicator(world, color, key);
+#else
+    (void)world;
+    throw InvalidArgument("backend 'cuda' is not available in this build");
+#endif
+  }
+  return make_mpi_split_communicator(color, key);
+}
+
+}  // namespace
+
+ParallelGroups make_parallel_groups(Backend& backend, int tp, int cp) {
+  if (tp < 1 || cp < 1)
+    throw InvalidArgument("parallel groups: the tensor-parallel size (" + std::to_string(tp) +
+                          ") and the context-parallel size (" + std::to_string(cp) + ") must be >= 1");
+  ParallelGroups groups;
+  groups.world = make_world_communicator(backend);
+  const int r = groups.world->rank(), n = groups.world->size();
+  if (static_cast<int64_t>(tp) * cp != n)
+    throw InvalidArgument("parallel groups: tensor-parallel size " + std::to_string(tp) + " x context-parallel size " +
+                          std::to_string(cp) + " is " + std::to_string(static_cast<int64_t>(tp) * cp) +
+                          " ranks, but the MPI world has " + std::to_string(n));
+  // Megatron-Core's order: tp_rank = r % tp, cp_rank = r / tp.
+  groups.tp = split_world(backend, *groups.world, r / tp, r % tp);
+  groups.cp = split_world(backend, *groups.world, r % tp, r / tp);
+  return groups;
 }
 
 }  // namespace actbench

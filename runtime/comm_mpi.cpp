@@ -58,12 +58,20 @@ void narrow(const std::vector<float>& v, Tensor& t) {
   for (size_t i = 0; i < v.size(); ++i) store_from_float(t.data(), t.dtype(), i, v[i]);
 }
 
+// Over `comm`: MPI_COMM_WORLD, or a split of it that the communicator owns (and frees).
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator() {
-    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owned_ && !finalized) MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   CommMode mode() const override { return CommMode::mpi; }
@@ -72,11 +80,11 @@ class MpiCommunicator final : public Communicator {
     count_all_reduce(t);
     if (t.is_meta() || !t.numel()) return;
     if (t.dtype() == DType::fp32) {
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.data(), mpi_count(t.numel(), "all-reduce"), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.data(), mpi_count(t.numel(), "all-reduce"), MPI_FLOAT, MPI_SUM, comm_));
       return;
     }
     std::vector<float> v = widen(t);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), mpi_count(static_cast<int64_t>(v.size()), "all-reduce"), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), mpi_count(static_cast<int64_t>(v.size()), "all-reduce"), MPI_FLOAT, MPI_SUM, comm_));
     narrow(v, t);
   }
 
@@ -85,7 +93,7 @@ class MpiCommunicator final : public Communicator {
     count_all_gather(out);
     if (in.is_meta() || !in.bytes()) return;
     const int bytes = mpi_count(static_cast<int64_t>(in.bytes()), "all-gather (bytes)");
-    MPI_CHECK(MPI_Allgather(in.data(), bytes, MPI_BYTE, out.data(), bytes, MPI_BYTE, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allgather(in.data(), bytes, MPI_BYTE, out.data(), bytes, MPI_BYTE, comm_));
   }
 
   void reduce_scatter(const Tensor& in, Tensor& out) override {
@@ -94,40 +102,76 @@ class MpiCommunicator final : public Communicator {
     if (in.is_meta() || !out.numel()) return;
     const int count = mpi_count(out.numel(), "reduce-scatter");
     if (in.dtype() == DType::fp32) {
-      MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+      MPI_CHECK(MPI_Reduce_scatter_block(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, comm_));
       return;
     }
     std::vector<float> src = widen(in), dst(static_cast<size_t>(count));
-    MPI_CHECK(MPI_Reduce_scatter_block(src.data(), dst.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Reduce_scatter_block(src.data(), dst.data(), count, MPI_FLOAT, MPI_SUM, comm_));
     narrow(dst, out);
   }
 
-  void barrier() override { MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void send_recv(const Tensor& send, int dst, const Tensor& recv, int src) override {
+    check_send_recv(send, dst, recv, src);
+    count_send_recv(send, dst);
+    if (send.is_meta() || !send.bytes()) return;
+    if (dst == rank_) {  // a self exchange
+      std::memcpy(recv.data(), send.data(), send.bytes());
+      return;
+    }
+    const int bytes = mpi_count(static_cast<int64_t>(send.bytes()), "send-receive (bytes)");
+    MPI_CHECK(MPI_Sendrecv(send.data(), bytes, MPI_BYTE, dst, kSendRecvTag, recv.data(), bytes, MPI_BYTE, src,
+                           kSendRecvTag, comm_, MPI_STATUS_IGNORE));
+  }
+
+  void all_to_all(const Tensor& in, const Tensor& out) override {
+    check_all_to_all(in, out);
+    count_all_to_all(in);
+    if (in.is_meta() || !in.bytes()) return;
+    const int block = mpi_count(static_cast<int64_t>(in.bytes() / static_cast<size_t>(size_)), "all-to-all (bytes)");
+    MPI_CHECK(MPI_Alltoall(in.data(), block, MPI_BYTE, out.data(), block, MPI_BYTE, comm_));
+  }
+
+  void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
 
   void max_inplace(std::vector<double>& v) override {
     if (v.empty()) return;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX, comm_));
   }
 
   std::vector<float> gather_host(const std::vector<float>& local) override {
     std::vector<float> all(local.size() * static_cast<size_t>(size_));
     const int count = mpi_count(static_cast<int64_t>(local.size()), "host gather");
-    MPI_CHECK(MPI_Allgather(local.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allgather(local.data(), count, MPI_FLOAT, all.data(), count, MPI_FLOAT, comm_));
     return all;
   }
 
  private:
+  static constexpr int kSendRecvTag = 7;  // the communicator's only point-to-point messages
+  MPI_Comm comm_;
+  bool owned_;
   int rank_ = 0, size_ = 1;
 };
 
-}  // namespace
-
-std::unique_ptr<Communicator> make_mpi_communicator() {
+// MPI_Init once, and the verdicts' own communicator with it.
+void init_mpi() {
   int initialized = 0;
   MPI_CHECK(MPI_Initialized(&initialized));
   if (!initialized) MPI_CHECK(MPI_Init(nullptr, nullptr));
   if (g_agree_comm == MPI_COMM_NULL) MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g_agree_comm));
-  return std::make_unique<MpiCommunicator>();
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  init_mpi();
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
+}
+
+std::unique_ptr<Communicator> make_mpi_split_communicator(int color, int key) {
+  init_mpi();
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
+  return std::make_unique<MpiCommunicator>(comm, true);
 }
 
 bool mpi_agree_max(int64_t* values, double timeout_s) {
@@ -173,6 +217,7 @@ bool mpi_available() { return false; }
 std::unique_ptr<Communicator> make_mpi_communicator() {
   throw InvalidArgument("this build has no MPI support (install libopenmpi-dev and rebuild)");
 }
+std::unique_ptr<Communicator> make_mpi_split_communicator(int, int) { return make_mpi_communicator(); }
 void mpi_finalize_if_initialized() {}
 void mpi_abort_if_initialized(int) {}
 bool mpi_agree_max(int64_t*, double) { return true; }

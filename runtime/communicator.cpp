@@ -1,6 +1,7 @@
 #include "runtime/communicator.hpp"
 
 #include <cstring>
+#include <utility>
 
 #include "runtime/error.hpp"
 
@@ -16,7 +17,8 @@ const char* comm_mode_name(CommMode m) {
   return "?";
 }
 
-// Ring algorithm bytes per rank: all-gather / reduce-scatter (n-1)/n * S, all-reduce 2(n-1)/n * S.
+// Ring algorithm bytes per rank: all-gather / reduce-scatter / all-to-all (n-1)/n * S,
+// all-reduce 2(n-1)/n * S; a send-receive sends its tensor once (nothing to itself).
 void Communicator::count_all_reduce(const Tensor& t) {
   int n = size();
   stats_.all_reduce_calls++;
@@ -33,6 +35,16 @@ void Communicator::count_reduce_scatter(const Tensor& in) {
   stats_.ring_bytes += static_cast<double>(n - 1) / n * static_cast<double>(in.bytes());
 }
 
+void Communicator::count_send_recv(const Tensor& send, int dst) {
+  stats_.send_recv_calls++;
+  if (dst != rank()) stats_.ring_bytes += static_cast<double>(send.bytes());
+}
+void Communicator::count_all_to_all(const Tensor& in) {
+  int n = size();
+  stats_.all_to_all_calls++;
+  stats_.ring_bytes += static_cast<double>(n - 1) / n * static_cast<double>(in.bytes());
+}
+
 void Communicator::check_gather_shapes(const Tensor& small, const Tensor& big, int n, const char* op) {
   bool ok = small.ndim() >= 1 && small.ndim() == big.ndim() && big.dim(0) == n * small.dim(0) &&
             small.dtype() == big.dtype();
@@ -40,6 +52,47 @@ void Communicator::check_gather_shapes(const Tensor& small, const Tensor& big, i
   if (!ok)
     throw InvalidArgument(std::string(op) + ": shapes " + shape_str(small.shape()) + " and " + shape_str(big.shape()) +
                           " do not differ by a factor " + std::to_string(n) + " in dim 0");
+}
+
+namespace {
+
+std::string describe(const Tensor& t) { return shape_str(t.shape()) + " " + dtype_name(t.dtype()); }
+
+// Whether two tensors' bytes overlap: a real transfer (MPI, NCCL) reads its input while the
+// peers' data arrives, so input and output must be apart on every communicator alike.
+bool overlap(const Tensor& a, const Tensor& b) {
+  if (a.is_meta() || b.is_meta() || !a.bytes() || !b.bytes()) return false;
+  const auto* pa = static_cast<const char*>(a.data());
+  const auto* pb = static_cast<const char*>(b.data());
+  return pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+}  // namespace
+
+void Communicator::check_send_recv(const Tensor& send, int dst, const Tensor& recv, int src) const {
+  const int n = size(), me = rank();
+  for (const auto& [what, peer] : {std::pair{"dst", dst}, std::pair{"src", src}})
+    if (peer < 0 || peer >= n)
+      throw InvalidArgument(std::string("send_recv: ") + what + " " + std::to_string(peer) +
+                            " is not a rank of this group of " + std::to_string(n));
+  if (!send.defined() || !recv.defined() || send.numel() != recv.numel() || send.dtype() != recv.dtype())
+    throw InvalidArgument("send_recv: send " + describe(send) + " and recv " + describe(recv) +
+                          " differ in element count or dtype");
+  if ((dst == me) != (src == me))
+    throw InvalidArgument("send_recv: rank " + std::to_string(me) + " sends to " + std::to_string(dst) +
+                          " but receives from " + std::to_string(src) +
+                          " (a rank that sends to itself must also receive from itself)");
+  if (overlap(send, recv)) throw InvalidArgument("send_recv: send and recv share memory (use two buffers)");
+}
+
+void Communicator::check_all_to_all(const Tensor& in, const Tensor& out) const {
+  if (!in.defined() || !out.defined() || in.ndim() < 1 || in.shape() != out.shape() || in.dtype() != out.dtype())
+    throw InvalidArgument("all_to_all: in " + describe(in) + " and out " + describe(out) +
+                          " differ in shape or dtype (or have no dim 0)");
+  if (in.dim(0) % size() != 0)
+    throw InvalidArgument("all_to_all: dim 0 of " + shape_str(in.shape()) + " is not divisible by the group size " +
+                          std::to_string(size()));
+  if (overlap(in, out)) throw InvalidArgument("all_to_all: in and out share memory (use two buffers)");
 }
 
 namespace {
@@ -52,7 +105,36 @@ void require_host(const Tensor& t, const char* op) {
                           "(make_backend_local_communicator / make_backend_emulated_communicator)");
 }
 
-class LocalCommunicator final : public Communicator {
+void require_host(const Tensor& a, const Tensor& b, const char* op) {
+  require_host(a, op);
+  require_host(b, op);
+}
+
+// src's bytes into dst (same byte size; checked by the caller): nothing for meta tensors.
+void host_copy(const Tensor& src, const Tensor& dst) {
+  if (!src.is_meta() && src.bytes() && src.data() != dst.data()) std::memcpy(dst.data(), src.data(), src.bytes());
+}
+
+// The local and emulated communicators: a process alone, whose exchanges with its peers are
+// copies. Local (one rank) sends only to itself; emulated stands for rank 0 of n ranks that
+// all hold the same data, so what its peers send it equals what it sends them.
+class HostCopyCommunicator : public Communicator {
+ public:
+  void send_recv(const Tensor& send, int dst, const Tensor& recv, int src) final {
+    check_send_recv(send, dst, recv, src);
+    require_host(send, recv, "send_recv");
+    count_send_recv(send, dst);
+    host_copy(send, recv);
+  }
+  void all_to_all(const Tensor& in, const Tensor& out) final {
+    check_all_to_all(in, out);
+    require_host(in, out, "all_to_all");
+    count_all_to_all(in);
+    host_copy(in, out);
+  }
+};
+
+class LocalCommunicator final : public HostCopyCommunicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -67,17 +149,17 @@ class LocalCommunicator final : public Communicator {
  private:
   static void copy_rows(const Tensor& in, Tensor& out, const char* op) {
     check_gather_shapes(in, out, 1, op);
-    require_host(in, op);
-    require_host(out, op);
-    if (!in.is_meta() && in.bytes() && in.data() != out.data()) std::memcpy(out.data(), in.data(), in.bytes());
+    require_host(in, out, op);
+    host_copy(in, out);
   }
 };
 
 // Rank 0 of `n` ranks, alone. The data it produces is what rank 0 would hold if every
 // rank held rank 0's values: all-gather replicates the local shard, reduce-scatter keeps
-// rank 0's rows unreduced, all-reduce leaves the partial sum. Shapes and bytes are exact;
+// rank 0's rows unreduced, all-reduce leaves the partial sum, send-receive and all-to-all
+// copy their input to their output (every peer sent the same). Shapes and bytes are exact;
 // values are not the real layer's (emulation measures time and memory, not numerics).
-class EmulatedCommunicator final : public Communicator {
+class EmulatedCommunicator final : public HostCopyCommunicator {
  public:
   explicit EmulatedCommunicator(int n) : n_(n) {
     if (n < 1) throw InvalidArgument("emulated communicator needs a size >= 1");

@@ -1,11 +1,13 @@
 #pragma once
-// Tensor-parallel group collectives. Along dim 0 for gather/scatter, sum for reductions.
+// Group collectives (a tensor- or context-parallel group). Along dim 0 for gather/scatter,
+// sum for reductions.
 //   local     one rank, collectives are identities
 //   mpi       real processes under mpirun; 16-bit data reduced in fp32
 //   emulated  one process plays rank 0 of t: shapes and bytes exact, data copied locally
 // Every implementation counts the bytes each rank would put on a ring (all-gather and
-// reduce-scatter (n-1)/n * S, all-reduce 2(n-1)/n * S, S the whole tensor), which is
-// what the modeled communication time is computed from.
+// reduce-scatter (n-1)/n * S, all-reduce 2(n-1)/n * S, all-to-all (n-1)/n * S, S the whole
+// tensor; a send-receive the bytes sent), which is what the modeled communication time is
+// computed from.
 // Tensors on the meta device carry no data: only the byte counts change.
 #include <cstdint>
 #include <memory>
@@ -21,6 +23,7 @@ const char* comm_mode_name(CommMode m);
 
 struct CommStats {
   int64_t all_reduce_calls = 0, all_gather_calls = 0, reduce_scatter_calls = 0;
+  int64_t send_recv_calls = 0, all_to_all_calls = 0;
   double ring_bytes = 0;  // bytes sent per rank, ring algorithm
   void reset() { *this = CommStats{}; }
 };
@@ -38,6 +41,12 @@ class Communicator {
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   // in.dim(0) == size() * out.dim(0); out = sum over ranks of rows [rank*n, (rank+1)*n).
   virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  // A ring step: sends `send` to group rank dst and receives `recv` (same numel and dtype) from
+  // group rank src, both at once, so every rank may call it together without deadlock.
+  virtual void send_recv(const Tensor& send, int dst, const Tensor& recv, int src) = 0;
+  // in and out [size()*n, ...] (same shape/dtype): rows [j*n, (j+1)*n) of in go to rank j and
+  // land at rows [rank()*n, (rank()+1)*n) of its out.
+  virtual void all_to_all(const Tensor& in, const Tensor& out) = 0;
   virtual void barrier() = 0;
 
   // Host-side helpers for metadata (timings, status, dumps); not counted in CommStats.
@@ -60,7 +69,15 @@ class Communicator {
   void count_all_reduce(const Tensor& t);
   void count_all_gather(const Tensor& out);
   void count_reduce_scatter(const Tensor& in);
+  // The bytes of `send`, none when dst is this rank (a self exchange is a local copy).
+  void count_send_recv(const Tensor& send, int dst);
+  void count_all_to_all(const Tensor& in);
   static void check_gather_shapes(const Tensor& small, const Tensor& big, int n, const char* op);
+  // Throw InvalidArgument (one line) unless the arguments fit this group (see send_recv and
+  // all_to_all above); a self exchange must be one both ways (dst is this rank iff src is),
+  // and input and output must not share memory.
+  void check_send_recv(const Tensor& send, int dst, const Tensor& recv, int src) const;
+  void check_all_to_all(const Tensor& in, const Tensor& out) const;
   CommStats stats_;
 };
 
@@ -74,6 +91,10 @@ bool mpi_available();
 bool mpi_launched();
 // Initialises MPI (idempotent); the communicator spans MPI_COMM_WORLD.
 std::unique_ptr<Communicator> make_mpi_communicator();
+// Initialises MPI (idempotent); the communicator spans the world ranks that pass the same
+// `color`, ranked by `key` (MPI_Comm_split of MPI_COMM_WORLD: every world rank calls it
+// together).
+std::unique_ptr<Communicator> make_mpi_split_communicator(int color, int key);
 void mpi_finalize_if_initialized();
 // A rank that fails alone would leave the others waiting in a collective forever: abort all.
 void mpi_abort_if_initialized(int code);

@@ -54,8 +54,11 @@ ncclDataType_t nccl_type(DType t) {
   throw InvalidArgument("nccl: unknown dtype");
 }
 
+// `comm_` for the tensors, `mpi_` (MPI_COMM_WORLD, or a split the communicator owns) for
+// the host-side helpers; both hold the same ranks in the same order.
 class NcclCommunicator final : public Communicator {
  public:
+  // Over the MPI world, initialising MPI if needed.
   explicit NcclCommunicator(cudaStream_t stream) : stream_(stream) {
     int initialized = 0;
     MPI_CHECK(MPI_Initialized(&initialized));
@@ -67,12 +70,34 @@ class NcclCommunicator final : public Communicator {
     MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD));
     NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));  // on the current device
   }
+  // The ranks of `parent` with the same color, ranked by key (ties by parent rank, as both
+  // NCCL and MPI order them).
+  NcclCommunicator(NcclCommunicator& parent, int color, int key) : stream_(parent.stream_) {
+    parent.check_async();
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    MPI_CHECK(MPI_Comm_split(parent.mpi_, color, key, &mpi_));
+    owns_mpi_ = true;
+    MPI_CHECK(MPI_Comm_rank(mpi_, &rank_));
+    MPI_CHECK(MPI_Comm_size(mpi_, &size_));
+    NCCL_CHECK(ncclCommSplit(parent.comm_, color, key, &comm_, nullptr));
+#else
+    (void)color;
+    (void)key;
+    throw InvalidArgument("this NCCL (" + std::to_string(NCCL_VERSION_CODE) +
+                          ") has no ncclCommSplit: tensor- and context-parallel groups need NCCL 2.18 or newer");
+#endif
+  }
   ~NcclCommunicator() override {
     if (comm_) {
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(comm_);
     }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_mpi_ && !finalized) MPI_Comm_free(&mpi_);
   }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   CommMode mode() const override { return CommMode::nccl; }
@@ -101,6 +126,40 @@ class NcclCommunicator final : public Communicator {
     NCCL_CHECK(ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()), nccl_type(in.dtype()),
                                  ncclSum, comm_, stream_));
   }
+  void send_recv(const Tensor& send, int dst, const Tensor& recv, int src) override {
+    check_send_recv(send, dst, recv, src);
+    count_send_recv(send, dst);
+    check_async();
+    if (send.is_meta() || !send.numel()) return;
+    if (dst == rank_) {
+      CUDA_CHECK(cudaMemcpyAsync(recv.data(), send.data(), send.bytes(), cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    const auto count = static_cast<size_t>(send.numel());
+    const ncclDataType_t type = nccl_type(send.dtype());
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclSend(send.data(), count, type, dst, comm_, stream_));
+    NCCL_CHECK(ncclRecv(recv.data(), count, type, src, comm_, stream_));
+    NCCL_CHECK(ncclGroupEnd());
+  }
+  void all_to_all(const Tensor& in, const Tensor& out) override {
+    check_all_to_all(in, out);
+    count_all_to_all(in);
+    check_async();
+    if (in.is_meta() || !in.numel()) return;
+    // Block j (rows [j*n, (j+1)*n)) to and from rank j: contiguous, numel/size elements each.
+    const auto count = static_cast<size_t>(in.numel() / size_);
+    const size_t block_bytes = in.bytes() / static_cast<size_t>(size_);
+    const ncclDataType_t type = nccl_type(in.dtype());
+    const auto* from = static_cast<const char*>(in.data());
+    auto* to = static_cast<char*>(out.data());
+    NCCL_CHECK(ncclGroupStart());
+    for (int j = 0; j < size_; ++j) {
+      NCCL_CHECK(ncclSend(from + j * block_bytes, count, type, j, comm_, stream_));
+      NCCL_CHECK(ncclRecv(to + j * block_bytes, count, type, j, comm_, stream_));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  }
   void barrier() override {
     // The GPU work enqueued so far is part of what every rank waits for. Waiting by polling,
     // with NCCL's asynchronous error checked in between: a peer that failed (or a network
@@ -114,16 +173,16 @@ class NcclCommunicator final : public Communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     check_async();
-    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Barrier(mpi_));
   }
   void max_inplace(std::vector<double>& v) override {
     if (v.empty()) return;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX, mpi_));
   }
   std::vector<float> gather_host(const std::vector<float>& local) override {
     std::vector<float> all(local.size() * static_cast<size_t>(size_));
     MPI_CHECK(MPI_Allgather(local.data(), static_cast<int>(local.size()), MPI_FLOAT, all.data(),
-                            static_cast<int>(local.size()), MPI_FLOAT, MPI_COMM_WORLD));
+                            static_cast<int>(local.size()), MPI_FLOAT, mpi_));
     return all;
   }
 
@@ -142,6 +201,8 @@ class NcclCommunicator final : public Communicator {
 
   cudaStream_t stream_;
   ncclComm_t comm_ = nullptr;
+  MPI_Comm mpi_ = MPI_COMM_WORLD;
+  bool owns_mpi_ = false;
   int rank_ = 0, size_ = 1;
 };
 
@@ -151,11 +212,20 @@ std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t stream) {
   return std::make_unique<NcclCommunicator>(stream);
 }
 
+std::unique_ptr<Communicator> split_nccl_communicator(Communicator& world, int color, int key) {
+  auto* parent = dynamic_cast<NcclCommunicator*>(&world);
+  if (!parent) throw InvalidArgument("split_nccl_communicator: the world communicator is not an NCCL one");
+  return std::make_unique<NcclCommunicator>(*parent, color, key);
+}
+
 #else
 
 bool nccl_available() { return false; }
 std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t) {
   throw InvalidArgument("this build has no NCCL communicator (it needs CUDA, NCCL and MPI)");
+}
+std::unique_ptr<Communicator> split_nccl_communicator(Communicator&, int, int) {
+  return make_nccl_communicator(nullptr);
 }
 
 #endif

@@ -4,8 +4,12 @@
 // host memory). Streams are ignored: every collective has completed when it returns, which is
 // a legal schedule of the stream-ordered original for a caller that synchronises anyway.
 //
-// One process per rank (mpirun); a communicator spans all of MPI_COMM_WORLD (nranks must be
-// the world size), ranks ordered by the rank given to ncclCommInitRank. Reductions combine
+// One process per rank (mpirun); a communicator from ncclCommInitRank spans all of
+// MPI_COMM_WORLD (nranks must be the world size), ranks ordered by the rank given to it;
+// ncclCommSplit makes communicators over parts of one (MPI_Comm_split of its ranks).
+// Point-to-point calls (ncclSend/ncclRecv) inside a group wait for the outermost
+// ncclGroupEnd, which posts them all at once, so a ring of sends and receives cannot
+// deadlock; outside a group each runs alone, as in NCCL. Reductions combine
 // the ranks' contributions in rank order 0, 1, ..., n-1, each step computed in fp32 (fp64 for
 // ncclFloat64, the integer type for integers) and rounded to the element type, so every rank
 // gets bit-identical results. In-place: sendbuff == recvbuff (all-reduce), sendbuff ==
@@ -23,6 +27,7 @@
 #include <new>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tools/standins/common/half_bits.hpp"
@@ -44,8 +49,19 @@ struct ncclComm {
 namespace {
 
 constexpr uint32_t kIdMagic = 0x6e63634d;  // first bytes of a stand-in ncclUniqueId
+constexpr int kP2pTag = 0x4e53;             // the MPI tag of ncclSend/ncclRecv messages
 int group_depth = 0;
 std::string last_global_error;
+
+// An ncclSend or ncclRecv waiting for the end of its group.
+struct P2p {
+  ncclComm* comm;
+  bool send;
+  void* buf;
+  size_t bytes;
+  int peer;
+};
+std::vector<P2p> pending_p2p;
 
 bool valid(const ncclComm* c) { return c && c->magic == 0x4e63436d; }
 
@@ -116,6 +132,48 @@ ncclResult_t alltoall_bytes(ncclComm* comm, const uint8_t* send, uint8_t* recv, 
     done += chunk;
   }
   return ncclSuccess;
+}
+
+// Posts every operation at once and waits for all. A message above INT_MAX bytes goes in
+// chunks: both ends cut it alike (NCCL wants the same count and type on both), and MPI keeps
+// the order of the messages between two ranks on one communicator and tag.
+ncclResult_t run_p2p(const std::vector<P2p>& ops) {
+  std::vector<MPI_Request> requests;
+  std::vector<std::pair<const P2p*, int>> chunk_of;  // op and chunk bytes, per request
+  for (const P2p& op : ops)
+    for (size_t done = 0; done < op.bytes;) {
+      const int chunk = static_cast<int>(std::min(static_cast<size_t>(INT_MAX), op.bytes - done));
+      auto* at = static_cast<uint8_t*>(op.buf) + done;
+      MPI_Request request = MPI_REQUEST_NULL;
+      const int rc = op.send ? MPI_Isend(at, chunk, MPI_BYTE, op.peer, kP2pTag, op.comm->mpi, &request)
+                             : MPI_Irecv(at, chunk, MPI_BYTE, op.peer, kP2pTag, op.comm->mpi, &request);
+      if (rc != MPI_SUCCESS) return mpi_failed(op.comm, rc, op.send ? "MPI_Isend" : "MPI_Irecv");
+      requests.push_back(request);
+      chunk_of.emplace_back(&op, chunk);
+      done += static_cast<size_t>(chunk);
+    }
+  std::vector<MPI_Status> statuses(requests.size());
+  const int rc = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data());
+  if (rc != MPI_SUCCESS) return mpi_failed(ops.front().comm, rc, "MPI_Waitall (a peer sent more than was received?)");
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    const auto& [op, chunk] = chunk_of[i];
+    int got = 0;
+    MPI_Get_count(&statuses[i], MPI_BYTE, &got);
+    if (!op->send && got != chunk)
+      return fail(op->comm, ncclInvalidUsage, "ncclRecv from rank " + std::to_string(op->peer) + " expected " +
+                                                  std::to_string(op->bytes) + " bytes but the peer sent fewer");
+  }
+  return ncclSuccess;
+}
+
+// Queues a send or receive; outside a group it runs at once.
+ncclResult_t post_p2p(const P2p& op) {
+  if (op.bytes == 0) return ncclSuccess;
+  pending_p2p.push_back(op);
+  if (group_depth > 0) return ncclSuccess;
+  std::vector<P2p> ops;
+  ops.swap(pending_p2p);
+  return run_p2p(ops);
 }
 
 template <class T>
@@ -195,6 +253,14 @@ ncclResult_t check_call(ncclComm* comm, const void* send, const void* recv, size
   if (comm->finalized) return fail(comm, ncclInvalidUsage, std::string(what) + ": communicator is finalized");
   if (type_bytes(t) == 0) return fail(comm, ncclInvalidArgument, std::string(what) + ": invalid datatype");
   if (count > 0 && (!send || !recv)) return fail(comm, ncclInvalidArgument, std::string(what) + ": null buffer");
+  return ncclSuccess;
+}
+
+ncclResult_t check_peer(ncclComm* comm, int peer, const char* what) {
+  if (peer < 0 || peer >= comm->nranks)
+    return fail(comm, ncclInvalidArgument, std::string(what) + ": peer " + std::to_string(peer) +
+                                               " is not a rank of this communicator of " +
+                                               std::to_string(comm->nranks));
   return ncclSuccess;
 }
 
@@ -299,6 +365,34 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
   return ncclSuccess;
 }
 
+// The ranks of `comm` with the same color, ordered by key (ties by their rank in comm):
+// MPI_Comm_split of comm's ranks, collective over comm. NCCL_SPLIT_NOCOLOR gives a null
+// communicator. `config` is accepted and ignored (every call here is blocking).
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+  if (!newcomm) return fail(nullptr, ncclInvalidArgument, "ncclCommSplit: null newcomm pointer");
+  *newcomm = nullptr;
+  if (!valid(comm)) return fail(nullptr, ncclInvalidArgument, "ncclCommSplit: invalid communicator");
+  if (comm->finalized) return fail(comm, ncclInvalidUsage, "ncclCommSplit: communicator is finalized");
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return fail(comm, ncclInvalidArgument, "ncclCommSplit: color " + std::to_string(color) +
+                                               " is negative (only NCCL_SPLIT_NOCOLOR may be)");
+  MPI_Comm sub = MPI_COMM_NULL;
+  const int rc = MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &sub);
+  if (rc != MPI_SUCCESS) return mpi_failed(comm, rc, "MPI_Comm_split");
+  if (sub == MPI_COMM_NULL) return ncclSuccess;
+  auto* c = new (std::nothrow) ncclComm;
+  if (!c) {
+    MPI_Comm_free(&sub);
+    return fail(comm, ncclSystemError, "ncclCommSplit: out of memory");
+  }
+  MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+  c->mpi = sub;
+  MPI_Comm_rank(sub, &c->rank);
+  MPI_Comm_size(sub, &c->nranks);
+  *newcomm = c;
+  return ncclSuccess;
+}
+
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (!valid(comm)) return fail(nullptr, ncclInvalidArgument, "ncclCommFinalize: invalid communicator");
   comm->finalized = true;  // nothing is ever pending: operations complete before they return
@@ -344,8 +438,26 @@ ncclResult_t ncclGroupStart() {
 
 ncclResult_t ncclGroupEnd() {
   if (group_depth == 0) return fail(nullptr, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
-  --group_depth;
-  return ncclSuccess;
+  if (--group_depth > 0 || pending_p2p.empty()) return ncclSuccess;
+  std::vector<P2p> ops;
+  ops.swap(pending_p2p);
+  return run_p2p(ops);
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  ncclResult_t r = check_call(comm, sendbuff, sendbuff, count, datatype, "ncclSend");
+  if (r == ncclSuccess) r = check_peer(comm, peer, "ncclSend");
+  if (r != ncclSuccess) return r;
+  return post_p2p({comm, true, const_cast<void*>(sendbuff), count * type_bytes(datatype), peer});
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  ncclResult_t r = check_call(comm, recvbuff, recvbuff, count, datatype, "ncclRecv");
+  if (r == ncclSuccess) r = check_peer(comm, peer, "ncclRecv");
+  if (r != ncclSuccess) return r;
+  return post_p2p({comm, false, recvbuff, count * type_bytes(datatype), peer});
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,

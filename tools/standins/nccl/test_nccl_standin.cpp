@@ -194,6 +194,142 @@ TEST(NcclStandin, GroupCallsNestAndCountZeroIsANoOp) {
   EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
+// A ring step as context parallelism uses it: every rank sends to the next and receives from
+// the previous inside one group (posted together, so nobody waits for a peer's receive).
+TEST(NcclStandin, SendRecvRingInAGroupOrdersByNcclRank) {
+  ncclComm_t comm = make_comm(true);
+  const int n = world_size(), me = n - 1 - world_rank();
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  const size_t count = 41;
+  std::vector<float> send(count), recv(count, -1.f);
+  for (size_t i = 0; i < count; ++i) send[i] = me * 1000.f + i;
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclSend(send.data(), count, ncclFloat32, next, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclRecv(recv.data(), count, ncclFloat32, prev, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(recv[0], -1.f);  // nothing moves before the group ends
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (size_t i = 0; i < count; ++i) EXPECT_EQ(recv[i], prev * 1000.f + i) << i;
+  // bf16 the other way round, and a send to itself in the same group.
+  std::vector<uint16_t> hs(count), hr(count), self_in(3, float_to_bf16(me + 0.5f)), self_out(3);
+  for (size_t i = 0; i < count; ++i) hs[i] = float_to_bf16(static_cast<float>(me * 64 + static_cast<int>(i % 64)));
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclRecv(hr.data(), count, ncclBfloat16, next, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclSend(self_in.data(), 3, ncclBfloat16, me, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclSend(hs.data(), count, ncclBfloat16, prev, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclRecv(self_out.data(), 3, ncclBfloat16, me, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (size_t i = 0; i < count; ++i) EXPECT_EQ(bf16_to_float(hr[i]), static_cast<float>(next * 64 + static_cast<int>(i % 64)));
+  EXPECT_EQ(self_out, self_in);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+// All-to-all as grouped sends and receives, one pair per peer: block j of rank q's input
+// lands in block q of rank j's output.
+TEST(NcclStandin, AllToAllAsGroupedSendRecv) {
+  ncclComm_t comm = make_comm(true);
+  const int n = world_size(), me = n - 1 - world_rank();
+  const size_t block = 5;
+  std::vector<float> in(block * n), out(block * n, -1.f);
+  for (size_t k = 0; k < in.size(); ++k) in[k] = me * 100.f + k;
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  for (int j = 0; j < n; ++j) {
+    EXPECT_EQ(ncclSend(in.data() + j * block, block, ncclFloat32, j, comm, nullptr), ncclSuccess);
+    EXPECT_EQ(ncclRecv(out.data() + j * block, block, ncclFloat32, j, comm, nullptr), ncclSuccess);
+  }
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  for (int q = 0; q < n; ++q)
+    for (size_t i = 0; i < block; ++i) EXPECT_EQ(out[q * block + i], q * 100.f + me * block + i) << q << "," << i;
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+// Outside a group a lone send or receive runs at once: to itself it completes alone.
+TEST(NcclStandin, LoneSendRecvAndZeroCount) {
+  ncclComm_t comm = make_comm();
+  const int me = world_rank(), n = world_size();
+  // Pairs (0,1), (2,3): the even rank sends first, the odd one receives first (as NCCL allows).
+  std::vector<int32_t> a = {me, me * 2}, b(2, -1);
+  if (n % 2 == 0) {
+    const int peer = me ^ 1;
+    if (me % 2 == 0) {
+      EXPECT_EQ(ncclSend(a.data(), 2, ncclInt32, peer, comm, nullptr), ncclSuccess);
+      EXPECT_EQ(ncclRecv(b.data(), 2, ncclInt32, peer, comm, nullptr), ncclSuccess);
+    } else {
+      EXPECT_EQ(ncclRecv(b.data(), 2, ncclInt32, peer, comm, nullptr), ncclSuccess);
+      EXPECT_EQ(ncclSend(a.data(), 2, ncclInt32, peer, comm, nullptr), ncclSuccess);
+    }
+    EXPECT_EQ(b, (std::vector<int32_t>{peer, peer * 2}));
+  }
+  EXPECT_EQ(ncclSend(nullptr, 0, ncclFloat32, 0, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclRecv(nullptr, 0, ncclFloat32, 0, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
+// Megatron's rank order on 4 ranks (t = 2): tensor-parallel groups {0,1},{2,3} (color r / 2),
+// context-parallel groups {0,2},{1,3} (color r % 2); a key reverses the order inside a group.
+TEST(NcclStandin, CommSplitMakesGroupsOrderedByKey) {
+  ncclComm_t world = make_comm();
+  const int n = world_size(), me = world_rank();
+  ncclComm_t odd_even = nullptr;
+  EXPECT_EQ(ncclCommSplit(world, me % 2, -me, &odd_even, nullptr), ncclSuccess);
+  ASSERT_NE(odd_even, nullptr);
+  int count = 0, rank = -1;
+  EXPECT_EQ(ncclCommCount(odd_even, &count), ncclSuccess);
+  EXPECT_EQ(ncclCommUserRank(odd_even, &rank), ncclSuccess);
+  const int members = (n - me % 2 + 1) / 2;  // ranks with my parity
+  EXPECT_EQ(count, members);
+  EXPECT_EQ(rank, members - 1 - me / 2);  // reversed by the key
+  // A collective inside the group sums its members only; an all-gather orders by group rank.
+  int32_t sum = me, gathered[4] = {-1, -1, -1, -1};
+  EXPECT_EQ(ncclAllReduce(&sum, &sum, 1, ncclInt32, ncclSum, odd_even, nullptr), ncclSuccess);
+  int32_t want = 0;
+  for (int q = me % 2; q < n; q += 2) want += q;
+  EXPECT_EQ(sum, want);
+  EXPECT_EQ(ncclAllGather(&me, gathered, 1, ncclInt32, odd_even, nullptr), ncclSuccess);
+  for (int g = 0; g < members; ++g) EXPECT_EQ(gathered[g], me % 2 + 2 * (members - 1 - g)) << g;
+  // A ring inside the group, by group rank.
+  float mine = static_cast<float>(me), got = -1.f;
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclSend(&mine, 1, ncclFloat32, (rank + 1) % count, odd_even, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclRecv(&got, 1, ncclFloat32, (rank + count - 1) % count, odd_even, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+  const int prev_group_rank = (rank + count - 1) % count;
+  EXPECT_EQ(got, static_cast<float>(me % 2 + 2 * (members - 1 - prev_group_rank)));
+  // NCCL_SPLIT_NOCOLOR: rank 0 stays out and gets no communicator.
+  ncclComm_t rest = reinterpret_cast<ncclComm_t>(&sum);
+  EXPECT_EQ(ncclCommSplit(world, me == 0 ? NCCL_SPLIT_NOCOLOR : 0, 0, &rest, nullptr), ncclSuccess);
+  if (me == 0) {
+    EXPECT_EQ(rest, nullptr);
+  } else {
+    ASSERT_NE(rest, nullptr);
+    EXPECT_EQ(ncclCommCount(rest, &count), ncclSuccess);
+    EXPECT_EQ(count, n - 1);
+    EXPECT_EQ(ncclCommDestroy(rest), ncclSuccess);
+  }
+  ncclComm_t bad = nullptr;
+  EXPECT_EQ(ncclCommSplit(world, -5, 0, &bad, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommSplit(nullptr, 0, 0, &bad, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclCommDestroy(odd_even), ncclSuccess);
+  EXPECT_EQ(ncclCommDestroy(world), ncclSuccess);
+}
+
+TEST(NcclStandin, SendRecvRejectsBadPeersAndShortMessages) {
+  ncclComm_t comm = make_comm();
+  const int n = world_size(), me = world_rank();
+  float x[4] = {1.f, 2.f, 3.f, 4.f}, y[4] = {};
+  EXPECT_EQ(ncclSend(x, 1, ncclFloat32, n, comm, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclRecv(y, 1, ncclFloat32, -1, comm, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclSend(nullptr, 1, ncclFloat32, 0, comm, nullptr), ncclInvalidArgument);
+  EXPECT_EQ(ncclRecv(y, 1, ncclNumTypes, 0, comm, nullptr), ncclInvalidArgument);
+  EXPECT_NE(std::string(ncclGetLastError(comm)).find("ncclRecv"), std::string::npos);
+  // Every rank sends 2 floats around the ring but expects 4: reported, not a hang.
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);
+  EXPECT_EQ(ncclSend(x, 2, ncclFloat32, (me + 1) % n, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclRecv(y, 4, ncclFloat32, (me + n - 1) % n, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  EXPECT_NE(std::string(ncclGetLastError(comm)).find("expected 16 bytes"), std::string::npos);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+}
+
 TEST(NcclStandin, RejectsBadArguments) {
   ncclComm_t comm = make_comm();
   float x = 1.f, y = 0.f;

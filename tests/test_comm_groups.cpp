@@ -1,0 +1,194 @@
+// send_recv and all_to_all on the single-process communicators: local (one rank) and emulated
+// (rank 0 of 4), each in runtime/'s flavour (memcpy) and the backend's (Backend::copy, timed
+// in the emulated window): values moved, bytes counted per rank, meta tensors counted only,
+// and the one-line refusals. The real exchanges are in test_mpi_groups.cpp.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.hpp"
+#include "kernels/backend_comm.hpp"
+#include "runtime/error.hpp"
+
+using namespace actbench;
+
+namespace {
+
+struct Flavour {
+  std::string name;
+  int size;  // 1: local, else emulated
+  std::function<std::unique_ptr<Communicator>(Backend&)> make;
+};
+
+void PrintTo(const Flavour& f, std::ostream* os) { *os << f.name; }
+
+std::vector<Flavour> flavours() {
+  return {
+      {"runtime_local", 1, [](Backend&) { return make_local_communicator(); }},
+      {"runtime_emulated", 4, [](Backend&) { return make_emulated_communicator(4); }},
+      {"backend_local", 1, [](Backend& be) { return make_backend_local_communicator(be); }},
+      {"backend_emulated", 4, [](Backend& be) { return make_backend_emulated_communicator(be, 4); }},
+  };
+}
+
+std::vector<float> iota(int64_t n, float first) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = first + static_cast<float>(i);
+  return v;
+}
+
+Tensor filled(Backend& be, const Shape& shape, DType dtype, const std::vector<float>& values) {
+  Tensor t = be.empty(shape, dtype);
+  be.upload(values.data(), t);
+  return t;
+}
+
+std::vector<float> values_of(Backend& be, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  be.download(t, v.data());
+  return v;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+class CommCopies : public ::testing::TestWithParam<Flavour> {};
+
+// A ring step of rank 0: to rank 1, from rank n-1 (from and to itself when alone). Every peer
+// holds the same data, so what arrives is what was sent; the bytes sent count, except to itself.
+TEST_P(CommCopies, SendRecvMovesTheValuesAndCountsTheBytesSent) {
+  const Flavour& f = GetParam();
+  auto be = make_cpu_backend();
+  auto comm = f.make(*be);
+  ASSERT_EQ(comm->size(), f.size);
+  for (DType dtype : {DType::bf16, DType::fp32}) {
+    comm->reset_stats();
+    const std::vector<float> want = iota(6, -2.f);
+    Tensor send = filled(*be, {2, 3}, dtype, want);
+    Tensor recv = filled(*be, {6}, dtype, std::vector<float>(6, 99.f));  // same numel, any shape
+    const int dst = f.size > 1 ? 1 : 0, src = f.size - 1;
+    comm->send_recv(send, dst, recv, src);
+    EXPECT_EQ(values_of(*be, recv), want);
+    EXPECT_EQ(comm->stats().send_recv_calls, 1);
+    EXPECT_DOUBLE_EQ(comm->stats().ring_bytes, f.size > 1 ? 6.0 * dtype_size(dtype) : 0.0);
+    // A self exchange is a copy and sends nothing.
+    Tensor again = be->zeros({3, 2}, dtype);
+    comm->send_recv(send, 0, again, 0);
+    EXPECT_EQ(values_of(*be, again), want);
+    EXPECT_EQ(comm->stats().send_recv_calls, 2);
+    EXPECT_DOUBLE_EQ(comm->stats().ring_bytes, f.size > 1 ? 6.0 * dtype_size(dtype) : 0.0);
+    EXPECT_EQ(comm->stats().all_reduce_calls + comm->stats().all_gather_calls + comm->stats().all_to_all_calls, 0);
+  }
+}
+
+TEST_P(CommCopies, AllToAllMovesTheValuesAndCountsNMinus1OverN) {
+  const Flavour& f = GetParam();
+  auto be = make_cpu_backend();
+  auto comm = f.make(*be);
+  for (DType dtype : {DType::bf16, DType::fp32}) {
+    comm->reset_stats();
+    const int64_t rows = 2 * f.size;
+    const std::vector<float> want = iota(rows * 3, 1.f);
+    Tensor in = filled(*be, {rows, 3}, dtype, want);
+    Tensor out = be->zeros({rows, 3}, dtype);
+    comm->all_to_all(in, out);
+    EXPECT_EQ(values_of(*be, out), want);
+    EXPECT_EQ(comm->stats().all_to_all_calls, 1);
+    EXPECT_DOUBLE_EQ(comm->stats().ring_bytes,
+                     static_cast<double>(f.size - 1) / f.size * static_cast<double>(rows * 3 * dtype_size(dtype)));
+  }
+}
+
+TEST_P(CommCopies, MetaTensorsAreCountedAndMoveNothing) {
+  const Flavour& f = GetParam();
+  auto be = make_meta_backend();
+  auto comm = f.make(*be);
+  const int64_t rows = 4 * f.size;
+  Tensor a = be->empty({rows, 8}, DType::bf16), b = be->empty({rows, 8}, DType::bf16);
+  ASSERT_TRUE(a.is_meta());
+  comm->send_recv(a, f.size > 1 ? 1 : 0, b, f.size - 1);
+  comm->all_to_all(a, b);
+  EXPECT_EQ(comm->stats().send_recv_calls, 1);
+  EXPECT_EQ(comm->stats().all_to_all_calls, 1);
+  const double bytes = static_cast<double>(rows * 8 * 2);
+  EXPECT_DOUBLE_EQ(comm->stats().ring_bytes, f.size > 1 ? bytes + 0.75 * bytes : 0.0);
+}
+
+// One line naming the collective and the real problem; nothing counted, nothing moved.
+TEST_P(CommCopies, RefusesArgumentsThatDoNotFitTheGroup) {
+  const Flavour& f = GetParam();
+  const int n = f.size;
+  auto be = make_cpu_backend();
+  auto comm = f.make(*be);
+  Tensor send = filled(*be, {2, 3}, DType::bf16, iota(6, 0.f));
+  Tensor recv = be->zeros({6}, DType::bf16);
+  const std::string group = " is not a rank of this group of " + std::to_string(n);
+  EXPECT_EQ(message_of([&] { comm->send_recv(send, n, recv, 0); }), "send_recv: dst " + std::to_string(n) + group);
+  EXPECT_EQ(message_of([&] { comm->send_recv(send, 0, recv, -1); }), "send_recv: src -1" + group);
+  Tensor five = be->zeros({5}, DType::bf16), wide = be->zeros({6}, DType::fp32);
+  EXPECT_EQ(message_of([&] { comm->send_recv(send, 0, five, 0); }),
+            "send_recv: send [2, 3] bf16 and recv [5] bf16 differ in element count or dtype");
+  EXPECT_EQ(message_of([&] { comm->send_recv(send, 0, wide, 0); }),
+            "send_recv: send [2, 3] bf16 and recv [6] fp32 differ in element count or dtype");
+  EXPECT_EQ(message_of([&] { comm->send_recv(send, 0, send, 0); }),
+            "send_recv: send and recv share memory (use two buffers)");
+  if (n > 1) {
+    EXPECT_EQ(message_of([&] { comm->send_recv(send, 0, recv, 1); }),
+              "send_recv: rank 0 sends to 0 but receives from 1 (a rank that sends to itself must also receive "
+              "from itself)");
+  }
+
+  Tensor in = filled(*be, {4 * n, 2}, DType::fp32, iota(8 * n, 0.f));
+  Tensor out_shape = be->zeros({2 * n, 4}, DType::fp32), out_type = be->zeros({4 * n, 2}, DType::bf16);
+  const std::string in_str = shape_str(in.shape());
+  EXPECT_EQ(message_of([&] { comm->all_to_all(in, out_shape); }),
+            "all_to_all: in " + in_str + " fp32 and out " + shape_str(out_shape.shape()) +
+                " fp32 differ in shape or dtype (or have no dim 0)");
+  EXPECT_EQ(message_of([&] { comm->all_to_all(in, out_type); }),
+            "all_to_all: in " + in_str + " fp32 and out " + in_str + " bf16 differ in shape or dtype (or have no dim 0)");
+  EXPECT_EQ(message_of([&] { comm->all_to_all(in, in); }), "all_to_all: in and out share memory (use two buffers)");
+  // Halves of one buffer do not overlap: accepted.
+  Tensor both = be->zeros({8 * n, 2}, DType::fp32);
+  EXPECT_EQ(message_of([&] { comm->all_to_all(both.rows(0, 4 * n), both.rows(4 * n, 8 * n)); }), "no error");
+  if (n > 1) {
+    Tensor odd = be->zeros({4 * n + 1, 2}, DType::fp32), odd_out = be->zeros({4 * n + 1, 2}, DType::fp32);
+    EXPECT_EQ(message_of([&] { comm->all_to_all(odd, odd_out); }),
+              "all_to_all: dim 0 of " + shape_str(odd.shape()) + " is not divisible by the group size " +
+                  std::to_string(n));
+  }
+  EXPECT_EQ(values_of(*be, recv), std::vector<float>(6, 0.f));
+  EXPECT_EQ(comm->stats().send_recv_calls, 0);
+  EXPECT_EQ(comm->stats().all_to_all_calls, 1);  // the accepted one
+}
+
+INSTANTIATE_TEST_SUITE_P(Communicators, CommCopies, ::testing::ValuesIn(flavours()),
+                         [](const auto& param_info) { return param_info.param.name; });
+
+// The backend's emulated copies are timed in the open window like its other collectives.
+TEST(CommCopies, BackendEmulatedTimesSendRecvAndAllToAllInTheOpenWindow) {
+  auto be = make_cpu_backend();
+  auto comm = make_backend_emulated_communicator(*be, 2);
+  Tensor a = be->zeros({4, 2}, DType::fp32), b = be->zeros({4, 2}, DType::fp32);
+  comm->send_recv(a, 1, b, 1);  // before any window: not timed
+  EXPECT_TRUE(comm->take_emulated_ms().empty());
+  comm->open_emulated_window();
+  comm->send_recv(a, 1, b, 1);
+  comm->open_emulated_window();
+  comm->all_to_all(a, b);
+  const std::vector<double> ms = comm->take_emulated_ms();
+  ASSERT_EQ(ms.size(), 2u);
+  EXPECT_GE(ms[0], 0.0);
+  EXPECT_GE(ms[1], 0.0);
+}
