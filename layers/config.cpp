@@ -32,7 +32,27 @@ std::string spec_family(const theory::LayerSpec& spec) {
   return "custom";
 }
 
-void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
+// Context parallelism's shape: 2C chunks of whole rows, each split t ways under SP; p2p merges
+// fused partial results; a2a hands each rank a/(tC) heads and g/(tC) key/value groups.
+static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, int cp) {
+  auto fail = [](const std::string& m) { throw InvalidArgument(m); };
+  if (cp < 1) fail("--cp must be >= 1");
+  if (cp == 1) return;
+  if (d.s % (2 * cp) != 0)
+    fail("seq " + std::to_string(d.s) + " is not divisible by 2 x cp = " + std::to_string(2 * cp) +
+         " (context parallelism cuts the sequence into 2C chunks, two per rank)");
+  if (p.sequence_parallel && (d.s / cp) % t != 0)
+    fail("seq / cp = " + std::to_string(d.s / cp) + " is not divisible by tp " + std::to_string(t) +
+         " (sequence parallelism splits each context-parallel rank's rows)");
+  if (p.cp_comm == CpCommType::p2p && p.attention != Attention::fused)
+    fail("--cp-comm-type p2p merges partial attentions by their log-sum-exp: it needs --attention fused "
+         "(all_gather and a2a also run unfused)");
+  if (p.cp_comm == CpCommType::a2a && ((d.a / t) % cp != 0 || (d.groups() / t) % cp != 0))
+    fail("--cp-comm-type a2a gives each rank heads / (tp x cp): heads " + std::to_string(d.a) + " and kv-heads " +
+         std::to_string(d.groups()) + " must be divisible by tp x cp = " + std::to_string(t * cp));
+}
+
+void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {
   auto fail = [](const std::string& m) { throw InvalidArgument(m); };
   if (d.s < 1 || d.b < 1 || d.h < 1 || d.a < 1) fail("seq, batch, hidden and heads must all be >= 1");
   if (t < 1) fail("--tp must be >= 1");
@@ -66,6 +86,7 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p) {
   if (p.sequence_parallel && d.s % t != 0)
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");
+  validate_context_parallel(d, t, p, cp);
 }
 
 }  // namespace actbench

@@ -42,8 +42,9 @@ struct LayerOptions {
   uint32_t layer_index = 0;
 };
 
-// Throws InvalidArgument with one clear line when the shape cannot be split t ways or the
-// spec cannot be built at this shape.
-void validate_layer(const LayerDims& d, int t, LayerPolicy p);
+// Throws InvalidArgument with one clear line when the shape cannot be split t ways (and C ways
+// for context parallelism: 2C chunks of the sequence, each split t ways under SP) or the spec
+// cannot be built at this shape.
+void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp = 1);
 
 }  // namespace actbench

@@ -34,7 +34,9 @@ class Layer {
   virtual void set_phase_log(PhaseLog* log) = 0;
 };
 
-// The layer of family opt.dims.arch.
-std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt);
+// The layer of opt.dims's spec on the tensor-parallel group comm and, under context
+// parallelism, the context-parallel group cp (null: C = 1).
+std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt,
+                                  Communicator* cp = nullptr);
 
 }  // namespace actbench

@@ -6,9 +6,18 @@
 
 namespace actbench {
 
-LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt)
-    : be_(be), comm_(comm), opt_(opt), tp_size_(comm.size()), tp_rank_(comm.rank()) {
-  validate_layer(opt_.dims, tp_size_, opt_.policy);
+LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp)
+    : be_(be),
+      comm_(comm),
+      opt_(opt),
+      tp_size_(comm.size()),
+      tp_rank_(comm.rank()),
+      cp_comm_(cp),
+      cp_size_(cp ? cp->size() : 1),
+      cp_rank_(cp ? cp->rank() : 0) {
+  validate_layer(opt_.dims, tp_size_, opt_.policy, cp_size_);
+  seq_ = opt_.dims.s / cp_size_;
+  seq_positions_ = cp_rank_positions(cp_rank_);
   heads_per_rank_ = opt_.dims.a / tp_size_;
   head_dim_ = opt_.dims.head_dim();
   kv_heads_per_rank_ = opt_.dims.groups() / tp_size_;
@@ -128,7 +137,7 @@ CommContext LayerBase::comm_context(const char* stage) const {
 Tensor LayerBase::column_parallel_linear_fwd(const CommContext& comm, const char* op, const char* region, Tensor x,
                                              const Tensor& weight, const Tensor* bias, Tensor* keep_input) {
   const int64_t out = weight.dim(0), in = weight.dim(1);
-  Tensor y = be_.empty({opt_.dims.s, opt_.dims.b, out}, opt_.dtype);
+  Tensor y = be_.empty({seq_, opt_.dims.b, out}, opt_.dtype);
   {
     Tensor x_full = region_entry_fwd(comm, x, region);  // f | g
     if (keep_input) *keep_input = x;
@@ -142,7 +151,7 @@ Tensor LayerBase::column_parallel_linear_fwd(const CommContext& comm, const char
 
 Tensor LayerBase::row_parallel_linear_fwd(const CommContext& comm, const char* op, Tensor x, const Tensor& weight) {
   const int64_t rows = x.numel() / x.dim(-1), out = weight.dim(0), in = weight.dim(1);
-  Tensor partial = be_.empty({opt_.dims.s, opt_.dims.b, out}, opt_.dtype);
+  Tensor partial = be_.empty({seq_, opt_.dims.b, out}, opt_.dtype);
   {
     PhaseRange phase(phase_name(comm.stage.c_str(), op), phase_log_);
     be_.gemm(gemm_args(false, true, rows, out, in), as_matrix(x), weight, as_matrix(partial));
@@ -154,7 +163,7 @@ Tensor LayerBase::row_parallel_linear_fwd(const CommContext& comm, const char* o
 Tensor LayerBase::row_parallel_linear_bwd(const CommContext& comm, const char* op, Tensor dy, Tensor x,
                                           const Tensor& weight, Tensor& dweight) {
   const int64_t out = weight.dim(0), in = weight.dim(1);
-  Tensor dx = be_.empty({opt_.dims.s, opt_.dims.b, in}, opt_.dtype);
+  Tensor dx = be_.empty({seq_, opt_.dims.b, in}, opt_.dtype);
   {
     Tensor dy_partial = region_exit_bwd(comm, dy, op);  // f̄ | ḡ
     dy = Tensor();
@@ -170,7 +179,7 @@ Tensor LayerBase::row_parallel_linear_bwd(const CommContext& comm, const char* o
 Tensor LayerBase::column_parallel_linear_bwd(const CommContext& comm, const char* op, const char* region, Tensor x,
                                              Tensor dy, const Tensor& weight, Tensor& dweight, Tensor* dbias) {
   const int64_t rows = dy.numel() / dy.dim(-1), out = weight.dim(0), in = weight.dim(1);
-  Tensor dx_partial = be_.empty({opt_.dims.s, opt_.dims.b, in}, opt_.dtype);
+  Tensor dx_partial = be_.empty({seq_, opt_.dims.b, in}, opt_.dtype);
   {
     Tensor x_full = region_entry_fwd(comm, x, region);  // SP: gather the saved shard again
     x = Tensor();

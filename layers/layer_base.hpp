@@ -35,8 +35,13 @@ class LayerBase : public Layer {
   LayerParams& grads() override { return grads_; }
   void set_phase_log(PhaseLog* log) override { phase_log_ = log; }
   const LayerOptions& options() const { return opt_; }
-  // Rows of x, x1 and y on this rank: s/t under SP, else s.
-  int64_t local_seq() const { return opt_.policy.sequence_parallel ? opt_.dims.s / tp_size_ : opt_.dims.s; }
+  // Rows of x, x1 and y on this rank: the context-parallel rank's s/C (two chunks of the
+  // sequence), split t ways under SP.
+  int64_t local_seq() const { return opt_.policy.sequence_parallel ? seq_ / tp_size_ : seq_; }
+  // Where those rows sit in the whole sequence.
+  SeqPositions local_positions() const {
+    return seq_positions_.from(opt_.policy.sequence_parallel ? tp_rank_ * local_seq() : 0);
+  }
 
  protected:
   // What one forward keeps for backward (theory/layer_pieces.hpp's table, piece by piece).
@@ -51,9 +56,9 @@ class LayerBase : public Layer {
     static Keep all_but(RecomputeModules m) { return {true, !m.core_attn, !m.layernorm, !m.mlp}; }
   };
 
-  // Validates the shape against the TP group and allocates the spec's parameters
-  // (uninitialised) and zeroed gradients.
-  LayerBase(Backend& be, Communicator& comm, LayerOptions opt);
+  // Validates the shape against the TP group (and the context-parallel group cp, when given)
+  // and allocates the spec's parameters (uninitialised) and zeroed gradients.
+  LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp);
 
   // x: [s_local, b, h] (checked by forward). Stores into `save` what `keep` says; phases are
   // named stage.op ("fwd" or "recompute").
@@ -157,6 +162,10 @@ class LayerBase : public Layer {
   Communicator& comm_;
   LayerOptions opt_;
   int tp_size_, tp_rank_;  // the tensor-parallel group: its size (the paper's t) and this rank
+  Communicator* cp_comm_;  // the context-parallel group (null: C = 1)
+  int cp_size_, cp_rank_;  // its size C and this rank
+  int64_t seq_;            // s/C: the rows of the sequence this TP group works on
+  SeqPositions seq_positions_;  // where they sit: chunks cp_rank and 2C-1-cp_rank of 2C
   int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); d (LayerDims::head_dim)
   int64_t kv_heads_per_rank_;
   float attention_dropout_, hidden_dropout_, norm_eps_;  // the spec's, as the kernels take them
@@ -168,13 +177,48 @@ class LayerBase : public Layer {
  private:
   void check_activation_shape(const Tensor& t, const char* what) const;
 
-  // The unfused path's attention weights [b, heads_per_rank_, s, s]: the causal softmax of the
+  // Core attention as this rank runs it: without context parallelism its a/t heads over the
+  // s rows; under CP as its comm type arranges it (a2a: a/(tC) heads over all s rows in the
+  // sequence's order; all_gather: its s/C query rows against all s keys; p2p: its query rows
+  // against one rank's key block at a time).
+  struct AttentionGeometry {
+    int64_t heads, kv_heads;  // query and key/value heads
+    int64_t q_rows, k_rows;   // sequence rows of q and of k, v
+    int64_t head_offset;      // the first query head among the model's a (the dropout index)
+    AttentionRows rows;       // where the q and k rows sit (default: the square s x s)
+  };
+  AttentionGeometry attention_geometry() const;
+  AttentionGeometry block_geometry(int owner) const;  // p2p: the key block of CP rank `owner`
+  bool cp() const { return cp_size_ > 1; }
+  bool cp_is(CpCommType t) const { return cp() && opt_.policy.cp_comm == t; }
+  SeqPositions cp_rank_positions(int rank) const;  // the rows of CP rank `rank`
+
+  // The unfused path's attention weights [b, heads, q_rows, k_rows]: the causal softmax of the
   // scaled scores and, under attention dropout, its mask and the dropped probabilities.
   struct AttentionWeights {
     Tensor probs, mask, dropped;
     const Tensor& times_v() const { return dropped.defined() ? dropped : probs; }  // what multiplies v
   };
-  AttentionWeights attention_weights(const Tensor& q, const Tensor& k);
+  AttentionWeights attention_weights(const AttentionGeometry& g, const Tensor& q, const Tensor& k);
+  // Fused forward of the geometry's q against k, v: the output in head layout and the lse.
+  void fused_fwd(const AttentionGeometry& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                 const Tensor& lse);
+  // The whole fused forward of this rank (the ring under p2p, the gathered keys under all_gather).
+  void fused_attention(const char* stage, const QkvHeads& qkv, const Tensor& out, const Tensor& lse);
+
+  // ---- context parallelism's communication (context_parallel.cpp); phases comm.cp.* ----
+  // a2a: x [b, n, s/C, d] in this rank's row order -> [b, n/C, s, d]: head group cp_rank of
+  // every rank's rows, in the sequence's order. And back.
+  Tensor cp_seq_to_heads(const char* stage, const char* what, const Tensor& x);
+  Tensor cp_heads_to_seq(const char* stage, const char* what, const Tensor& x);
+  // all_gather: x [b, n, s/C, d] -> every rank's rows [b, n, s, d] in the sequence's order;
+  // and the reduce-scatter of a gradient of those back to this rank's rows, summed.
+  Tensor cp_gather_sequence(const char* stage, const char* what, const Tensor& x);
+  Tensor cp_scatter_sequence(const char* stage, const char* what, const Tensor& dx);
+  // p2p: one ring step: this rank's `send` to the next CP rank, the previous rank's into a new tensor.
+  Tensor cp_ring_step(const char* stage, const char* what, const Tensor& send);
+  // The fused backward under p2p: dq of this rank's rows, dk and dv of its own key block.
+  void cp_ring_bwd(const QkvHeads& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse, QkvHeads& grads);
   // Both core_attention_bwd: merge_into is d_qkv or null (grads then hold the caller's tensors).
   void attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
   void fused_attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
@@ -186,16 +230,17 @@ class LayerBase : public Layer {
   Tensor head_norm_bwd(Tensor dy, const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                        const Tensor& dweight, const Tensor& dbias);
   void unfused_attention_bwd(SavedActivations& saved, Tensor d_context, QkvHeads& grads, const Tensor* merge_into);
-  // The dropout of the probabilities in their [b, a/t, s, s] index space on this rank (the
-  // rank's heads of the canonical [b, a, s, s]), p = the spec's attention dropout.
-  DropoutSpec attn_dropout_spec() const;
+  // The dropout of the probabilities in the geometry's index space (its heads' rows of the
+  // canonical [b, a, s, s]; fused: the whole s x s of its heads), p = the spec's attention dropout.
+  DropoutSpec attn_dropout_spec(const AttentionGeometry& g, bool fused) const;
   float attention_scale() const;
-  // A batched GEMM with one batch per key/value head of this rank: its query heads'
+  // A batched GEMM with one batch per key/value head of the geometry: its query heads'
   // rows are consecutive, so k and v are never repeated (m counts all of them).
-  GemmArgs per_kv_head(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha = 1.f) const;
+  GemmArgs per_kv_head(const AttentionGeometry& g, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha = 1.f) const;
   // A gradient of core attention's backward: allocated here unless the caller gave one, and
   // merged into merge_into at `column` and released once done, when merge_into is set.
-  Tensor& grad_buffer(Tensor& grad, int64_t heads);
+  Tensor& grad_buffer(Tensor& grad, int64_t heads, int64_t rows);
   void grad_done(Tensor& grad, const Tensor* merge_into, int64_t column);
 };
 

@@ -10,11 +10,12 @@ namespace actbench {
 
 using theory::Activation;
 
-std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt) {
-  return std::make_unique<TransformerLayer>(be, comm, opt);
+std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt, Communicator* cp) {
+  return std::make_unique<TransformerLayer>(be, comm, opt, cp);
 }
 
-TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt) : LayerBase(be, comm, opt) {
+TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp)
+    : LayerBase(be, comm, opt, cp) {
   ffn_per_rank_ = opt_.dims.ffn() / tp_size_;
 }
 
@@ -79,7 +80,7 @@ Tensor TransformerLayer::mlp_activation_fwd(const CommContext& comm, Tensor norm
   const Activation kind = opt_.dims.spec.activation;
   Tensor fc1_out = column_parallel_linear_fwd(comm, "fc1", "fc1_input", std::move(normed), params_.fc1_weight,
                                               if_defined(params_.fc1_bias), keep_input);  // f | g
-  Tensor act = be_.empty({opt_.dims.s, opt_.dims.b, ffn_per_rank_}, opt_.dtype);
+  Tensor act = be_.empty({seq_, opt_.dims.b, ffn_per_rank_}, opt_.dtype);
   {
     PhaseRange phase(phase_name(comm.stage.c_str(), theory::activation_name(kind)), phase_log_);
     switch (kind) {
@@ -92,16 +93,17 @@ Tensor TransformerLayer::mlp_activation_fwd(const CommContext& comm, Tensor norm
   return act;
 }
 
-DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site) const {
-  // [s_local, b, h] rows are rows [rank*s_local*b, ...) of the canonical [s*b, h] under SP
+DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site, const SeqPositions::Run& run) const {
+  // A run of consecutive sequence positions of this rank ([s_local, b, h] rows: s/t under SP,
+  // two chunks under CP) is a run of rows of the canonical [s*b, h].
   DropoutSpec spec;
   spec.p = hidden_dropout_;
   spec.seed = opt_.seed;
   spec.layer = opt_.layer_index;
   spec.site = site;
-  spec.mid_local = local_seq() * opt_.dims.b;
+  spec.mid_local = run.rows * opt_.dims.b;
   spec.mid_global = opt_.dims.s * opt_.dims.b;
-  spec.mid_offset = opt_.policy.sequence_parallel ? tp_rank_ * spec.mid_local : 0;
+  spec.mid_offset = run.position * opt_.dims.b;
   spec.inner = opt_.dims.h;
   return spec;
 }
@@ -117,8 +119,14 @@ Tensor TransformerLayer::residual_fwd(const char* stage, const char* op, Tensor 
   }
   Tensor y = be_.empty(residual.shape(), opt_.dtype);
   Tensor mask = be_.empty(residual.shape(), DType::u8);
-  be_.bias_dropout_residual_fwd(as_matrix(out), bias, as_matrix(residual), residual_dropout_spec(site), as_matrix(y),
-                                as_matrix(mask));
+  const Tensor x2 = as_matrix(out), r2 = as_matrix(residual), y2 = as_matrix(y), m2 = as_matrix(mask);
+  SeqPositions::Run runs[2];
+  const int count = local_positions().runs(local_seq(), runs);
+  for (int i = 0; i < count; ++i) {  // one call per run of consecutive positions (two under CP)
+    const int64_t first = runs[i].row * opt_.dims.b, last = (runs[i].row + runs[i].rows) * opt_.dims.b;
+    be_.bias_dropout_residual_fwd(x2.rows(first, last), bias, r2.rows(first, last),
+                                  residual_dropout_spec(site, runs[i]), y2.rows(first, last), m2.rows(first, last));
+  }
   if (kept_mask) *kept_mask = mask;
   return y;
 }
@@ -195,7 +203,7 @@ Tensor TransformerLayer::mlp_block_bwd(const CommContext& comm, const Tensor& dy
 }
 
 Tensor TransformerLayer::attention_block_bwd(const CommContext& comm, const Tensor& dx1, SavedActivations& saved) {
-  const int64_t s = opt_.dims.s, b = opt_.dims.b;
+  const int64_t s = seq_, b = opt_.dims.b;
   Tensor d_out = residual_bwd("attn_residual", dx1, saved.attn_residual_mask, grads_.proj_bias);
   // The layernorm module rebuilds norm 1's output when backward reaches the attention's output.
   recompute_norm("ln1", saved.ln1_input, params_.ln1_weight, params_.ln1_bias, saved.qkv_input, saved.ln1_mean,

@@ -20,7 +20,7 @@ namespace actbench {
 class TransformerLayer final : public LayerBase {
  public:
   // Allocates parameters and gradients (uninitialised: call init_parameters()).
-  TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt);
+  TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp = nullptr);
 
   // dy: like y. Recomputes what the policy did not keep, writes grads(), releases saved(),
   // returns dx.
@@ -39,7 +39,7 @@ class TransformerLayer final : public LayerBase {
                       uint32_t site, Tensor* kept_mask);
   // Its backward: the gradient of out (dy itself without dropout) and the bias's gradient.
   Tensor residual_bwd(const char* op, const Tensor& dy, Tensor& mask, const Tensor& dbias);
-  DropoutSpec residual_dropout_spec(uint32_t site) const;
+  DropoutSpec residual_dropout_spec(uint32_t site, const SeqPositions::Run& run) const;
 
   Tensor mlp_block_bwd(const CommContext& comm, const Tensor& dy, SavedActivations& saved);
   Tensor attention_block_bwd(const CommContext& comm, const Tensor& dx1, SavedActivations& saved);

@@ -44,21 +44,58 @@ LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& sp
     opt.dtype = spec.dtype;
     opt.seed = spec.seed;
     opt.layer_index = static_cast<uint32_t>(i);
-    stack.push_back(make_layer(be, comm, opt));
+    stack.push_back(make_layer(be, comm, opt, spec.cp_group));
     stack.back()->init_parameters();
   }
   return stack;
 }
 
-// x or dy: drawn in the canonical [s, b, h] layout, this rank's shard kept.
+// The rows of x and dy on (TP rank tp_rank, CP rank cp_rank): chunks cp_rank and
+// 2C-1-cp_rank of the 2C chunks of the sequence (all of it for C = 1), split t ways under SP.
+struct ActivationRows {
+  int64_t count;
+  SeqPositions positions;
+};
+ActivationRows activation_rows(const ExperimentSpec& spec, int t, int tp_rank, int cp_rank) {
+  const int64_t s = spec.dims.s, C = spec.cp(), seq = s / C, chunk = s / (2 * C);
+  const SeqPositions cp_rows = C > 1 ? SeqPositions::chunks(chunk, cp_rank * chunk, (2 * C - 1 - cp_rank) * chunk)
+                                     : SeqPositions{};
+  if (!spec.policy.sequence_parallel) return {seq, cp_rows};
+  return {seq / t, cp_rows.from(tp_rank * (seq / t))};
+}
+
+// x or dy: drawn in the canonical [s, b, h] layout, this rank's rows kept.
 Tensor make_activation(Backend& be, Communicator& comm, const ExperimentSpec& spec, uint32_t stream) {
   const auto& d = spec.dims;
-  const bool sp = spec.policy.sequence_parallel;
-  const int64_t sl = sp ? d.s / comm.size() : d.s;
-  Tensor t = be.empty({sl, d.b, d.h}, spec.dtype);
-  fill_uniform_shard(be, t, activation_shard(d, sp, comm.size(), comm.rank()), spec.seed, kActivationStreamLayer,
-                     stream, 1.0f);
+  const int cp_rank = spec.cp_group ? spec.cp_group->rank() : 0;
+  const ActivationRows rows = activation_rows(spec, comm.size(), comm.rank(), cp_rank);
+  Tensor t = be.empty({rows.count, d.b, d.h}, spec.dtype);
+  if (!be.computes()) return t;
+  const int64_t cols = d.b * d.h;
+  std::vector<float> host(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int64_t canonical = rows.positions.at(i / cols) * cols + i % cols;
+    host[i] = philox_uniform_pm1(spec.seed, kActivationStreamLayer, stream, static_cast<uint64_t>(canonical));
+  }
+  be.upload(host.data(), t);
   return t;
+}
+
+// x, y, dy or dx of every rank in the canonical [s, b, h] (every rank gets it).
+std::vector<float> gather_activation(Backend& be, Communicator& comm, const ExperimentSpec& spec, const Tensor& local) {
+  std::vector<float> mine(static_cast<size_t>(local.numel()));
+  be.download(local, mine.data());
+  std::vector<float> all = comm.gather_host(mine);  // TP ranks, in order
+  if (spec.cp_group) all = spec.cp_group->gather_host(all);  // then CP ranks, in order
+  const int64_t cols = spec.dims.b * spec.dims.h, n = static_cast<int64_t>(mine.size());
+  std::vector<float> canonical(static_cast<size_t>(spec.dims.s * cols));
+  for (int c = 0; c < spec.cp(); ++c)
+    for (int r = 0; r < comm.size(); ++r) {
+      const ActivationRows rows = activation_rows(spec, comm.size(), r, c);
+      const float* src = all.data() + (static_cast<int64_t>(c) * comm.size() + r) * n;
+      for (int64_t i = 0; i < n; ++i) canonical[rows.positions.at(i / cols) * cols + i % cols] = src[i];
+    }
+  return canonical;
 }
 
 // The --dump folder's layer.json: the layer's shape and numerics, which the NumPy and
@@ -73,6 +110,8 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
           {"hidden", d.h},
           {"heads", d.a},
           {"tp", tp},
+          {"cp", spec.cp()},
+          {"cp_comm_type", spec.cp() > 1 ? cp_comm_type_name(spec.policy.cp_comm) : ""},
           {"config", config_name(spec.policy)},
           {"attention", attention_name(spec.policy.attention)},
           {"dtype", dtype_name(spec.dtype)},
@@ -95,7 +134,7 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
 }
 
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
-  validate_layer(spec.dims, comm.size(), spec.policy);
+  validate_layer(spec.dims, comm.size(), spec.policy, spec.cp());
   if (spec.layers < 1) throw InvalidArgument("--layers must be >= 1");
   if (spec.stack.method != RecomputeMethod::none) {
     if (spec.policy.recompute != Recompute::full)
@@ -190,20 +229,25 @@ LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, Pha
   const double n_layers = spec_.layers;
   Iteration out;
   for (auto& layer : stack) layer->set_phase_log(log);
+  Communicator* cp = spec_.cp_group;
   if (measure_memory) {
     alloc.reset_peak();
     comm_.reset_stats();
+    if (cp) cp->reset_stats();
   }
   // The input is allocated after this snapshot, so the layer that keeps it is charged for it.
   const int64_t before = alloc.stats().requested_bytes.current;
   Tensor h = be_.empty(x_.shape(), x_.dtype());
   be_.copy(x_, h);  // a device copy: the layer may not write its input, but a fresh one costs nothing
   comm_.barrier();
+  if (cp) cp->barrier();
   const Backend::Mark t0 = be_.mark();
   comm_.open_emulated_window();
+  if (cp) cp->open_emulated_window();
   std::vector<Tensor> checkpoints = forward_stack(h);
   const Backend::Mark t1 = be_.mark();
   comm_.open_emulated_window();
+  if (cp) cp->open_emulated_window();
   if (measure_memory) {
     const int64_t delta = alloc.stats().requested_bytes.current - before - static_cast<int64_t>(h.bytes());
     out.fwd_retained_bytes = delta / spec_.layers;
@@ -215,12 +259,19 @@ LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, Pha
   if (measure_memory) {
     out.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;
     out.peak_reserved_bytes = alloc.stats().reserved_bytes.peak;
-    out.comm_bytes = comm_.stats().ring_bytes / n_layers;
+    out.comm_bytes_cp = cp ? cp->stats().ring_bytes / n_layers : 0.0;
+    out.comm_bytes = comm_.stats().ring_bytes / n_layers + out.comm_bytes_cp;
   }
   // Emulated collectives are local copies a real group would not make: their time is
   // reported apart, so fwd/bwd of sp and baseline compare like with like.
   std::vector<double> emulated = comm_.take_emulated_ms();
   emulated.resize(2, 0.0);
+  if (cp) {
+    std::vector<double> cp_emulated = cp->take_emulated_ms();
+    cp_emulated.resize(2, 0.0);
+    emulated[0] += cp_emulated[0];
+    emulated[1] += cp_emulated[1];
+  }
   out.fwd_ms = (be_.ms_between(t0, t1) - emulated[0]) / n_layers;
   out.bwd_ms = (be_.ms_between(t1, t2) - emulated[1]) / n_layers;
   out.total_ms = (be_.ms_between(t0, t2) - emulated[0] - emulated[1]) / n_layers;
@@ -288,7 +339,8 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
         res.peak_allocated_bytes = r.peak_allocated_bytes;
         res.peak_reserved_bytes = r.peak_reserved_bytes;
         res.comm_bytes = r.comm_bytes;
-        res.comm_ms_modeled = comm.size() > 1 ? r.comm_bytes / (spec.link_gbps * 1e9) * 1e3 : 0.0;
+        res.comm_bytes_cp = r.comm_bytes_cp;
+        res.comm_ms_modeled = comm.size() * spec.cp() > 1 ? r.comm_bytes / (spec.link_gbps * 1e9) * 1e3 : 0.0;
       }
       if (timed) {
         fwd.push_back(r.fwd_ms);
@@ -323,10 +375,13 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
     emulated.clear();
   }
   // Every rank ran the same iterations: an iteration takes as long as its slowest rank.
-  comm.max_inplace(fwd);
-  comm.max_inplace(bwd);
-  comm.max_inplace(total);
-  comm.max_inplace(emulated);
+  for (Communicator* group : {&comm, spec.cp_group}) {
+    if (!group) continue;
+    group->max_inplace(fwd);
+    group->max_inplace(bwd);
+    group->max_inplace(total);
+    group->max_inplace(emulated);
+  }
   res.comm_ms_emulated = summarize(emulated);
   res.fwd_ms = summarize(fwd);
   res.bwd_ms = summarize(bwd);
@@ -349,12 +404,15 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
 
   const auto& d = spec.dims;
   const Shape act_shape = {d.s, d.b, d.h};
-  const ShardSpec act = activation_shard(d, spec.policy.sequence_parallel, comm.size(), comm.rank());
   std::vector<CanonicalTensor> out;
-  out.push_back({"x", act_shape, gather_canonical(be, comm, x, act)});
-  out.push_back({"y", act_shape, gather_canonical(be, comm, y, act)});
-  out.push_back({"dy", act_shape, gather_canonical(be, comm, dy, act)});
-  out.push_back({"dx", act_shape, gather_canonical(be, comm, dx, act)});
+  out.push_back({"x", act_shape, gather_activation(be, comm, spec, x)});
+  out.push_back({"y", act_shape, gather_activation(be, comm, spec, y)});
+  out.push_back({"dy", act_shape, gather_activation(be, comm, spec, dy)});
+  out.push_back({"dx", act_shape, gather_activation(be, comm, spec, dx)});
+  // Each context-parallel rank saw its rows only: the gradients are summed over the group
+  // (what the data-parallel reduction over DP x CP does in training).
+  if (spec.cp_group)
+    for (const ParamInfo& p : layer_param_table(d)) spec.cp_group->all_reduce(layer.grads().*p.member);
   for (const ParamInfo& p : layer_param_table(d)) {
     const ShardSpec shard = param_shard(p, comm.size(), comm.rank());
     out.push_back({p.name, p.canonical_shape, gather_canonical(be, comm, layer.params().*p.member, shard)});
@@ -368,21 +426,24 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   // Rank 0 creates the directory (and its parents); every rank learns whether that worked,
   // so that a failure is one error on all ranks rather than a rank left waiting in a gather.
   std::string error;
-  if (comm.rank() == 0) {
+  const bool writer = comm.rank() == 0 && (!spec.cp_group || spec.cp_group->rank() == 0);
+  if (writer) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec || !std::filesystem::is_directory(dir)) error = ec ? ec.message() : "not a directory";
   }
   std::vector<double> failed = {error.empty() ? 0.0 : 1.0};
   comm.max_inplace(failed);
+  if (spec.cp_group) spec.cp_group->max_inplace(failed);
   if (failed[0] != 0.0)
     throw InvalidArgument("cannot create dump directory '" + dir + "'" + (error.empty() ? "" : ": " + error));
   const std::vector<CanonicalTensor> tensors = run_layer_canonical(be, comm, spec);
-  if (comm.rank() == 0) {
+  if (writer) {
     for (const CanonicalTensor& t : tensors) write_npy_f32(dir + "/" + t.name + ".npy", t.shape, t.data);
     write_file_atomic(dir + "/layer.json", layer_json(spec, comm.size()).dump() + "\n");
   }
   comm.barrier();
+  if (spec.cp_group) spec.cp_group->barrier();
 }
 
 }  // namespace actbench

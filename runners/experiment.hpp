@@ -29,6 +29,8 @@ struct ExperimentSpec {
   double link_gbps = 450.0;  // per direction, for the modeled communication time
   CuptiProfiler* profiler = nullptr;  // when set, records kernel time per phase over the timed iterations
   KernelReportRecorder* kernel_report = nullptr;  // when set, counts the kernels per phase over the timed iterations
+  Communicator* cp_group = nullptr;  // the context-parallel group (--cp C; null: C = 1)
+  int cp() const { return cp_group ? cp_group->size() : 1; }
 };
 
 struct ExperimentResult {
@@ -42,7 +44,8 @@ struct ExperimentResult {
   int64_t fwd_retained_bytes = 0;    // per layer, allocator requested-bytes delta across forward
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
-  double comm_bytes = 0;             // per layer per iteration, ring bytes sent by one rank
+  double comm_bytes = 0;             // per layer per iteration, ring bytes sent by one rank (TP and CP groups)
+  double comm_bytes_cp = 0;          // of which the context-parallel group's
   double comm_ms_modeled = 0;        // comm_bytes / link bandwidth
   std::vector<std::pair<std::string, int64_t>> act_by_category;  // layer 0
   PhaseLog phases;                   // host-clock totals over the timed iterations
@@ -69,7 +72,7 @@ class LayerStackRunner {
     // With measure_memory (else zero):
     int64_t act_bytes = 0, act_extra_bytes = 0, fwd_retained_bytes = 0, stack_act_bytes = 0;
     int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;
-    double comm_bytes = 0;
+    double comm_bytes = 0, comm_bytes_cp = 0;
     std::vector<std::pair<std::string, int64_t>> act_by_category;
   };
   // Forward and backward of the whole stack on a fresh copy of the input (drawn once, in the

@@ -13,6 +13,7 @@ namespace actbench::theory {
 struct Dims {
   double s = 0, b = 0, h = 0, a = 0;  // sequence, microbatch, hidden, heads
   double t = 1;                       // tensor-parallel size
+  double cp = 1;                      // context-parallel size C: each rank keeps s/C rows
 };
 
 // e: bytes per activation element (2 for bf16/fp16, 4 for fp32); mask: bytes per dropout-mask element.

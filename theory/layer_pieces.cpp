@@ -14,16 +14,19 @@ struct Extents {
   double rows;    // a·s·b/t: one value per row of each head
 };
 
+// Under context parallelism (C ranks) every tensor keeps s/C of the sequence's rows: a scores
+// tensor s/C rows of s keys (all-gather's queries against every key, or a2a's a/(tC) heads of
+// the whole s × s), so it shrinks by C, not C² as at s/C.
 Extents extents_of(const Dims& d, const LayerSpec& spec, LayerPolicy c) {
-  const double sb = d.s * d.b, t = d.t, r = c.sequence_parallel ? t : 1.0, head = spec.head_dim(d);
+  const double sb = d.s * d.b, t = d.t, C = d.cp, r = c.sequence_parallel ? t : 1.0, head = spec.head_dim(d);
   const double query_width = spec.kv_channels > 0 ? d.a * head : d.h;  // a·d, which is h when d = h/a
   // Each term multiplied out before dividing so that integer shapes give exact integers.
-  return {.region = sb * d.h / r,
-          .heads = sb * query_width / t,
-          .groups = sb * spec.groups(d) * head / t,
-          .ffn = sb * spec.ffn(d) / t,
-          .scores = d.a * d.s * sb / t,
-          .rows = d.a * sb / t};
+  return {.region = sb * d.h / (r * C),
+          .heads = sb * query_width / (t * C),
+          .groups = sb * spec.groups(d) * head / (t * C),
+          .ffn = sb * spec.ffn(d) / (t * C),
+          .scores = d.a * d.s * sb / (t * C),
+          .rows = d.a * sb / (t * C)};
 }
 
 // What the selective modules rebuild; nothing outside selective recompute.
@@ -105,8 +108,8 @@ ByteCategories layer_extra_bytes_by_category(const Dims& d, const LayerSpec& spe
   if (c.recompute == Recompute::full) return {};
   const Extents x = extents_of(d, spec, c);
   const double per_row = 4.0 /*fp32*/ * (spec.normalization == Norm::layernorm ? 2 /*mean, rstd*/ : 1 /*rstd*/);
-  const double sb = d.s * d.b, rows = sb / (c.sequence_parallel ? d.t : 1.0);  // the block norms' rows
-  const double q_rows = x.rows, k_rows = sb * spec.groups(d) / d.t;             // one per head and row
+  const double sb = d.s * d.b, rows = sb / ((c.sequence_parallel ? d.t : 1.0) * d.cp);  // the block norms' rows
+  const double q_rows = x.rows, k_rows = sb * spec.groups(d) / (d.t * d.cp);             // one per head and row
   const bool block_norms = !recomputed(c).layernorm;
   ByteCategories out;
   if (block_norms) out.push_back({"ln1_stats", per_row * rows});

@@ -53,6 +53,21 @@ Attention parse_attention(const std::string& name) {
   throw InvalidArgument("unknown attention '" + name + "' (expected unfused or fused)");
 }
 
+const char* cp_comm_type_name(CpCommType c) {
+  switch (c) {
+    case CpCommType::p2p: return "p2p";
+    case CpCommType::all_gather: return "all_gather";
+    case CpCommType::a2a: return "a2a";
+  }
+  return "?";
+}
+
+CpCommType parse_cp_comm_type(const std::string& name) {
+  for (CpCommType c : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a})
+    if (name == cp_comm_type_name(c)) return c;
+  throw InvalidArgument("unknown --cp-comm-type '" + name + "' (expected p2p, all_gather or a2a)");
+}
+
 RecomputeModules parse_recompute_modules(const std::string& list) {
   RecomputeModules out{false, false, false};
   const std::string expected = " (expected a comma-separated subset of core_attn, mlp, layernorm)";

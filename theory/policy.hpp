@@ -36,11 +36,19 @@ struct StackRecompute {
 const char* recompute_method_name(RecomputeMethod m);  // "" | "uniform" | "block"
 RecomputeMethod parse_recompute_method(const std::string& name);  // uniform | block; throws InvalidArgument
 
+// Context parallelism's attention (Megatron-Core's --cp-comm-type), on C ranks that each hold
+// two chunks of the sequence: p2p passes key/value blocks around a ring and merges partial
+// results (fused attention only); all_gather gathers every key and value before attention
+// (and again in backward); a2a (Ulysses) exchanges sequence for heads before attention and
+// back after it. Read only when C > 1.
+enum class CpCommType { p2p, all_gather, a2a };
+
 struct LayerPolicy {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
   Attention attention = Attention::unfused;
   RecomputeModules modules = {};  // read only when recompute is selective
+  CpCommType cp_comm = CpCommType::p2p;
   bool operator==(const LayerPolicy&) const = default;
 };
 
@@ -55,6 +63,8 @@ const std::vector<std::string>& config_names();
 const char* recompute_name(Recompute r);
 const char* attention_name(Attention a);
 Attention parse_attention(const std::string& name);  // "unfused" | "fused"; throws InvalidArgument
+const char* cp_comm_type_name(CpCommType c);          // "p2p" | "all_gather" | "a2a"
+CpCommType parse_cp_comm_type(const std::string& name);  // throws InvalidArgument
 // Megatron's spelling: a comma-separated subset of core_attn, mlp, layernorm, each at most
 // once, at least one ("core_attn,mlp"); throws InvalidArgument naming the bad word.
 RecomputeModules parse_recompute_modules(const std::string& list);

@@ -1,0 +1,141 @@
+// Context parallelism's communication: C ranks each hold chunks i and 2C-1-i of the sequence
+// (Megatron-Core's load balancing for the causal mask). a2a exchanges sequence rows for heads
+// (Ulysses), all_gather collects every rank's keys and values in the sequence's order, p2p
+// passes key/value blocks around a ring. Phases are comm.cp.<stage>.<collective>.<what>.
+#include <string>
+#include <utility>
+
+#include "layers/layer_base.hpp"
+
+namespace actbench {
+namespace {
+
+std::string cp_phase(const char* stage, const char* collective, const char* what) {
+  return std::string("comm.cp.") + stage + "." + collective + "." + what;
+}
+
+}  // namespace
+
+Tensor LayerBase::cp_seq_to_heads(const char* stage, const char* what, const Tensor& x) {
+  const int C = cp_size_;
+  const int64_t b = x.dim(0), n = x.dim(1), rows = x.dim(2), d = x.dim(3), chunk = rows / 2, group = n / C;
+  const int64_t slot = group * rows * d;  // one head group of this rank's rows, per batch
+  PhaseRange phase(cp_phase(stage, "all_to_all", what), phase_log_);
+  // Rank j gets head group j of every batch: slot j of send is [b, group, rows, d].
+  Tensor send = be_.empty({C, b * slot}, x.dtype());
+  for (int j = 0; j < C; ++j) be_.copy_rows(x.view({b, C, slot}), j, send.rows(j, j + 1).view({b, 1, slot}), 0, 1);
+  Tensor recv = be_.empty({C, b * slot}, x.dtype());
+  cp_comm_->all_to_all(send, recv);
+  send = Tensor();
+  // Slot r holds rank r's rows of head group cp_rank: its chunks r and 2C-1-r, to their places.
+  Tensor out = be_.empty({b, group, rows * C, d}, x.dtype());
+  const Tensor whole = out.view({b * group, rows * C, d});
+  for (int r = 0; r < C; ++r) {
+    const Tensor from = recv.rows(r, r + 1).view({b * group, rows, d});
+    be_.copy_rows(from, 0, whole, r * chunk, chunk);
+    be_.copy_rows(from, chunk, whole, (2 * C - 1 - r) * chunk, chunk);
+  }
+  return out;
+}
+
+Tensor LayerBase::cp_heads_to_seq(const char* stage, const char* what, const Tensor& x) {
+  const int C = cp_size_;
+  const int64_t b = x.dim(0), group = x.dim(1), s = x.dim(2), d = x.dim(3), rows = s / C, chunk = rows / 2;
+  const int64_t slot = group * rows * d;
+  PhaseRange phase(cp_phase(stage, "all_to_all", what), phase_log_);
+  // Rank r gets its own chunks r and 2C-1-r of this head group.
+  Tensor send = be_.empty({C, b * slot}, x.dtype());
+  const Tensor whole = x.view({b * group, s, d});
+  for (int r = 0; r < C; ++r) {
+    const Tensor to = send.rows(r, r + 1).view({b * group, rows, d});
+    be_.copy_rows(whole, r * chunk, to, 0, chunk);
+    be_.copy_rows(whole, (2 * C - 1 - r) * chunk, to, chunk, chunk);
+  }
+  Tensor recv = be_.empty({C, b * slot}, x.dtype());
+  cp_comm_->all_to_all(send, recv);
+  send = Tensor();
+  // Slot j is head group j of this rank's rows.
+  Tensor out = be_.empty({b, group * C, rows, d}, x.dtype());
+  for (int j = 0; j < C; ++j) be_.copy_rows(recv.rows(j, j + 1).view({b, 1, slot}), 0, out.view({b, C, slot}), j, 1);
+  return out;
+}
+
+Tensor LayerBase::cp_gather_sequence(const char* stage, const char* what, const Tensor& x) {
+  const int C = cp_size_;
+  const int64_t b = x.dim(0), n = x.dim(1), rows = x.dim(2), d = x.dim(3), chunk = rows / 2;
+  PhaseRange phase(cp_phase(stage, "all_gather", what), phase_log_);
+  Tensor gathered = be_.empty({C, x.numel()}, x.dtype());
+  cp_comm_->all_gather(x.view({1, x.numel()}), gathered);
+  Tensor out = be_.empty({b, n, rows * C, d}, x.dtype());
+  const Tensor whole = out.view({b * n, rows * C, d});
+  for (int r = 0; r < C; ++r) {
+    const Tensor from = gathered.rows(r, r + 1).view({b * n, rows, d});
+    be_.copy_rows(from, 0, whole, r * chunk, chunk);
+    be_.copy_rows(from, chunk, whole, (2 * C - 1 - r) * chunk, chunk);
+  }
+  return out;
+}
+
+Tensor LayerBase::cp_scatter_sequence(const char* stage, const char* what, const Tensor& dx) {
+  const int C = cp_size_;
+  const int64_t b = dx.dim(0), n = dx.dim(1), s = dx.dim(2), d = dx.dim(3), rows = s / C, chunk = rows / 2;
+  PhaseRange phase(cp_phase(stage, "reduce_scatter", what), phase_log_);
+  Tensor send = be_.empty({C, b * n * rows * d}, dx.dtype());
+  const Tensor whole = dx.view({b * n, s, d});
+  for (int r = 0; r < C; ++r) {
+    const Tensor to = send.rows(r, r + 1).view({b * n, rows, d});
+    be_.copy_rows(whole, r * chunk, to, 0, chunk);
+    be_.copy_rows(whole, (2 * C - 1 - r) * chunk, to, chunk, chunk);
+  }
+  Tensor out = be_.empty({b, n, rows, d}, dx.dtype());
+  Tensor out_rows = out.view({1, out.numel()});
+  cp_comm_->reduce_scatter(send, out_rows);
+  return out;
+}
+
+Tensor LayerBase::cp_ring_step(const char* stage, const char* what, const Tensor& send) {
+  PhaseRange phase(cp_phase(stage, "send_recv", what), phase_log_);
+  Tensor recv = be_.empty(send.shape(), send.dtype());
+  const int next = (cp_rank_ + 1) % cp_size_, prev = (cp_rank_ - 1 + cp_size_) % cp_size_;
+  cp_comm_->send_recv(send, next, recv, prev);
+  return recv;
+}
+
+void LayerBase::cp_ring_bwd(const QkvHeads& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                            QkvHeads& grads) {
+  // Step i holds the key block of rank cp_rank - i with the sum of the gradients the ranks
+  // before this one gave it; this rank adds its own and passes both on. After C steps every
+  // block's dk, dv has come back to its owner.
+  const int64_t b = opt_.dims.b;
+  const Shape q_shape = {b * heads_per_rank_, seq_, head_dim_}, kv_shape = {b * kv_heads_per_rank_, seq_, head_dim_};
+  Tensor dq = be_.zeros(qkv.q.shape(), opt_.dtype);
+  Tensor dq_part = be_.empty(qkv.q.shape(), opt_.dtype);
+  Tensor k = qkv.k, v = qkv.v, dk_sum, dv_sum;
+  for (int step = 0; step < cp_size_; ++step) {
+    const int owner = (cp_rank_ - step + cp_size_) % cp_size_;
+    Tensor next_k, next_v;
+    if (step + 1 < cp_size_) {
+      next_k = cp_ring_step("bwd", "k", k);
+      next_v = cp_ring_step("bwd", "v", v);
+    }
+    Tensor dk = be_.empty(k.shape(), opt_.dtype), dv = be_.empty(v.shape(), opt_.dtype);
+    const AttentionGeometry g = block_geometry(owner);
+    be_.attention_bwd(qkv.q.view(q_shape), k.view(kv_shape), v.view(kv_shape), out.view(q_shape), dout.view(q_shape),
+                      lse.view({b * heads_per_rank_, seq_}), attention_scale(), attn_dropout_spec(g, true),
+                      dq_part.view(q_shape), dk.view(kv_shape), dv.view(kv_shape), g.rows);
+    be_.add_inplace(dq, dq_part);
+    if (step > 0) {  // the sums that came with this block
+      be_.add_inplace(dk, dk_sum);
+      be_.add_inplace(dv, dv_sum);
+    }
+    dk_sum = cp_ring_step("bwd", "dk", dk);
+    dv_sum = cp_ring_step("bwd", "dv", dv);
+    k = std::move(next_k);
+    v = std::move(next_v);
+  }
+  grads.q = std::move(dq);
+  grads.k = std::move(dk_sum);
+  grads.v = std::move(dv_sum);
+}
+
+}  // namespace actbench
