@@ -6,7 +6,7 @@
 
 namespace actbench {
 
-double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype);
+double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype, int cp = 1);
 // block: N layers keep their input and L - N keep everything; uniform: ceil(L / N) group
 // inputs, each what a full layer keeps; none: L layers of the policy.
 double stack_formula_bytes(const ExperimentSpec& spec, int tp);

@@ -35,6 +35,7 @@ struct Setup {
   std::unique_ptr<CsvAppender> cupti_csv;  // rank 0, with --cupti
   std::unique_ptr<KernelReportRecorder> kernel_report;
   std::unique_ptr<CsvAppender> kernel_report_csv;  // rank 0, with --kernel-report
+  Communicator* cp_group = nullptr;                  // with --cp C > 1
 };
 
 // --kernel-report's file: the configuration and the phase, then the simulator's kernel columns.
@@ -67,7 +68,7 @@ void make_backend_for(LayerRunOptions& o, Setup& s, bool rank0) {
   if (o.backend == "cpu") {
     double activations = 0;  // per layer and rank, the largest configuration's
     for (LayerPolicy p : s.plan.policies)
-      activations = std::max(activations, formula_bytes(s.plan.dims, o.tp, p, s.plan.dtype));
+      activations = std::max(activations, formula_bytes(s.plan.dims, o.tp, p, s.plan.dtype, o.cp));
     check_host_memory(s.plan.dims, o.tp, o.layers, s.plan.dtype, activations, o.memory_limit);
   }
   if (!o.cupti.empty()) s.profiler = CuptiProfiler::create();
@@ -85,10 +86,25 @@ void prepare(LayerRunOptions& o, Setup& s, const CsvAppender& csv, int world, bo
   make_backend_for(o, s, rank0);
 }
 
-std::unique_ptr<Communicator> make_group(const LayerRunOptions& o, Backend& be, int world) {
-  if (o.emulate_tp) return make_backend_emulated_communicator(be, o.tp);
-  if (world > 1) return make_world_communicator(be);
-  return make_backend_local_communicator(be);
+// The run's tensor-parallel group and, under --cp, its context-parallel group (emulated, or
+// the world split in Megatron's order under mpirun).
+struct Groups {
+  std::unique_ptr<Communicator> world, tp, cp;
+};
+Groups make_groups(const LayerRunOptions& o, Backend& be, int world) {
+  Groups g;
+  if (world > 1 && o.cp > 1) {
+    ParallelGroups split = make_parallel_groups(be, o.tp, o.cp);
+    g.world = std::move(split.world);
+    g.tp = std::move(split.tp);
+    g.cp = std::move(split.cp);
+    return g;
+  }
+  if (o.emulate_tp) g.tp = make_backend_emulated_communicator(be, o.tp);
+  else if (world > 1) g.tp = make_world_communicator(be);
+  else g.tp = make_backend_local_communicator(be);
+  if (o.cp > 1) g.cp = make_backend_emulated_communicator(be, o.cp);  // --emulate-cp
+  return g;
 }
 
 ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPolicy policy) {
@@ -104,6 +120,7 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.link_gbps = o.link_gbps;
   spec.profiler = s.profiler.get();
   spec.kernel_report = s.kernel_report.get();
+  spec.cp_group = s.cp_group;
   return spec;
 }
 
@@ -164,11 +181,13 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
   const CsvAppender csv(o.csv, column_names(result_columns()));
   Setup s;
   verdicts.check([&] { prepare(o, s, csv, world, rank0); });
-  const std::unique_ptr<Communicator> comm = make_group(o, *s.be, world);
-  const RunContext context{*s.be, comm->mode(), o, joined_command_line(argc, argv), s.be->versions()};
+  const Groups groups = make_groups(o, *s.be, world);
+  s.cp_group = groups.cp.get();
+  const CommMode mode = groups.tp->mode() != CommMode::none || !groups.cp ? groups.tp->mode() : groups.cp->mode();
+  const RunContext context{*s.be, mode, o, joined_command_line(argc, argv), s.be->versions()};
   int exit_code = 0;
   for (LayerPolicy policy : s.plan.policies)
-    exit_code = std::max(exit_code, run_configuration(context, s, *comm, verdicts, policy, csv, rank0));
+    exit_code = std::max(exit_code, run_configuration(context, s, *groups.tp, verdicts, policy, csv, rank0));
   return verdicts.exit_code(exit_code);
 }
 

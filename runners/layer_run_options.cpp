@@ -59,6 +59,8 @@ struct Args {
        group_query_attention = false;
   std::string recompute_granularity, recompute_modules, recompute_method, recompute_num_layers;
   bool recompute_activations = false, sequence_parallel = false;
+  std::string cp = "1", cp_comm_type = "p2p";
+  bool emulate_cp = false;
   bool emulate_tp = false, print_header = false, print_schema = false, list_presets = false, json = false;
 };
 
@@ -135,6 +137,13 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   value("--batch", a.batch, "override the preset's microbatch b", false);
   value("--tp", a.tp, "tensor-parallel size (default: MPI world size; with --emulate-tp the preset's t)", false);
   app.add_flag("--emulate-tp", a.emulate_tp, "one process plays rank 0 of --tp ranks; communication modeled");
+  value("--context-parallel-size,--cp", a.cp,
+        "context-parallel size C: each rank holds 2 of the sequence's 2C chunks; under mpirun the world is tp x C "
+        "ranks (Megatron's order)",
+        true);
+  value("--cp-comm-type", a.cp_comm_type,
+        "context parallelism's attention: p2p (ring; --attention fused) | all_gather | a2a (Ulysses)", true);
+  app.add_flag("--emulate-cp", a.emulate_cp, "one process plays rank 0 of --cp ranks; communication modeled");
   value("--config", a.configs, "comma-separated: " + paper_configs_option() + "[," + extra_configs_option() + "]", true);
   value("--attention", a.attention,
         "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)", true);
@@ -187,6 +196,10 @@ void take_run_values(const Args& a, const GivenOptions& given, LayerRunOptions& 
   if (is_given(given, "--batch")) o.batch = parse_int_option("--batch", a.batch, 1, kMaxDim);
   if (is_given(given, "--tp")) o.tp = static_cast<int>(parse_int_option("--tp", a.tp, 1, kMaxInt));
   o.emulate_tp = a.emulate_tp;
+  o.cp = static_cast<int>(parse_int_option("--context-parallel-size", a.cp, 1, kMaxInt));
+  o.emulate_cp = a.emulate_cp;
+  o.cp_comm_type = a.cp_comm_type;
+  (void)parse_cp_comm_type(o.cp_comm_type);  // refused now, with the option's name
   o.layers = static_cast<int>(parse_int_option("--layers", a.layers, 1, kMaxLayers));
   o.warmup = static_cast<int>(parse_int_option("--warmup", a.warmup, 0, kMaxIterations));
   o.iters = static_cast<int>(parse_int_option("--iters", a.iters, 1, kMaxIterations));
@@ -349,6 +362,24 @@ bool same_path(const std::string& a, const std::string& b) {
 // --tp: with --emulate-tp the preset's t unless given (a --hf-config file has none); else the
 // MPI world's size.
 void resolve_tp(LayerRunOptions& o, const ModelPreset* preset, int world) {
+  if (o.emulate_cp) {
+    if (world > 1) throw InvalidArgument("--emulate-cp runs in one process; do not launch it with mpirun -np > 1");
+    if (!o.dump.empty())
+      throw InvalidArgument("--dump cannot be combined with --emulate-cp (emulated values are not the layer's)");
+    if (o.cp < 2) throw InvalidArgument("--emulate-cp needs --cp 2 or more");
+    if (!o.emulate_tp && o.tp == 0) o.tp = 1;
+    if (!o.emulate_tp && o.tp != 1)
+      throw InvalidArgument("--emulate-cp with --tp " + std::to_string(o.tp) + " needs --emulate-tp too");
+  } else if (o.cp > 1 && !o.emulate_tp) {
+    if (o.tp == 0) o.tp = world / o.cp;
+    if (o.tp < 1 || o.tp * o.cp != world)
+      throw InvalidArgument("--cp " + std::to_string(o.cp) + " x --tp " + std::to_string(o.tp) + " but the MPI world has " +
+                            std::to_string(world) + " rank(s): run under mpirun -np " +
+                            std::to_string(std::max(o.tp, 1) * o.cp) + " or add --emulate-cp");
+    return;
+  } else if (o.cp > 1) {
+    throw InvalidArgument("--emulate-tp with --cp " + std::to_string(o.cp) + " needs --emulate-cp too");
+  }
   if (o.emulate_tp) {
     if (world > 1) throw InvalidArgument("--emulate-tp runs in one process; do not launch it with mpirun -np > 1");
     if (!o.dump.empty())
@@ -379,6 +410,7 @@ LayerDims resolve_dims(LayerRunOptions& o, const ModelPreset* preset) {
 // each selective one.
 std::vector<LayerPolicy> resolve_policies(const LayerRunOptions& o) {
   const Attention attention = parse_attention(o.attention);
+  const CpCommType cp_comm = parse_cp_comm_type(o.cp_comm_type);
   const RecomputeFlags& r = o.recompute;
   std::vector<LayerPolicy> policies;
   if (r.names_a_configuration())
@@ -388,6 +420,7 @@ std::vector<LayerPolicy> resolve_policies(const LayerRunOptions& o) {
   bool selective = false;
   for (LayerPolicy& p : policies) {
     p.attention = attention;
+    p.cp_comm = cp_comm;
     if (p.recompute == Recompute::selective && r.modules) p.modules = *r.modules;
     selective = selective || p.recompute == Recompute::selective;
   }
@@ -478,7 +511,7 @@ LayerRunPlan plan_layer_run(LayerRunOptions& o, int world) {
   LayerRunPlan plan;
   plan.dims = resolve_dims(o, preset);
   plan.policies = resolve_policies(o);
-  for (LayerPolicy p : plan.policies) validate_layer(plan.dims, o.tp, p);
+  for (LayerPolicy p : plan.policies) validate_layer(plan.dims, o.tp, p, o.cp);
   check_layer_extent(plan.dims, o.layers);
   plan.dtype = parse_dtype(o.dtype);
   check_run_options(o, plan.dims, world);

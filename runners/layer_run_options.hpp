@@ -22,6 +22,9 @@ struct LayerRunOptions {
   int tp = 0;                                          // 0: not given
   int layers = 1, warmup = 2, iters = 10;
   bool warmup_given = false, iters_given = false, emulate_tp = false;
+  int cp = 1;               // --cp / --context-parallel-size: C
+  bool emulate_cp = false;  // one process plays rank 0 of the C context-parallel ranks
+  std::string cp_comm_type = "p2p";
   uint64_t seed = 1234;
   double link_gbps = 450.0;
   uint64_t memory_limit = 0;  // 0: none

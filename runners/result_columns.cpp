@@ -79,7 +79,8 @@ const std::vector<Column>& result_columns() {
        "`none` (t = 1), `mpi` or `nccl` (measured, inside the times) or `modeled` (emulated TP: not inside the "
        "times)"},
       {"comm_bytes", "bytes",
-       "ring bytes one rank sends in the TP/SP collectives per layer over the measured iteration; empty unless ok"},
+       "ring bytes one rank sends in the TP/SP (and CP) collectives per layer over the measured iteration; empty "
+       "unless ok"},
       {"link_gbps", "GB/s", "link bandwidth per direction assumed for `comm_ms_modeled` (`--link-gbps`)"},
       {"comm_ms_modeled", "ms", "`comm_bytes` at `link_gbps`, per layer and iteration; 0 when t = 1; empty unless ok"},
       {"comm_ms_emulated", "ms",
@@ -140,6 +141,14 @@ const std::vector<Column>& result_columns() {
        "input) or `block` (the first `recompute_num_layers` layers recomputed, the rest not); empty: each "
        "layer its own checkpoint"},
       {"recompute_num_layers", "layers", "N of `--recompute-num-layers`; empty without a `recompute_method`"},
+      {"cp", "ranks",
+       "C, the context-parallel size (`--cp`): each rank holds chunks i and 2C-1-i of the sequence; the world is "
+       "t x C ranks"},
+      {"cp_comm_type", "",
+       "context parallelism's attention (`--cp-comm-type`): `p2p` (ring), `all_gather` or `a2a` (Ulysses); empty "
+       "when cp = 1"},
+      {"comm_bytes_cp", "bytes",
+       "of `comm_bytes`, what the context-parallel group sends (comm.cp.* phases); 0 when cp = 1; empty unless ok"},
   };
   return columns;
 }

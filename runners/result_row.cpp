@@ -34,7 +34,8 @@ namespace {
 
 // Per layer: the layer's closed form, or the stack's over its layers under a --recompute-method.
 double per_layer_formula_bytes(const ExperimentSpec& spec, int tp) {
-  if (spec.stack.method == RecomputeMethod::none) return formula_bytes(spec.dims, tp, spec.policy, spec.dtype);
+  if (spec.stack.method == RecomputeMethod::none)
+    return formula_bytes(spec.dims, tp, spec.policy, spec.dtype, spec.cp());
   return stack_formula_bytes(spec, tp) / spec.layers;
 }
 
@@ -54,7 +55,9 @@ void set_run_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
   row.set("seq", std::to_string(d.s));
   row.set("batch", std::to_string(d.b));
   row.set("tp", std::to_string(run.options.tp));
-  row.set("emulated", run.options.emulate_tp ? "1" : "0");
+  row.set("emulated", run.options.emulate_tp || run.options.emulate_cp ? "1" : "0");
+  row.set("cp", std::to_string(m.spec.cp()));
+  row.set("cp_comm_type", m.spec.cp() > 1 ? cp_comm_type_name(m.spec.policy.cp_comm) : "");
   row.set("config", config_name(m.spec.policy));
   row.set("dtype", dtype_name(m.spec.dtype));
   const theory::LayerSpec& spec = m.spec.dims.spec;
@@ -141,6 +144,7 @@ void set_comm_columns(CsvRow& row, const RunContext& run, const Measurement& m) 
   const bool ok = r.status == "ok";
   row.set("comm_mode", comm_mode_name(run.comm_mode));
   row.set("comm_bytes", ok ? fmt_num(r.comm_bytes) : "");
+  row.set("comm_bytes_cp", ok ? fmt_num(r.comm_bytes_cp) : "");
   row.set("link_gbps", fmt_num(m.spec.link_gbps, "%g"));
   row.set("comm_ms_modeled", ok ? fmt_num(r.comm_ms_modeled, "%.4f") : "");
   row.set("comm_ms_emulated",

@@ -249,7 +249,7 @@ TEST(FusedAttentionCpu, MatchesExplicitSoftmaxWithDropoutAcrossTiles) {
                v = random_vector(B * S * D, 3), dout = random_vector(B * S * D, 4);
     const double scale = 1.0 / std::sqrt(static_cast<double>(D));
     std::vector<float> out(B * S * D, NAN), lse(B * S, NAN), dq(B * S * D, NAN), dk(B * S * D, NAN), dv(B * S * D, NAN);
-    const cpu::AttentionShape shape{B, S, S, D};
+    const cpu::AttentionShape shape{B, S, S, D, 1, {}};
     cpu::attention_fwd(q.data(), k.data(), v.data(), shape, static_cast<float>(scale), spec, out.data(), lse.data());
     cpu::attention_bwd(q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), shape,
                        static_cast<float>(scale), spec, dq.data(), dk.data(), dv.data());
