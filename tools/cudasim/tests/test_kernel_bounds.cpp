@@ -176,7 +176,7 @@ TEST_F(KernelBounds, SoftmaxFwd) {
   // reads the scores on and below the diagonal, writes every probability (zeros above)
   const uint64_t min = kLowerTriangle * kBf16 + uint64_t(kScoreRows * kScoreCols) * kBf16;
   expect_bounded("softmax fwd", min, [&] {
-    cuda::softmax_causal_fwd(DType::bf16, scores.p, probs.p, kScoreRows, kScoreCols, nullptr);
+    cuda::softmax_causal_fwd(DType::bf16, scores.p, probs.p, kScoreRows, kScoreRows, kScoreCols, {}, nullptr);
   });
 }
 
@@ -185,7 +185,8 @@ TEST_F(KernelBounds, SoftmaxBwd) {
       dscores(kScoreRows * kScoreCols * kBf16);
   const uint64_t min = 2 * kLowerTriangle * kBf16 + uint64_t(kScoreRows * kScoreCols) * kBf16;
   expect_bounded("softmax bwd", min, [&] {
-    cuda::softmax_causal_bwd(DType::bf16, dprobs.p, probs.p, dscores.p, kScoreRows, kScoreCols, nullptr);
+    cuda::softmax_causal_bwd(DType::bf16, dprobs.p, probs.p, dscores.p, kScoreRows, kScoreRows, kScoreCols, {},
+                             nullptr);
   });
 }
 
@@ -325,7 +326,7 @@ TEST_F(KernelBounds, Rope) {
   Dev x(rows * kLlamaHeadDim * kBf16), y(rows * kLlamaHeadDim * kBf16);
   for (bool inverse : {false, true})
     expect_bounded(inverse ? "rope inverse" : "rope", uint64_t(rows) * kLlamaHeadDim * 2 * kBf16, [&] {
-      cuda::rope(DType::bf16, x.p, y.p, rows, kRows, kLlamaHeadDim, kLlamaHeadDim, 500000.0, inverse, nullptr);
+      cuda::rope(DType::bf16, x.p, y.p, rows, kRows, kLlamaHeadDim, kLlamaHeadDim, 500000.0, inverse, {}, nullptr);
     });
 }
 
