@@ -87,6 +87,44 @@ TEST(CudaHost, DropoutCursorAdvancesToEachCanonicalIndex) {
       }
 }
 
+// The same with the inner elements placed in a longer inner dimension (context parallelism's
+// two chunks of rows of each head's [T, T]): the cursor's inner digit stays local and the
+// canonical index jumps at the split. Where dropout_groups_of(spec, n) holds, every group of n
+// from a multiple of n is n consecutive canonical indices from a multiple of n.
+TEST(CudaHost, DropoutCursorFollowsPlacedInnerElements) {
+  auto placed = [](int64_t mid_local, int64_t c, int64_t C, int64_t rank, int64_t T) {
+    DropoutSpec s = spec_of(1, mid_local, mid_local + 2, 1, 2 * c * T);
+    s.inner_global = T * T;
+    s.inner_positions = SeqPositions::chunks(c * T, rank * c * T, (2 * C - 1 - rank) * c * T);
+    return s;
+  };
+  const DropoutSpec specs[] = {placed(2, 4, 2, 0, 16), placed(3, 5, 2, 1, 20), placed(2, 3, 3, 2, 13),
+                               placed(4, 7, 4, 1, 56)};
+  for (const DropoutSpec& s : specs) {
+    for (int64_t start : {int64_t{0}, int64_t{5}, s.inner - 1, s.numel() / 3})
+      for (int64_t step : {int64_t{1}, int64_t{4}, int64_t{8}, s.inner / 2 + 3, s.inner + 8}) {
+        DropoutCursor at = DropoutCursor::at(s, start);
+        const DropoutCursor by = DropoutCursor::at(s, step);
+        for (int64_t i = start; i < s.numel(); i += step, at.advance(s, by))
+          ASSERT_EQ(at.canonical(s), static_cast<uint64_t>(s.canonical_index(i)))
+              << "inner " << s.inner << " start " << start << " step " << step << " element " << i;
+      }
+    for (int64_t n : {4, 8}) {
+      if (!dropout_groups_of(s, n)) continue;
+      for (int64_t g = 0; g < s.numel() / n; ++g) {
+        const int64_t c = s.canonical_index(n * g);
+        ASSERT_EQ(c % n, 0) << "inner " << s.inner << " n " << n << " group " << g;
+        for (int64_t k = 1; k < n; ++k) ASSERT_EQ(s.canonical_index(n * g + k), c + k) << "group " << g;
+      }
+    }
+  }
+  // The packs these specs take: 8 (runs at multiples of 8), 4 (a run starts at 4 mod 8), none.
+  EXPECT_TRUE(dropout_groups_of(specs[0], 8));
+  EXPECT_FALSE(dropout_groups_of(specs[1], 8));
+  EXPECT_TRUE(dropout_groups_of(specs[1], 4));
+  EXPECT_FALSE(dropout_groups_of(specs[2], 4));
+}
+
 // attention.cu's AttnDropout: when (mid_local * inner) % (S * S) == 0 ("uniform"), the
 // canonical index of every element of head bh's [S, S] block is its local index plus the
 // offset of the block's first element.

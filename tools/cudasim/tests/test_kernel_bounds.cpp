@@ -231,6 +231,32 @@ TEST_F(KernelBounds, MergeHeads) {
   });
 }
 
+// ---- context parallelism: sequence chunks, merged partial attentions ---------------------------
+
+// One sequence chunk of k heads [b*a/t, c, d] (c = s/4: C = 2 ranks, 2C chunks) moved into
+// the whole sequence's [b*a/t, s, d] (the all-gather's reordering).
+TEST_F(KernelBounds, CopyRows) {
+  const int64_t outer = kBatch * kHeadsPerRank, chunk = kSeq / 4, local = 2 * chunk;
+  const uint64_t n = uint64_t(outer) * chunk * kHeadDim;
+  Dev src(outer * local * kHeadDim * kBf16), dst(outer * kSeq * kHeadDim * kBf16);
+  expect_bounded("copy rows (sequence chunk)", n * 2 * kBf16, [&] {
+    cuda::copy_rows(src.p, local, chunk, dst.p, kSeq, 3 * chunk, chunk, outer, kHeadDim * int64_t{kBf16}, nullptr);
+  });
+}
+
+// A ring step's partial attention merged into the running one: out, out_part [b*a/t, rows, d]
+// and their fp32 lse, kRows query rows of each head.
+TEST_F(KernelBounds, AttentionMerge) {
+  const int64_t rows = kBatch * kHeadsPerRank * kRows;
+  const uint64_t n = uint64_t(rows) * kHeadDim;
+  Dev out(n * kBf16), part(n * kBf16), lse(rows * 4), lse_part(rows * 4);
+  // out, out_part, lse, lse_part read; out, lse written
+  expect_bounded("attention merge", 3 * n * kBf16 + 3 * uint64_t(rows) * 4, [&] {
+    cuda::attention_merge(DType::bf16, out.p, lse.as<float>(), part.p, lse_part.as<float>(), rows, kHeadDim,
+                          nullptr);
+  });
+}
+
 // ---- the residual path, LayerNorm, GeLU --------------------------------------------------------
 
 TEST_F(KernelBounds, BiasDropoutResidual) {
