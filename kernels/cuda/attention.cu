@@ -419,10 +419,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int dc = 0; dc < kDC; ++dc) acc_k[rr][dc] = acc_v[rr][dc] = 0.f;
 
     // Every query tile that sees the keys, of each query head of the group in turn.
-    for (int64_t bh = kvh * group; bh < (kvh + 1) * group; ++bh)
+    for (int64_t bh = kvh * group; bh < (kvh + 1) * group; ++bh) {
+      const int64_t base = bh * S * D;
+      const int64_t drop_offset = dr.head_offset(bh, pl.T);
       for (int64_t qt = qt0; qt < n_qt; ++qt) {
-        const int64_t base = bh * S * D;
-        const int64_t drop_offset = dr.head_offset(bh, pl.T);
         const int64_t i0 = qt * kDkvRows;
         if (!attention_tiles::tile_visible(pl.queries, i0, min64(i0 + kDkvRows, S), pl.keys, j0, key_end)) continue;
         __syncthreads();  // sQ, sdO, sP, sdS of the previous tile are no longer read
@@ -484,6 +484,7 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
       }
+    }
 
 #pragma unroll
     for (int rr = 0; rr < kRowsPerThread; ++rr) {

@@ -2,10 +2,11 @@
 // the cpu backend's own ops, every kernel family, on shapes that are not powers of two, in
 // fp32, bf16 and fp16. Inputs are bit-identical on both sides (the cpu tensor's storage is
 // copied to the simulated device); outputs start as NaN on the device (fresh cudaMalloc
-// memory is poisoned), so an element a kernel forgets to write fails. Dropout masks and the
-// head layout and copy_rows compare bit for bit. Context parallelism's rows placed in a longer
-// sequence (two chunks of it per rank) run through every op that takes them. Any simulator report (race, deadlock, divergence, bad
-// shuffle, out-of-bounds, canary, unwritten shared memory) fails the test.
+// memory is poisoned), so an element a kernel forgets to write fails. Dropout masks, the head
+// layout and copy_rows compare bit for bit. Context parallelism's rows placed in a longer
+// sequence (two chunks of it per rank) run through every op that takes them. Any simulator
+// report (race, deadlock, divergence, bad shuffle, out-of-bounds, canary, unwritten shared
+// memory) fails the test.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -40,7 +41,9 @@ Tol tol_for(DType dt) {
 }
 
 // Rank i of C holds chunks i and 2C-1-i of c rows each (context parallelism's placement).
-SeqPositions rank_positions(int64_t c, int64_t C, int64_t i) { return SeqPositions::chunks(c, i * c, (2 * C - 1 - i) * c); }
+SeqPositions rank_positions(int64_t c, int64_t C, int64_t i) {
+  return SeqPositions::chunks(c, i * c, (2 * C - 1 - i) * c);
+}
 
 // Rank i's rows of [mid_local, T, T] probabilities (heads 1.. of mid_local + 1): its [2c, T]
 // rows of each head are two runs of the head's T * T elements.
