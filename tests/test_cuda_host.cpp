@@ -4,6 +4,7 @@
 // long-sequence sizes, and the long-row softmax's running max/sum with -inf and NaN scores.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -11,6 +12,7 @@
 
 #include "kernels/backend.hpp"
 #include "dropout_specs.hpp"
+#include "kernels/cuda/attention_tiles.hpp"
 #include "kernels/cuda/dropout_cursor.hpp"
 #include "kernels/cuda/online_softmax.hpp"
 #include "kernels/cuda/philox_groups.hpp"
@@ -85,6 +87,89 @@ TEST(CudaHost, DropoutCursorAdvancesToEachCanonicalIndex) {
           ASSERT_EQ(at.canonical(s), static_cast<uint64_t>(s.canonical_index(i)))
               << "inner " << s.inner << " start " << start << " step " << step << " element " << i;
       }
+}
+
+// The same with the inner elements placed in a longer inner dimension (context parallelism's
+// two chunks of rows of each head's [T, T]): the cursor's inner digit stays local and the
+// canonical index jumps at the split. Where dropout_groups_of(spec, n) holds, every group of n
+// from a multiple of n is n consecutive canonical indices from a multiple of n.
+TEST(CudaHost, DropoutCursorFollowsPlacedInnerElements) {
+  auto placed = [](int64_t mid_local, int64_t c, int64_t C, int64_t rank, int64_t T) {
+    DropoutSpec s = spec_of(1, mid_local, mid_local + 2, 1, 2 * c * T);
+    s.inner_global = T * T;
+    s.inner_positions = SeqPositions::chunks(c * T, rank * c * T, (2 * C - 1 - rank) * c * T);
+    return s;
+  };
+  const DropoutSpec specs[] = {placed(2, 4, 2, 0, 16), placed(3, 5, 2, 1, 20), placed(2, 3, 3, 2, 13),
+                               placed(4, 7, 4, 1, 56)};
+  for (const DropoutSpec& s : specs) {
+    for (int64_t start : {int64_t{0}, int64_t{5}, s.inner - 1, s.numel() / 3})
+      for (int64_t step : {int64_t{1}, int64_t{4}, int64_t{8}, s.inner / 2 + 3, s.inner + 8}) {
+        DropoutCursor at = DropoutCursor::at(s, start);
+        const DropoutCursor by = DropoutCursor::at(s, step);
+        for (int64_t i = start; i < s.numel(); i += step, at.advance(s, by))
+          ASSERT_EQ(at.canonical(s), static_cast<uint64_t>(s.canonical_index(i)))
+              << "inner " << s.inner << " start " << start << " step " << step << " element " << i;
+      }
+    for (int64_t n : {4, 8}) {
+      if (!dropout_groups_of(s, n)) continue;
+      for (int64_t g = 0; g < s.numel() / n; ++g) {
+        const int64_t c = s.canonical_index(n * g);
+        ASSERT_EQ(c % n, 0) << "inner " << s.inner << " n " << n << " group " << g;
+        for (int64_t k = 1; k < n; ++k) ASSERT_EQ(s.canonical_index(n * g + k), c + k) << "group " << g;
+      }
+    }
+  }
+  // The packs these specs take: 8 (runs at multiples of 8), 4 (a run starts at 4 mod 8), none.
+  EXPECT_TRUE(dropout_groups_of(specs[0], 8));
+  EXPECT_FALSE(dropout_groups_of(specs[1], 8));
+  EXPECT_TRUE(dropout_groups_of(specs[1], 4));
+  EXPECT_FALSE(dropout_groups_of(specs[2], 4));
+}
+
+// attention.cu's loop bounds for rows placed in a longer sequence: the key loop ends after the
+// last key a query tile may see, the dK/dV loop starts at the first query that may see a key
+// tile (exactly, against a search over the rows), so a block visits what its rows see.
+TEST(CudaHost, AttentionTileBoundsAreTheVisibleRows) {
+  const int64_t n = 40;
+  const SeqPositions placements[] = {SeqPositions{},          SeqPositions::chunks(10, 0, 30),
+                                     SeqPositions::chunks(10, 10, 20), SeqPositions::chunks(15, 5, 60),
+                                     SeqPositions::run(17),   SeqPositions::chunks(0, 0, 9)};
+  for (const SeqPositions& p : placements)
+    for (int64_t limit = -2; limit < 110; ++limit) {
+      int64_t end = 0, begin = n;
+      for (int64_t j = 0; j < n; ++j) {
+        if (p.at(j) <= limit) end = j + 1;
+        if (p.at(j) >= limit && begin == n) begin = j;
+      }
+      EXPECT_EQ(cuda::attention_tiles::visible_keys_end(p, n, limit), end) << "split " << p.split << " " << limit;
+      EXPECT_EQ(cuda::attention_tiles::first_seeing_query(p, n, limit), begin) << "split " << p.split << " " << limit;
+    }
+}
+
+// The forward's tiles of a context-parallel rank against every key (all-gather): chunks of 128
+// rows, whole tiles, so each of C ranks visits the same number of (query, key) tile pairs.
+TEST(CudaHost, ContextParallelRanksVisitTheSameAttentionTiles) {
+  namespace tiles = cuda::attention_tiles;
+  const int64_t c = 128;
+  for (int64_t C : {2, 4}) {
+    const int64_t T = 2 * C * c, S = 2 * c;
+    std::vector<int64_t> visited;
+    for (int64_t rank = 0; rank < C; ++rank) {
+      const SeqPositions q = SeqPositions::chunks(c, rank * c, (2 * C - 1 - rank) * c), k;
+      int64_t pairs = 0;
+      for (int64_t q0 = 0; q0 < S; q0 += tiles::kFwdRows) {
+        const int64_t q1 = std::min<int64_t>(q0 + tiles::kFwdRows, S);
+        const int64_t keys_end = tiles::visible_keys_end(k, T, tiles::last_position(q, q0, q1));
+        for (int64_t j0 = 0; j0 < keys_end; j0 += tiles::kFwdKeys)
+          pairs += tiles::tile_visible(q, q0, q1, k, j0, std::min<int64_t>(j0 + tiles::kFwdKeys, T)) ? 1 : 0;
+      }
+      visited.push_back(pairs);
+    }
+    for (int64_t rank = 1; rank < C; ++rank) EXPECT_EQ(visited[rank], visited[0]) << "C " << C << " rank " << rank;
+    // and together they visit what the whole sequence's causal attention visits
+    EXPECT_EQ(visited[0] * C, (T / 64) * (T / 64 + 1) / 2) << "C " << C;
+  }
 }
 
 // attention.cu's AttnDropout: when (mid_local * inner) % (S * S) == 0 ("uniform"), the

@@ -96,7 +96,8 @@ class GpuOps : public ::testing::Test {
     double worst = 0;
     for (size_t i = 0; i < g.size(); ++i) {
       if (std::isnan(c[i])) ++nan_ref;
-      const double err = std::fabs(static_cast<double>(g[i]) - c[i]);
+      // equal values are exact, infinities included (lse -inf of a row that sees no key)
+      const double err = g[i] == c[i] ? 0.0 : std::fabs(static_cast<double>(g[i]) - c[i]);
       const double bound = tol.atol + tol.rtol * std::fabs(static_cast<double>(c[i]));
       const double ratio = std::isnan(err) ? INFINITY : (err == 0 ? 0 : (bound > 0 ? err / bound : INFINITY));
       if (ratio > worst) {
@@ -925,6 +926,109 @@ TEST_F(GpuOps, FusedAttentionHeadDims16And96) {
           const DropoutSpec spec = attention_spec(p, B, S);
           check_fused_attention(dt, shape, scale, spec, attention_tol(dt), what);
         }
+}
+
+// Context parallelism's ring (C = 2 ranks, chunks of c = 37 rows, T = 148): each rank's queries
+// against every rank's keys, the partial results merged, then the backward of each key block
+// from the merged out and lse; GQA group 2, dropout indexed in [T, T]. gpu and cpu run the same
+// steps and are compared after each.
+TEST_F(GpuOps, FusedAttentionContextParallelRingMatchesCpu) {
+  const int64_t B = 4, group = 2, c = 37, C = 2, T = 2 * C * c, S = 2 * c, D = 64;
+  const float scale = 0.125f;
+  const Shape shape = {B, S, D}, kv_shape = {B / group, S, D}, row_shape = {B, S};
+  auto rank = [&](int64_t i) { return SeqPositions::chunks(c, i * c, (2 * C - 1 - i) * c); };
+  for (DType dt : {DType::fp32, DType::bf16}) {
+    const Tol tol = attention_tol(dt);
+    const DropoutSpec spec = attention_spec(0.1f, B, T);
+    std::vector<Both> k, v;
+    for (int64_t j = 0; j < C; ++j) {
+      k.push_back(random(kv_shape, dt, -2.f, 2.f));
+      v.push_back(random(kv_shape, dt));
+    }
+    for (int64_t i = 0; i < C; ++i) {
+      const std::string what = std::string(dtype_name(dt)) + " rank " + std::to_string(i);
+      Both q = random(shape, dt, -2.f, 2.f), dout = random(shape, dt);
+      Both out = poisoned(shape, dt), lse = poisoned(row_shape, DType::fp32);
+      for (int64_t step = 0; step < C; ++step) {  // the ring: own keys first
+        const int64_t owner = (i - step + C) % C;
+        const AttentionRows rows{rank(i), rank(owner), T};
+        Both part = poisoned(shape, dt), part_lse = poisoned(row_shape, DType::fp32);
+        const Both& o = step == 0 ? out : part;
+        const Both& l = step == 0 ? lse : part_lse;
+        gpu_->attention_fwd(q.g, k[owner].g, v[owner].g, scale, spec, o.g, l.g, rows);
+        cpu_->attention_fwd(q.c, k[owner].c, v[owner].c, scale, spec, o.c, l.c, rows);
+        expect_close(o, tol, "attention_fwd out " + what + " keys of rank " + std::to_string(owner));
+        expect_close(l, {1e-4, 1e-5}, "attention_fwd lse " + what + " keys of rank " + std::to_string(owner));
+        if (step == 0) continue;
+        gpu_->attention_merge(out.g, lse.g, part.g, part_lse.g);
+        cpu_->attention_merge(out.c, lse.c, part.c, part_lse.c);
+        expect_close(out, tol, "attention_merge out " + what);
+        expect_close(lse, {1e-4, 1e-5}, "attention_merge lse " + what);
+      }
+      // The backward of each key block reads the whole attention's out and lse (the cpu's).
+      Both out_ref = with_values(shape, dt, get(*cpu_, out.c));
+      Both lse_ref = with_values(row_shape, DType::fp32, get(*cpu_, lse.c));
+      for (int64_t owner = 0; owner < C; ++owner) {
+        const AttentionRows rows{rank(i), rank(owner), T};
+        Both dq = poisoned(shape, dt), dk = poisoned(kv_shape, dt), dv = poisoned(kv_shape, dt);
+        gpu_->attention_bwd(q.g, k[owner].g, v[owner].g, out_ref.g, dout.g, lse_ref.g, scale, spec, dq.g, dk.g, dv.g,
+                            rows);
+        cpu_->attention_bwd(q.c, k[owner].c, v[owner].c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c,
+                            rows);
+        const std::string block = what + " keys of rank " + std::to_string(owner);
+        expect_close(dq, tol, "attention_bwd dq " + block);
+        expect_close(dk, tol, "attention_bwd dk " + block);
+        expect_close(dv, tol, "attention_bwd dv " + block);
+      }
+    }
+  }
+}
+
+// The unfused ops of a context-parallel rank (rows 2c of T = 4c placed as chunks 1 and 2):
+// the causal softmax of its score rows, the dropout of its probabilities (inner elements
+// placed in each head's [T, T]), RoPE at its positions, and copy_rows between its order and
+// the whole sequence's.
+TEST_F(GpuOps, ContextParallelPlacedRowsMatchCpu) {
+  const int64_t c = 6, C = 2, T = 2 * C * c, R = 2 * c, heads = 3;
+  const SeqPositions rows = SeqPositions::chunks(c, c, 2 * c);
+  for (DType dt : kFloatTypes) {
+    const std::string what = dtype_name(dt);
+    const Shape scores_shape = {heads, R, T};
+    Both scores = random(scores_shape, dt, -4.f, 4.f), probs = poisoned(scores_shape, dt);
+    gpu_->softmax_causal_fwd(scores.g, probs.g, rows);
+    cpu_->softmax_causal_fwd(scores.c, probs.c, rows);
+    expect_close(probs, tol_for(dt), "softmax fwd " + what);
+    Both probs_ref = with_values(scores_shape, dt, get(*cpu_, probs.c));
+    Both dprobs = random(scores_shape, dt), dscores = poisoned(scores_shape, dt);
+    gpu_->softmax_causal_bwd(dprobs.g, probs_ref.g, dscores.g, rows);
+    cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c, rows);
+    expect_close(dscores, tol_for(dt), "softmax bwd " + what);
+
+    DropoutSpec spec = make_spec(0.3f, 1, heads, heads, 0, R * T, kSiteAttnProbs);
+    spec.inner_global = T * T;
+    spec.inner_positions = SeqPositions::chunks(c * T, c * T, 2 * c * T);
+    Both dropped = poisoned(scores_shape, dt), mask = poisoned(scores_shape, DType::u8);
+    gpu_->dropout_fwd(probs_ref.g, spec, dropped.g, mask.g);
+    cpu_->dropout_fwd(probs_ref.c, spec, dropped.c, mask.c);
+    expect_equal(mask, "dropout mask " + what);
+    expect_close(dropped, tol_for(dt), "dropout y " + what);
+
+    const Shape heads_shape = {2, heads, R, 16};
+    Both x = random(heads_shape, dt, -2.f, 2.f), y = poisoned(heads_shape, dt);
+    gpu_->rope_fwd(x.g, 10000.0, 16, y.g, rows);
+    cpu_->rope_fwd(x.c, 10000.0, 16, y.c, rows);
+    expect_close(y, tol_for(dt), "rope_fwd " + what);
+    gpu_->rope_bwd(y.g, 10000.0, 16, y.g, rows);
+    cpu_->rope_bwd(y.c, 10000.0, 16, y.c, rows);
+    expect_close(y, tol_for(dt), "rope_bwd in place " + what);
+
+    for (DType d : {dt, DType::u8}) {  // the rank's second chunk (rows c..) to rows 2c.. of the sequence
+      Both local = random({heads, R, 5}, d, 0.f, 200.f), whole = random({heads, T, 5}, d, 0.f, 200.f);
+      gpu_->copy_rows(local.g, c, whole.g, 2 * c, c);
+      cpu_->copy_rows(local.c, c, whole.c, 2 * c, c);
+      expect_equal(whole, std::string("copy_rows ") + dtype_name(d));  // the other rows kept
+    }
+  }
 }
 
 TEST_F(GpuOps, FusedAttentionRejectsWhatItCannotRun) {

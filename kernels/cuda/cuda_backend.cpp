@@ -249,21 +249,19 @@ class CudaBackend final : public Backend {
   // ---- softmax ------------------------------------------------------------------------
   void softmax_causal_fwd_impl(const Tensor& s, const Tensor& p, const SeqPositions& rows) override {
     const DType dt = one_dtype("softmax_causal_fwd", {&s, &p});
-    square_only("softmax_causal_fwd", rows, s.dim(-2));
     const int64_t cols = s.dim(-1);
-    cuda::softmax_causal_fwd(dt, s.data(), p.data(), cols ? s.numel() / cols : 0, cols, stream_);
+    cuda::softmax_causal_fwd(dt, s.data(), p.data(), cols ? s.numel() / cols : 0, s.dim(-2), cols, rows, stream_);
   }
   void softmax_causal_bwd_impl(const Tensor& dp, const Tensor& p, const Tensor& ds, const SeqPositions& rows) override {
     const DType dt = one_dtype("softmax_causal_bwd", {&dp, &p, &ds});
-    square_only("softmax_causal_bwd", rows, p.dim(-2));
     const int64_t cols = p.dim(-1);
-    cuda::softmax_causal_bwd(dt, dp.data(), p.data(), ds.data(), cols ? p.numel() / cols : 0, cols, stream_);
+    cuda::softmax_causal_bwd(dt, dp.data(), p.data(), ds.data(), cols ? p.numel() / cols : 0, p.dim(-2), cols, rows,
+                             stream_);
   }
 
   // ---- dropout ------------------------------------------------------------------------
   void dropout_fwd_impl(const Tensor& x, const DropoutSpec& spec, const Tensor& y, const Tensor& mask) override {
     const DType dt = one_dtype("dropout_fwd", {&x, &y});
-    square_only("dropout_fwd", spec.inner_positions, spec.inner);
     cuda::dropout_fwd(dt, x.data(), spec, y.data(), mask.data_as<uint8_t>(), stream_);
   }
   void dropout_bwd_impl(const Tensor& dy, const Tensor& mask, float p, const Tensor& dx) override {
@@ -295,7 +293,6 @@ class CudaBackend final : public Backend {
   void bias_dropout_residual_fwd_impl(const Tensor& x, const Tensor& bias, const Tensor& r, const DropoutSpec& spec,
                                       const Tensor& out, const Tensor& mask) override {
     const char* op = "bias_dropout_residual_fwd";
-    square_only(op, spec.inner_positions, spec.inner);
     if (!bias.defined()) {  // no bias: the elements as one row
       const DType dt = one_dtype(op, {&x, &r, &out});
       cuda::bias_dropout_residual_fwd(dt, x.data(), nullptr, r.data(), spec, out.data(), mask.data_as<uint8_t>(), 1,
@@ -312,27 +309,30 @@ class CudaBackend final : public Backend {
   void attention_fwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
                           const Tensor& out, const Tensor& lse, const AttentionRows& rows) override {
     const DType dt = one_dtype("attention_fwd", {&q, &k, &v, &out});
-    square_only("attention_fwd", rows);
-    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2), group = kv_group(q, k);
-    cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(), B, S, D,
-                        stream_, group);
+    cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(),
+                        attention_shape(q, k, rows), stream_);
   }
   void attention_bwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                           const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv, const AttentionRows& rows) override {
     const char* op = "attention_bwd";
     const DType dt = one_dtype(op, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
-    square_only(op, rows);
-    const int64_t B = q.dim(0), S = q.dim(1), D = q.dim(2), group = kv_group(q, k);
-    if (D > cuda::kAttentionMaxHeadDim)  // before the workspace is allocated
-      throw InvalidArgument(std::string(op) + ": head dim " + std::to_string(D) + " is larger than " +
+    const cuda::AttentionShape shape = attention_shape(q, k, rows);
+    if (shape.D > cuda::kAttentionMaxHeadDim)  // before the workspace is allocated
+      throw InvalidArgument(std::string(op) + ": head dim " + std::to_string(shape.D) + " is larger than " +
                             std::to_string(cuda::kAttentionMaxHeadDim) + ", the most the cuda kernels support");
-    if (B * S == 0) return;
+    if (shape.B * shape.S == 0) return;
     // delta_i = rowsum(dO o O): fp32 scratch from the caching allocator, back to the cache on
     // return (its next user is ordered after these kernels on stream_).
-    Tensor delta = empty({B * S}, DType::fp32);
+    Tensor delta = empty({shape.B * shape.S}, DType::fp32);
     cuda::attention_bwd(dt, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data_as<float>(), scale, spec,
-                        dq.data(), dk.data(), dv.data(), delta.data_as<float>(), B, S, D, stream_, group);
+                        dq.data(), dk.data(), dv.data(), delta.data_as<float>(), shape, stream_);
+  }
+  void attention_merge_impl(const Tensor& out, const Tensor& lse, const Tensor& out_part,
+                            const Tensor& lse_part) override {
+    const DType dt = one_dtype("attention_merge", {&out, &out_part});
+    cuda::attention_merge(dt, out.data(), lse.data_as<float>(), out_part.data(), lse_part.data_as<const float>(),
+                          out.dim(0) * out.dim(1), out.dim(2), stream_);
   }
 
   // ---- the llama family -------------------------------------------------------------------
@@ -351,13 +351,11 @@ class CudaBackend final : public Backend {
   }
   void rope_fwd_impl(const Tensor& x, double theta, int64_t rotary_dim, const Tensor& y,
                      const SeqPositions& positions) override {
-    square_only("rope_fwd", positions, x.dim(2));
-    rope("rope_fwd", x, theta, rotary_dim, false, y);
+    rope("rope_fwd", x, theta, rotary_dim, false, y, positions);
   }
   void rope_bwd_impl(const Tensor& dy, double theta, int64_t rotary_dim, const Tensor& dx,
                      const SeqPositions& positions) override {
-    square_only("rope_bwd", positions, dy.dim(2));
-    rope("rope_bwd", dy, theta, rotary_dim, true, dx);
+    rope("rope_bwd", dy, theta, rotary_dim, true, dx, positions);
   }
   void swiglu_fwd_impl(const Tensor& x, const Tensor& y) override {
     const DType dt = one_dtype("swiglu_fwd", {&x, &y});
@@ -380,35 +378,22 @@ class CudaBackend final : public Backend {
                       off, stream_);
   }
 
-  // k, v [B / r, S, D] for q [B, S, D]: r query batches per key/value batch (GQA; 1 for B = 0).
-  static int64_t kv_group(const Tensor& q, const Tensor& k) { return k.dim(0) ? q.dim(0) / k.dim(0) : 1; }
   void copy_rows_impl(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows) override {
-    const size_t es = src.element_size(), run = static_cast<size_t>(rows * src.dim(2)) * es;
-    if (run == 0) return;
-    const char* s = static_cast<const char*>(src.data());
-    char* d = static_cast<char*>(dst.data());
-    for (int64_t o = 0; o < src.dim(0); ++o)  // one run of rows x W elements per outer index
-      CUDA_CHECK(cudaMemcpyAsync(d + static_cast<size_t>((o * dst.dim(1) + dst_row) * dst.dim(2)) * es,
-                                 s + static_cast<size_t>((o * src.dim(1) + src_row) * src.dim(2)) * es, run,
-                                 cudaMemcpyDeviceToDevice, stream_));
+    const int64_t row_bytes = src.dim(2) * static_cast<int64_t>(src.element_size());
+    cuda::copy_rows(src.data(), src.dim(1), src_row, dst.data(), dst.dim(1), dst_row, rows, src.dim(0), row_bytes,
+                    stream_);
   }
 
-  // Context parallelism's row placement is not in the cuda kernels yet: refused in one line.
-  static void square_only(const char* op, const SeqPositions& rows, int64_t n) {
-    if (!rows.is_identity(n))
-      throw InvalidArgument(std::string(op) + ": rows placed in a longer sequence (context parallelism) are not "
-                            "supported by the cuda kernels yet");
-  }
-  static void square_only(const char* op, const AttentionRows& rows) {
-    if (rows.total > 0)
-      throw InvalidArgument(std::string(op) + ": rows placed in a longer sequence (context parallelism) are not "
-                            "supported by the cuda kernels yet");
+  // k, v [B / r, Sk, D] for q [B, S, D]: r query batches per key/value batch (GQA; 1 for B = 0).
+  static cuda::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const AttentionRows& rows) {
+    return cuda::AttentionShape{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(0) ? q.dim(0) / k.dim(0) : 1, rows};
   }
 
-  void rope(const char* op, const Tensor& x, double theta, int64_t rotary_dim, bool inverse, const Tensor& y) {
+  void rope(const char* op, const Tensor& x, double theta, int64_t rotary_dim, bool inverse, const Tensor& y,
+            const SeqPositions& positions) {
     const DType dt = one_dtype(op, {&x, &y});
     const int64_t D = x.dim(3);  // >= rotary_dim >= 2 (the contract)
-    cuda::rope(dt, x.data(), y.data(), x.numel() / D, x.dim(2), D, rotary_dim, theta, inverse, stream_);
+    cuda::rope(dt, x.data(), y.data(), x.numel() / D, x.dim(2), D, rotary_dim, theta, inverse, positions, stream_);
   }
 
   int device_;

@@ -22,27 +22,42 @@ void layernorm_bwd(DType dt, const void* dy, const void* x, const void* weight, 
                    void* dx, void* dweight, void* dbias, float* workspace, int64_t rows, int64_t cols,
                    cudaStream_t stream);
 
-// ---- softmax.cu: rows of length `cols`; row r is query position r % cols ------------------
-void softmax_causal_fwd(DType dt, const void* scores, void* probs, int64_t rows, int64_t cols, cudaStream_t stream);
-void softmax_causal_bwd(DType dt, const void* dprobs, const void* probs, void* dscores, int64_t rows, int64_t cols,
-                        cudaStream_t stream);
+// ---- softmax.cu: rows of length `cols`, in matrices of `matrix_rows` rows; row r of the
+// scores is row r % matrix_rows of its matrix, at position positions.at(r % matrix_rows) < cols,
+// and sees the columns up to its position (the square [..., S, S]: matrix_rows = cols, the
+// identity positions).
+void softmax_causal_fwd(DType dt, const void* scores, void* probs, int64_t rows, int64_t matrix_rows, int64_t cols,
+                        const SeqPositions& positions, cudaStream_t stream);
+void softmax_causal_bwd(DType dt, const void* dprobs, const void* probs, void* dscores, int64_t rows,
+                        int64_t matrix_rows, int64_t cols, const SeqPositions& positions, cudaStream_t stream);
 
 // ---- dropout.cu ------------------------------------------------------------------------
 void dropout_fwd(DType dt, const void* x, const DropoutSpec& spec, void* y, uint8_t* mask, cudaStream_t stream);
 void dropout_bwd(DType dt, const void* dy, const uint8_t* mask, float scale, void* dx, int64_t n, cudaStream_t stream);
 
 // ---- attention.cu: fused causal attention (FlashAttention-2 style) ----------------------
-// q, k, v, out, dout, dq, dk, dv [B, S, D] with D <= kAttentionMaxHeadDim (InvalidArgument
-// otherwise); lse [B, S] fp32. Dropout keeps element (b, i, j) iff spec.keep((b*S + i)*S + j),
-// regenerated in every kernel. attention_bwd needs an fp32 workspace `delta` of B*S floats.
-// Grouped-query attention: k, v, dk, dv hold B / group batches; query batch i reads key/value
-// batch i / group, and dk, dv sum over the group's query batches.
+// q, out, dout, dq [B, S, D], k, v, dk, dv [B / group, Sk, D] with D <= kAttentionMaxHeadDim
+// (InvalidArgument otherwise); lse [B, S] fp32. rows places the query and key rows in one
+// sequence of rows.total positions (total 0: the square causal attention, Sk = S, T = S): key j
+// is visible from query i when keys.at(j) <= queries.at(i), and dropout keeps element (b, i, j)
+// iff spec.keep((b*T + queries.at(i))*T + keys.at(j)), regenerated in every kernel. A row that
+// sees no key gets out 0 and lse -inf, and contributes nothing in backward. attention_bwd
+// needs an fp32 workspace `delta` of B*S floats. Grouped-query attention: query batch i reads
+// key/value batch i / group, and dk, dv sum over the group's query batches.
 constexpr int64_t kAttentionMaxHeadDim = 128;
+struct AttentionShape {
+  int64_t B = 0, S = 0, Sk = 0, D = 0, group = 1;
+  AttentionRows rows;
+};
 void attention_fwd(DType dt, const void* q, const void* k, const void* v, float scale, const DropoutSpec& spec,
-                   void* out, float* lse, int64_t B, int64_t S, int64_t D, cudaStream_t stream, int64_t group = 1);
+                   void* out, float* lse, const AttentionShape& shape, cudaStream_t stream);
 void attention_bwd(DType dt, const void* q, const void* k, const void* v, const void* out, const void* dout,
                    const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* delta,
-                   int64_t B, int64_t S, int64_t D, cudaStream_t stream, int64_t group = 1);
+                   const AttentionShape& shape, cudaStream_t stream);
+// out, out_part [rows, D], lse, lse_part [rows] fp32: out and lse become those of both parts
+// (Backend::attention_merge); fp32 math.
+void attention_merge(DType dt, void* out, float* lse, const void* out_part, const float* lse_part, int64_t rows,
+                     int64_t D, cudaStream_t stream);
 
 // ---- activation.cu: GeLU (tanh) and squared ReLU over n elements -------------------
 void gelu_fwd(DType dt, const void* x, void* y, int64_t n, cudaStream_t stream);
@@ -70,9 +85,9 @@ int64_t rmsnorm_bwd_workspace_floats(int64_t rows, int64_t cols);
 void rmsnorm_bwd(DType dt, const void* dy, const void* x, const void* weight, const float* rstd, void* dx,
                  void* dweight, float* workspace, int64_t rows, int64_t cols, cudaStream_t stream);
 // Rotate-half RoPE on the first rotary_dim (even, <= D) dims of rows of x [rows, D], row r at
-// position r % S; the other dims are copied; inverse: the backward. y may be x.
+// position positions.at(r % S); the other dims are copied; inverse: the backward. y may be x.
 void rope(DType dt, const void* x, void* y, int64_t rows, int64_t S, int64_t D, int64_t rotary_dim, double theta,
-          bool inverse, cudaStream_t stream);
+          bool inverse, const SeqPositions& positions, cudaStream_t stream);
 // x [M, 2N] = [gate | up], y [M, N] = silu(gate) * up; dx [M, 2N].
 void swiglu_fwd(DType dt, const void* x, void* y, int64_t M, int64_t N, cudaStream_t stream);
 void swiglu_bwd(DType dt, const void* dy, const void* x, void* dx, int64_t M, int64_t N, cudaStream_t stream);
@@ -85,5 +100,9 @@ void split_heads(DType dt, const void* sbw, void* heads, int64_t S, int64_t B, i
                  int64_t col_offset, cudaStream_t stream);
 void merge_heads(DType dt, const void* heads, void* sbw, int64_t S, int64_t B, int64_t W, int64_t NH, int64_t D,
                  int64_t col_offset, cudaStream_t stream);
+// Backend::copy_rows as raw bytes: for o < outer, rows x row_bytes bytes from row src_row of
+// src's block o (src_rows rows of row_bytes) to row dst_row of dst's block o (dst_rows rows).
+void copy_rows(const void* src, int64_t src_rows, int64_t src_row, void* dst, int64_t dst_rows, int64_t dst_row,
+               int64_t rows, int64_t outer, int64_t row_bytes, cudaStream_t stream);
 
 }  // namespace actbench::cuda

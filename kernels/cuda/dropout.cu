@@ -1,10 +1,10 @@
 // Dropout: y = keep ? x / (1 - p) : 0 with the Philox mask of the CPU reference (u8, 1 = kept).
 // Each thread owns a pack of consecutive elements (packs.cuh): with 16-byte packs (8 bf16/fp16
-// or 4 fp32; spec.inner a multiple of the pack, 16-byte aligned tensors) a pack is one 16-byte
+// or 4 fp32; spec.inner and its runs of positions multiples of the pack, 16-byte aligned tensors) a pack is one 16-byte
 // load of x, one 16-byte store of y and one 8- or 4-byte store of the mask, and its Philox
 // words come from one call per 4 elements at a canonical index the thread carries from pack
 // to pack (dropout_common.cuh), so the loop divides nothing. Other shapes take narrow packs of
-// 4 (inner % 4 == 0) or 1 element.
+// 4 (dropout_groups_of(spec, 4)) or 1 element.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/dropout_common.cuh"
@@ -56,9 +56,9 @@ void launch_fwd(const T* x, const DropoutSpec& spec, T* y, uint8_t* mask, cudaSt
 template <class T>
 void fwd(const T* x, const DropoutSpec& spec, T* y, uint8_t* mask, cudaStream_t stream) {
   constexpr int kW = kPack<T>;
-  if (spec.inner % kW == 0 && aligned_to(x, 16) && aligned_to(y, 16) && aligned_to(mask, kW))
+  if (dropout_groups_of(spec, kW) && aligned_to(x, 16) && aligned_to(y, 16) && aligned_to(mask, kW))
     launch_fwd<T, kW, true>(x, spec, y, mask, stream);
-  else if (spec.inner % 4 == 0)
+  else if (dropout_groups_of(spec, 4))
     launch_fwd<T, 4, false>(x, spec, y, mask, stream);
   else
     launch_fwd<T, 1, false>(x, spec, y, mask, stream);

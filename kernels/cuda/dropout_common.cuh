@@ -5,10 +5,11 @@
 //   - DropoutCursor (dropout_cursor.hpp) walks the local index in the spec's own digits and
 //     adds a fixed step with carries, so a grid-stride or row-stride loop knows each group's
 //     canonical index; the 64-bit divisions happen once per thread, where it starts.
-//   - A thread owns kN = 1, 4 or 8 consecutive elements. When spec.inner % kN == 0 and the
-//     first local index is a multiple of kN, they are kN consecutive canonical indices from a
-//     multiple of kN (the canonical index is a multiple of inner plus i % inner), so one
-//     Philox call serves each 4 of them (philox_groups.hpp).
+//   - A thread owns kN = 1, 4 or 8 consecutive elements. When dropout_groups_of(spec, kN)
+//     (dropout_cursor.hpp: inner, inner_canonical and the inner runs of positions are multiples
+//     of kN) and the first local index is a multiple of kN, they are kN consecutive canonical
+//     indices from a multiple of kN, so one Philox call serves each 4 of them
+//     (philox_groups.hpp).
 #include "kernels/backend.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/dropout_cursor.hpp"
@@ -39,7 +40,7 @@ __device__ __forceinline__ void dropout_keep(const DropoutSpec& spec, uint32_t t
 }
 
 // Calls op(i, keep) for every group of kN consecutive local elements i .. i + kN - 1
-// (grid-stride; n is a multiple of kN and spec.inner of kN when kN > 1). The cursor starts at
+// (grid-stride; n is a multiple of kN and dropout_groups_of(spec, kN) when kN > 1). The cursor starts at
 // the thread's first group and steps by the grid's kN * threads, so the loop divides nothing.
 template <int kN, class Op>
 __device__ __forceinline__ void dropout_for_each(const DropoutSpec& spec, uint32_t threshold, int64_t n, Op op) {

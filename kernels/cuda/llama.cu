@@ -188,7 +188,7 @@ __global__ void rmsnorm_bwd_dx_long_kernel(const T* dy, const T* __restrict__ x,
   }
 }
 
-// x [rows, D], row r at position r % S: pairs (i, i + R/2) of the first R = rotary_dim dims
+// x [rows, D], row r at position positions.at(r % S): pairs (i, i + R/2) of the first R = rotary_dim dims
 // rotated by sign * p * theta^(-2i/R). The angle and its sine/cosine in double, like the cpu
 // reference (positions reach 10^5 and more). A thread takes a pack of VEC pairs (16 bytes of the
 // low half and 16 of the high half) or, past the R/2 / VEC pair packs, a pack of dims
@@ -198,12 +198,12 @@ __global__ void rmsnorm_bwd_dx_long_kernel(const T* dy, const T* __restrict__ x,
 // y may be x: a thread reads both halves of its pairs before writing them.
 template <class T, int VEC>
 __global__ void rope_kernel(const T* x, T* y, int64_t rows, int64_t S, int64_t D, int64_t R, int64_t passed,
-                            double theta, double sign) {
+                            double theta, double sign, SeqPositions positions) {
   const int64_t half = R / 2;
   const int pair_packs = static_cast<int>(half / VEC), per_row = pair_packs + static_cast<int>(passed / VEC);
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const double pos = static_cast<double>(r % S);  // once per row
+    const double pos = static_cast<double>(positions.at(r % S));  // once per row
     const T* xr = x + r * D;
     T* yr = y + r * D;
     for (int i = static_cast<int>(threadIdx.x); i < per_row; i += static_cast<int>(blockDim.x)) {
@@ -367,7 +367,7 @@ void rmsnorm_bwd(DType dt, const void* dy, const void* x, const void* weight, co
 }
 
 void rope(DType dt, const void* x, void* y, int64_t rows, int64_t S, int64_t D, int64_t rotary_dim, double theta,
-          bool inverse, cudaStream_t stream) {
+          bool inverse, const SeqPositions& positions, cudaStream_t stream) {
   if (rows == 0 || rotary_dim == 0) return;
   const int64_t passed = x == y ? 0 : D - rotary_dim, half = rotary_dim / 2;
   if (half + passed > (int64_t{1} << 30)) throw InvalidArgument("rope: head size too large");
@@ -379,11 +379,11 @@ void rope(DType dt, const void* x, void* y, int64_t rows, int64_t S, int64_t D, 
     if (half % kVec == 0 && passed % kVec == 0 && D % kVec == 0 && pack::aligned16(x) && pack::aligned16(y)) {
       const dim3 block = rows_block((half + passed) / kVec);
       rope_kernel<T, kVec><<<rows_grid(rows, block), block, 0, stream>>>(xt, yt, rows, S, D, rotary_dim, passed,
-                                                                          theta, sign);
+                                                                          theta, sign, positions);
     } else {
       const dim3 block = rows_block(half + passed);
       rope_kernel<T, 1><<<rows_grid(rows, block), block, 0, stream>>>(xt, yt, rows, S, D, rotary_dim, passed, theta,
-                                                                       sign);
+                                                                       sign, positions);
     }
     CUDA_CHECK_LAUNCH();
   });

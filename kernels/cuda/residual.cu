@@ -138,8 +138,9 @@ void launch_bias_dropout_residual(const T* x, const T* bias, const T* residual, 
   CUDA_CHECK_LAUNCH();
 }
 
-// The widest pack the shape and the pointers allow: 16 bytes when cols and spec.inner are
-// multiples of it (a pack stays in one row and one Philox-aligned run of canonical indices);
+// The widest pack the shape and the pointers allow: 16 bytes when cols and the spec's inner
+// runs are multiples of it (a pack stays in one row and one Philox-aligned run of canonical
+// indices: dropout_groups_of);
 // else 4 elements (Philox groups, element accesses) or 1.
 template <class T, bool kBias>
 void bias_dropout_residual(const T* x, const T* bias, const T* residual, const DropoutSpec& spec, T* out,
@@ -147,9 +148,9 @@ void bias_dropout_residual(const T* x, const T* bias, const T* residual, const D
   constexpr int kW = kPack<T>;
   const bool aligned = aligned_to(x, 16) && aligned_to(residual, 16) && aligned_to(out, 16) &&
                        aligned_to(mask, kW) && (!kBias || aligned_to(bias, 16));
-  if (cols % kW == 0 && spec.inner % kW == 0 && aligned)
+  if (cols % kW == 0 && dropout_groups_of(spec, kW) && aligned)
     launch_bias_dropout_residual<T, kW, true, kBias>(x, bias, residual, spec, out, mask, rows, cols, stream);
-  else if (cols % 4 == 0 && spec.inner % 4 == 0)
+  else if (cols % 4 == 0 && dropout_groups_of(spec, 4))
     launch_bias_dropout_residual<T, 4, false, kBias>(x, bias, residual, spec, out, mask, rows, cols, stream);
   else
     launch_bias_dropout_residual<T, 1, false, kBias>(x, bias, residual, spec, out, mask, rows, cols, stream);

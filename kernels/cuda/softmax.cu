@@ -1,5 +1,7 @@
-// Causal softmax over rows of [batch, S, S]: row r is query position i = r % S and sees
-// columns 0..i; columns above the diagonal are never read and are written as exact zeros.
+// Causal softmax over rows of [batch, R, C]: row r is row r % R of its matrix, at position
+// i = positions.at(r % R) < C (the square [batch, S, S]: R = C, row r % S at its own index), and
+// sees columns 0..i (its "diagonal" below); the columns after it are never read and are
+// written as exact zeros.
 // No scaling inside (the scores GEMM applies 1/sqrt(d)). One block per row:
 //   S <= 256 * 32: the row's elements stay in registers (one read, one write);
 //   longer rows:   an online max/sum pass, then a normalising pass (any S).
@@ -8,7 +10,7 @@
 // writes 512 contiguous bytes per request; single elements otherwise. A pack that holds the
 // diagonal is read whole (at most 14 bytes past it) and its columns past the diagonal are
 // masked in registers; packs entirely past it are not read. The row's 1 / sum is taken once
-// and multiplied, not divided per element; i = r % S is taken once per row.
+// and multiplied, not divided per element; its position is taken once per row.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/online_softmax.hpp"
@@ -21,14 +23,21 @@ constexpr int kThreads = 256;
 constexpr int kMaxFloats = 32;  // register-cached rows up to kThreads * kMaxFloats columns
 constexpr int kLongThreads = 512;
 
+// Where a row's visible columns end: row r is row r % matrix_rows of its matrix.
+struct CausalPlace {
+  int64_t matrix_rows = 0;
+  SeqPositions positions;
+  __device__ __forceinline__ int64_t diagonal(int64_t r) const { return positions.at(r % matrix_rows); }
+};
+
 // kItems packs of kN elements per thread: pack k of thread t starts at column (t + k * kThreads) * kN.
 template <class T, int kN, int kItems>
 __global__ void __launch_bounds__(kThreads)
-    softmax_fwd_cached(const T* __restrict__ in, T* __restrict__ out, int64_t rows, int64_t cols) {
+    softmax_fwd_cached(const T* __restrict__ in, T* __restrict__ out, int64_t rows, int64_t cols, CausalPlace place) {
   constexpr bool kWide = kN > 1;
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int diag = static_cast<int>(r % cols);  // cols <= 8192: 32-bit columns
+    const int diag = static_cast<int>(place.diagonal(r));  // < cols <= 8192: 32-bit columns
     const T* row_in = in + r * cols;
     T* row_out = out + r * cols;
     float v[kItems][kN];
@@ -74,12 +83,12 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class T, int kN>
 __global__ void __launch_bounds__(kLongThreads)
-    softmax_fwd_long(const T* __restrict__ in, T* __restrict__ out, int64_t rows, int64_t cols) {
+    softmax_fwd_long(const T* __restrict__ in, T* __restrict__ out, int64_t rows, int64_t cols, CausalPlace place) {
   constexpr bool kWide = kN > 1;
   __shared__ float scratch[32];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kN;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t diag = r % cols;
+    const int64_t diag = place.diagonal(r);
     const T* row_in = in + r * cols;
     T* row_out = out + r * cols;
     // Online: s is the sum of exp(x - m) over this thread's columns for its running max m.
@@ -109,11 +118,11 @@ __global__ void __launch_bounds__(kLongThreads)
 template <class T, int kN, int kItems>
 __global__ void __launch_bounds__(kThreads)
     softmax_bwd_cached(const T* __restrict__ dprobs, const T* __restrict__ probs, T* __restrict__ dscores,
-                       int64_t rows, int64_t cols) {
+                       int64_t rows, int64_t cols, CausalPlace place) {
   constexpr bool kWide = kN > 1;
   __shared__ float scratch[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int diag = static_cast<int>(r % cols);  // cols <= 8192: 32-bit columns
+    const int diag = static_cast<int>(place.diagonal(r));  // < cols <= 8192: 32-bit columns
     const int64_t base = r * cols;
     float p[kItems][kN], dp[kItems][kN];
     float dot = 0.f;
@@ -150,12 +159,12 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int kN>
 __global__ void __launch_bounds__(kLongThreads)
     softmax_bwd_long(const T* __restrict__ dprobs, const T* __restrict__ probs, T* __restrict__ dscores,
-                     int64_t rows, int64_t cols) {
+                     int64_t rows, int64_t cols, CausalPlace place) {
   constexpr bool kWide = kN > 1;
   __shared__ float scratch[32];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kN;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t diag = r % cols;
+    const int64_t diag = place.diagonal(r);
     const int64_t base = r * cols;
     float dot = 0.f;
     for (int64_t j0 = threadIdx.x * kN; j0 <= diag; j0 += stride) {
@@ -191,70 +200,77 @@ int cached_items(int64_t packs, int max_items) {
 // Launches the cached kernel of `items` packs per thread (a power of two with items * kN <=
 // kMaxFloats), trying kItems = 1, 2, 4, ...
 template <class T, int kN, int kItems = 1>
-void fwd_cached(int items, const T* in, T* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+void fwd_cached(int items, const T* in, T* out, int64_t rows, int64_t cols, const CausalPlace& place,
+                cudaStream_t stream) {
   if constexpr (kItems * kN <= kMaxFloats) {
-    if (items != kItems) return fwd_cached<T, kN, kItems * 2>(items, in, out, rows, cols, stream);
-    softmax_fwd_cached<T, kN, kItems><<<row_blocks(rows), kThreads, 0, stream>>>(in, out, rows, cols);
+    if (items != kItems) return fwd_cached<T, kN, kItems * 2>(items, in, out, rows, cols, place, stream);
+    softmax_fwd_cached<T, kN, kItems><<<row_blocks(rows), kThreads, 0, stream>>>(in, out, rows, cols, place);
   }
 }
 
 template <class T, int kN, int kItems = 1>
 void bwd_cached(int items, const T* dprobs, const T* probs, T* dscores, int64_t rows, int64_t cols,
-                cudaStream_t stream) {
+                const CausalPlace& place, cudaStream_t stream) {
   if constexpr (kItems * kN <= kMaxFloats) {
-    if (items != kItems) return bwd_cached<T, kN, kItems * 2>(items, dprobs, probs, dscores, rows, cols, stream);
-    softmax_bwd_cached<T, kN, kItems><<<row_blocks(rows), kThreads, 0, stream>>>(dprobs, probs, dscores, rows, cols);
+    if (items != kItems) return bwd_cached<T, kN, kItems * 2>(items, dprobs, probs, dscores, rows, cols, place, stream);
+    softmax_bwd_cached<T, kN, kItems><<<row_blocks(rows), kThreads, 0, stream>>>(dprobs, probs, dscores, rows, cols,
+                                                                                 place);
   }
 }
 
 template <class T, int kN>
-void fwd_packs(const T* in, T* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+void fwd_packs(const T* in, T* out, int64_t rows, int64_t cols, const CausalPlace& place, cudaStream_t stream) {
   if (const int items = cached_items(cols / kN, kMaxFloats / kN))
-    fwd_cached<T, kN>(items, in, out, rows, cols, stream);
+    fwd_cached<T, kN>(items, in, out, rows, cols, place, stream);
   else
-    softmax_fwd_long<T, kN><<<row_blocks(rows), kLongThreads, 0, stream>>>(in, out, rows, cols);
+    softmax_fwd_long<T, kN><<<row_blocks(rows), kLongThreads, 0, stream>>>(in, out, rows, cols, place);
   CUDA_CHECK_LAUNCH();
 }
 
 template <class T, int kN>
-void bwd_packs(const T* dprobs, const T* probs, T* dscores, int64_t rows, int64_t cols, cudaStream_t stream) {
+void bwd_packs(const T* dprobs, const T* probs, T* dscores, int64_t rows, int64_t cols, const CausalPlace& place,
+               cudaStream_t stream) {
   if (const int items = cached_items(cols / kN, kMaxFloats / kN))
-    bwd_cached<T, kN>(items, dprobs, probs, dscores, rows, cols, stream);
+    bwd_cached<T, kN>(items, dprobs, probs, dscores, rows, cols, place, stream);
   else
-    softmax_bwd_long<T, kN><<<row_blocks(rows), kLongThreads, 0, stream>>>(dprobs, probs, dscores, rows, cols);
+    softmax_bwd_long<T, kN><<<row_blocks(rows), kLongThreads, 0, stream>>>(dprobs, probs, dscores, rows, cols, place);
   CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
-void fwd(const T* in, T* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+void fwd(const T* in, T* out, int64_t rows, int64_t cols, const CausalPlace& place, cudaStream_t stream) {
   if (cols % kPack<T> == 0 && aligned_to(in, 16) && aligned_to(out, 16))
-    fwd_packs<T, kPack<T>>(in, out, rows, cols, stream);
+    fwd_packs<T, kPack<T>>(in, out, rows, cols, place, stream);
   else
-    fwd_packs<T, 1>(in, out, rows, cols, stream);
+    fwd_packs<T, 1>(in, out, rows, cols, place, stream);
 }
 
 template <class T>
-void bwd(const T* dprobs, const T* probs, T* dscores, int64_t rows, int64_t cols, cudaStream_t stream) {
+void bwd(const T* dprobs, const T* probs, T* dscores, int64_t rows, int64_t cols, const CausalPlace& place,
+         cudaStream_t stream) {
   if (cols % kPack<T> == 0 && aligned_to(dprobs, 16) && aligned_to(probs, 16) && aligned_to(dscores, 16))
-    bwd_packs<T, kPack<T>>(dprobs, probs, dscores, rows, cols, stream);
+    bwd_packs<T, kPack<T>>(dprobs, probs, dscores, rows, cols, place, stream);
   else
-    bwd_packs<T, 1>(dprobs, probs, dscores, rows, cols, stream);
+    bwd_packs<T, 1>(dprobs, probs, dscores, rows, cols, place, stream);
 }
 
 }  // namespace
 
-void softmax_causal_fwd(DType dt, const void* scores, void* probs, int64_t rows, int64_t cols, cudaStream_t stream) {
+void softmax_causal_fwd(DType dt, const void* scores, void* probs, int64_t rows, int64_t matrix_rows, int64_t cols,
+                        const SeqPositions& positions, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
+  const CausalPlace place{matrix_rows, positions};
   ACTBENCH_DISPATCH_FLOAT(dt, "softmax_causal_fwd", T,
-                          fwd<T>(static_cast<const T*>(scores), static_cast<T*>(probs), rows, cols, stream));
+                          fwd<T>(static_cast<const T*>(scores), static_cast<T*>(probs), rows, cols, place, stream));
 }
 
-void softmax_causal_bwd(DType dt, const void* dprobs, const void* probs, void* dscores, int64_t rows, int64_t cols,
-                        cudaStream_t stream) {
+void softmax_causal_bwd(DType dt, const void* dprobs, const void* probs, void* dscores, int64_t rows,
+                        int64_t matrix_rows, int64_t cols, const SeqPositions& positions, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
+  const CausalPlace place{matrix_rows, positions};
   ACTBENCH_DISPATCH_FLOAT(dt, "softmax_causal_bwd", T,
                           bwd<T>(static_cast<const T*>(dprobs), static_cast<const T*>(probs),
-                                 static_cast<T*>(dscores), rows, cols, stream));
+                                 static_cast<T*>(dscores), rows, cols, place, stream));
 }
 
 }  // namespace actbench::cuda

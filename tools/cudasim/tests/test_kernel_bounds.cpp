@@ -176,7 +176,7 @@ TEST_F(KernelBounds, SoftmaxFwd) {
   // reads the scores on and below the diagonal, writes every probability (zeros above)
   const uint64_t min = kLowerTriangle * kBf16 + uint64_t(kScoreRows * kScoreCols) * kBf16;
   expect_bounded("softmax fwd", min, [&] {
-    cuda::softmax_causal_fwd(DType::bf16, scores.p, probs.p, kScoreRows, kScoreCols, nullptr);
+    cuda::softmax_causal_fwd(DType::bf16, scores.p, probs.p, kScoreRows, kScoreRows, kScoreCols, {}, nullptr);
   });
 }
 
@@ -185,7 +185,8 @@ TEST_F(KernelBounds, SoftmaxBwd) {
       dscores(kScoreRows * kScoreCols * kBf16);
   const uint64_t min = 2 * kLowerTriangle * kBf16 + uint64_t(kScoreRows * kScoreCols) * kBf16;
   expect_bounded("softmax bwd", min, [&] {
-    cuda::softmax_causal_bwd(DType::bf16, dprobs.p, probs.p, dscores.p, kScoreRows, kScoreCols, nullptr);
+    cuda::softmax_causal_bwd(DType::bf16, dprobs.p, probs.p, dscores.p, kScoreRows, kScoreRows, kScoreCols, {},
+                             nullptr);
   });
 }
 
@@ -227,6 +228,32 @@ TEST_F(KernelBounds, MergeHeads) {
   expect_bounded("merge heads", uint64_t(n) * 2 * kBf16, [&] {
     cuda::merge_heads(DType::bf16, heads.p, context.p, kLayoutSeq, kBatch, width, kHeadsPerRank, kHeadDim, 0,
                       nullptr);
+  });
+}
+
+// ---- context parallelism: sequence chunks, merged partial attentions ---------------------------
+
+// One sequence chunk of k heads [b*a/t, c, d] (c = s/4: C = 2 ranks, 2C chunks) moved into
+// the whole sequence's [b*a/t, s, d] (the all-gather's reordering).
+TEST_F(KernelBounds, CopyRows) {
+  const int64_t outer = kBatch * kHeadsPerRank, chunk = kSeq / 4, local = 2 * chunk;
+  const uint64_t n = uint64_t(outer) * chunk * kHeadDim;
+  Dev src(outer * local * kHeadDim * kBf16), dst(outer * kSeq * kHeadDim * kBf16);
+  expect_bounded("copy rows (sequence chunk)", n * 2 * kBf16, [&] {
+    cuda::copy_rows(src.p, local, chunk, dst.p, kSeq, 3 * chunk, chunk, outer, kHeadDim * int64_t{kBf16}, nullptr);
+  });
+}
+
+// A ring step's partial attention merged into the running one: out, out_part [b*a/t, rows, d]
+// and their fp32 lse, kRows query rows of each head.
+TEST_F(KernelBounds, AttentionMerge) {
+  const int64_t rows = kBatch * kHeadsPerRank * kRows;
+  const uint64_t n = uint64_t(rows) * kHeadDim;
+  Dev out(n * kBf16), part(n * kBf16), lse(rows * 4), lse_part(rows * 4);
+  // out, out_part, lse, lse_part read; out, lse written
+  expect_bounded("attention merge", 3 * n * kBf16 + 3 * uint64_t(rows) * 4, [&] {
+    cuda::attention_merge(DType::bf16, out.p, lse.as<float>(), part.p, lse_part.as<float>(), rows, kHeadDim,
+                          nullptr);
   });
 }
 
@@ -325,7 +352,7 @@ TEST_F(KernelBounds, Rope) {
   Dev x(rows * kLlamaHeadDim * kBf16), y(rows * kLlamaHeadDim * kBf16);
   for (bool inverse : {false, true})
     expect_bounded(inverse ? "rope inverse" : "rope", uint64_t(rows) * kLlamaHeadDim * 2 * kBf16, [&] {
-      cuda::rope(DType::bf16, x.p, y.p, rows, kRows, kLlamaHeadDim, kLlamaHeadDim, 500000.0, inverse, nullptr);
+      cuda::rope(DType::bf16, x.p, y.p, rows, kRows, kLlamaHeadDim, kLlamaHeadDim, 500000.0, inverse, {}, nullptr);
     });
 }
 

@@ -2,9 +2,11 @@
 // the cpu backend's own ops, every kernel family, on shapes that are not powers of two, in
 // fp32, bf16 and fp16. Inputs are bit-identical on both sides (the cpu tensor's storage is
 // copied to the simulated device); outputs start as NaN on the device (fresh cudaMalloc
-// memory is poisoned), so an element a kernel forgets to write fails. Dropout masks and the
-// head layout compare bit for bit. Any simulator report (race, deadlock, divergence, bad
-// shuffle, out-of-bounds, canary, unwritten shared memory) fails the test.
+// memory is poisoned), so an element a kernel forgets to write fails. Dropout masks, the head
+// layout and copy_rows compare bit for bit. Context parallelism's rows placed in a longer
+// sequence (two chunks of it per rank) run through every op that takes them. Any simulator
+// report (race, deadlock, divergence, bad shuffle, out-of-bounds, canary, unwritten shared
+// memory) fails the test.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -36,6 +38,20 @@ Tol tol_for(DType dt) {
     case DType::fp16: return {2e-3, 2e-3};
     default: return {1e-2, 1e-2};
   }
+}
+
+// Rank i of C holds chunks i and 2C-1-i of c rows each (context parallelism's placement).
+SeqPositions rank_positions(int64_t c, int64_t C, int64_t i) {
+  return SeqPositions::chunks(c, i * c, (2 * C - 1 - i) * c);
+}
+
+// Rank i's rows of [mid_local, T, T] probabilities (heads 1.. of mid_local + 1): its [2c, T]
+// rows of each head are two runs of the head's T * T elements.
+DropoutSpec rank_rows_spec(float p, int64_t mid_local, int64_t c, int64_t C, int64_t i, int64_t T) {
+  DropoutSpec spec = make_spec(p, 1, mid_local, mid_local + 1, 1, 2 * c * T, kSiteAttnProbs);
+  spec.inner_global = T * T;
+  spec.inner_positions = SeqPositions::chunks(c * T, i * c * T, (2 * C - 1 - i) * c * T);
+  return spec;
 }
 
 #define SIM_CHECK(call) ASSERT_EQ((call), cudaSuccess) << #call
@@ -133,7 +149,8 @@ class SimKernels : public ::testing::TestWithParam<DType> {
     double worst = -1;
     for (size_t i = 0; i < g.size(); ++i) {
       const double ref = c[i], got = g[i];
-      const double err = std::fabs(got - ref), bound = tol.atol + tol.rtol * std::fabs(ref);
+      // equal values are exact, infinities included (lse -inf of a row that sees no key)
+      const double err = got == ref ? 0.0 : std::fabs(got - ref), bound = tol.atol + tol.rtol * std::fabs(ref);
       const double ratio = std::isnan(err) ? INFINITY : (err == 0 ? 0 : (bound > 0 ? err / bound : INFINITY));
       if (ratio > worst) {
         worst = ratio;
@@ -217,15 +234,44 @@ TEST_P(SimKernels, CausalSoftmaxForwardBackward) {
       for (int64_t r : k.rows) expect_close(t, tol_for(dt()), op + " " + what + " row " + std::to_string(r), r * s, (r + 1) * s);
     };
     Both scores = random({batch, s, s}, dt(), -4.f, 4.f), probs = output({batch, s, s}, dt());
-    cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), batch * s, s, nullptr);
+    cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), batch * s, s, s, {}, nullptr);
     cpu_->softmax_causal_fwd(scores.c, probs.c);
     compare(probs, "softmax fwd");
     Both probs_ref = with_values({batch, s, s}, dt(), cpu_values(probs.c));
     Both dprobs = random({batch, s, s}, dt()), dscores = output({batch, s, s}, dt());
-    cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), batch * s, s, nullptr);
+    cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), batch * s, s, s, {}, nullptr);
     cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
     compare(dscores, "softmax bwd");
     cudasim::set_block_filter(nullptr);
+  }
+}
+
+TEST_P(SimKernels, CausalSoftmaxOfRowsPlacedInALongerSequence) {
+  // [B, R, C] scores of R rows placed in a sequence of C columns: a context-parallel rank's two
+  // chunks (c = 5, 10, 75 of T = 4c: element by element, 16-byte packs, two items a thread)
+  // and one run at an offset; row i sees the columns up to its position.
+  struct Case {
+    int64_t R, C;
+    SeqPositions rows;
+  };
+  const Case cases[] = {{10, 20, rank_positions(5, 2, 0)}, {10, 20, rank_positions(5, 2, 1)},
+                        {20, 40, rank_positions(10, 2, 1)}, {150, 300, rank_positions(75, 2, 0)},
+                        {7, 20, SeqPositions::run(13)}};
+  const int64_t batch = 2;
+  for (const Case& k : cases) {
+    const std::string what = name("[" + std::to_string(batch) + ", " + std::to_string(k.R) + ", " +
+                                  std::to_string(k.C) + "] from position " + std::to_string(k.rows.first));
+    const Shape shape = {batch, k.R, k.C};
+    Both scores = random(shape, dt(), -4.f, 4.f), probs = output(shape, dt());
+    cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), batch * k.R, k.R, k.C, k.rows, nullptr);
+    cpu_->softmax_causal_fwd(scores.c, probs.c, k.rows);
+    expect_close(probs, tol_for(dt()), "softmax fwd " + what);
+    Both probs_ref = with_values(shape, dt(), cpu_values(probs.c));
+    Both dprobs = random(shape, dt()), dscores = output(shape, dt());
+    cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), batch * k.R, k.R, k.C, k.rows,
+                             nullptr);
+    cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c, k.rows);
+    expect_close(dscores, tol_for(dt()), "softmax bwd " + what);
   }
 }
 
@@ -262,7 +308,7 @@ TEST_P(SimLongRows, CausalSoftmax) {
     fill(scores_c, 1, -4.f, 4.f);
     Both scores{scores_c, to_device(scores_c)};
     Both probs{cpu_->empty({1, s, s}, dt()), std::make_shared<DeviceBuffer>(scores_c.bytes())};
-    cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), s, s, nullptr);
+    cuda::softmax_causal_fwd(dt(), scores.dev(), probs.dev(), s, s, s, {}, nullptr);
     cpu_->softmax_causal_fwd(scores.c, probs.c);
     for (int64_t r : rows) expect_close(probs, tol_for(dt()), name("softmax fwd long row " + std::to_string(r)), r * s, (r + 1) * s);
     scores = Both{};
@@ -273,7 +319,7 @@ TEST_P(SimLongRows, CausalSoftmax) {
     Both probs_ref{probs.c, to_device(probs.c)};
     probs = Both{};
     Both dscores{cpu_->empty({1, s, s}, dt()), std::make_shared<DeviceBuffer>(dprobs_c.bytes())};
-    cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), s, s, nullptr);
+    cuda::softmax_causal_bwd(dt(), dprobs.dev(), probs_ref.dev(), dscores.dev(), s, s, s, {}, nullptr);
     cpu_->softmax_causal_bwd(dprobs.c, probs_ref.c, dscores.c);
     for (int64_t r : rows)
       expect_close(dscores, tol_for(dt()), name("softmax bwd long row " + std::to_string(r)), r * s, (r + 1) * s);
@@ -303,6 +349,46 @@ TEST_P(SimKernels, DropoutMasksBitwiseEqual) {
       cpu_->dropout_bwd(dy.c, mask.c, p, dx.c);
       expect_close(dx, tol_for(dt()), "dropout_bwd " + what);
     }
+}
+
+TEST_P(SimKernels, DropoutOfRowsPlacedInALongerSequence) {
+  // A rank's [2c, T] probability rows of 2 heads, whose inner elements are two runs of each
+  // head's T * T: the canonical index jumps at the split. c * T = 64: 16-byte packs (runs start
+  // at multiples of 8); 100: packs of 4 in bf16/fp16 (a run starts at 4 mod 8), 16-byte in fp32;
+  // 36: groups of four; 39: one word per element. Masks bit for bit, through dropout_fwd and
+  // bias + dropout + residual (rows of T columns: the cursor steps a row at a time across the
+  // split).
+  const std::pair<int64_t, int64_t> shapes[] = {{4, 16}, {5, 20}, {3, 12}, {3, 13}};
+  for (auto [c, T] : shapes)
+    for (int64_t rank : {0, 1})
+      for (float p : {0.1f, 0.5f}) {
+        const int64_t heads = 2, C = 2;
+        const DropoutSpec spec = rank_rows_spec(p, heads, c, C, rank, T);
+        const Shape shape = {heads, 2 * c, T};
+        const std::string what = name("c " + std::to_string(c) + " T " + std::to_string(T) + " rank " +
+                                      std::to_string(rank) + " p " + std::to_string(p));
+        Both x = random(shape, dt()), y = output(shape, dt()), mask = output(shape, DType::u8);
+        cuda::dropout_fwd(dt(), x.dev(), spec, y.dev(), mask.devu8(), nullptr);
+        cpu_->dropout_fwd(x.c, spec, y.c, mask.c);
+        expect_bits_equal(mask, "dropout mask " + what);
+        expect_close(y, tol_for(dt()), "dropout y " + what);
+
+        const int64_t rows = heads * 2 * c;
+        Both xr = random({rows, T}, dt()), bias = random({T}, dt()), res = random({rows, T}, dt());
+        Both out = output({rows, T}, dt()), mask_r = output({rows, T}, DType::u8);
+        cuda::bias_dropout_residual_fwd(dt(), xr.dev(), bias.dev(), res.dev(), spec, out.dev(), mask_r.devu8(), rows,
+                                        T, nullptr);
+        cpu_->bias_dropout_residual_fwd(xr.c, bias.c, res.c, spec, out.c, mask_r.c);
+        expect_bits_equal(mask_r, "bias_dropout_residual mask " + what);
+        expect_close(out, tol_for(dt()), "bias_dropout_residual out " + what);
+
+        Both out2 = output({rows, T}, dt()), mask2 = output({rows, T}, DType::u8);
+        cuda::bias_dropout_residual_fwd(dt(), xr.dev(), nullptr, res.dev(), spec, out2.dev(), mask2.devu8(), 1,
+                                        rows * T, nullptr);
+        cpu_->bias_dropout_residual_fwd(xr.c, Tensor(), res.c, spec, out2.c, mask2.c);
+        expect_bits_equal(mask2, "dropout_residual mask " + what);
+        expect_close(out2, tol_for(dt()), "dropout_residual out " + what);
+      }
 }
 
 // ---- GeLU ----------------------------------------------------------------------------------
@@ -447,13 +533,37 @@ TEST_P(SimKernels, RopeForwardAndInverse) {
     const Shape shape = {cs.B, cs.NH, cs.S, cs.D};
     const int64_t rows = cs.B * cs.NH * cs.S;
     Both x = random(shape, dt(), -2.f, 2.f), y = output(shape, dt());
-    cuda::rope(dt(), x.dev(), y.dev(), rows, cs.S, cs.D, cs.D, cs.theta, /*inverse=*/false, nullptr);
+    cuda::rope(dt(), x.dev(), y.dev(), rows, cs.S, cs.D, cs.D, cs.theta, /*inverse=*/false, {}, nullptr);
     cpu_->rope_fwd(x.c, cs.theta, cs.D, y.c);
     expect_close(y, tol_for(dt()), "rope_fwd " + what);
     // The inverse in place (dx = dy), as the backward runs it, on the same values on both sides.
     Both d = random(shape, dt(), -2.f, 2.f);
-    cuda::rope(dt(), d.dev(), d.dev(), rows, cs.S, cs.D, cs.D, cs.theta, /*inverse=*/true, nullptr);
+    cuda::rope(dt(), d.dev(), d.dev(), rows, cs.S, cs.D, cs.D, cs.theta, /*inverse=*/true, {}, nullptr);
     cpu_->rope_bwd(d.c, cs.theta, cs.D, d.c);
+    expect_close(d, tol_for(dt()), "rope_bwd in place " + what);
+  }
+}
+
+TEST_P(SimKernels, RopeOfRowsPlacedInALongerSequence) {
+  // A context-parallel rank's two chunks of 18 rows in a sequence of 2 * 2 * 18, and of 5 rows in
+  // one of 100000 positions (angles of 10^5 radians), the first 64 of 72 dims rotated.
+  struct Case {
+    int64_t c, C, rank, R;
+  };
+  const Case cases[] = {{18, 2, 1, 72}, {5, 10000, 3, 64}};
+  for (const Case& cs : cases) {
+    const int64_t B = 2, NH = 3, S = 2 * cs.c, D = 72;
+    const SeqPositions pos = rank_positions(cs.c, cs.C, cs.rank);
+    const std::string what = name("c=" + std::to_string(cs.c) + " C=" + std::to_string(cs.C) + " R=" +
+                                  std::to_string(cs.R));
+    const Shape shape = {B, NH, S, D};
+    Both x = random(shape, dt(), -2.f, 2.f), y = output(shape, dt());
+    cuda::rope(dt(), x.dev(), y.dev(), B * NH * S, S, D, cs.R, 500000.0, /*inverse=*/false, pos, nullptr);
+    cpu_->rope_fwd(x.c, 500000.0, cs.R, y.c, pos);
+    expect_close(y, tol_for(dt()), "rope_fwd " + what);
+    Both d = random(shape, dt(), -2.f, 2.f);
+    cuda::rope(dt(), d.dev(), d.dev(), B * NH * S, S, D, cs.R, 500000.0, /*inverse=*/true, pos, nullptr);
+    cpu_->rope_bwd(d.c, 500000.0, cs.R, d.c, pos);
     expect_close(d, tol_for(dt()), "rope_bwd in place " + what);
   }
 }
@@ -485,6 +595,36 @@ TEST_P(SimKernels, SplitAndMergeHeadsBitwise) {
   expect_bits_equal(dst, name("merge_heads"));
 }
 
+TEST_P(SimKernels, CopyRowsBitwise) {
+  // Runs of rows between [O, Rs, W] and [O, Rd, W]; the rows of dst outside the run keep their
+  // values. W = 8 (16-byte units in bf16/fp16, 32 in fp32), 7 (units of 2 or 4 bytes), 3; from
+  // and to the first row and from the middle; u8 (masks) as well as this dtype.
+  struct Case {
+    int64_t O, Rs, Rd, W, src_row, dst_row, rows;
+  };
+  const Case cases[] = {{3, 10, 40, 8, 0, 30, 10}, {4, 9, 5, 7, 2, 0, 5}, {2, 33, 70, 3, 5, 37, 28}};
+  for (const Case& k : cases)
+    for (DType d : {dt(), DType::u8}) {
+      const std::string what = name(std::string(dtype_name(d)) + " O=" + std::to_string(k.O) + " W=" +
+                                    std::to_string(k.W) + " rows " + std::to_string(k.src_row) + "->" +
+                                    std::to_string(k.dst_row));
+      const float hi = d == DType::u8 ? 200.f : 1.f;
+      Both src = random({k.O, k.Rs, k.W}, d, 0.f, hi), dst = random({k.O, k.Rd, k.W}, d, 0.f, hi);
+      if (d == DType::u8) {  // whole bytes: the same on both sides
+        for (const Both* t : {&src, &dst}) {
+          std::vector<float> v = cpu_values(t->c);
+          for (float& e : v) e = std::floor(e);
+          cpu_->upload(v.data(), t->c);
+          ASSERT_EQ(cudaMemcpy(t->dev(), t->c.data(), t->c.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+        }
+      }
+      cuda::copy_rows(src.dev(), k.Rs, k.src_row, dst.dev(), k.Rd, k.dst_row, k.rows, k.O,
+                      k.W * static_cast<int64_t>(dtype_size(d)), nullptr);
+      cpu_->copy_rows(src.c, k.src_row, dst.c, k.dst_row, k.rows);
+      expect_bits_equal(dst, "copy_rows " + what);
+    }
+}
+
 // ---- fused attention -----------------------------------------------------------------------
 
 // Heads 2 .. 2+B of 7 (one tensor-parallel rank's), as the layer describes them.
@@ -492,30 +632,35 @@ DropoutSpec attention_spec(float p, int64_t B, int64_t S) { return make_spec(p, 
 
 class SimAttention : public SimKernels {
  protected:
-  // group > 1: grouped-query attention, k, v, dk, dv hold B / group batches.
-  void check(int64_t B, int64_t S, int64_t D, const DropoutSpec& spec, int64_t group = 1) {
+  // group > 1: grouped-query attention, k, v, dk, dv hold B / group batches. rows places the
+  // S query and Sk key rows in a longer sequence (context parallelism); the backward of both
+  // reads the cpu's out and lse (-inf in the rows that see no key).
+  void check(int64_t B, int64_t S, int64_t D, const DropoutSpec& spec, int64_t group = 1,
+             const AttentionRows& rows = {}, int64_t Sk = -1, const std::string& label = "") {
+    if (Sk < 0) Sk = S;
     const Tol tol = dt() == DType::fp32 ? Tol{1e-4, 1e-4} : dt() == DType::fp16 ? Tol{5e-3, 5e-3} : Tol{2e-2, 2e-2};
-    const std::string what = name("B=" + std::to_string(B) + " S=" + std::to_string(S) + " D=" + std::to_string(D) +
-                                  " p=" + std::to_string(spec.p) + " inner=" + std::to_string(spec.inner) +
-                                  " group=" + std::to_string(group));
-    const Shape shape = {B, S, D}, kv_shape = {B / group, S, D}, rows = {B, S};
+    const std::string what = name("B=" + std::to_string(B) + " S=" + std::to_string(S) + " Sk=" + std::to_string(Sk) +
+                                  " D=" + std::to_string(D) + " p=" + std::to_string(spec.p) +
+                                  " inner=" + std::to_string(spec.inner) + " group=" + std::to_string(group) +
+                                  (label.empty() ? "" : " " + label));
+    const Shape shape = {B, S, D}, kv_shape = {B / group, Sk, D}, row_shape = {B, S};
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     Both q = random(shape, dt(), -2.f, 2.f), k = random(kv_shape, dt(), -2.f, 2.f), v = random(kv_shape, dt());
-    Both out = output(shape, dt()), lse = output(rows, DType::fp32);
-    cuda::attention_fwd(dt(), q.dev(), k.dev(), v.dev(), scale, spec, out.dev(), lse.devf(), B, S, D, nullptr,
-                        group);
-    cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
+    Both out = output(shape, dt()), lse = output(row_shape, DType::fp32);
+    const cuda::AttentionShape dims{B, S, Sk, D, group, rows};
+    cuda::attention_fwd(dt(), q.dev(), k.dev(), v.dev(), scale, spec, out.dev(), lse.devf(), dims, nullptr);
+    cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c, rows);
     expect_close(out, tol, "attention_fwd out " + what);
     expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
     // The backward of both reads the cpu's out and lse.
     Both out_ref = with_values(shape, dt(), cpu_values(out.c));
-    Both lse_ref = with_values(rows, DType::fp32, cpu_values(lse.c));
+    Both lse_ref = with_values(row_shape, DType::fp32, cpu_values(lse.c));
     Both dout = random(shape, dt());
     Both dq = output(shape, dt()), dk = output(kv_shape, dt()), dv = output(kv_shape, dt());
     DeviceBuffer delta(static_cast<size_t>(B * S) * sizeof(float));
     cuda::attention_bwd(dt(), q.dev(), k.dev(), v.dev(), out_ref.dev(), dout.dev(), lse_ref.devf(), scale, spec,
-                        dq.dev(), dk.dev(), dv.dev(), delta.as<float>(), B, S, D, nullptr, group);
-    cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
+                        dq.dev(), dk.dev(), dv.dev(), delta.as<float>(), dims, nullptr);
+    cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c, rows);
     expect_close(dq, tol, "attention_bwd dq " + what);
     expect_close(dk, tol, "attention_bwd dk " + what);
     expect_close(dv, tol, "attention_bwd dv " + what);
@@ -551,6 +696,56 @@ TEST_P(SimAttention, GroupedQueryGroup4HeadDim96) {
   for (float p : {0.f, 0.1f}) check(4, 45, 96, attention_spec(p, 4, 45), 4);
 }
 
+// Context parallelism (C = 2 ranks, chunks of c = 45 rows, T = 180): a rank's query chunks
+// against its own keys, the other rank's (the ring: rank 0's first chunk sees none of rank
+// 1's keys, rank 1's keys after its queries form a gap of key tiles), all keys (all-gather,
+// Sk = 2 S), and one chunk of keys (Sk = 45 != S); GQA group 2, dropout indexed in [T, T].
+TEST_P(SimAttention, ContextParallelRowsGroup2HeadDim64) {
+  const int64_t B = 4, c = 45, C = 2, T = 2 * C * c, S = 2 * c;
+  const SeqPositions rank0 = rank_positions(c, C, 0), rank1 = rank_positions(c, C, 1);
+  struct Case {
+    SeqPositions queries, keys;
+    int64_t Sk;
+    const char* label;
+  };
+  const Case cases[] = {{rank0, rank0, S, "rank 0 own keys"},
+                        {rank0, rank1, S, "rank 0 rank 1's keys"},
+                        {rank1, rank0, S, "rank 1 rank 0's keys"},
+                        {rank1, SeqPositions{}, T, "rank 1 all keys"},
+                        {rank0, SeqPositions::run(2 * c), c, "rank 0 chunk 2's keys"}};
+  for (const Case& k : cases)
+    for (float p : {0.f, 0.1f})
+      check(B, S, 64, make_spec(p, 1, B, 7, 2, T * T, kSiteAttnProbs), 2, AttentionRows{k.queries, k.keys, T}, k.Sk,
+            k.label);
+}
+
+// Ragged chunks (c = 37) with D = 40 and the general dropout path (a spec whose canonical
+// offset changes inside a head's [T, T] block): rank 1's queries against rank 0's keys.
+TEST_P(SimAttention, ContextParallelRowsHeadDim40AnyDropoutLayout) {
+  const int64_t B = 2, c = 37, C = 2, T = 2 * C * c;
+  check(B, 2 * c, 40, make_spec(0.2f, B * T, 1, 2, 1, T, kSiteAttnProbs), 1,
+        AttentionRows{rank_positions(c, C, 1), rank_positions(c, C, 0), T}, 2 * c, "rank 1 rank 0's keys");
+}
+
+// Two partial attentions merged: lse of -inf (a part that saw no key) in out's rows, in the
+// part's and in both; D = 40 (16-byte packs) and 45 (element by element).
+TEST_P(SimKernels, AttentionMerge) {
+  for (int64_t D : {40, 45}) {
+    const int64_t B = 3, S = 37, rows = B * S;
+    const std::string what = name("D=" + std::to_string(D));
+    std::vector<float> l = random_values(rows, -3.f, 3.f), lp = random_values(rows, -3.f, 3.f);
+    for (int64_t r = 0; r < rows; r += 5) l[r] = -INFINITY;
+    for (int64_t r = 0; r < rows; r += 7) lp[r] = -INFINITY;
+    lp[3] = l[3] + 30.f;  // one part outweighs the other by e^30
+    Both out = random({B, S, D}, dt(), -2.f, 2.f), part = random({B, S, D}, dt(), -2.f, 2.f);
+    Both lse = with_values({B, S}, DType::fp32, l), lse_part = with_values({B, S}, DType::fp32, lp);
+    cuda::attention_merge(dt(), out.dev(), lse.devf(), part.dev(), lse_part.devf(), rows, D, nullptr);
+    cpu_->attention_merge(out.c, lse.c, part.c, lse_part.c);
+    expect_close(out, tol_for(dt()), "attention_merge out " + what);
+    expect_close(lse, {1e-5, 1e-5}, "attention_merge lse " + what);
+  }
+}
+
 TEST(SimLimits, AttentionHeadDim128DoesNotFitSm86) {
   // 113 KiB of dynamic shared memory: within the opt-in limit of H100 (227 KiB) and A100
   // (163 KiB), beyond sm_86's 99 KiB, where the driver refuses the attribute and the launch.
@@ -567,7 +762,7 @@ TEST(SimLimits, AttentionHeadDim128DoesNotFitSm86) {
     cudasim::set_device(model);
     bool threw = false;
     try {
-      cuda::attention_fwd(DType::fp32, q, q, q, 1.f, spec, out, static_cast<float*>(lse), B, S, D, nullptr);
+      cuda::attention_fwd(DType::fp32, q, q, q, 1.f, spec, out, static_cast<float*>(lse), {B, S, S, D, 1, {}}, nullptr);
     } catch (const std::exception& e) {
       threw = true;
       EXPECT_NE(std::string(e.what()).find("cudaFuncSetAttribute"), std::string::npos) << e.what();
