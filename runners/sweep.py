@@ -52,6 +52,11 @@ runs under `mpirun -np t` (Open MPI: run-as-root variables set when running as r
 without mpirun) one process plays rank 0 of t (--emulate-tp). Binaries are found in
 $ACTBENCH_BUILD, --build, or the newest build*/ folder of the repository (not a simulator build). Only Python's
 standard library.
+
+With --launcher slurm (runners/sweep_slurm.py) the points are submitted from a login node as job
+arrays, each task running its point under srun into a file of its own, and the sweep merges
+each row into the CSV once, under its lock; a rerun finds the queued tasks through squeue
+(--no-wait: submit and return; --collect --csv FILE: merge later).
 """
 import argparse
 import ctypes

@@ -56,6 +56,8 @@ SLURM_TIME = re.compile(r"(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE)
 # squeue states of a task that has not ended.
 LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
                "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+# Why a task waits, when it is only its turn (other reasons are shown with the progress).
+USUAL_WAITS = {"None", "Priority", "Resources", "JobArrayTaskLimit", "BeginTime", "Dependency", ""}
 # Ends of a task that Slurm decided, whatever the task's own exit status says.
 SCHEDULER_ENDS = {"CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
                   "REVOKED", "SPECIAL_EXIT"}
@@ -76,14 +78,17 @@ def add_options(ap):
     g.add_argument("--max-concurrent", help="array tasks running at once, per array (sbatch --array=...%%N)")
     g.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
                    help="one more sbatch option, e.g. --sbatch-arg=--qos=high (repeatable)")
-    g.add_argument("--resubmit", default="2",
-                   help="times a task that ended without a result (cancelled, node failure) is submitted again")
-    g.add_argument("--poll", default="10", help="seconds between looks at the queue")
+    g.add_argument("--resubmit",
+                   help="times a task that ended without a result (cancelled, node failure) is submitted again "
+                        "(default 2)")
+    g.add_argument("--poll", help="seconds between looks at the queue (default 10)")
     g.add_argument("--collect", action="store_true",
                    help="merge what finished into --csv and say what is still queued; submits nothing (no PLAN)")
 
 
-SLURM_ONLY = ("partition", "account", "time", "gpus_per_node", "max_concurrent", "sbatch_arg")
+SLURM_ONLY = ("partition", "account", "time", "gpus_per_node", "max_concurrent", "sbatch_arg", "resubmit", "poll")
+DEFAULTS = {"resubmit": "2", "poll": "10"}
+MAX_ARRAY_TASKS = 1000  # Slurm's default MaxArraySize is 1001: indices 0..1000
 
 
 def check_options(args):
@@ -91,6 +96,8 @@ def check_options(args):
     if args.collect:
         if args.plan is not None:
             raise SweepError("--collect takes no PLAN: it merges whatever was submitted for --csv")
+        if args.launcher not in ("auto", "slurm"):
+            raise SweepError(f"--collect is for sweeps of --launcher slurm, not {args.launcher}")
         args.launcher = "slurm"
     elif args.plan is None:
         raise SweepError("a PLAN is needed (or --collect)")
@@ -99,6 +106,9 @@ def check_options(args):
         if given:
             raise SweepError(f"--{given[0].replace('_', '-')} needs --launcher slurm")
         return
+    for name, value in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     for name in ("partition", "account"):
         value = getattr(args, name)
         if value is not None and (not value or any(c.isspace() for c in value)):
@@ -175,6 +185,7 @@ class Folder:
         """A point whose result is in the CSV: its files go (what its tasks left first, the point
         file last: a sweep killed in between finds the point in the CSV and ends the job)."""
         for path in sorted(glob.glob(glob.escape(self.path("rows", digest)) + ".*")) \
+                + glob.glob(glob.escape(self.path("points", digest, ".json")) + ".tmp.*") \
                 + [self.path("points", digest, ".json")]:
             try:
                 os.unlink(path)
@@ -190,6 +201,13 @@ def write_whole(path, text):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_or_empty(path):
+    try:
+        return user_files.read_text(path, path)
+    except user_files.UserFileError:
+        return ""
 
 
 def digest_of(key):
@@ -230,7 +248,7 @@ def shown_command(words, part):
 def sbatch_options(name, folder, ranks, count, args):
     opts = [f"--job-name={name}", f"--array=0-{count - 1}" + (f"%{args.max_concurrent}" if args.max_concurrent
                                                               else ""),
-            f"--output={folder.root}/logs/%x_%a.out", f"--ntasks={ranks}"]
+            f"--output={folder.root.replace('%', '%%')}/logs/%x_%a.out", f"--ntasks={ranks}"]
     if args.gpus_per_node:
         per_node = min(ranks, args.gpus_per_node)
         opts += [f"--nodes={math.ceil(ranks / args.gpus_per_node)}", f"--ntasks-per-node={per_node}",
@@ -273,7 +291,7 @@ def queue(folder):
     """{job name: {array index: (task id, state, reason)}} of this CSV's tasks that Slurm still
     knows (queued, running, or recently finished); None when squeue does not answer."""
     try:
-        r = subprocess.run(["squeue", "--me", "--noheader", "--array", "--states=all",
+        r = subprocess.run(["squeue", f"--user={os.getuid()}", "--noheader", "--array", "--states=all",
                             "--format=%j|%i|%T|%r"], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -290,6 +308,12 @@ def queue(folder):
         if index.isdigit():
             tasks.setdefault(name, {})[int(index)] = (task, state.split()[0], reason)
     return tasks
+
+
+def task_of(point, tasks):
+    """(task id, state, reason) of the point's array task as queue() found it, or None."""
+    job = point.get("job") or {}
+    return tasks.get(job.get("name"), {}).get(job.get("index"))
 
 
 def accounting(task):
@@ -326,7 +350,9 @@ class Slurm:
         by_ranks = {}
         for digest, point in entries:
             by_ranks.setdefault(point["ranks"], []).append((digest, point))
-        for ranks, group in sorted(by_ranks.items()):
+        arrays = [(ranks, group[i:i + MAX_ARRAY_TASKS]) for ranks, group in sorted(by_ranks.items())
+                  for i in range(0, len(group), MAX_ARRAY_TASKS)]
+        for ranks, group in arrays:
             name = f"actbench-{self.folder.tag}-{secrets.token_hex(4)}"
             opts = sbatch_options(name, self.folder, ranks, len(group), self.args)
             script = batch_script(self.folder, [(d, p["command"]) for d, p in group], opts, plan_name)
@@ -342,13 +368,14 @@ class Slurm:
                 point["job"]["id"] = job_id
                 self.folder.save(digest, point)
                 self.points[digest] = point
+                self.ended_since.pop(digest, None)
             print(f"slurm: submitted {len(group)} points as job {job_id} ({name}, {ranks} ranks each)",
                   file=sys.stderr, flush=True)
 
     def _sbatch(self, opts, script, before):
         try:
             r = subprocess.run(["sbatch", "--parsable", *opts], input=script, capture_output=True, text=True,
-                               timeout=300)
+                               timeout=300, start_new_session=True)  # a Ctrl-C is for the sweep, not mid-submit
             error = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1] if r.returncode else None
         except (OSError, subprocess.TimeoutExpired) as e:
             error = str(e)
@@ -372,7 +399,7 @@ class Slurm:
         tasks = queue(self.folder)
         if tasks is None:
             return None
-        states = {"pending": 0, "running": 0}
+        states = {"pending": 0, "running": 0, "why": set()}
         again = []
         for digest, point in list(self.points.items()):
             state = self._settle(digest, point, tasks)
@@ -380,6 +407,8 @@ class Slurm:
                 states[state] += 1
             elif state == "again":
                 again.append(digest)
+            if state == "pending" and task_of(point, tasks)[2] not in USUAL_WAITS:  # e.g. ReqNodeNotAvail
+                states["why"].add(task_of(point, tasks)[2])
         return states, again
 
     def _settle(self, digest, point, tasks):
@@ -389,8 +418,7 @@ class Slurm:
         if key in self.done:
             self._close(digest)
             return "done"
-        job = point.get("job") or {}
-        task = tasks.get(job.get("name"), {}).get(job.get("index"))
+        task = task_of(point, tasks)
         live = bool(task) and task[1] in LIVE_STATES
         # The task renames its row into place, then writes its exit status: a row is its result
         # once both are there, or once Slurm says it ended (killed in between).
@@ -446,12 +474,8 @@ class Slurm:
         self._close(digest)
 
     def _merge_exit(self, digest, point, exit_file):
-        code_text = user_files.read_text("exit file", exit_file).strip()
-        code = int(code_text) if code_text.lstrip("-").isdigit() else 1
-        try:
-            err = user_files.read_text("stderr", self.folder.path("rows", digest, ".err"))
-        except user_files.UserFileError:
-            err = ""
+        code_text, err = (read_or_empty(path) for path in (exit_file, self.folder.path("rows", digest, ".err")))
+        code = int(code_text) if code_text.strip().isdigit() else 1
         message = sweep.error_line(err, code) if code not in (0, 3) else \
             f"layer_run exited with status {code} but wrote no row"
         self._record_failure(digest, point, message, shown_command(point["command"], "(its row file)"))
@@ -477,10 +501,12 @@ class Slurm:
         self.ended_since.pop(digest, None)
 
     def progress(self, states, force=False):
-        now = (states["pending"], states["running"], self.counts["ok"] + self.counts["oom"], self.counts["failed"])
+        why = ", ".join(sorted(states["why"]))
+        now = (states["pending"], why, states["running"], self.counts["ok"] + self.counts["oom"],
+               self.counts["failed"])
         if force or now != self.shown:
-            print(f"slurm: {now[0]} pending, {now[1]} running, {now[2]} done, {now[3]} failed", file=sys.stderr,
-                  flush=True)
+            print(f"slurm: {now[0]} pending" + (f" ({why})" if why else "")
+                  + f", {now[2]} running, {now[3]} done, {now[4]} failed", file=sys.stderr, flush=True)
             self.shown = now
 
     def wait(self, plan_name):

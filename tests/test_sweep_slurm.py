@@ -102,6 +102,8 @@ class Options(unittest.TestCase):
             (["smoke", "--launcher", "slurm", "--dry-run", "--sbatch-arg=-n4"], "the sweep sets -n"),
             (["smoke", "--launcher", "slurm", "--dry-run", "--sbatch-arg=qos"], "is not one sbatch option"),
             (["smoke", "--partition", "gpu"], "--partition needs --launcher slurm"),
+            (["smoke", "--resubmit", "1"], "--resubmit needs --launcher slurm"),
+            (["--collect", "--launcher", "mpi"], "--collect is for sweeps of --launcher slurm"),
             (["smoke", "--collect"], "--collect takes no PLAN"),
             ([], "a PLAN is needed"),
         ]
