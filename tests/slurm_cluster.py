@@ -11,16 +11,30 @@ the SLURM_CONF in its environment, which only this cluster's processes hold) kil
 Needs Debian's slurmctld, slurmd, slurm-client and munge (scripts/setup.sh) and root (slurmd
 runs jobs as their users, and the config says SlurmUser=root).
 """
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
+PR_SET_PDEATHSIG = 1
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+except OSError:
+    _LIBC = None
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "srun")
 START_TIMEOUT_S = 60
+
+
+def _die_with_parent():
+    """In a daemon before exec: SIGTERM when the test process dies, even of SIGKILL (a ctest
+    timeout), so that no daemon outlives its test. The daemons run in the foreground for it."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class SlurmUnavailable(Exception):
@@ -115,7 +129,8 @@ class SlurmCluster:
     def _spawn(self, name, cmd):
         log = open(self.path("log", f"{name}.out"), "w")
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=self.env or dict(os.environ), start_new_session=True))
+                                           env=self.env or dict(os.environ), start_new_session=True,
+                                           preexec_fn=_die_with_parent))
         log.close()
 
     def _check(self, cmd):

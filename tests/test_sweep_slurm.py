@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import unittest
+import unittest.mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNERS = os.path.join(HERE, "..", "runners")
@@ -86,6 +87,35 @@ class Options(unittest.TestCase):
         self.assertEqual(sweep.error_line(failed, 2), "layer_run: error: hidden 64 is not divisible by heads 5")
         self.assertEqual(sweep.error_line("srun: error: Unable to create step for job 7: Invalid generic resource\n",
                                           1), "srun: error: Unable to create step for job 7: Invalid generic resource")
+
+    def test_how_a_task_slurm_ended_is_recorded(self):
+        # Resubmitted while attempts are left, except for ends that would come again; then a
+        # failed row with the state Slurm last showed (no sacct here: the answer is squeue's).
+        import argparse
+        import sweep_slurm
+        header = sweep.read_header(sweep.find_layer_run(None))
+        p = sweep.expand({"name": "t", "fixed": {"model": "tiny", "seq": 8, "config": "baseline"}}, {})[0]
+        key = sweep.point_key(p, "cpu", False)
+        cases = [("CANCELLED", 1, "again"), ("NODE_FAIL", 3, "again"), ("CANCELLED", 4, "failed"),
+                 ("TIMEOUT", 1, "failed"), ("OUT_OF_MEMORY", 1, "failed"), (None, 1, "again"), (None, 4, "failed")]
+        for state, attempts, expected in cases:
+            with self.subTest(state=state, attempts=attempts):
+                csv_path = os.path.join(self.tmp, f"{state}{attempts}.csv")
+                args = argparse.Namespace(csv=csv_path, resubmit=3, collect=False)
+                slurm = sweep_slurm.Slurm(args, header, set(), None)
+                point = {"key": list(key), "label": "tiny", "ranks": 1, "command": ["srun", "layer_run"],
+                         "attempts": attempts, "job": {"name": "actbench-x-1", "index": 0, "id": "5"}}
+                slurm.points = {"d": point}
+                tasks = {"actbench-x-1": {0: ("5_0", state, "None")}} if state else {}
+                with unittest.mock.patch.object(sweep_slurm, "accounting", return_value=None):
+                    settled = slurm._settle("d", point, tasks)
+                self.assertEqual(settled, "again" if expected == "again" else "done")
+                if expected == "failed":
+                    _, got, keys, _ = rows_by_key(csv_path)
+                    self.assertEqual(keys, [key])
+                    self.assertEqual(got[key]["status"], "failed")
+                    self.assertIn(f"slurm task 5_0: {state}" if state else "no longer known to Slurm",
+                                  got[key]["message"])
 
     def test_bad_options_are_one_line_and_exit_2(self):
         cases = [
