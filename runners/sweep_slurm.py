@@ -33,6 +33,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -369,7 +370,8 @@ class Slurm:
                 self.folder.save(digest, point)
                 self.points[digest] = point
                 self.ended_since.pop(digest, None)
-            print(f"slurm: submitted {len(group)} points as job {job_id} ({name}, {ranks} ranks each)",
+            print(f"slurm: submitted {len(group)} points as job {job_id} ({name}, {ranks} rank"
+                  f"{'s' if ranks > 1 else ''} each)",
                   file=sys.stderr, flush=True)
 
     def _sbatch(self, opts, script, before):
@@ -522,10 +524,13 @@ class Slurm:
             else:
                 states, again = seen
                 if again:
-                    print(f"slurm: {len(again)} tasks ended without a result; submitting them again",
+                    print(f"slurm: tasks ended without a result: {len(again)}; submitting them again",
                           file=sys.stderr, flush=True)
-                    self.submit([(d, self.points[d]) for d in again], plan_name)
-                    states["pending"] += len(again)
+                    try:
+                        self.submit([(d, self.points[d]) for d in again], plan_name)
+                        states["pending"] += len(again)
+                    except SweepError as e:  # the controller busy, say: the next look tries again
+                        print(f"slurm: warning: {e}; trying again at the next look", file=sys.stderr, flush=True)
                 self.progress(states)
                 if not self.points:
                     return None
@@ -600,7 +605,7 @@ def collect(args, header, done, runner):
 
 def finish(slurm, stopped, csv_path):
     if stopped is not None:
-        print(f"sweep: stopped by signal {stopped}; the submitted tasks go on: run again (or --collect) to merge "
+        print(f"sweep: stopped by {signal.Signals(stopped).name}; the submitted tasks go on: run again (or --collect) to merge "
               f"their rows into {csv_path}", file=sys.stderr)
         return 128 + stopped
     c = slurm.counts

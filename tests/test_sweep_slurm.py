@@ -235,7 +235,7 @@ class OnSlurm(unittest.TestCase):
         self.wait_until("resubmission of the cancelled task", lambda: submitted(self.said(first)) == 13, proc=first)
         first.kill()  # the sweep alone: its tasks go on
         first.wait()
-        self.assertIn("submitting them again", self.said(first))
+        self.assertIn("tasks ended without a result: 1; submitting them again", self.said(first))
         live = [t for t, state in self.queue() if state in ("PENDING", "RUNNING")]
         self.assertTrue(live, "every task ended before the sweep was killed: make points slower")
 
