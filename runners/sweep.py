@@ -52,6 +52,11 @@ runs under `mpirun -np t` (Open MPI: run-as-root variables set when running as r
 without mpirun) one process plays rank 0 of t (--emulate-tp). Binaries are found in
 $ACTBENCH_BUILD, --build, or the newest build*/ folder of the repository (not a simulator build). Only Python's
 standard library.
+
+With --launcher slurm (runners/sweep_slurm.py) the points are submitted from a login node as job
+arrays, each task running its point under srun into a file of its own, and the sweep merges
+each row into the CSV once, under its lock; a rerun finds the queued tasks through squeue
+(--no-wait: submit and return; --collect --csv FILE: merge later).
 """
 import argparse
 import ctypes
@@ -499,8 +504,13 @@ def point_label(p):
                       if texts[k] and k not in ("dropout", "kv_heads", "ffn_hidden")))
 
 
+def key_columns(p, backend, emulated):
+    """Every key column of a point's row, by name (key_texts with the backend and emulated)."""
+    return dict(key_texts(p), backend=backend, emulated="1" if emulated else "0")
+
+
 def point_key(p, backend, emulated):
-    texts = dict(key_texts(p), backend=backend, emulated="1" if emulated else "0")
+    texts = key_columns(p, backend, emulated)
     return tuple(texts[c] for c in KEY_COLUMNS)
 
 
@@ -576,10 +586,11 @@ def end_last_line(path):
     results_csv.drop_unfinished_row(path)
 
 
-def failed_row(header, p, backend, emulated, status, message, command):
+def failed_row(header, key, status, message, command):
+    """The row of a point that wrote none; key: its key columns by name (key_columns)."""
     values = {c: "" for c in header}
-    values.update(key_texts(p))
-    values.update(backend=backend, emulated="1" if emulated else "0", status=status,
+    values.update(key)
+    values.update(status=status,
                   timestamp=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=command)
     if "message" in values:
         values["message"] = message
@@ -738,12 +749,13 @@ def cpu_count():
         return os.cpu_count() or 1
 
 
-def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
+def layer_run_command(p, args, layer_run, emulated, csv_path):
+    """The point's layer_run command, writing its row into csv_path."""
     cmd = [layer_run, "--backend", args.backend, "--model", p["model"], "--hidden", str(p["hidden"]),
            "--heads", str(p["heads"]), "--seq", str(p["seq"]), "--batch", str(p["batch"]), "--tp", str(p["tp"]),
            "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"],
            "--dropout", key_text("dropout", p["dropout"]), "--layers", str(p["layers"]), "--arch", p["arch"],
-           *p["spec_args"], "--csv", args.csv]
+           *p["spec_args"], "--csv", csv_path]
     if args.warmup is not None:
         cmd += ["--warmup", str(args.warmup)]
     if args.iters is not None:
@@ -754,7 +766,13 @@ def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
         cmd += shlex.split(args.extra)
     if emulated:
         cmd.append("--emulate-tp")
-    elif int(p["tp"]) > 1:
+    return cmd
+
+
+def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
+    """The point's command on this machine: layer_run, under mpirun -np t for real ranks."""
+    cmd = layer_run_command(p, args, layer_run, emulated, args.csv)
+    if not emulated and int(p["tp"]) > 1:
         launcher = [mpirun, "-np", str(p["tp"])]
         if flavor == "openmpi" and int(p["tp"]) > cpu_count():
             launcher.append("--oversubscribe")
@@ -762,14 +780,15 @@ def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
     return cmd
 
 
-def check_recordable(todo, args, layer_run, mpirun, flavor):
-    """Every point's command fits in its row's command column, one line of at most
-    results_csv.MAX_FIELD_BYTES bytes (layer_run refuses a longer one, and so would the failed
-    row the sweep writes for it): refused before any point runs, not at the first point."""
+def check_recordable(todo, command_of):
+    """Every point's command (command_of(point, emulated)) fits in its row's command column, one
+    line of at most results_csv.MAX_FIELD_BYTES bytes (layer_run refuses a longer one, and so
+    would the failed row the sweep writes for it): refused before any point runs, not at the
+    first point."""
     for p, emulated, _, skip in todo:
         if skip:
             continue
-        cmd = command_for(p, args, layer_run, emulated, mpirun, flavor)
+        cmd = command_of(p, emulated)
         if any("\n" in w or "\r" in w for w in cmd):
             raise SweepError("--extra holds a line break: a row's command column is one line")
         size = len(shlex.join(cmd).encode("utf-8", "surrogateescape"))
@@ -788,15 +807,16 @@ def launcher_env(flavor):
 
 
 def error_line(stderr, code):
-    """The line that says why a point failed: not mpirun's boxed banners around it."""
-    outside, boxed, in_box = [], [], False
+    """The line that says why a point failed: not mpirun's boxed banners around it, nor srun's
+    own lines after it ("srun: error: ...: task 0: Exited with exit code 2")."""
+    outside, boxed, launcher, in_box = [], [], [], False
     for line in stderr.splitlines():
         s = line.strip()
         if s and set(s) <= set("-="):
             in_box = not in_box
             continue
         if s:
-            (boxed if in_box else outside).append(s)
+            (boxed if in_box else launcher if s.startswith("srun: ") else outside).append(s)
     for s in reversed(outside):
         if "error" in s.lower():
             return s
@@ -804,6 +824,8 @@ def error_line(stderr, code):
         return outside[-1]
     if boxed:
         return boxed[0]
+    if launcher:
+        return launcher[-1]
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -895,6 +917,8 @@ def use_emulation(args, tp, mpirun, gpus):
         return False
     if args.launcher == "emulate" or args.backend == "meta":
         return True
+    if args.launcher == "slurm":
+        return False  # srun starts the ranks on the allocation's nodes
     if args.launcher == "mpi":
         if not mpirun:
             raise SweepError("--launcher mpi but mpirun is not on PATH")
@@ -946,15 +970,30 @@ def check_args(args):
             setattr(args, option, value)
 
 
+def collect(args, lock, runner):
+    """sweep.py --collect: under the CSV's lock, merges the rows of the points submitted to Slurm."""
+    header = read_header(find_layer_run(args.build))
+    if not lock.acquire(not args.no_wait, lambda: runner.stop is not None, header):
+        print("sweep: stopped while waiting; nothing merged", file=sys.stderr)
+        return 128 + runner.stop
+    done, warnings = done_keys(args.csv, header, args.retry_failed)
+    end_last_line(args.csv)
+    for w in warnings:
+        print(f"sweep: warning: {w}; not a result", file=sys.stderr)
+    import sweep_slurm  # not at the top: it imports this module
+    return sweep_slurm.collect(args, header, done, runner)
+
+
 def main(argv=None):
+    import sweep_slurm  # not at the top: it imports this module
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan", help=" | ".join(BUILTIN_PLANS) + " | PLAN.json")
+    ap.add_argument("plan", nargs="?", help=" | ".join(BUILTIN_PLANS) + " | PLAN.json")
     ap.add_argument("--csv", required=True,
                     help="results CSV (appended to; resumable; FILE.lock beside it; created with its header)")
     ap.add_argument("--backend", default="meta", choices=["cpu", "cuda", "meta"])
-    ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate"])
+    ap.add_argument("--launcher", default="auto", choices=["auto", "mpi", "emulate", "slurm"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--attention", default="unfused", choices=ATTENTIONS,
                     help="default for points whose plan does not set it")
@@ -971,8 +1010,11 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="list the points and what would run; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run points recorded as failed again")
     ap.add_argument("--no-wait", action="store_true",
-                    help="exit 2 at once when another sweep holds the CSV, instead of waiting for it")
-    ap.add_argument("--timeout", default="3600", help="seconds per point before it is failed")
+                    help="exit 2 at once when another sweep holds the CSV, instead of waiting for it; with "
+                         "slurm, also return once the points are submitted")
+    ap.add_argument("--timeout", default="3600", help="seconds per point before it is failed (not with slurm: "
+                                                      "--time)")
+    sweep_slurm.add_options(ap)
     args = ap.parse_args(argv)
 
     runner = Runner()
@@ -982,6 +1024,9 @@ def main(argv=None):
     lock = SweepLock(args.csv)
     try:
         check_args(args)
+        sweep_slurm.check_options(args)
+        if args.collect:
+            return collect(args, lock, runner)
         plan = load_plan(args.plan)
         defaults = {"dtype": args.dtype, "layers": args.layers, "attention": args.attention}  # checked
         if args.dropout is not None:
@@ -1012,10 +1057,12 @@ def main(argv=None):
             return 2
         key = point_key(p, args.backend, emulated)
         todo.append((p, emulated, key, key in done))
+    if args.launcher == "slurm":
+        return sweep_slurm.run(args, plan, todo, header, done, layer_run, runner)
     flavor = mpirun_flavor(mpirun) if any(not e and int(p["tp"]) > 1 for p, e, _, _ in todo) else None
     env = launcher_env(flavor)
     try:
-        check_recordable(todo, args, layer_run, mpirun, flavor)
+        check_recordable(todo, lambda p, emulated: command_for(p, args, layer_run, emulated, mpirun, flavor))
     except SweepError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
@@ -1062,8 +1109,8 @@ def main(argv=None):
             failures += 1
             state = "failed"
             try:
-                append_row(args.csv, header, failed_row(header, p, args.backend, emulated, "failed", message,
-                                                        shlex.join(cmd)))
+                append_row(args.csv, header, failed_row(header, key_columns(p, args.backend, emulated), "failed",
+                                                        message, shlex.join(cmd)))
             except OSError as e:
                 print(f"sweep: error: cannot append to {args.csv}: {e.strerror or e}", file=sys.stderr)
                 return 2
@@ -1087,4 +1134,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as the module `sweep`, the one runners/sweep_slurm.py imports: one copy of its names
+    # (SweepError above all), not a second one under __main__.
+    import sweep as _sweep_module  # noqa: E402
+    sys.exit(_sweep_module.main())

@@ -4,7 +4,8 @@
 set -euo pipefail
 packages=(cmake g++ clang make libeigen3-dev libcli11-dev libgtest-dev libbenchmark-dev
           openmpi-bin libopenmpi-dev python3 python3-numpy python3-matplotlib nlohmann-json3-dev
-          python3-torch)
+          python3-torch
+          slurmctld slurmd slurm-client munge)  # a one-node Slurm for tests/test_sweep_slurm.py
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
