@@ -185,6 +185,8 @@ const std::vector<Column>& cupti_columns() {
        "(non-zero: the sums are short)"},
       {"git_sha", "", "as in the rows above"},
       {"timestamp", "UTC", "as in the rows above"},
+      {"cp", "ranks", "as in the rows above"},
+      {"cp_comm_type", "", "as in the rows above"},
   };
   return columns;
 }

@@ -114,7 +114,8 @@ KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emu
                "dtype", "dropout", "layers", "arch", "kv_heads", "kv_channels", "ffn_hidden", "normalization",
                "norm_epsilon",
                "qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias", "position_embedding",
-               "rotary_percent", "rotary_base", "attention_dropout", "hidden_dropout", "recompute_modules"]
+               "rotary_percent", "rotary_base", "attention_dropout", "hidden_dropout", "recompute_modules", "cp",
+               "cp_comm_type"]
 SHAPE_FIELDS = ("seq", "batch", "hidden", "heads", "tp")
 
 BUILTIN_PLANS = {
@@ -137,12 +138,19 @@ BUILTIN_PLANS = {
     # Beyond the paper: the llama family (RMSNorm, GQA g = 8, RoPE, SwiGLU) at Llama 3 8B and
     # 70B per-rank shapes, s = 8192, t = 8, all five configurations.
     "llama": {"fixed": {"tp": 8}, "grid": {"model": ["llama3-8b", "llama3-70b"], "config": PAPER_CONFIGS}},
+    # Beyond the paper: context parallelism at 22B width, 32k..1M tokens, t = 8 and C = 1..16
+    # (ring attention, fused), with selective and full recompute under SP; on meta with
+    # --memory-limit 80GiB it shows where each (configuration, C) stops fitting.
+    "longcontext": {"fixed": {"model": "22b", "tp": 8, "batch": 1, "attention": "fused", "cp_comm_type": "p2p"},
+                    "grid": {"seq": [32768, 65536, 131072, 262144, 524288, 1048576], "cp": [1, 2, 4, 8, 16],
+                             "config": ["selective+sp", "full+sp"]}},
     # A few seconds anywhere: for tests and first runs.
     "smoke": {"fixed": {"model": "tiny", "tp": 2}, "grid": {"seq": [16, 32], "config": PAPER_CONFIGS}},
 }
 
-INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers", "kv_heads", "kv_channels", "ffn_hidden"}
-TEXT_FIELDS = {"model", "config", "attention", "dtype", "arch"}
+INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers", "kv_heads", "kv_channels", "ffn_hidden", "cp"}
+TEXT_FIELDS = {"model", "config", "attention", "dtype", "arch", "cp_comm_type"}
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")  # layer_run's --cp-comm-type
 PROBABILITY_FIELDS = {"dropout", "attention_dropout", "hidden_dropout"}
 NAME_FIELDS = {"normalization", "activation", "position_embedding"}  # names from SPEC_OPTIONS
 POINT_FIELDS = INT_FIELDS | TEXT_FIELDS | SPEC_FIELDS | PROBABILITY_FIELDS | {"recompute_modules"}
@@ -154,6 +162,7 @@ POSITION_ALIASES = {"learned_absolute": "none"}
 OWN_OPTIONS = {"--backend", "--model", "--hidden", "--heads", "--seq", "--batch", "--tp", "--config", "--attention",
                "--dtype", "--dropout", "--layers", "--arch", "--kv-heads", "--ffn-hidden", "--csv", "--emulate-tp",
                "--warmup", "--iters", "--memory-limit", "--print-csv-header", "--help", "-h",
+               "--cp", "--context-parallel-size", "--cp-comm-type", "--emulate-cp",
                *SPEC_VALUE_FLAGS.values(), *(flag for flag, _ in SPEC_SWITCHES.values()), *ACTIVATION_FLAGS.values(),
                "--norm-eps", "--rope-theta", "--ffn-hidden-size", "--group-query-attention", "--num-query-groups",
                "--recompute-modules", "--recompute-granularity", "--recompute-activations", "--sequence-parallel"}
@@ -377,10 +386,13 @@ def resolve(plan, given, defaults):
     family the spec starts from (llama on a gpt model: the llama spec at its shape, g = heads
     and F = 4 x hidden); the plan's spec fields edit it. dropout is the point's --dropout,
     always given: the plan's, else defaults' for a gpt point, else the preset's."""
-    p = {"dtype": "bf16", "layers": 1, "attention": "unfused"}
+    p = {"dtype": "bf16", "layers": 1, "attention": "unfused", "cp": 1, "cp_comm_type": "p2p"}
     p.update({k: v for k, v in defaults.items() if k != "dropout"})
     p.update(given)
     model = p.get("model", "tiny")
+    if p["cp_comm_type"] not in CP_COMM_TYPES:
+        raise SweepError(f"plan '{plan['name']}': unknown cp_comm_type '{p['cp_comm_type']}' "
+                         f"(known: {', '.join(CP_COMM_TYPES)})")
     if model not in PRESETS:
         raise SweepError(f"plan '{plan['name']}': unknown model '{model}' (known: {', '.join(PRESETS)})")
     preset = PRESETS[model]
@@ -475,7 +487,8 @@ def key_texts(p):
     s = p["spec"]
     rope = s["position_embedding"] == "rope"
     texts = {c: str(p[c]) for c in ("model", "hidden", "heads", "seq", "batch", "tp", "config", "attention",
-                                    "dtype")}
+                                    "dtype", "cp")}
+    texts["cp_comm_type"] = p["cp_comm_type"] if int(p["cp"]) > 1 else ""
     texts.update(
         dropout=key_text("dropout", s["attention_dropout"]) if s["attention_dropout"] == s["hidden_dropout"] else "",
         layers=str(p["layers"]), arch=spec_family(s), kv_heads=str(p["kv_heads"]), kv_channels=str(p["kv_channels"]),
@@ -499,6 +512,7 @@ def point_label(p):
     return (f"{p['model']} s={p['seq']} b={p['batch']} t={p['tp']} {p['config']}"
             + (f" {texts['arch']} g={p['kv_heads']} F={p['ffn_hidden']}" if texts["arch"] != "gpt" else "")
             + (f" {p['attention']}" if p["attention"] != "unfused" else "")
+            + (f" C={p['cp']} {p['cp_comm_type']}" if int(p["cp"]) > 1 else "")
             + (f" p={dropout}" if p["arch"] == "gpt" and dropout != key_text("dropout", preset_dropout) else "")
             + "".join(f" {k}={texts[k]}" for k in p["varied"]
                       if texts[k] and k not in ("dropout", "kv_heads", "ffn_hidden")))
@@ -756,6 +770,8 @@ def layer_run_command(p, args, layer_run, emulated, csv_path):
            "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"],
            "--dropout", key_text("dropout", p["dropout"]), "--layers", str(p["layers"]), "--arch", p["arch"],
            *p["spec_args"], "--csv", csv_path]
+    if int(p["cp"]) > 1:
+        cmd += ["--cp", str(p["cp"]), "--cp-comm-type", p["cp_comm_type"]]
     if args.warmup is not None:
         cmd += ["--warmup", str(args.warmup)]
     if args.iters is not None:
@@ -766,15 +782,22 @@ def layer_run_command(p, args, layer_run, emulated, csv_path):
         cmd += shlex.split(args.extra)
     if emulated:
         cmd.append("--emulate-tp")
+        if int(p["cp"]) > 1:
+            cmd.append("--emulate-cp")
     return cmd
+
+
+def world_size(p):
+    """The point's ranks: t x C (Megatron's order inside layer_run)."""
+    return int(p["tp"]) * int(p["cp"])
 
 
 def command_for(p, args, layer_run, emulated, mpirun, flavor=None):
     """The point's command on this machine: layer_run, under mpirun -np t for real ranks."""
     cmd = layer_run_command(p, args, layer_run, emulated, args.csv)
-    if not emulated and int(p["tp"]) > 1:
-        launcher = [mpirun, "-np", str(p["tp"])]
-        if flavor == "openmpi" and int(p["tp"]) > cpu_count():
+    if not emulated and world_size(p) > 1:
+        launcher = [mpirun, "-np", str(world_size(p))]
+        if flavor == "openmpi" and world_size(p) > cpu_count():
             launcher.append("--oversubscribe")
         cmd = [*launcher, *cmd]
     return cmd
@@ -1051,7 +1074,7 @@ def main(argv=None):
     todo = []
     for p in points:
         try:
-            emulated = use_emulation(args, int(p["tp"]), mpirun, gpus)
+            emulated = use_emulation(args, world_size(p), mpirun, gpus)
         except SweepError as e:
             print(f"sweep: error: {e}", file=sys.stderr)
             return 2
@@ -1059,7 +1082,7 @@ def main(argv=None):
         todo.append((p, emulated, key, key in done))
     if args.launcher == "slurm":
         return sweep_slurm.run(args, plan, todo, header, done, layer_run, runner)
-    flavor = mpirun_flavor(mpirun) if any(not e and int(p["tp"]) > 1 for p, e, _, _ in todo) else None
+    flavor = mpirun_flavor(mpirun) if any(not e and world_size(p) > 1 for p, e, _, _ in todo) else None
     env = launcher_env(flavor)
     try:
         check_recordable(todo, lambda p, emulated: command_for(p, args, layer_run, emulated, mpirun, flavor))

@@ -233,7 +233,7 @@ def mpi_option():
 
 
 def ranks_of(p, emulated):
-    return 1 if emulated else int(p["tp"])
+    return 1 if emulated else sweep.world_size(p)
 
 
 def task_command(p, args, layer_run, emulated, mpi):

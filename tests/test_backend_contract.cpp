@@ -142,9 +142,8 @@ TEST_P(BackendContract, CausalSoftmax) {
   refuses("softmax_causal_fwd", "scores must be [..., S, S]", [&] { be_->softmax_causal_fwd(t({2, 4, 5}), t({2, 4, 5})); });
   refuses("softmax_causal_fwd", "scores must be [..., R, C]", [&] { be_->softmax_causal_fwd(t({4}), t({4})); });
   // Rows placed in a longer sequence (context parallelism): [.., R, C] with every row inside C.
-  if (std::string(be_->name()) != "cuda")  // the cuda kernels do not take placed rows yet
-    accepts([&] { be_->softmax_causal_fwd(t({2, 2, 8}), t({2, 2, 8}), SeqPositions::chunks(1, 1, 6)); },
-            "softmax_causal_fwd");
+  accepts([&] { be_->softmax_causal_fwd(t({2, 2, 8}), t({2, 2, 8}), SeqPositions::chunks(1, 1, 6)); },
+          "softmax_causal_fwd");
   refuses("softmax_causal_fwd", "score rows 1..2 at positions 8..9 do not fit [0, 8)",
           [&] { be_->softmax_causal_fwd(t({2, 2, 8}), t({2, 2, 8}), SeqPositions::chunks(1, 1, 8)); });
   refuses("softmax_causal_fwd", "probs has 24 elements", [&] { be_->softmax_causal_fwd(S, t({2, 4, 3})); });
@@ -159,7 +158,7 @@ TEST_P(BackendContract, ContextParallelCopiesAndMerges) {
   refuses("copy_rows", "src and dst must be [O, Rs, W] and [O, Rd, W]",
           [&] { be_->copy_rows(t({2, 3, 4}), 0, t({3, 5, 4}), 0, 1); });
   Tensor out = t({2, 3, 4}), lse = t({2, 3}, f32), part = t({2, 3, 4}), part_lse = t({2, 3}, f32);
-  if (std::string(be_->name()) != "cuda") accepts([&] { be_->attention_merge(out, lse, part, part_lse); }, "attention_merge");
+  accepts([&] { be_->attention_merge(out, lse, part, part_lse); }, "attention_merge");
   refuses("attention_merge", "lse_part has 5 elements", [&] { be_->attention_merge(out, lse, part, t({5}, f32)); });
 }
 

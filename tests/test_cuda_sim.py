@@ -161,6 +161,35 @@ class CudaSimTest(unittest.TestCase):
                 self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu2"), r["config"]))
                 self.assert_numpy_reference(got)
 
+    @unittest.skipUnless(numpy_layer and MPIEXEC, "numpy or mpirun missing")
+    def test_context_parallel_over_the_nccl_stand_in(self):
+        # Two ranks as C = 2: the ring (fused), all-gather and a2a (unfused), gpt with dropout and
+        # llama (GQA, RoPE at each rank's positions): the cuda dumps equal the cpu backend's and
+        # the NumPy layer's, and the bytes equal meta's.
+        llama = ["--arch", "llama", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--ffn-hidden", "96"]
+        cases = [("ring", ["--cp-comm-type", "p2p", "--attention", "fused", "--dropout", "0.1"]),
+                 ("gather", ["--cp-comm-type", "all_gather", "--dropout", "0.1"]),
+                 ("a2a_llama", ["--cp-comm-type", "a2a", *llama])]
+        configs = ["baseline", "selective+sp"]
+        for tag, flags in cases:
+            with self.subTest(tag):
+                common = ["--model", "tiny", "--seq", "24", "--batch", "2", "--cp", "2", "--config", ",".join(configs),
+                          "--dtype", "fp32", *flags]
+                rows = self.layer_run("cuda_" + tag, "--backend", "cuda", *common, "--dump",
+                                      self.dump_dir("cuda_" + tag), np_ranks=2)
+                self.assert_simulated_rows(rows, configs)
+                self.assertEqual({(r["cp"], r["comm_mode"]) for r in rows}, {("2", "nccl")})
+                self.layer_run("cpu_" + tag, "--backend", "cpu", *common, "--dump", self.dump_dir("cpu_" + tag),
+                               np_ranks=2)
+                meta = self.layer_run("meta_" + tag, "--backend", "meta", *common, np_ranks=2)
+                for r, m in zip(rows, meta):
+                    self.assertEqual(r["act_bytes"], m["act_bytes"])
+                    self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+                for config in configs:
+                    got = os.path.join(self.dump_dir("cuda_" + tag), config)
+                    self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), config))
+                    self.assert_numpy_reference(got)
+
     @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
     def test_dropout_and_bf16_match_the_cpu_backend(self):
         # Dropout masks come from the same Philox stream on both backends; bf16 rounds alike.

@@ -6,7 +6,10 @@
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
+
 #include "kernels/backend_comm.hpp"
+#include "kernels/cpu/cpu_attention.hpp"
 #include "layer_harness.hpp"
 
 using namespace actbench;
@@ -54,6 +57,37 @@ TEST_P(MpiContextParallel, EveryTensorEqualsTheSingleRankLayer) {
                               arch + " " + config + " " + attention_name(attention) + " " + cp_comm_type_name(type) +
                                   " t=" + std::to_string(t) + " C=" + std::to_string(C));
         }
+  }
+}
+
+// Every rank of a CP group does the same attention work: chunks i and 2C-1-i see
+// (2C-1)c^2 + c(c+1) query-key pairs whatever i is. Measured: the scores the cpu kernel
+// computed on each rank (forward and backward), for the ring and the all-gather.
+TEST(MpiContextParallelBalance, EveryRankComputesTheSameAttentionScores) {
+  for (int C : {2, 4}) {
+    if (g_world_size % C != 0) continue;
+    const int t = g_world_size / C;
+    for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather}) {
+      ExperimentSpec spec = small_spec("selective", DType::fp32, 0.f, dims_of("llama"));
+      spec.policy.attention = Attention::fused;
+      spec.policy.cp_comm = type;
+      spec.warmup = 0;
+      spec.iters = 1;
+      auto be = make_cpu_backend();
+      ParallelGroups groups = make_parallel_groups(*be, t, C);
+      spec.cp_group = groups.cp.get();
+      const int64_t before = cpu::attention_score_count();
+      ASSERT_EQ(run_experiment(*be, *groups.tp, spec).status, "ok");
+      const std::vector<float> per_rank =
+          groups.world->gather_host({static_cast<float>(cpu::attention_score_count() - before)});
+      const auto [least, most] = std::minmax_element(per_rank.begin(), per_rank.end());
+      double total = 0;
+      for (float n : per_rank) total += n;
+      EXPECT_GT(*least, 0.f);
+      EXPECT_LT(*most - *least, total / (2.0 * C)) << cp_comm_type_name(type) << " C=" << C;
+      // Whole tiles are not the unit here: each rank computed exactly the same pairs.
+      EXPECT_EQ(*most, *least) << cp_comm_type_name(type) << " C=" << C;
+    }
   }
 }
 

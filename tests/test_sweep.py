@@ -708,6 +708,44 @@ class SweepRuns(unittest.TestCase):
         self.assertIn("6 points, 6 already in", r.stderr)
         self.assertIn("ran 0 ", r.stderr)
 
+    def test_context_parallel_points_run_under_mpirun_and_resume(self):
+        # C = 2 and C = 1 of each comm type are points of their own; C = 2 runs as 2 real ranks,
+        # and cp_comm_type is empty (not a point) where C = 1.
+        plan = self.plan({"cp": [1, 2], "cp_comm_type": ["p2p", "a2a"]},
+                         fixed={"model": "tiny", "seq": 8, "attention": "fused", "config": "selective"})
+        args = [plan, "--backend", "cpu", "--launcher", "mpi", "--iters", "1", "--warmup", "0"]
+        r = self.sweep(*args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        header, rows = read_rows(self.csv)
+        col = {c: header.index(c) for c in ("cp", "cp_comm_type", "emulated", "status", "act_bytes",
+                                            "act_bytes_formula", "comm_bytes_cp", "comm_mode")}
+        self.assertEqual(sorted((row[col["cp"]], row[col["cp_comm_type"]]) for row in rows),
+                         [("1", ""), ("2", "a2a"), ("2", "p2p")])
+        for row in rows:
+            self.assertEqual((row[col["status"]], row[col["emulated"]]), ("ok", "0"), row)
+            self.assertEqual(row[col["act_bytes"]], row[col["act_bytes_formula"]])
+            if row[col["cp"]] == "2":
+                self.assertGreater(float(row[col["comm_bytes_cp"]]), 0)
+                self.assertEqual(row[col["comm_mode"]], "mpi")  # two real ranks
+        r = self.sweep(*args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("3 points, 3 already in", r.stderr)
+
+    def test_longcontext_plan_emulates_both_groups_on_meta(self):
+        points = sweep.expand(sweep.load_plan("longcontext"), {"dtype": "bf16", "layers": 1})
+        self.assertEqual(len(points), 6 * 5 * 2)
+        self.assertEqual(max(p["seq"] for p in points), 1048576)
+        plan = self.plan({"cp": [2, 4]}, fixed={"model": "22b", "tp": 8, "batch": 1, "seq": 65536, "attention": "fused",
+                                                 "config": "selective+sp"})
+        r = self.sweep(plan, "--backend", "meta")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        header, rows = read_rows(self.csv)
+        self.assertEqual(len(rows), 2)
+        for row in rows:
+            self.assertEqual(row[header.index("emulated")], "1")
+            self.assertIn("--emulate-cp", row[header.index("command")])
+            self.assertEqual(row[header.index("act_bytes")], row[header.index("act_bytes_formula")])
+
     def test_failed_and_oom_points_are_recorded_and_the_sweep_goes_on(self):
         # heads 5 do not divide h = 64: layer_run refuses the point; the others run.
         plan = self.plan({"heads": [4, 5], "config": ["baseline", "full"]}, fixed={"model": "tiny", "tp": 2})

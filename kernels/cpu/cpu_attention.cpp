@@ -1,6 +1,7 @@
 #include "kernels/cpu/cpu_attention.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -9,6 +10,7 @@ namespace actbench::cpu {
 namespace {
 
 constexpr double kNoKey = -std::numeric_limits<double>::infinity();
+std::atomic<int64_t> g_scores{0};
 
 // The local index of probability (bh, query row i, key row j) in the spec's [B, T, T] space:
 // both rows at their place in the whole sequence.
@@ -18,6 +20,8 @@ int64_t probability_index(const AttentionShape& s, int64_t bh, int64_t i, int64_
 }
 
 }  // namespace
+
+int64_t attention_score_count() { return g_scores.load(); }
 
 void attention_fwd(const float* q, const float* k, const float* v, const AttentionShape& shape, float scale,
                    const DropoutSpec& spec, float* out, float* lse) {
@@ -40,6 +44,7 @@ void attention_fwd(const float* q, const float* k, const float* v, const Attenti
         double tile_max = kNoKey;
         for (int64_t j = j0; j < j1; ++j) {
           if (shape.rows.keys.at(j) > q_pos) continue;
+          g_scores.fetch_add(1, std::memory_order_relaxed);
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qi[d]) * kb[j * D + d];
           tile_scores[static_cast<size_t>(j - j0)] = dot * scale;
@@ -95,6 +100,7 @@ void attention_bwd(const float* q, const float* k, const float* v, const float* 
         for (int64_t d = 0; d < D; ++d) delta += static_cast<double>(doi[d]) * out[base + i * D + d];
         for (int64_t j = 0; j < Sk; ++j) {
           if (shape.rows.keys.at(j) > q_pos) continue;
+          g_scores.fetch_add(1, std::memory_order_relaxed);
           const float* kj = k + kv_base + j * D;
           const float* vj = v + kv_base + j * D;
           double dot = 0, dp_dropped = 0;

@@ -21,6 +21,10 @@ struct AttentionShape {
   AttentionRows rows;
   int64_t total() const { return rows.total > 0 ? rows.total : S; }
 };
+// The (query, key) scores this process has computed in fused attention, forward and backward:
+// the work a rank did, which context parallelism's chunk assignment balances (read by tests).
+int64_t attention_score_count();
+
 void attention_fwd(const float* q, const float* k, const float* v, const AttentionShape& shape, float scale,
                    const DropoutSpec& spec, float* out, float* lse);
 // dq written; dk, dv [B / group, Sk, D] written, each the sum over the group's query batches.
