@@ -93,8 +93,8 @@ TEST(MpiContextParallelBalance, EveryRankComputesTheSameAttentionScores) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiContextParallel,
                          ::testing::Values("baseline", "sp", "full", "selective", "selective+sp"),
-                         [](const auto& info) {
-                           std::string n = info.param;
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
                            for (char& c : n)
                              if (c == '+') c = '_';
                            return n;
