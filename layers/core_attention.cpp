@@ -114,6 +114,7 @@ Tensor LayerBase::core_attention_fwd(const char* stage, QkvHeads qkv, SavedActiv
     qkv.v = cp_seq_to_heads(stage, "v", qkv.v);
   }
   Tensor ctx_heads = be_.empty({b, g.heads, g.q_rows, head_dim_}, opt_.dtype);
+  Tensor context = be_.empty({seq_, b, heads_per_rank_ * head_dim_}, opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "core_attn"), phase_log_);
     if (opt_.policy.attention == Attention::fused) {
@@ -134,10 +135,13 @@ Tensor LayerBase::core_attention_fwd(const char* stage, QkvHeads qkv, SavedActiv
         save.attn_dropout_out = weights.dropped;
       }
     }
+    if (!cp_is(CpCommType::a2a)) be_.merge_heads(ctx_heads, 0, context);
   }
-  if (cp_is(CpCommType::a2a)) ctx_heads = cp_heads_to_seq(stage, "context", ctx_heads);
-  Tensor context = be_.empty({seq_, b, heads_per_rank_ * head_dim_}, opt_.dtype);
-  be_.merge_heads(ctx_heads, 0, context);
+  if (cp_is(CpCommType::a2a)) {  // back to this rank's rows first, outside the phase
+    ctx_heads = cp_heads_to_seq(stage, "context", ctx_heads);
+    PhaseRange phase(phase_name(stage, "core_attn"), phase_log_);
+    be_.merge_heads(ctx_heads, 0, context);
+  }
   if (keep.any) {
     save.q = qkv.q;
     save.k = qkv.k;
