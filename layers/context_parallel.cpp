@@ -14,11 +14,30 @@ std::string cp_phase(const char* stage, const char* collective, const char* what
   return std::string("comm.cp.") + stage + "." + collective + "." + what;
 }
 
+// Between the ranks' order and the sequence's: slot r of by_rank [C, O * rows * d] holds rank
+// r's rows (its chunks r and 2C-1-r), whole [O, C * rows, d] the sequence in order.
+void to_sequence_order(Backend& be, const Tensor& by_rank, const Tensor& whole, int C) {
+  const int64_t O = whole.dim(0), rows = whole.dim(1) / C, d = whole.dim(2), chunk = rows / 2;
+  for (int r = 0; r < C; ++r) {
+    const Tensor from = by_rank.rows(r, r + 1).view({O, rows, d});
+    be.copy_rows(from, 0, whole, r * chunk, chunk);
+    be.copy_rows(from, chunk, whole, (2 * C - 1 - r) * chunk, chunk);
+  }
+}
+void to_rank_order(Backend& be, const Tensor& whole, const Tensor& by_rank, int C) {
+  const int64_t O = whole.dim(0), rows = whole.dim(1) / C, d = whole.dim(2), chunk = rows / 2;
+  for (int r = 0; r < C; ++r) {
+    const Tensor to = by_rank.rows(r, r + 1).view({O, rows, d});
+    be.copy_rows(whole, r * chunk, to, 0, chunk);
+    be.copy_rows(whole, (2 * C - 1 - r) * chunk, to, chunk, chunk);
+  }
+}
+
 }  // namespace
 
 Tensor LayerBase::cp_seq_to_heads(const char* stage, const char* what, const Tensor& x) {
   const int C = cp_size_;
-  const int64_t b = x.dim(0), n = x.dim(1), rows = x.dim(2), d = x.dim(3), chunk = rows / 2, group = n / C;
+  const int64_t b = x.dim(0), n = x.dim(1), rows = x.dim(2), d = x.dim(3), group = n / C;
   const int64_t slot = group * rows * d;  // one head group of this rank's rows, per batch
   PhaseRange phase(cp_phase(stage, "all_to_all", what), phase_log_);
   // Rank j gets head group j of every batch: slot j of send is [b, group, rows, d].
@@ -29,28 +48,18 @@ Tensor LayerBase::cp_seq_to_heads(const char* stage, const char* what, const Ten
   send = Tensor();
   // Slot r holds rank r's rows of head group cp_rank: its chunks r and 2C-1-r, to their places.
   Tensor out = be_.empty({b, group, rows * C, d}, x.dtype());
-  const Tensor whole = out.view({b * group, rows * C, d});
-  for (int r = 0; r < C; ++r) {
-    const Tensor from = recv.rows(r, r + 1).view({b * group, rows, d});
-    be_.copy_rows(from, 0, whole, r * chunk, chunk);
-    be_.copy_rows(from, chunk, whole, (2 * C - 1 - r) * chunk, chunk);
-  }
+  to_sequence_order(be_, recv, out.view({b * group, rows * C, d}), C);
   return out;
 }
 
 Tensor LayerBase::cp_heads_to_seq(const char* stage, const char* what, const Tensor& x) {
   const int C = cp_size_;
-  const int64_t b = x.dim(0), group = x.dim(1), s = x.dim(2), d = x.dim(3), rows = s / C, chunk = rows / 2;
+  const int64_t b = x.dim(0), group = x.dim(1), s = x.dim(2), d = x.dim(3), rows = s / C;
   const int64_t slot = group * rows * d;
   PhaseRange phase(cp_phase(stage, "all_to_all", what), phase_log_);
   // Rank r gets its own chunks r and 2C-1-r of this head group.
   Tensor send = be_.empty({C, b * slot}, x.dtype());
-  const Tensor whole = x.view({b * group, s, d});
-  for (int r = 0; r < C; ++r) {
-    const Tensor to = send.rows(r, r + 1).view({b * group, rows, d});
-    be_.copy_rows(whole, r * chunk, to, 0, chunk);
-    be_.copy_rows(whole, (2 * C - 1 - r) * chunk, to, chunk, chunk);
-  }
+  to_rank_order(be_, x.view({b * group, s, d}), send, C);
   Tensor recv = be_.empty({C, b * slot}, x.dtype());
   cp_comm_->all_to_all(send, recv);
   send = Tensor();
@@ -62,31 +71,21 @@ Tensor LayerBase::cp_heads_to_seq(const char* stage, const char* what, const Ten
 
 Tensor LayerBase::cp_gather_sequence(const char* stage, const char* what, const Tensor& x) {
   const int C = cp_size_;
-  const int64_t b = x.dim(0), n = x.dim(1), rows = x.dim(2), d = x.dim(3), chunk = rows / 2;
+  const int64_t b = x.dim(0), n = x.dim(1), rows = x.dim(2), d = x.dim(3);
   PhaseRange phase(cp_phase(stage, "all_gather", what), phase_log_);
   Tensor gathered = be_.empty({C, x.numel()}, x.dtype());
   cp_comm_->all_gather(x.view({1, x.numel()}), gathered);
   Tensor out = be_.empty({b, n, rows * C, d}, x.dtype());
-  const Tensor whole = out.view({b * n, rows * C, d});
-  for (int r = 0; r < C; ++r) {
-    const Tensor from = gathered.rows(r, r + 1).view({b * n, rows, d});
-    be_.copy_rows(from, 0, whole, r * chunk, chunk);
-    be_.copy_rows(from, chunk, whole, (2 * C - 1 - r) * chunk, chunk);
-  }
+  to_sequence_order(be_, gathered, out.view({b * n, rows * C, d}), C);
   return out;
 }
 
 Tensor LayerBase::cp_scatter_sequence(const char* stage, const char* what, const Tensor& dx) {
   const int C = cp_size_;
-  const int64_t b = dx.dim(0), n = dx.dim(1), s = dx.dim(2), d = dx.dim(3), rows = s / C, chunk = rows / 2;
+  const int64_t b = dx.dim(0), n = dx.dim(1), s = dx.dim(2), d = dx.dim(3), rows = s / C;
   PhaseRange phase(cp_phase(stage, "reduce_scatter", what), phase_log_);
   Tensor send = be_.empty({C, b * n * rows * d}, dx.dtype());
-  const Tensor whole = dx.view({b * n, s, d});
-  for (int r = 0; r < C; ++r) {
-    const Tensor to = send.rows(r, r + 1).view({b * n, rows, d});
-    be_.copy_rows(whole, r * chunk, to, 0, chunk);
-    be_.copy_rows(whole, (2 * C - 1 - r) * chunk, to, chunk, chunk);
-  }
+  to_rank_order(be_, dx.view({b * n, s, d}), send, C);
   Tensor out = be_.empty({b, n, rows, d}, dx.dtype());
   Tensor out_rows = out.view({1, out.numel()});
   cp_comm_->reduce_scatter(send, out_rows);
