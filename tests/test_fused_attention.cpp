@@ -93,17 +93,9 @@ double worst(const std::vector<float>& got, const std::vector<double>& ref, doub
 
 // Context parallelism's pieces: rank i of C holds chunks i and 2C-1-i of the sequence (each c
 // rows). The rows of chunks i and 2C-1-i of x [B, T, D], as a [B, 2c, D] block.
-std::vector<float> rank_rows(const std::vector<float>& x, int64_t B, int64_t T, int64_t D, int64_t c, int64_t C,
-                             int64_t i) {
-  std::vector<float> out;
-  for (int64_t bh = 0; bh < B; ++bh)
-    for (int64_t chunk : {i, 2 * C - 1 - i})
-      out.insert(out.end(), x.begin() + (bh * T + chunk * c) * D, x.begin() + (bh * T + (chunk + 1) * c) * D);
-  return out;
-}
-std::vector<double> rank_rows(const std::vector<double>& x, int64_t B, int64_t T, int64_t D, int64_t c, int64_t C,
-                              int64_t i) {
-  std::vector<double> out;
+template <typename Value>
+std::vector<Value> rank_rows(const std::vector<Value>& x, int64_t B, int64_t T, int64_t D, int64_t c, int64_t C, int64_t i) {
+  std::vector<Value> out;
   for (int64_t bh = 0; bh < B; ++bh)
     for (int64_t chunk : {i, 2 * C - 1 - i})
       out.insert(out.end(), x.begin() + (bh * T + chunk * c) * D, x.begin() + (bh * T + (chunk + 1) * c) * D);
