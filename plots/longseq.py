@@ -23,6 +23,8 @@ def measured(ctx, h, a, t):
             continue
         if r.get("dtype") not in ("bf16", "fp16") or num(r.get("act_bytes")) is None:
             continue
+        if (num(r.get("cp")) or 1) > 1:  # context-parallel rows are longcontext.py's
+            continue
         key = (r.get("attention") or "unfused", r["config"])
         pts.setdefault(key, {})[num(r["seq"])] = num(r["act_bytes"])
     return {k: sorted(v.items()) for k, v in pts.items()}

@@ -30,6 +30,7 @@ import fig1  # noqa: E402
 import fig7  # noqa: E402
 import fig8  # noqa: E402
 import llama  # noqa: E402
+import longcontext  # noqa: E402
 import longseq  # noqa: E402
 import memory_vs_predicted  # noqa: E402
 import recompute_modules  # noqa: E402
@@ -48,6 +49,7 @@ PLOTS = [
     ("Memory vs sequence length", seqlen),
     ("Measured vs predicted memory", memory_vs_predicted),
     ("Long sequences: paper's vs fused attention", longseq),
+    ("Long context: context parallelism up to 1M tokens", longcontext),
     ("The llama family: bytes by category, GQA vs MHA", llama),
     ("Recompute modules: bytes by category, unfused and fused", recompute_modules),
 ]

@@ -66,6 +66,8 @@ const std::vector<Flag>& flag_table() {
       {"account-for-embedding-in-pipeline-split", Kind::on_off, Use::read},
       {"account-for-loss-in-pipeline-split", Kind::on_off, Use::read},
       {"sequence-parallel", Kind::on_off, Use::read},
+      {"context-parallel-size", Kind::value, Use::read},
+      {"cp-comm-type", Kind::list, Use::read},
       {"world-size", Kind::value, Use::read},
       {"seq-length", Kind::value, Use::read},
       {"micro-batch-size", Kind::value, Use::read},
@@ -96,8 +98,9 @@ const std::vector<Flag>& flag_table() {
       // what the model cannot express
       {"num-experts", Kind::value, Use::refuse, "a mixture-of-experts layer"},
       {"expert-model-parallel-size", Kind::value, Use::refuse, "expert parallelism"},
-      {"context-parallel-size", Kind::value, Use::refuse, "context parallelism"},
       {"multi-latent-attention", Kind::on_off, Use::refuse, "multi-latent attention"},
+      {"hierarchical-context-parallel-sizes", Kind::list, Use::refuse,
+       "hierarchical context parallelism (--cp-comm-type a2a+p2p)"},
       {"pipeline-model-parallel-layout", Kind::value, Use::refuse,
        "a custom pipeline layout (give --decoder-first/last-pipeline-num-layers)"},
       {"use-torch-fsdp2", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
@@ -362,9 +365,35 @@ theory::TrainingPrecision precision_of(const Values& v) {
   return p;
 }
 
+// Megatron's --cp-comm-type: one type, or one per layer; the model takes one for every layer.
+CpCommType cp_comm_of(const Values& v) {
+  const std::string list = v.text("cp-comm-type", "p2p");
+  std::vector<std::string> types;
+  for (size_t begin = 0;;) {
+    const size_t comma = list.find(',', begin);
+    types.push_back(list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  std::string why;
+  for (const std::string& type : types) {
+    if (type == "a2a+p2p") why = "hierarchical context parallelism (a2a+p2p) is not modelled by theory memory";
+    if (type != types.front()) why = "a type per layer is not modelled; give one for all layers";
+  }
+  if (why.empty()) {
+    for (CpCommType c : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a})
+      if (types.front() == cp_comm_type_name(c)) return c;
+    why = "expected p2p, all_gather or a2a";
+  }
+  std::string message = "--cp-comm-type ";
+  message.append(printable(list)).append(": ").append(why);
+  throw InvalidArgument(message);
+}
+
 LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
   LayerPolicy c;
   c.sequence_parallel = v.on("sequence-parallel") && t > 1;  // Megatron turns SP off at t = 1
+  c.cp_comm = cp_comm_of(v);
   const std::string impl = v.text("transformer-impl", "transformer_engine");
   const std::string backend = v.text("attention-backend", "auto");
   const bool unfused = (impl == "local" && !v.on("use-flash-attn")) || backend == "unfused" || backend == "local";
@@ -390,6 +419,7 @@ theory::StepLayout layout_of(const Values& v) {
   theory::StepLayout l;
   l.t = static_cast<int>(v.integer("tensor-model-parallel-size", 1, max, 1));
   l.p = static_cast<int>(v.integer("pipeline-model-parallel-size", 1, max, 1));
+  l.cp = static_cast<int>(v.integer("context-parallel-size", 1, max, 1));
   if (v.has("num-layers-per-virtual-pipeline-stage") && v.has("num-virtual-stages-per-pipeline-rank"))
     throw InvalidArgument("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank: give one");
   l.vp = static_cast<int>(v.integer("num-virtual-stages-per-pipeline-rank", 1, max, 1));
@@ -463,13 +493,13 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.seq = run.model.seq;
   c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));
   run.world_size = world_size_of(v, gpus);
-  const int model_parallel = c.layout.t * c.layout.p;
+  const int64_t model_parallel = int64_t{c.layout.t} * c.layout.p * c.layout.cp;
   if (run.world_size == 0)
     throw InvalidArgument("the GPU count: give --gpus N (no --world-size or launcher --nproc_per_node to read it from)");
   if (run.world_size % model_parallel != 0)
     throw InvalidArgument("the world size (" + std::to_string(run.world_size) + " GPUs) must be a multiple of "
-                          "tensor x pipeline parallel (" + std::to_string(model_parallel) + ")");
-  c.layout.dp = run.world_size / model_parallel;
+                          "tensor x pipeline x context parallel (" + std::to_string(model_parallel) + ")");
+  c.layout.dp = static_cast<int>(run.world_size / model_parallel);
   c.global_batch = static_cast<double>(
       v.integer("global-batch-size", 1, static_cast<int64_t>(theory::kMaxGlobalBatch), 0));
   return run;

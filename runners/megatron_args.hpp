@@ -2,7 +2,8 @@
 // A Megatron-LM launch script's arguments, read as pretrain_gpt.py takes them: the model
 // (layers, widths, heads, GQA, norms, activation, biases, position embedding, vocabulary and
 // its padding, tied or untied output layer), the parallel layout (tensor, pipeline, virtual
-// stages, uneven first/last stages, sequence parallelism, data parallel from the world size),
+// stages, uneven first/last stages, sequence and context parallelism with its
+// --cp-comm-type, data parallel from the world size),
 // micro and global batch, sequence length, precision, optimizer and recompute, with
 // Megatron's own defaults where a flag is absent (docs/step_memory.md lists every flag).
 //
@@ -11,7 +12,7 @@
 // script) and any word that is not a flag or a flag's value are skipped, and torchrun's
 // --nproc_per_node × --nnodes give the world size. Flags that change no memory are ignored;
 // flags that change memory but are not modelled are collected for one warning line; flags
-// the model cannot express (mixture of experts, context parallelism, multi-latent attention)
+// the model cannot express (mixture of experts, hierarchical context parallelism, multi-latent attention)
 // are refused. A value the reader needs that is a shell variable ($TP) is refused naming it.
 #include <map>
 #include <optional>
@@ -56,7 +57,7 @@ struct MegatronRun {
 
 // What the flags make of a training run. The model is `base` (a preset or a Hugging Face
 // config) with the layer flags as edits, or, without a base, built from the flags alone.
-// The data-parallel size is world_size / (t·p); world_size is `gpus` when given (> 0), else
+// The data-parallel size is world_size / (t·p·C); world_size is `gpus` when given (> 0), else
 // the flags' world size. Throws InvalidArgument (one line naming the flag).
 MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus);
 

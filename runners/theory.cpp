@@ -138,22 +138,24 @@ int run_plan_search(const TheoryOptions& a) {
   r.attention = parse_attention(a.attention);
   r.headroom_bytes = static_cast<double>(a.headroom);
   r.efficiency = a.efficiency;
+  r.cp_comm = parse_cp_comm_type(a.cp_comm_type);
+  r.max_cp = a.max_cp;
   const int top = a.top;
   const std::vector<PlanCandidate> plans = plan_search(r);
   const double s = r.seq > 0 ? r.seq : r.model.seq;
-  std::printf("%s on %d x %s (%.1f GiB), s=%g, global batch %g sequences, %s attention, %s optimizer, "
+  std::printf("%s on %d x %s (%.1f GiB), s=%.0f, global batch %g sequences, %s attention, %s optimizer, "
               "%.0f%% of peak FLOP/s\n",
               r.model.name.c_str(), r.gpus, r.gpu.label.c_str(), r.gpu.memory_bytes / kGiB, s, r.global_batch,
               a.attention.c_str(), r.distributed_optimizer ? "distributed" : "replicated", 100 * r.efficiency);
-  std::printf("%3s %3s %2s %4s %2s %-13s %5s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s\n", "t", "p", "m", "dp", "b",
+  std::printf("%3s %3s %3s %2s %4s %2s %-13s %5s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s\n", "t", "cp", "p", "m", "dp", "b",
               "config", "stage", "weights", "grads", "optim", "activ.", "extras", "workset", "peak", "iter_s",
               "tokens/s", "MFU%");
   int shown = 0;
   for (const PlanCandidate& k : plans) {
     if (!k.fits || shown == top) break;
     ++shown;
-    std::printf("%3d %3d %2d %4d %2g %-13s %5d %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f\n",
-                k.t, k.p, k.m, k.dp, k.b, k.config.c_str(), k.stage, k.weight_bytes / kGiB, k.grad_bytes / kGiB,
+    std::printf("%3d %3d %3d %2d %4d %2g %-13s %5d %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f\n",
+                k.t, k.cp, k.p, k.m, k.dp, k.b, k.config.c_str(), k.stage, k.weight_bytes / kGiB, k.grad_bytes / kGiB,
                 k.optimizer_bytes / kGiB, k.activation_bytes / kGiB, k.extra_bytes / kGiB, k.working_set_bytes / kGiB,
                 k.total_bytes / kGiB, k.iteration_s, k.tokens_per_s, k.mfu_percent);
   }
@@ -301,16 +303,19 @@ std::string run_text(const MegatronRun& r) {
   if (m.layer.add_bias_linear) options += " +biases";
   else if (m.layer.add_qkv_bias) options += " +qkv-bias";
   if (m.layer.attention_dropout > 0 || m.layer.hidden_dropout > 0) options += " +dropout";
-  char text[700];
+  const std::string cp_text = c.layout.cp > 1 ? " cp=" + std::to_string(c.layout.cp) + " (" +
+                                                    cp_comm_type_name(c.policy.cp_comm) + ")"
+                                              : "";
+  char text[760];
   std::snprintf(text, sizeof text,
                 "%s: L=%g h=%g a=%g g=%g d=%g F=%g %s %s%s, vocab %g (padded %g), %s embeddings%s\n"
-                "%d GPUs: t=%d p=%d vp=%d dp=%d%s, s=%g b=%g, %g micro-batches per step, %s%s%s, %s attention, "
+                "%d GPUs: t=%d p=%d vp=%d dp=%d%s%s, s=%.0f b=%g, %g micro-batches per step, %s%s%s, %s attention, "
                 "%g/%g/%g+%g bytes per parameter (weight/grad/master+state)%s",
                 m.name.c_str(), m.L, m.h, m.a, m.layer.groups(d), m.layer.head_dim(d), m.layer.ffn(d),
                 norm_name(m.layer.normalization), activation_name(m.layer.activation), options.c_str(), m.vocab,
                 padded_vocab(m, c.layout.t),
                 m.tied_embeddings ? "tied" : "untied", m.learned_positions ? ", learned positions" : "", r.world_size,
-                c.layout.t, c.layout.p, c.layout.vp, c.layout.dp, c.policy.sequence_parallel ? " +SP" : "", c.seq,
+                c.layout.t, c.layout.p, c.layout.vp, c.layout.dp, cp_text.c_str(), c.policy.sequence_parallel ? " +SP" : "", c.seq,
                 c.micro_batch, c.microbatches(), recompute_name(c.policy.recompute),
                 c.policy.recompute == Recompute::selective ? (" (" + recompute_modules_name(c.policy.modules) + ")").c_str() : "",
                 c.stack.method != RecomputeMethod::none

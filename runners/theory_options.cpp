@@ -148,6 +148,9 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   opts.value(plan, "--attention", kSearch, "with --gpus: fused | unfused", "fused");
   opts.value(plan, "--efficiency", kSearch, "with --gpus: achieved fraction of peak FLOP/s, in (0, 1]", "0.5");
   opts.value(plan, "--top", kSearch, "with --gpus: plans to print", "10");
+  opts.value(plan, "--cp-comm-type", kSearch, "with --gpus: context parallelism's exchange, p2p | all_gather | a2a",
+             "p2p");
+  opts.value(plan, "--max-cp", kSearch, "with --gpus: the largest context-parallel size searched (1: none)", "64");
   opts.value(plan, "--gpu-memory", kFit, "without --gpus: device memory, e.g. 80GiB (default: the --gpu's)");
   opts.value(plan, "--gpu", both, "a100 | h100 | h200 (| b200 with --gpus)", "a100");
   opts.value(plan, "--tp", kFit, "without --gpus: tensor-parallel size (default: Table 3's)");
@@ -251,6 +254,9 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
   if (!(o.efficiency > 0 && o.efficiency <= 1))
     throw InvalidArgument("--efficiency must be in (0, 1], got " + opts.text(plan, "--efficiency"));
   o.top = static_cast<int>(parse_int_option("--top", opts.text(plan, "--top"), 1, kMaxTheoryTop));
+  o.cp_comm_type = opts.text(plan, "--cp-comm-type");
+  parse_cp_comm_type(o.cp_comm_type);  // refused here, in one line, before any search
+  o.max_cp = static_cast<int>(parse_int_option("--max-cp", opts.text(plan, "--max-cp"), 1, theory::kMaxPlanGpus));
 }
 
 void take_memory(const Options& opts, const CLI::App* memory, TheoryOptions& o) {

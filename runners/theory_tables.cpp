@@ -8,6 +8,9 @@
 #include "runtime/csv.hpp"
 #include "runtime/error.hpp"
 #include "theory/iteration_model.hpp"
+#include "theory/layer_pieces.hpp"
+#include "theory/layout_search.hpp"  // plan_model
+#include "theory/step_memory.hpp"
 #include "theory/memory_totals.hpp"
 #include "theory/paper_values.hpp"
 #include "theory/pipeline.hpp"
@@ -206,6 +209,43 @@ Table longseq(double bytes_per_param) {
   return t;
 }
 
+// Beyond the paper: long context. The 22B model at t = 8, b = 1, one micro-batch per step,
+// fused attention with context parallelism's ring (p2p), bf16 with Adam and the distributed
+// optimizer (sharded over the C ranks), for s = 32k..1M and C = 1..32: the whole training
+// step's peak per GPU (step_memory.hpp) against 80 GB and 141 GB. Rotary positions: a learned
+// table of 1M positions would alone be 6.4 billion parameters.
+Table longcontext() {
+  Table t{{"model", "hidden", "heads", "layers", "tp", "cp", "cp_comm_type", "seq", "attention", "config",
+           "act_bytes_per_layer", "activation_gib", "extras_gib", "working_set_gib", "rest_gib", "peak_gib",
+           "fits_h100_80gb", "fits_h200_141gb"},
+          {}};
+  TransformerModel m = plan_model("22b");
+  m.learned_positions = false;
+  for (double s = 32768; s <= 1048576; s *= 2)
+    for (const int C : {1, 2, 4, 8, 16, 32})
+      for (const std::string& name : {"baseline", "sp", "selective+sp", "full+sp"}) {
+        StepConfig c;
+        c.layout.t = 8, c.layout.cp = C;
+        c.seq = s, c.micro_batch = 1;
+        c.policy = parse_config(name);
+        c.policy.attention = Attention::fused;
+        c.policy.cp_comm = CpCommType::p2p;
+        c.stack = {RecomputeMethod::uniform, 1};
+        c.distributed_optimizer = true;
+        const StageMemory st = step_memory(m, c).front();
+        const Dims d = c.layer_dims(m);
+        const double per_layer = layer_bytes(d, m.layer, c.policy) + layer_extra_bytes(d, m.layer, c.policy);
+        const double working = st.recompute_working_set_bytes + st.grad_working_set_bytes +
+                               st.loss_working_set_bytes + st.embedding_grad_bytes;
+        auto fits = [&](const char* g) { return st.peak_bytes <= gpu(g).memory_bytes ? "1" : "0"; };
+        t.add({m.name, fmt(m.h), fmt(m.a), fmt(m.L), "8", fmt(C), "p2p", fmt(s), "fused", name, fmt_bytes(per_layer),
+               fmt(st.activation_bytes / kGiB, "%.4f"), fmt((st.embedding_bytes + st.output_bytes) / kGiB, "%.4f"),
+               fmt(working / kGiB, "%.4f"), fmt(st.rest_bytes / kGiB, "%.4f"), fmt(st.peak_bytes / kGiB, "%.4f"),
+               fits("h100"), fits("h200")});
+      }
+  return t;
+}
+
 Table pipeline_table(const Precision& prec) {
   Table t{{"model", "schedule", "pp", "interleave", "microbatches", "stage", "max_in_flight_chunks",
            "layers_per_chunk", "in_flight_layers", "activations_present_gib", "activations_baseline_gib",
@@ -281,6 +321,7 @@ std::vector<std::pair<std::string, Table>> all_tables(const TableSettings& s, co
       {"fig7.csv", fig7()},
       {"seqlen.csv", seqlen()},
       {"longseq.csv", longseq(s.bytes_per_param)},
+      {"longcontext.csv", longcontext()},
       {"pipeline.csv", pipeline_table(s.precision)},
       {"table5.csv", table5(measured)},
       {"plan.csv", plan_table(s.bytes_per_param, s.precision)},
@@ -308,21 +349,22 @@ Table fit_table(const ModelSpec& m, const FitOptions& opt, const FitPlan& plan) 
 }
 
 Table search_table(const PlanRequest& r, const std::vector<PlanCandidate>& plans) {
-  Table t{{"model", "gpu", "gpus", "seq", "global_batch", "attention", "distributed_optimizer", "tp", "pp",
+  Table t{{"model", "gpu", "gpus", "seq", "global_batch", "attention", "distributed_optimizer", "tp", "cp", "pp",
            "interleave", "dp", "microbatch", "microbatches", "config", "peak_stage", "params_per_gpu", "weight_bytes",
            "grad_bytes", "optimizer_bytes", "per_layer_activation_bytes", "layers_in_flight", "activation_bytes",
            "extra_bytes", "working_set_bytes", "headroom_bytes", "total_bytes", "fits", "iteration_s",
-           "tokens_per_s", "mfu_percent"},
+           "tokens_per_s", "mfu_percent", "cp_comm_type"},
           {}};
   const double s = r.seq > 0 ? r.seq : r.model.seq;
   for (const PlanCandidate& k : plans)
     t.add({r.model.name, r.gpu.name, fmt(r.gpus), fmt(s), fmt(r.global_batch), attention_name(r.attention),
-           r.distributed_optimizer ? "1" : "0", fmt(k.t), fmt(k.p), fmt(k.m), fmt(k.dp), fmt(k.b),
+           r.distributed_optimizer ? "1" : "0", fmt(k.t), fmt(k.cp), fmt(k.p), fmt(k.m), fmt(k.dp), fmt(k.b),
            fmt(k.microbatches), k.config, fmt(k.stage), fmt_bytes(k.params_per_gpu), fmt_bytes(k.weight_bytes),
            fmt_bytes(k.grad_bytes), fmt_bytes(k.optimizer_bytes), fmt_bytes(k.per_layer_activation_bytes),
            fmt(k.layers_in_flight), fmt_bytes(k.activation_bytes), fmt_bytes(k.extra_bytes),
            fmt_bytes(k.working_set_bytes), fmt_bytes(k.headroom_bytes), fmt_bytes(k.total_bytes),
-           k.fits ? "1" : "0", fmt(k.iteration_s, "%.6g"), fmt(k.tokens_per_s, "%.6g"), fmt(k.mfu_percent, "%.4g")});
+           k.fits ? "1" : "0", fmt(k.iteration_s, "%.6g"), fmt(k.tokens_per_s, "%.6g"), fmt(k.mfu_percent, "%.4g"),
+           k.cp > 1 ? cp_comm_type_name(r.cp_comm) : ""});
   return t;
 }
 

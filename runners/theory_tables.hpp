@@ -66,6 +66,9 @@ Table fig7();
 Table seqlen();
 // The 22B model from 1k to 128k tokens against each GPU's memory.
 Table longseq(double bytes_per_param);
+// Long context: the 22B model (t = 8) from 32k to 1M tokens with context parallelism C = 1..32,
+// each configuration's whole training step on one GPU (theory/step_memory.hpp).
+Table longcontext();
 // The simulated 1F1B / interleaved schedules: in-flight layers and the bubble per stage.
 Table pipeline_table(const theory::Precision& prec);
 Table paper_table4();

@@ -2,7 +2,8 @@
 # The main job: the formulas, every measurement this machine can make, and the figures.
 #   theory  Table 2, Figures 1 and 7, Table 5's model, long-sequence fit  -> OUT/theory
 #   meta    activation bytes of one layer per rank, the four paper models (t = 8) and the
-#           22B layer from 1k to 128k tokens, paper's and fused attention  -> OUT/meta_*.csv
+#           22B layer from 1k to 128k tokens, paper's and fused attention, and from 32k to
+#           1M tokens with context parallelism C = 1..16                   -> OUT/meta_*.csv
 #   llama   the same bytes for LLaMA-3 8B/70B/405B layers (meta, t = 8)  -> OUT/meta_llama.csv
 #   modules each --recompute-modules set, 22B and LLaMA-3 8B (meta, t = 8) -> OUT/meta_recompute_modules.csv
 #   cpu     the tiny layer, all configurations, t = 1 and t = 2 over MPI   -> OUT/cpu_tiny.csv
@@ -57,6 +58,10 @@ done
 
 echo "== meta: 22B layer, 1k..128k tokens, paper's and fused attention, 80 GB device (resumable sweep)"
 "$py" "$root/runners/sweep.py" longseq --backend meta --memory-limit 80GB --csv "$out/meta_longseq.csv"
+
+echo "== meta: 22B layer, 32k..1M tokens, context parallelism C = 1..16 (ring), 80 GB device (resumable sweep)"
+"$py" "$root/runners/sweep.py" longcontext --backend meta --memory-limit 80GB \
+      --csv "$out/meta_longcontext.csv"
 
 echo "== cpu: tiny layer, t = 1 and t = 2 (MPI), fp32"
 "$lr" --backend cpu --model tiny --config "$configs" --dtype fp32 --iters 20 --csv "$out/cpu_tiny.csv" >/dev/null

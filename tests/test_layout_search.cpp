@@ -81,7 +81,7 @@ TEST(LayoutSearch, ManyLayersOrAHugeBatchCostNoMoreThanTheGpuCount) {
   const auto plans = plan_search(r);
   ASSERT_FALSE(plans.empty());
   for (const PlanCandidate& k : plans) {
-    EXPECT_EQ(k.t * k.p * k.dp, 64);
+    EXPECT_EQ(k.t * k.cp * k.p * k.dp, 64);
     EXPECT_EQ(std::fmod(r.model.L, k.p), 0);
   }
 }
@@ -112,7 +112,7 @@ TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   bool seen_unfit = false;
   for (size_t i = 0; i < plans.size(); ++i) {
     const PlanCandidate& k = plans[i];
-    EXPECT_EQ(k.t * k.p * k.dp, 64);
+    EXPECT_EQ(k.t * k.cp * k.p * k.dp, 64);
     EXPECT_EQ(std::fmod(8, k.t), 0);  // kv-heads split whole
     const double step = k.weight_bytes + k.grad_bytes + k.optimizer_bytes + k.activation_bytes + k.extra_bytes +
                         k.working_set_bytes;
@@ -129,7 +129,7 @@ TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
     if (i > 0 && plans[i - 1].fits == k.fits) {
       EXPECT_LE(plans[i - 1].iteration_s, k.iteration_s);
     }
-    const LlamaDims d{8192, k.b, 8192, 64, 8, 28672, static_cast<double>(k.t)};
+    const LlamaDims d{8192 / k.cp, k.b, 8192, 64, 8, 28672, static_cast<double>(k.t)};  // fused: s/C rows
     LayerPolicy c = parse_config(k.config);
     c.attention = Attention::fused;
     EXPECT_EQ(k.per_layer_activation_bytes, llama_activation_bytes(d, c) + llama_norm_stats_bytes(d, c));
@@ -142,7 +142,7 @@ TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   // (and the RMSNorms' fp32 rstd), 20 layers of weights (2 norms of h, the rest /8) + the word
   // embedding's 128256 rows padded to a multiple of 128 x 8, / 8.
   const auto it = std::find_if(plans.begin(), plans.end(), [](const PlanCandidate& k) {
-    return k.t == 8 && k.p == 4 && k.m == 1 && k.b == 1 && k.config == "sp";
+    return k.t == 8 && k.cp == 1 && k.p == 4 && k.m == 1 && k.b == 1 && k.config == "sp";
   });
   ASSERT_NE(it, plans.end());
   ASSERT_EQ(it->stage, 0);
@@ -155,7 +155,56 @@ TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   EXPECT_DOUBLE_EQ(it->extra_bytes, (8 + 8 + 7) * 8192 * 4.0);
   // The distributed optimizer shards Adam's 12 bytes over dp.
   r.distributed_optimizer = true;
-  for (const PlanCandidate& k : plan_search(r)) EXPECT_DOUBLE_EQ(k.optimizer_bytes, 6 * k.weight_bytes / k.dp);
+  for (const PlanCandidate& k : plan_search(r)) EXPECT_DOUBLE_EQ(k.optimizer_bytes, 6 * k.weight_bytes / (k.dp * k.cp));
+}
+
+// A million tokens: no layout without context parallelism fits 64 H100s, the search finds
+// ones with it, and each candidate's C is a power of two whose 2C chunks cut s evenly.
+TEST(LayoutSearch, AMillionTokensFitOnlyWithContextParallelism) {
+  PlanRequest r;
+  r.model = plan_model("llama3-8b");
+  r.gpu = plan_gpu("h100");
+  r.gpus = 64;
+  r.seq = 1 << 20;
+  r.global_batch = 8;
+  r.distributed_optimizer = true;
+  const auto plans = plan_search(r);
+  ASSERT_TRUE(plans.front().fits);
+  std::vector<int> seen;
+  for (const PlanCandidate& k : plans) {
+    EXPECT_EQ(k.t * k.cp * k.p * k.dp, 64);
+    EXPECT_EQ(k.cp & (k.cp - 1), 0);
+    if (k.cp == 1) EXPECT_FALSE(k.fits) << k.t << " " << k.p << " " << k.config;
+    if (std::find(seen.begin(), seen.end(), k.cp) == seen.end()) seen.push_back(k.cp);
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 4, 8, 16, 32, 64}));
+  r.max_cp = 1;
+  for (const PlanCandidate& k : plan_search(r)) EXPECT_EQ(k.cp, 1);
+  r.max_cp = 64;
+  r.seq = 6 * 1024 + 4;  // 2C | s only for C = 1, 2
+  for (const PlanCandidate& k : plan_search(r)) EXPECT_LE(k.cp, 2);
+  r.seq = 1 << 20;
+  r.attention = Attention::unfused;  // the ring needs fused attention; all_gather does not
+  for (const PlanCandidate& k : plan_search(r)) EXPECT_EQ(k.cp, 1);
+  r.cp_comm = CpCommType::all_gather;
+  bool found = false;
+  for (const PlanCandidate& k : plan_search(r)) found |= k.cp > 1;
+  EXPECT_TRUE(found);
+  r.cp_comm = CpCommType::a2a;  // heads 32 and 8 kv-heads over t·C
+  for (const PlanCandidate& k : plan_search(r)) EXPECT_EQ(std::fmod(8, k.t * k.cp), 0);
+}
+
+// What one rank sends per layer: p2p C − 1 key/value blocks forward and twice that backward
+// (k, v and dk, dv); all_gather the other ranks' shares; a2a q, k, v and the output each way.
+TEST(LayoutSearch, ContextParallelExchangeBytes) {
+  const TransformerModel m = plan_model("llama3-8b");  // a 32, g 8, d 128
+  const double s = 65536, kv = 2 * 2 * (s / 4) * 8 * 128 / 2;  // k and v of s/C rows at t = 2, bf16
+  EXPECT_EQ(cp_exchange_bytes(m, s, 1, 2, 1, CpCommType::p2p, false), 0);
+  EXPECT_EQ(cp_exchange_bytes(m, s, 1, 2, 4, CpCommType::p2p, false), 3 * 3 * kv);
+  EXPECT_EQ(cp_exchange_bytes(m, s, 1, 2, 4, CpCommType::p2p, true), 4 * 3 * kv);
+  EXPECT_EQ(cp_exchange_bytes(m, s, 1, 2, 4, CpCommType::all_gather, false), 3 * 0.75 * 4 * kv);
+  EXPECT_EQ(cp_exchange_bytes(m, s, 1, 2, 4, CpCommType::a2a, false), 2 * 0.75 * 2 * (s / 4) * (64 + 16) * 128 / 2);
 }
 
 TEST(LayoutSearch, BadRequestsAreInvalidArguments) {

@@ -512,7 +512,7 @@ class TheoryLlamaTest(unittest.TestCase):
             parts = sum(int(row[k]) for k in ["weight_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
                                              "extra_bytes", "working_set_bytes", "headroom_bytes"])
             self.assertLessEqual(abs(parts - int(row["total_bytes"])), 7, row)  # each rounded to a byte
-            self.assertEqual(int(row["tp"]) * int(row["pp"]) * int(row["dp"]), 64)
+            self.assertEqual(int(row["tp"]) * int(row["cp"]) * int(row["pp"]) * int(row["dp"]), 64)
         times = [float(row["iteration_s"]) for row in fits]
         self.assertEqual(times, sorted(times))
 

@@ -29,11 +29,11 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 
 ALL_FIGURES = ["table2_activation_bytes", "table4_layer_times", "table5_iteration_time", "fig1_memory",
                "fig7_percent_of_baseline", "fig8_time_breakdown", "seqlen_memory", "seqlen_terms_175b",
-               "memory_measured_vs_predicted", "longseq_memory", "longseq_fit", "llama_activation_bytes",
+               "memory_measured_vs_predicted", "longseq_memory", "longseq_fit", "longcontext_memory", "longcontext_fit", "llama_activation_bytes",
                "llama_seqlen_memory", "recompute_modules_bytes"]
 ALL_TABLES = ["table2_activation_bytes.md", "table4_layer_times.md", "table5_iteration_time.md", "fig1_memory.md",
               "fig7_percent_of_baseline.md", "fig8_time_breakdown.md", "seqlen_memory.md",
-              "memory_measured_vs_predicted.md", "longseq_memory.md", "llama_activation_bytes.md",
+              "memory_measured_vs_predicted.md", "longseq_memory.md", "longcontext_fit.md", "llama_activation_bytes.md",
               "recompute_modules_bytes.md"]
 
 
@@ -70,7 +70,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(RESULTS, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("11 made, 0 skipped", p.stdout)
+        self.assertIn("12 made, 0 skipped", p.stdout)
         # notes.csv is not a layer_run CSV: skipped; 63 layer_run rows and the CUPTI file read.
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
         for name in ALL_FIGURES:
@@ -114,7 +114,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(empty, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("8 made, 3 skipped", p.stdout)
+        self.assertIn("9 made, 3 skipped", p.stdout)
         for what in ("skipped: Table 4", "skipped: Figure 8", "skipped: Measured vs predicted"):
             self.assertIn(what, p.stdout)
         self.assertTrue(os.path.exists(os.path.join(out, "fig1_memory.png")))
@@ -189,7 +189,7 @@ class MakeAll(unittest.TestCase):
         # The good rows are all read (95 CUPTI rows: the bad file's one row is left out) and every
         # figure but the unwritable one is made.
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
-        self.assertIn("10 made, 0 skipped, 1 failed", p.stdout)
+        self.assertIn("11 made, 0 skipped, 1 failed", p.stdout)
         self.assertIn("ignored: notes.csv", p.stdout)
         self.assertIn("ignored: torch_peer.csv (a peer's CSV)", p.stdout)
         for name in ALL_FIGURES[1:]:
@@ -311,9 +311,23 @@ class MakeAll(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("error", p.stderr)
 
+    def test_longcontext_fit_grows_with_the_context_parallel_size(self):
+        out = os.path.join(self.tmp, "lc")
+        p = run([PYTHON, os.path.join(PLOTS, "longcontext.py"), RESULTS, out, "--theory", THEORY_SNAPSHOT])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(out, "longcontext_fit.md")) as f:
+            rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+                    for line in f if line.startswith("| ") and not line.startswith("| config")}
+        self.assertEqual(set(rows), {"TP (baseline)", "TP+SP", "TP+SP+selective", "full+SP"})
+        for config, cells in rows.items():
+            longest = [int(c[:-1]) if c != "-" else 0 for c in cells]  # C = 1, 2, ..., 32
+            self.assertEqual(longest, sorted(longest), config)
+        # The step model (longcontext.csv): full+SP runs 1M tokens from C = 4 on an 80 GB GPU.
+        self.assertEqual(rows["full+SP"][:3], ["128k", "512k", "1024k"])
+
     def test_each_script_alone(self):
         for script in ("table2", "table4", "table5", "fig1", "fig7", "fig8", "seqlen", "memory_vs_predicted",
-                       "longseq", "recompute_modules"):
+                       "longseq", "longcontext", "recompute_modules"):
             out = os.path.join(self.tmp, script)
             p = run([PYTHON, os.path.join(PLOTS, script + ".py"), RESULTS, out, "--theory", THEORY_SNAPSHOT])
             self.assertEqual(p.returncode, 0, f"{script}: {p.stderr}")

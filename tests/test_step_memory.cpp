@@ -376,7 +376,12 @@ TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRef
   EXPECT_EQ(f.values.at("hidden-size"), "64");
   EXPECT_EQ(f.unmodelled, (std::vector<std::string>{"--fp8-format"}));
   const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 ";
-  for (const char* bad : {"--num-experts 8", "--context-parallel-size 2", "--multi-latent-attention",
+  for (const char* bad : {"--num-experts 8", "--context-parallel-size 3", "--multi-latent-attention",
+                          "--context-parallel-size 2 --cp-comm-type a2a+p2p", "--hierarchical-context-parallel-sizes 2 2",
+                          "--context-parallel-size 2 --cp-comm-type p2p p2p a2a", "--cp-comm-type ring",
+                          "--context-parallel-size 2 --transformer-impl local",
+                          "--context-parallel-size 2 --cp-comm-type a2a --group-query-attention --num-query-groups 1",
+                          "--context-parallel-size 2 --seq-length 1022",
                           "--recompute-granularity full", "--optimizer lion", "--global-batch-size 3",
                           "--tensor-model-parallel-size 3", "--hidden-size $H"}) {
     SCOPED_TRACE(bad);
@@ -394,3 +399,110 @@ TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRef
                             std::nullopt, 0),
                InvalidArgument);  // no GPU count anywhere
 }
+
+// ---- context parallelism ----
+
+namespace {
+
+StepConfig cp_config(int t, int cp, int dp, double seq, Attention attention, CpCommType type) {
+  StepConfig c = config(t, 1, dp, 2.0 * dp);
+  c.layout.cp = cp;
+  c.seq = seq;
+  c.policy = {Recompute::none, t > 1, attention, {}, type};
+  c.distributed_optimizer = true;
+  return c;
+}
+
+}  // namespace
+
+// Each of C ranks keeps s/C of every sequence: its layers, token ids and loss terms are those
+// of a run at s/C without context parallelism; the parameters are not split, the distributed
+// optimizer's state is sharded over dp·C.
+TEST(StepMemory, ContextParallelRanksKeepTheSequenceDependentTermsAtSOverC) {
+  for (const TransformerModel& m : {gpt_model(), llama_model(), odd_model()})
+    for (const int C : {2, 4, 8})
+      for (const Attention attention : {Attention::fused, Attention::unfused})
+        for (const CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a}) {
+          if (attention == Attention::unfused && type == CpCommType::p2p) continue;
+          if (type == CpCommType::a2a && std::fmod(m.layer.groups(m.dims(1, 1, 2)), 2.0 * C) != 0) continue;
+          SCOPED_TRACE(m.name + " C=" + std::to_string(C) + " " + attention_name(attention) + " " +
+                       cp_comm_type_name(type));
+          const StepConfig with = cp_config(2, C, 1, 4096, attention, type);
+          StepConfig without = cp_config(2, 1, C, 4096.0 / C, attention, type);
+          without.global_batch = with.global_batch * C;  // the same micro-batches per rank
+          const StageMemory a = step_memory(m, with).front(), b = step_memory(m, without).front();
+          EXPECT_EQ(a.parameters, b.parameters);
+          EXPECT_EQ(a.optimizer_bytes, b.optimizer_bytes);  // dp·C shards either way
+          EXPECT_EQ(a.microbatches_in_flight, b.microbatches_in_flight);
+          EXPECT_EQ(a.embedding_bytes, b.embedding_bytes);
+          EXPECT_EQ(a.output_bytes, b.output_bytes);
+          const Dims d = with.layer_dims(m);
+          const double layer = layer_bytes(d, m.layer, with.policy, {2, 1}) + layer_extra_bytes(d, m.layer, with.policy);
+          EXPECT_EQ(a.activation_bytes, a.microbatches_in_flight * m.L * layer);
+          if (attention == Attention::fused)  // unfused scores are s/C rows of s keys: C× those at s/C
+            EXPECT_EQ(a.activation_bytes, b.activation_bytes);
+          else
+            EXPECT_GT(a.activation_bytes, b.activation_bytes);
+          EXPECT_GE(a.grad_working_set_bytes, b.grad_working_set_bytes);  // the exchange's buffers besides
+        }
+}
+
+// The exchange's buffers in the working set, one layer's key/value shard e·(s/C)·b·g·d/t at a
+// time: p2p three k/v pairs (the block, the next, dk/dv travelling), all_gather the whole
+// sequence's k, v and their gradients, a2a the head-split q, k, v and their gradients. (GPT's
+// attention backward outweighs its MLP's, so they show in the working set's maximum.)
+TEST(StepMemory, ContextParallelExchangeBuffersAreInTheBackwardWorkingSet) {
+  const TransformerModel m = gpt_model();  // a = g = 8 heads of d = 64
+  const double s = 8192, C = 2, t = 2, kv = 2 * (s / C) * 8 * 64 / t;  // k or v of the rank's rows, bf16
+  auto workset = [&](CpCommType type) {
+    return step_memory(m, cp_config(2, 2, 1, s, Attention::fused, type)).front().grad_working_set_bytes;
+  };
+  const double without = step_memory(m, cp_config(2, 1, 2, s / C, Attention::fused, CpCommType::p2p))
+                             .front()
+                             .grad_working_set_bytes;
+  EXPECT_EQ(workset(CpCommType::p2p) - without, 6 * kv);
+  EXPECT_EQ(workset(CpCommType::all_gather) - without, 4 * kv * C);
+  EXPECT_EQ(workset(CpCommType::a2a) - without, 2 * (kv + 2 * kv));  // q is as wide as k here
+}
+
+TEST(StepMemory, ContextParallelLayoutsMegatronRefusesAreOneLine) {
+  const TransformerModel m = gpt_model();  // 8 heads
+  auto message = [&](StepConfig c) {
+    try {
+      step_memory(m, c);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(cp_config(2, 4, 1, 4100, Attention::fused, CpCommType::p2p)).find("divisible by 2 x 4"),
+            std::string::npos);
+  EXPECT_NE(message(cp_config(1, 2, 1, 4096, Attention::unfused, CpCommType::p2p)).find("needs fused attention"),
+            std::string::npos);
+  EXPECT_NE(message(cp_config(2, 8, 1, 4096, Attention::fused, CpCommType::a2a)).find("--cp-comm-type a2a"),
+            std::string::npos);  // 8 heads over t·C = 16
+  EXPECT_NE(message(cp_config(4, 2, 1, 4100, Attention::fused, CpCommType::p2p)).find("--sequence-parallel"),
+            std::string::npos);  // 4100 / 2 = 2050 rows, not a multiple of t = 4
+  EXPECT_EQ(message(cp_config(2, 2, 1, 4096, Attention::unfused, CpCommType::all_gather)), "accepted");
+  EXPECT_EQ(message(cp_config(2, 4, 1, 4096, Attention::fused, CpCommType::a2a)), "accepted");
+}
+
+TEST(MegatronArgs, ContextParallelSizeAndCommTypeAreRead) {
+  const std::string base = "--num-layers 4 --hidden-size 512 --num-attention-heads 8 --vocab-size 1000 "
+                           "--seq-length 8192 --max-position-embeddings 8192 --world-size 16 --bf16 "
+                           "--tensor-model-parallel-size 2 --use-distributed-optimizer ";
+  MegatronRun r = megatron_run(flags_of(base + "--context-parallel-size 4"), std::nullopt, 0);
+  EXPECT_EQ(r.step.layout.cp, 4);
+  EXPECT_EQ(r.step.layout.dp, 2);  // 16 / (t 2 x cp 4)
+  EXPECT_EQ(r.step.world_size(), 16);
+  EXPECT_EQ(r.step.policy.cp_comm, CpCommType::p2p);  // Megatron's default
+  r = megatron_run(flags_of(base + "--context-parallel-size 2 --cp-comm-type a2a a2a a2a a2a"), std::nullopt, 0);
+  EXPECT_EQ(r.step.policy.cp_comm, CpCommType::a2a);  // one per layer, all alike
+  EXPECT_EQ(r.step.layout.dp, 4);
+  const StageMemory with = step_memory(r.model, r.step).front();
+  r = megatron_run(flags_of(base + "--cp-comm-type all_gather"), std::nullopt, 0);
+  EXPECT_EQ(r.step.layout.cp, 1);
+  EXPECT_EQ(r.step.policy.cp_comm, CpCommType::all_gather);  // read, used once C > 1
+  EXPECT_LT(with.activation_bytes, step_memory(r.model, r.step).front().activation_bytes);
+}
+

@@ -60,6 +60,7 @@ OPTIONS = [
     (SEARCH, "--gpus", BAD_INTS), (SEARCH, "--global-batch", BAD_INTS), (SEARCH, "--seq", BAD_INTS),
     (SEARCH, "--top", BAD_INTS), (SEARCH, "--efficiency", BAD_REALS), (SEARCH, "--headroom", BAD_SIZES),
     (SEARCH, "--gpu", BAD_NAMES), (SEARCH, "--attention", BAD_NAMES), (SEARCH, "--model", BAD_NAMES),
+    (SEARCH, "--max-cp", BAD_INTS), (SEARCH, "--cp-comm-type", BAD_NAMES + ["a2a+p2p"]),
     (LLAMA_TABLE, "--tp", BAD_INTS), (LLAMA_TABLE, "--seq", BAD_INTS), (LLAMA_TABLE, "--batch", BAD_INTS),
     (LLAMA_TABLE, "--model", BAD_NAMES + ["175b"]),
 ]
@@ -145,6 +146,8 @@ class PlannerChoice(Base):
             "--efficiency": FIT + ["--efficiency", "0.5"],
             "--attention": FIT + ["--attention", "fused"],
             "--distributed-optimizer": FIT + ["--distributed-optimizer"],
+            "--cp-comm-type": FIT + ["--cp-comm-type", "a2a"],
+            "--max-cp": FIT + ["--max-cp", "4"],
             "--tp": SEARCH + ["--tp", "2"],
             "--pp": SEARCH + ["--pp", "2"],
             "--interleave": SEARCH + ["--interleave", "2"],
@@ -157,7 +160,8 @@ class PlannerChoice(Base):
             with self.subTest(option):
                 err = self.assertRefused(args, option, "not used by")
                 self.assertIn("--gpus" if option in ("--global-batch", "--hf-config", "--top", "--efficiency",
-                                                    "--attention", "--distributed-optimizer") else "layout search",
+                                                    "--attention", "--distributed-optimizer", "--cp-comm-type",
+                                                    "--max-cp") else "layout search",
                               err)
 
     def test_other_subcommands_refuse_what_they_do_not_read(self):

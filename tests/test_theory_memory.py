@@ -138,7 +138,9 @@ class BadInput(unittest.TestCase):
     def test_bad_scripts_are_one_line_naming_the_flag(self):
         cases = {
             "--num-experts 8": ["--num-experts", "mixture-of-experts"],
-            "--context-parallel-size 2": ["--context-parallel-size"],
+            "--context-parallel-size 3": ["context parallel (3)"],
+            "--context-parallel-size 2 --cp-comm-type a2a+p2p": ["--cp-comm-type", "a2a+p2p"],
+            "--context-parallel-size 2 --seq-length 510": ["--seq-length (510)", "2 x 2"],
             "--multi-latent-attention": ["--multi-latent-attention"],
             "--tensor-model-parallel-size $TP": ["--tensor-model-parallel-size", "$TP"],
             "--tensor-model-parallel-size 3": ["3"],

@@ -1,8 +1,9 @@
 #pragma once
 // The layout search (`theory plan --gpus N`): for a model (a llama preset, a Hugging Face
 // config or one of the paper's GPT models), a GPU type, a number of GPUs, a sequence length
-// and a global batch, every layout (t ∈ {1,2,4,8}, p dividing L, interleaving m, micro-batch
-// b, data parallel the rest) and every configuration (recompute none | selective | full, SP
+// and a global batch, every layout (t ∈ {1,2,4,8}, context parallel C ∈ {1,2,4,…} up to
+// max_cp with 2C dividing s, p dividing L, interleaving m, micro-batch b, data parallel the
+// rest) and every configuration (recompute none | selective | full, SP
 // on/off; selective is left out with fused attention, where it equals none), with the memory
 // of the first pipeline stage broken down (weights, gradients, optimizer, activations in
 // flight, embedding/output extras, the recompute working set) and an iteration-time model;
@@ -17,7 +18,11 @@
 // Time (a model, not a measurement): GEMM and attention FLOPs at `efficiency` × the GPU's
 // dense bf16 peak, tensor-parallel collectives over NVLink, pipeline transfers and the
 // data-parallel gradient reduction over the network (not overlapped), the bubble
-// (p − 1)/m micro-batch times, and the Adam step at HBM bandwidth.
+// (p − 1)/m micro-batch times, and the Adam step at HBM bandwidth. Under context parallelism
+// each rank computes s/C of every sequence (attention balanced by the 2C-chunk split), and
+// the exchange per layer (cp_exchange_bytes) runs over NVLink while t·C ≤ 8 (one node) and
+// over the network beyond: p2p's ring hidden behind the attention it feeds as far as that
+// lasts, all_gather's and a2a's collectives not overlapped.
 #include <string>
 #include <vector>
 
@@ -53,10 +58,17 @@ struct PlanRequest {
   Attention attention = Attention::fused;
   double headroom_bytes = 0;
   double efficiency = 0.5;  // achieved fraction of peak FLOP/s
+  CpCommType cp_comm = CpCommType::p2p;  // context parallelism's attention exchange
+  int max_cp = 64;                       // the largest context-parallel size searched (1: none)
 };
 
+// Bytes one rank sends per layer for context parallelism's attention (forward and backward,
+// and the forward's again when `recompute_attention`), with C ranks of t-way tensor parallelism.
+double cp_exchange_bytes(const TransformerModel& m, double s, double b, int t, int C, CpCommType type,
+                         bool recompute_attention);
+
 struct PlanCandidate {
-  int t = 1, p = 1, m = 1, dp = 1;
+  int t = 1, cp = 1, p = 1, m = 1, dp = 1;
   double b = 1, microbatches = 1;
   std::string config;  // baseline, sp, selective, selective+sp, full, full+sp
   int stage = 0;  // the pipeline stage whose peak is highest: every byte below is that stage's

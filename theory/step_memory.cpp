@@ -50,8 +50,16 @@ double StepConfig::microbatches() const {
   return total / (micro_batch * dp);
 }
 
+int StepConfig::world_size() const { return layout.t * layout.cp * layout.p * layout.dp; }
+
+Dims StepConfig::layer_dims(const TransformerModel& m) const {
+  Dims d = m.dims(seq, micro_batch, layout.t);
+  d.cp = layout.cp;
+  return d;
+}
+
 std::vector<int> virtual_stage_layers(const TransformerModel& m, const StepLayout& l) {
-  require(l.t >= 1 && l.p >= 1 && l.vp >= 1 && l.dp >= 1, "the parallel sizes must be at least 1");
+  require(l.t >= 1 && l.p >= 1 && l.vp >= 1 && l.dp >= 1 && l.cp >= 1, "the parallel sizes must be at least 1");
   require(l.vp == 1 || l.p > 1, "virtual pipeline stages need a pipeline (pipeline-model-parallel-size > 1)");
   require(whole(m.L) && m.L >= 1, "--num-layers must be a whole number >= 1");
   const int L = static_cast<int>(m.L), p = l.p, vp = l.vp, V = p * vp;
@@ -118,11 +126,28 @@ double saved_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precisio
   return layer_bytes(d, spec, c, p) + layer_extra_bytes(d, spec, c);
 }
 
-// Full recompute's checkpoint of one layer (or group): its input, split over t under SP or
-// with --distribute-saved-activations.
+// Full recompute's checkpoint of one layer (or group): its input (the rank's s/C rows), split
+// over t under SP or with --distribute-saved-activations.
 double checkpoint_bytes(const Dims& d, const StepConfig& c) {
   const bool split = c.policy.sequence_parallel || c.distribute_saved_activations;
-  return c.precision.activation * d.s * d.b * d.h / (split ? d.t : 1.0);
+  return c.precision.activation * d.s * d.b * d.h / ((split ? d.t : 1.0) * d.cp);
+}
+
+// The attention exchange's buffers under context parallelism while a layer's backward runs
+// (one TP rank's key/value heads, e bytes each): p2p holds the key/value block it computes
+// on, the next one arriving, and the dK/dV block travelling back to its owner; all_gather
+// the whole sequence's keys and values and their gradients before the reduce-scatter; a2a
+// the head-split copies of q, k, v and of their gradients.
+double cp_buffer_bytes(const Dims& d, const LayerSpec& spec, const StepConfig& c) {
+  if (d.cp == 1) return 0;
+  const double e = c.precision.activation, head = spec.head_dim(d), t = d.t;
+  const double kv_rows = d.s * d.b / d.cp * spec.groups(d) * head / t;  // k or v of the rank's rows
+  switch (c.policy.cp_comm) {
+    case CpCommType::p2p: return 3 * 2 * e * kv_rows;
+    case CpCommType::all_gather: return 2 * 2 * e * kv_rows * d.cp;
+    case CpCommType::a2a: return 2 * e * (d.s * d.b / d.cp) * (d.a + 2 * spec.groups(d)) * head / t;
+  }
+  return 0;
 }
 
 struct ChunkTransients {
@@ -137,7 +162,7 @@ struct ChunkTransients {
 ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c, int layers) {
   ChunkTransients w;
   if (layers == 0) return w;
-  const Dims d = m.dims(c.seq, c.micro_batch, c.layout.t);
+  const Dims d = c.layer_dims(m);
   const LayerSpec& spec = m.layer;
   const Precision p{c.precision.activation, 1};
   const double none = saved_bytes(d, spec, keeps_all(c.policy), p);
@@ -148,21 +173,47 @@ ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c,
     // The rebuilt first layer reads the checkpoint itself when it is already the shard it keeps.
     w.recompute = group * none - (c.policy.sequence_parallel ? checkpoint_bytes(d, c) : 0);
   }
-  const double e = c.precision.activation, sb = d.s * d.b, t = d.t;
+  const double e = c.precision.activation, sb = d.s * d.b / d.cp, t = d.t;  // the rank's rows
   const double r = c.policy.sequence_parallel ? t : 1.0, F = spec.ffn(d), head = spec.head_dim(d);
   const double act_width = spec.activation == Activation::swiglu ? 2 : 1;
   const double mlp = e * act_width * sb * F / t;
   // Fused: dO, dq, dk, dv and the fp32 row sums. Unfused: the probabilities' gradient beside
-  // the scores' (without dropout), or beside the dropout output's once that output is freed.
-  const double attention = c.policy.attention == Attention::fused
-                               ? e * sb * (2 * d.a + 2 * spec.groups(d)) * head / t + 4 * d.a * sb / t
-                               : (spec.attention_dropout > 0 ? 1 : 2) * e * d.a * d.s * sb / t;
+  // the scores' (without dropout), or beside the dropout output's once that output is freed
+  // (the rank's query rows against all s keys); with C > 1 the exchange's buffers besides.
+  const double attention = (c.policy.attention == Attention::fused
+                                ? e * sb * (2 * d.a + 2 * spec.groups(d)) * head / t + 4 * d.a * sb / t
+                                : (spec.attention_dropout > 0 ? 1 : 2) * e * d.a * d.s * sb / t) +
+                           cp_buffer_bytes(d, spec, c);
   w.grads = e * sb * d.h / r + std::max(mlp, attention);
   if (!c.gradient_accumulation_fusion) {  // each weight's gradient lands in a bf16 tensor first
     const double qkv = (d.a + 2 * spec.groups(d)) * head * d.h, fc1 = act_width * F * d.h;
     w.grads += c.precision.weight * std::max(qkv, fc1) / t;
   }
   return w;
+}
+
+// Megatron's context parallelism: 2C chunks of the sequence, two per rank, each rank's rows
+// split t ways under SP; p2p merges fused partial results (TE's attention); a2a gives each
+// rank heads / (t·C). Megatron refuses the same (its checks and Transformer Engine's).
+void check_context_parallel(const TransformerModel& m, const StepConfig& c) {
+  const StepLayout& l = c.layout;
+  if (l.cp == 1) return;
+  const std::string C = std::to_string(l.cp);
+  require(std::fmod(c.seq, 2.0 * l.cp) == 0, "--context-parallel-size " + C + " needs --seq-length (" + text(c.seq) +
+                                                  ") divisible by 2 x " + C + " (two chunks per rank)");
+  if (c.policy.sequence_parallel)
+    require(std::fmod(c.seq / l.cp, l.t) == 0, "--sequence-parallel with --context-parallel-size " + C +
+                                                   " needs --seq-length / " + C + " divisible by the tensor-parallel size (" +
+                                                   std::to_string(l.t) + ")");
+  require(c.policy.attention == Attention::fused || c.policy.cp_comm != CpCommType::p2p,
+          "--cp-comm-type p2p merges fused attentions' partial results: it needs fused attention "
+          "(--transformer-impl transformer_engine)");
+  const Dims d = c.layer_dims(m);
+  if (c.policy.cp_comm == CpCommType::a2a)
+    require(std::fmod(m.a, l.t * l.cp) == 0 && std::fmod(m.layer.groups(d), l.t * l.cp) == 0,
+            "--cp-comm-type a2a splits heads over tensor x context parallel (" + std::to_string(l.t * l.cp) +
+                "): --num-attention-heads (" + text(m.a) + ") and the query groups (" + text(m.layer.groups(d)) +
+                ") must be divisible by it");
 }
 
 void check(const TransformerModel& m, const StepConfig& c) {
@@ -187,6 +238,7 @@ void check(const TransformerModel& m, const StepConfig& c) {
                                             ") divisible by the tensor-parallel size (" + std::to_string(l.t) + ")");
   if (c.policy.recompute == Recompute::full)
     require(c.stack.num_layers >= 1, "--recompute-num-layers must be at least 1");
+  check_context_parallel(m, c);
 }
 
 // The running total of one stage's live bytes and the largest it reaches.
@@ -232,9 +284,10 @@ std::string op_text(const PipelineOp& op) {
 }  // namespace
 
 ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layers, bool first, bool last) {
-  const Dims d = m.dims(c.seq, c.micro_batch, c.layout.t);
+  const Dims d = c.layer_dims(m);
   const Precision p{c.precision.activation, 1};
-  const double e = p.elem, sb = d.s * d.b, t = d.t, r = c.policy.sequence_parallel ? t : 1.0;
+  // The rank's rows: Megatron slices every batch tensor to the rank's s/C under context parallelism.
+  const double e = p.elem, sb = d.s * d.b / d.cp, t = d.t, r = c.policy.sequence_parallel ? t : 1.0;
   ChunkBytes out;
   if (c.policy.recompute != Recompute::full) {
     out.layers = layers * saved_bytes(d, m.layer, c.policy, p);
@@ -267,7 +320,7 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
   const StepLayout& l = c.layout;
   const std::vector<int> layers = virtual_stage_layers(m, l);
   const int p = l.p, vp = l.vp, N = static_cast<int>(c.microbatches());
-  const double t = l.t, V = padded_vocab(m, t), sb = c.seq * c.micro_batch;
+  const double t = l.t, V = padded_vocab(m, t), sb = c.seq * c.micro_batch / l.cp;  // the rank's rows
   const TrainingPrecision& prec = c.precision;
   std::vector<StageMemory> out;
   for (int stage = 0; stage < p; ++stage) {
@@ -290,7 +343,8 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     }
     s.weight_bytes = prec.weight * s.parameters;
     s.grad_bytes = prec.grad * s.parameters;
-    s.optimizer_bytes = (prec.master + prec.optimizer_state) * s.parameters / (c.distributed_optimizer ? l.dp : 1);
+    // The distributed optimizer shards over the data-parallel group with context parallelism.
+    s.optimizer_bytes = (prec.master + prec.optimizer_state) * s.parameters / (c.distributed_optimizer ? l.dp * l.cp : 1);
     s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes;
     // 16-bit logits beside their fp32 copy at the loss (none when activations are fp32).
     const double loss_transient = prec.activation < 4 ? prec.activation * sb * V / t : 0;

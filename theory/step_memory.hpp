@@ -9,6 +9,12 @@
 // copy unless the weights are fp32, Adam's two moments), divided by the data-parallel size
 // with the distributed optimizer.
 //
+// Under context parallelism (C ranks, StepLayout::cp) every sequence-dependent term is the
+// rank's s/C rows: the layers' saved tensors (layer_pieces.hpp with Dims::cp), the token ids,
+// the output and loss terms, the working sets, plus the attention exchange's buffers (the
+// key/value blocks a ring holds, or the gathered keys and values). Parameters and gradients
+// do not shrink; the distributed optimizer's state is divided by dp·C.
+//
 // During the step the stage's ops run in Megatron's pipeline order (pipeline.hpp). Each
 // forward adds what its chunk keeps for backward for one micro-batch: its layers' saved
 // tensors (theory/layer_pieces.hpp, the closed forms the meta backend measures, with the
@@ -43,6 +49,10 @@ struct TrainingPrecision {
 
 struct StepLayout {
   int t = 1, p = 1, vp = 1, dp = 1;  // tensor, pipeline, virtual stages per rank, data parallel
+  // Context parallel (Megatron's --context-parallel-size): C ranks each hold s/C of every
+  // sequence. The world is t·C·p·dp; the distributed optimizer shards over dp·C (Megatron's
+  // data-parallel group with context parallelism), the gradients are reduced over it.
+  int cp = 1;
   // Megatron's --decoder-first/last-pipeline-num-layers (0: the even split), and
   // --account-for-embedding/loss-in-pipeline-split (each counts as one layer of the split).
   int first_stage_layers = 0, last_stage_layers = 0;
@@ -62,6 +72,9 @@ struct StepConfig {
   TrainingPrecision precision;
 
   double microbatches() const;  // global_batch / (micro_batch · dp)
+  int world_size() const;       // t · cp · p · dp
+  // The layer's dimensions on one rank: s, b, h, a with t and cp (each rank keeps s/C rows).
+  Dims layer_dims(const TransformerModel& m) const;
 };
 
 // The layers of each virtual stage, index chunk·p + stage (Megatron's assignment).
