@@ -382,13 +382,16 @@ bool tensor_core_op(detail::WarpOp op) {
 // Runs a completed tensor-core collective of `warp`: each lane's `value` points at its
 // operands (MmaLane, LdmatrixLane), `arg` is the number of matrices of an ldmatrix.
 void complete_tensor_core_op(detail::WarpOp op, int warp, int arg) {
-  void* lanes[32];
-  for (int l = 0; l < 32; ++l) lanes[l] = reinterpret_cast<void*>(g_block.threads[warp * 32 + l].value);
-  if (op == detail::WarpOp::mma_bf16 || op == detail::WarpOp::mma_fp16)
-    mma_m16n8k16_warp(op == detail::WarpOp::mma_bf16 ? detail::MmaInput::bf16 : detail::MmaInput::fp16,
-                      reinterpret_cast<MmaLane* const(&)[32]>(lanes));
-  else
-    ldmatrix_warp(arg, op == detail::WarpOp::ldmatrix_trans, reinterpret_cast<LdmatrixLane* const(&)[32]>(lanes));
+  const auto operands = [&](int lane) { return reinterpret_cast<void*>(g_block.threads[warp * 32 + lane].value); };
+  if (op == detail::WarpOp::mma_bf16 || op == detail::WarpOp::mma_fp16) {
+    MmaLane* lanes[32];
+    for (int l = 0; l < 32; ++l) lanes[l] = static_cast<MmaLane*>(operands(l));
+    mma_m16n8k16_warp(op == detail::WarpOp::mma_bf16 ? detail::MmaInput::bf16 : detail::MmaInput::fp16, lanes);
+  } else {
+    LdmatrixLane* lanes[32];
+    for (int l = 0; l < 32; ++l) lanes[l] = static_cast<LdmatrixLane*>(operands(l));
+    ldmatrix_warp(arg, op == detail::WarpOp::ldmatrix_trans, lanes);
+  }
 }
 
 std::string where(const Thread& t) {
