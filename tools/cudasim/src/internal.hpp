@@ -71,6 +71,20 @@ class ApiCall {
   bool outermost_;
 };
 
+// ---- tensor cores (tensor_core.cpp) ----
+// One lane's operands and results of a tensor-core collective; the lane that completes the
+// collective computes the warp's result over all 32 lanes (indexed by lane).
+struct MmaLane {
+  uint32_t a[4], b[2];
+  float c[4], d[4];
+};
+struct LdmatrixLane {
+  uint32_t row[4];  // the 16 bytes of the row this lane supplied (if it supplies one)
+  uint32_t r[4];    // its destination registers, one per matrix
+};
+void mma_m16n8k16_warp(detail::MmaInput in, MmaLane* const (&lanes)[32]);
+void ldmatrix_warp(int matrices, bool trans, LdmatrixLane* const (&lanes)[32]);
+
 // ---- the running thread, for the race checker ----
 enum class State : uint8_t { runnable, barrier, warp, exited };
 struct Thread : detail::ThreadInfo {

@@ -360,8 +360,38 @@ const char* op_name(detail::WarpOp op) {
       return "__syncwarp";
     case detail::WarpOp::activemask:
       return "__activemask";
+    case detail::WarpOp::mma_bf16:
+      return "mma.sync.m16n8k16 (bf16)";
+    case detail::WarpOp::mma_fp16:
+      return "mma.sync.m16n8k16 (fp16)";
+    case detail::WarpOp::ldmatrix:
+      return "ldmatrix.sync.m8n8";
+    case detail::WarpOp::ldmatrix_trans:
+      return "ldmatrix.sync.m8n8.trans";
   }
   return "?";
+}
+
+// The tensor-core collectives (.sync.aligned): every lane of the warp executes the same
+// instruction, so the same call site, not merely the same kind of collective.
+bool tensor_core_op(detail::WarpOp op) {
+  return op == detail::WarpOp::mma_bf16 || op == detail::WarpOp::mma_fp16 || op == detail::WarpOp::ldmatrix ||
+         op == detail::WarpOp::ldmatrix_trans;
+}
+
+// Runs a completed tensor-core collective of `warp`: each lane's `value` points at its
+// operands (MmaLane, LdmatrixLane), `arg` is the number of matrices of an ldmatrix.
+void complete_tensor_core_op(detail::WarpOp op, int warp, int arg) {
+  const auto operands = [&](int lane) { return reinterpret_cast<void*>(g_block.threads[warp * 32 + lane].value); };
+  if (op == detail::WarpOp::mma_bf16 || op == detail::WarpOp::mma_fp16) {
+    MmaLane* lanes[32];
+    for (int l = 0; l < 32; ++l) lanes[l] = static_cast<MmaLane*>(operands(l));
+    mma_m16n8k16_warp(op == detail::WarpOp::mma_bf16 ? detail::MmaInput::bf16 : detail::MmaInput::fp16, lanes);
+  } else {
+    LdmatrixLane* lanes[32];
+    for (int l = 0; l < 32; ++l) lanes[l] = static_cast<LdmatrixLane*>(operands(l));
+    ldmatrix_warp(arg, op == detail::WarpOp::ldmatrix_trans, lanes);
+  }
 }
 
 std::string where(const Thread& t) {
@@ -695,7 +725,8 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
     for (int l = 0; l < 32; ++l) {
       if (!(mask & (1u << l))) continue;
       Thread& o = b.threads[t->warp * 32 + l];
-      if (o.op != op || o.mask != mask) {
+      const bool same_site = o.line == line && std::strcmp(o.file, file) == 0;
+      if (o.op != op || o.mask != mask || (tensor_core_op(op) && (!same_site || o.arg != arg))) {
         add_report("divergence", "warp divergence in " + kernel_header() + ":\n  thread " + thread_name(*t) +
                                      " calls " + here() + " with mask " + hex(mask) + "\n  thread " + thread_name(o) +
                                      " calls " + op_name(o.op) + " " + site(o.file, o.line) + " with mask " +
@@ -703,6 +734,7 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
         abort_block(t);
       }
     }
+    if (tensor_core_op(op)) complete_tensor_core_op(op, t->warp, arg);
     uint64_t vote = 0;
     for (int l = 0; l < 32; ++l)
       if ((mask & (1u << l)) && b.threads[t->warp * 32 + l].value) vote |= 1ull << l;
@@ -741,6 +773,10 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
           o.result = vote == mask;
           break;
         case WarpOp::syncwarp:
+        case WarpOp::mma_bf16:
+        case WarpOp::mma_fp16:
+        case WarpOp::ldmatrix:
+        case WarpOp::ldmatrix_trans:
           o.result = 0;
           break;
         default:
@@ -771,6 +807,43 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   }
   if (t->state == State::warp) yield(t);
   return t->result;
+}
+
+void mma_m16n8k16(MmaInput in, const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4], float (&d)[4],
+                  const char* file, int line) {
+  MmaLane lane;
+  std::memcpy(lane.a, a, sizeof lane.a);
+  std::memcpy(lane.b, b, sizeof lane.b);
+  std::memcpy(lane.c, c, sizeof lane.c);
+  warp_collective(in == MmaInput::bf16 ? WarpOp::mma_bf16 : WarpOp::mma_fp16, 0xffffffffu, to_bits(&lane), 0, 32, file,
+                  line);
+  std::memcpy(d, lane.d, sizeof lane.d);  // after the collective: d may be c
+}
+
+bool ldmatrix_supplies_row(int matrices, const void* row, const char* file, int line) {
+  Thread* t = current_thread();
+  if (t->lane >= 8 * matrices) return false;  // its address is not used
+  const uintptr_t a = reinterpret_cast<uintptr_t>(row);
+  const bool shared = (a >= running.shared_lo && a + 16 <= running.shared_hi) ||
+                      (a >= running.dynamic_lo && a + 16 <= running.dynamic_hi);
+  const char* problem = a % 16 != 0 ? "is not 16-byte aligned"
+                        : !shared   ? "does not hold 16 bytes of shared memory"
+                                    : nullptr;
+  if (!problem) return true;
+  char address[32];
+  std::snprintf(address, sizeof address, "%#lx", static_cast<unsigned long>(a));
+  add_report("warp", "bad ldmatrix in " + kernel_header() + ": thread " + thread_name(*t) + " (lane " +
+                         std::to_string(t->lane) + ") at ldmatrix.sync.m8n8.x" + std::to_string(matrices) + " " +
+                         site(file, line) + " supplies row address " + address + ", which " + problem);
+  abort_block(t);
+}
+
+void ldmatrix_exchange(int matrices, bool trans, const uint32_t (&row)[4], uint32_t* r, const char* file, int line) {
+  LdmatrixLane lane{};
+  std::memcpy(lane.row, row, sizeof lane.row);
+  warp_collective(trans ? WarpOp::ldmatrix_trans : WarpOp::ldmatrix, 0xffffffffu, to_bits(&lane), matrices, 32, file,
+                  line);
+  std::memcpy(r, lane.r, sizeof(uint32_t) * static_cast<size_t>(matrices));
 }
 
 void launch(const void* kernel, const char* kernel_name, const char* file, int line, dim3 grid, dim3 block, size_t smem,

@@ -1,7 +1,7 @@
 // The memory-access counters (cudasim/counters.hpp) on planted kernels (tests/cuda/counters.cu)
 // whose counts are known exactly: coalesced, strided and misaligned global accesses of 2, 4, 8
 // and 16 bytes, partial warps and divergent lanes, loops and barriers, shared-memory bank
-// conflicts and broadcasts, unique bytes, the declared minimum, the per-line table and the
+// conflicts and broadcasts, ldmatrix's rows, unique bytes, the declared minimum, the per-line table and the
 // CSV. Device buffers come from cudaMalloc (256-byte aligned), so sectors are exact.
 #include <gtest/gtest.h>
 
@@ -230,6 +230,25 @@ TEST_F(Counters, Shared128BitAccessIsFourQuarterWarpWavefronts) {
   EXPECT_EQ(c.shared_ld_bank_conflicts, 0u);
   EXPECT_EQ(c.global_ld_sectors, 16u);  // 512 contiguous bytes
   EXPECT_EQ(c.global_st_sectors, 16u);
+}
+
+// ldmatrix (kernels/cuda/mma.cuh): the lanes that supply rows load them, 16 bytes each, so one
+// request per instruction in quarter-warp phases of 8 rows, as the hardware reads each 8x8
+// matrix; its counts land on mma.cuh's line. The demo GEMM at 16x8x16: one step.
+TEST_F(Counters, LdmatrixIsOneRequestOfItsRowsInQuarterWarpPhases) {
+  Dev<uint16_t> a(16 * 16, 0x3f80), b(16 * 8, 0x3f80);  // bf16 1.0
+  Dev<float> d(16 * 8);
+  const LaunchCounts k = counted([&] { return tile_gemm(d.p, a.p, b.p, 16, 8, 16, true); });
+  cudasim::AccessCounts c;
+  for (const cudasim::LineCounts& l : k.lines)
+    if (l.file.size() >= 7 && l.file.compare(l.file.size() - 7, 7, "mma.cuh") == 0) c += l.counts;
+  EXPECT_EQ(c.shared_ld_requests, 2u);  // ldmatrix x4 of A (32 lanes), ldmatrix_trans x2 of B (16 lanes)
+  // A's rows are 32 bytes apart: in each phase of 8 rows, rows j and j + 4 fall in the same 4
+  // banks (2 wavefronts), 4 phases. B's rows are 16 bytes apart: 8 rows cover the 32 banks once,
+  // 2 phases.
+  EXPECT_EQ(c.shared_ld_wavefronts, 4u * 2 + 2 * 1);
+  EXPECT_EQ(c.shared_ld_bank_conflicts, 4u);
+  EXPECT_EQ(c.shared_st_requests, 0u);
 }
 
 // ---- per launch, per line, CSV -----------------------------------------------------------------

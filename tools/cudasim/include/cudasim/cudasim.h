@@ -10,6 +10,10 @@
 #error "cudasim.h is for host compilers; nvcc builds the real kernels"
 #endif
 
+// Kernel code that must differ under the simulator (kernels/cuda/mma.cuh: inline PTX for nvcc,
+// the simulator's warp collectives here) tests this.
+#define CUDASIM_KERNEL_CODE 1
+
 #define __global__
 #define __device__
 #define __host__

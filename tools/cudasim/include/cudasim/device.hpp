@@ -28,10 +28,31 @@ extern dim3 block_dim, grid_dim;
 
 inline const uint3& thread_idx() { return current->tid; }
 
-enum class WarpOp : int { shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all, syncwarp, activemask };
+enum class WarpOp : int {
+  shfl, shfl_up, shfl_down, shfl_xor, ballot, any, all, syncwarp, activemask,
+  // The tensor-core collectives of kernels/cuda/mma.cuh (below): every lane of the warp, one
+  // call site; `value` points at the lane's operands.
+  mma_bf16, mma_fp16, ldmatrix, ldmatrix_trans
+};
 // One lane's part of a warp collective: blocks until it completes and returns the lane's
 // result (raw bits, up to 8 bytes).
 uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line);
+
+// ---- tensor cores: what kernels/cuda/mma.cuh calls under the simulator ----
+// One lane's part of mma.sync.aligned.m16n8k16.row.col.f32.<in>.<in>.f32 (in: bf16 or fp16):
+// a, b, c are the lane's fragments of A (16x16, row-major), B (16x8, column-major) and C
+// (16x8, fp32) as the PTX ISA lays them out; d receives its fragment of D = A * B + C (d may
+// be c). Blocks until every lane of the warp has arrived at the same call site.
+enum class MmaInput : int { bf16, fp16 };
+void mma_m16n8k16(MmaInput in, const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4], float (&d)[4],
+                  const char* file, int line);
+// ldmatrix.sync.aligned.m8n8.x<matrices>{.trans}.shared.b16, in two steps around the lane's
+// own read of its row (kernel code, so that the race checker and the counters see it):
+// ldmatrix_supplies_row says whether this lane supplies a row address (lanes 0-7 per matrix)
+// and checks that address (16-byte aligned, 16 bytes of shared memory); ldmatrix_exchange
+// hands the rows' words to the lanes that hold them (every lane of the warp, one call site).
+bool ldmatrix_supplies_row(int matrices, const void* row, const char* file, int line);
+void ldmatrix_exchange(int matrices, bool trans, const uint32_t (&row)[4], uint32_t* r, const char* file, int line);
 void syncthreads(const char* file, int line);
 int syncthreads_count(int pred, const char* file, int line);
 

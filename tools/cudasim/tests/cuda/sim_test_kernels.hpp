@@ -44,3 +44,27 @@ cudaError_t barrier_in_loop(float* out, int bug);
 cudaError_t unwritten_shared(float* out, int bug);
 
 }  // namespace cudasim_tests
+
+// ---- tensor_core.cu: kernels/cuda/mma.cuh's primitives (one warp per block) ----
+namespace cudasim_tests {
+// ldmatrix of `matrices` (1, 2, 4) 8x8 matrices, `trans` or not, from a shared tile whose
+// element (matrix m, row j, column c) is m * 64 + j * 8 + c; the rows lie in shared memory
+// in a scrambled order, 32 bytes apart, and lanes that supply no row pass a null address.
+// out[32 * 4]: lane l's registers at out[4 * l + m] (the rest left 0).
+cudaError_t ldmatrix_layout(uint32_t* out, int matrices, bool trans);
+// D = A_s * B_s + ... + A_0 * B_0 + C over `steps` mma.sync.m16n8k16 calls, every fragment
+// built from global memory with the documented layouts: a[s * 256 + 16 m + k] (16x16 row-major
+// bits of bf16 or fp16), b[s * 128 + 8 k + n], c and d 16x8 row-major fp32.
+cudaError_t mma_chain(float* d, const uint16_t* a, const uint16_t* b, const float* c, int steps, bool bf16);
+// The demo: D (m x n, fp32, row-major) = A (m x k, row-major) * B (k x n, row-major) for m, n, k
+// multiples of 16, 8, 16; one warp per 16x8 tile of D stages 16x16 of A and 16x8 of B in
+// shared memory per step of k and loads them with ldmatrix (A) and ldmatrix_trans (B).
+cudaError_t tile_gemm(float* d, const uint16_t* a, const uint16_t* b, int m, int n, int k, bool bf16);
+// Misuses, each to be reported: 1 lanes 16-31 call mma at another line than lanes 0-15; 2 lanes
+// 16-31 return before the mma; 3 lane 3 passes an ldmatrix row address 2 bytes past alignment;
+// 4 lane 0 passes a global-memory address; 5 the barrier between another warp's writes of the
+// tile and the ldmatrix removed (two warps; the race variant reports it); 6 ldmatrix of a
+// shared tile nobody wrote (the race variant reports it). 0: the correct kernel. `scratch`:
+// 512 bytes of device memory.
+cudaError_t tensor_core_misuse(float* out, uint16_t* scratch, int bug);
+}  // namespace cudasim_tests
