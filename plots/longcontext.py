@@ -51,7 +51,8 @@ def make(ctx):
         curves.setdefault((r["config"], cp_of(r)), []).append(r)
     cps = sorted({c for _, c in curves})
     color = colors(cps)
-    pts = measured(ctx, h, a, t)
+    shortest = min(num(r["seq"]) for r in rows)
+    pts = {k: [(s, v) for s, v in p if s >= shortest] for k, p in measured(ctx, h, a, t).items()}
     fig, left = common.figure(2.6)
     fig_fit, right = common.figure(2.6)
     for (config, C), rs in sorted(curves.items()):
