@@ -35,21 +35,23 @@ std::string spec_family(const theory::LayerSpec& spec) {
 // Context parallelism's shape: 2C chunks of whole rows, each split t ways under SP; p2p merges
 // fused partial results; a2a hands each rank a/(tC) heads and g/(tC) key/value groups.
 static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, int cp) {
-  auto fail = [](const std::string& m) { throw InvalidArgument(m); };
-  if (cp < 1) fail("--cp must be >= 1");
-  if (cp == 1) return;
-  if (d.s % (2 * cp) != 0)
-    fail("seq " + std::to_string(d.s) + " is not divisible by 2 x cp = " + std::to_string(2 * cp) +
-         " (context parallelism cuts the sequence into 2C chunks, two per rank)");
-  if (p.sequence_parallel && (d.s / cp) % t != 0)
-    fail("seq / cp = " + std::to_string(d.s / cp) + " is not divisible by tp " + std::to_string(t) +
-         " (sequence parallelism splits each context-parallel rank's rows)");
-  if (p.cp_comm == CpCommType::p2p && p.attention != Attention::fused)
-    fail("--cp-comm-type p2p merges partial attentions by their log-sum-exp: it needs --attention fused "
-         "(all_gather and a2a also run unfused)");
-  if (p.cp_comm == CpCommType::a2a && ((d.a / t) % cp != 0 || (d.groups() / t) % cp != 0))
-    fail("--cp-comm-type a2a gives each rank heads / (tp x cp): heads " + std::to_string(d.a) + " and kv-heads " +
-         std::to_string(d.groups()) + " must be divisible by tp x cp = " + std::to_string(t * cp));
+  if (cp < 1) throw InvalidArgument("--cp must be >= 1");
+  switch (context_parallel_rule(d.s, d.a, d.groups(), t, cp, p)) {
+    case CpRule::ok: return;
+    case CpRule::chunks:
+      throw InvalidArgument("seq " + std::to_string(d.s) + " is not divisible by 2 x cp = " + std::to_string(2 * cp) +
+                            " (context parallelism cuts the sequence into 2C chunks, two per rank)");
+    case CpRule::sp_rows:
+      throw InvalidArgument("seq / cp = " + std::to_string(d.s / cp) + " is not divisible by tp " + std::to_string(t) +
+                            " (sequence parallelism splits each context-parallel rank's rows)");
+    case CpRule::p2p_needs_fused:
+      throw InvalidArgument("--cp-comm-type p2p merges partial attentions by their log-sum-exp: it needs --attention "
+                            "fused (all_gather and a2a also run unfused)");
+    case CpRule::a2a_heads:
+      throw InvalidArgument("--cp-comm-type a2a gives each rank heads / (tp x cp): heads " + std::to_string(d.a) +
+                            " and kv-heads " + std::to_string(d.groups()) + " must be divisible by tp x cp = " +
+                            std::to_string(t * cp));
+  }
 }
 
 void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {

@@ -172,12 +172,14 @@ void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolic
 void add_configs(const PlanRequest& r, double s, const Layout& l, int N, std::vector<PlanCandidate>& out) {
   for (const std::string& name : config_names()) {
     LayerPolicy c = parse_config(name);
-    if (c.sequence_parallel && (l.t == 1 || std::fmod(s / l.cp, l.t) != 0)) continue;
+    if (c.sequence_parallel && (l.t == 1 || std::fmod(s, l.t) != 0)) continue;
+    c.attention = r.attention;
+    c.cp_comm = r.cp_comm;
+    if (context_parallel_rule(s, r.model.a, r.model.layer.groups(r.model.dims(1, 1, 1)), l.t, l.cp, c) != CpRule::ok)
+      continue;
     // Fused attention keeps no probabilities: selective recompute would run the whole
     // attention forward again to save only the 4·asb/t bytes of its lse. Left out.
     if (r.attention == Attention::fused && c.recompute == Recompute::selective) continue;
-    c.attention = r.attention;
-    c.cp_comm = r.cp_comm;
     PlanCandidate k;
     k.t = l.t, k.cp = l.cp, k.p = l.p, k.m = l.m, k.dp = l.dp, k.b = l.b, k.microbatches = N, k.config = name;
     StepConfig step;
@@ -192,14 +194,13 @@ void add_configs(const PlanRequest& r, double s, const Layout& l, int N, std::ve
   }
 }
 
-// The context-parallel sizes worth searching: powers of two up to max_cp whose 2C chunks cut
-// s evenly, and, for a2a, whose t·C divides the heads and the key/value groups.
+// The context-parallel sizes worth searching: up to max_cp, and within Megatron's rules
+// (context_parallel_rule; SP's rows are the configuration's, checked in add_configs).
 bool cp_fits(const PlanRequest& r, double s, int t, int C) {
-  if (C == 1) return true;
-  if (C > r.max_cp || std::fmod(s, 2.0 * C) != 0) return false;
-  if (r.cp_comm == CpCommType::p2p && r.attention != Attention::fused) return false;
-  const double g = r.model.layer.groups(r.model.dims(1, 1, 1));
-  return r.cp_comm != CpCommType::a2a || (std::fmod(r.model.a, t * C) == 0 && std::fmod(g, t * C) == 0);
+  if (C > r.max_cp) return false;
+  LayerPolicy p;
+  p.attention = r.attention, p.cp_comm = r.cp_comm;
+  return context_parallel_rule(s, r.model.a, r.model.layer.groups(r.model.dims(1, 1, 1)), t, C, p) == CpRule::ok;
 }
 
 void check_request(const PlanRequest& r, double s) {

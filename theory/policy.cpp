@@ -1,5 +1,6 @@
 #include "theory/policy.hpp"
 
+#include <cmath>
 #include <utility>
 
 #include "runtime/error.hpp"  // InvalidArgument: header only, no link to the runtime library
@@ -66,6 +67,16 @@ CpCommType parse_cp_comm_type(const std::string& name) {
   for (CpCommType c : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a})
     if (name == cp_comm_type_name(c)) return c;
   throw InvalidArgument("unknown --cp-comm-type '" + name + "' (expected p2p, all_gather or a2a)");
+}
+
+CpRule context_parallel_rule(double seq, double heads, double groups, int t, int cp, const LayerPolicy& p) {
+  if (cp == 1) return CpRule::ok;
+  if (std::fmod(seq, 2.0 * cp) != 0) return CpRule::chunks;
+  if (p.sequence_parallel && std::fmod(seq / cp, t) != 0) return CpRule::sp_rows;
+  if (p.cp_comm == CpCommType::p2p && p.attention != Attention::fused) return CpRule::p2p_needs_fused;
+  if (p.cp_comm == CpCommType::a2a && (std::fmod(heads, double(t) * cp) != 0 || std::fmod(groups, double(t) * cp) != 0))
+    return CpRule::a2a_heads;
+  return CpRule::ok;
 }
 
 RecomputeModules parse_recompute_modules(const std::string& list) {

@@ -65,6 +65,14 @@ const char* attention_name(Attention a);
 Attention parse_attention(const std::string& name);  // "unfused" | "fused"; throws InvalidArgument
 const char* cp_comm_type_name(CpCommType c);          // "p2p" | "all_gather" | "a2a"
 CpCommType parse_cp_comm_type(const std::string& name);  // throws InvalidArgument
+
+// Context parallelism's layout rules, as Megatron-Core and Transformer Engine enforce them,
+// in the order checked: the sequence cut into 2C chunks of whole rows; under SP each rank's
+// s/C rows split t ways; p2p merges fused attentions' partial results; a2a gives each rank
+// heads / (t·C) query heads and key/value groups. The first one broken (ok: none, or C = 1);
+// each caller words it with its own flags.
+enum class CpRule { ok, chunks, sp_rows, p2p_needs_fused, a2a_heads };
+CpRule context_parallel_rule(double seq, double heads, double groups, int t, int cp, const LayerPolicy& p);
 // Megatron's spelling: a comma-separated subset of core_attn, mlp, layernorm, each at most
 // once, at least one ("core_attn,mlp"); throws InvalidArgument naming the bad word.
 RecomputeModules parse_recompute_modules(const std::string& list);

@@ -197,23 +197,24 @@ ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c,
 // rank heads / (t·C). Megatron refuses the same (its checks and Transformer Engine's).
 void check_context_parallel(const TransformerModel& m, const StepConfig& c) {
   const StepLayout& l = c.layout;
-  if (l.cp == 1) return;
-  const std::string C = std::to_string(l.cp);
-  require(std::fmod(c.seq, 2.0 * l.cp) == 0, "--context-parallel-size " + C + " needs --seq-length (" + text(c.seq) +
-                                                  ") divisible by 2 x " + C + " (two chunks per rank)");
-  if (c.policy.sequence_parallel)
-    require(std::fmod(c.seq / l.cp, l.t) == 0, "--sequence-parallel with --context-parallel-size " + C +
-                                                   " needs --seq-length / " + C + " divisible by the tensor-parallel size (" +
-                                                   std::to_string(l.t) + ")");
-  require(c.policy.attention == Attention::fused || c.policy.cp_comm != CpCommType::p2p,
-          "--cp-comm-type p2p merges fused attentions' partial results: it needs fused attention "
-          "(--transformer-impl transformer_engine)");
-  const Dims d = c.layer_dims(m);
-  if (c.policy.cp_comm == CpCommType::a2a)
-    require(std::fmod(m.a, l.t * l.cp) == 0 && std::fmod(m.layer.groups(d), l.t * l.cp) == 0,
-            "--cp-comm-type a2a splits heads over tensor x context parallel (" + std::to_string(l.t * l.cp) +
-                "): --num-attention-heads (" + text(m.a) + ") and the query groups (" + text(m.layer.groups(d)) +
-                ") must be divisible by it");
+  const std::string C = std::to_string(l.cp), tC = std::to_string(l.t * l.cp);
+  const double groups = m.layer.groups(c.layer_dims(m));
+  switch (context_parallel_rule(c.seq, m.a, groups, l.t, l.cp, c.policy)) {
+    case CpRule::ok: return;
+    case CpRule::chunks:
+      throw InvalidArgument("--context-parallel-size " + C + " needs --seq-length (" + text(c.seq) +
+                            ") divisible by 2 x " + C + " (two chunks per rank)");
+    case CpRule::sp_rows:
+      throw InvalidArgument("--sequence-parallel with --context-parallel-size " + C + " needs --seq-length / " + C +
+                            " divisible by the tensor-parallel size (" + std::to_string(l.t) + ")");
+    case CpRule::p2p_needs_fused:
+      throw InvalidArgument("--cp-comm-type p2p merges fused attentions' partial results: it needs fused attention "
+                            "(--transformer-impl transformer_engine)");
+    case CpRule::a2a_heads:
+      throw InvalidArgument("--cp-comm-type a2a splits heads over tensor x context parallel (" + tC +
+                            "): --num-attention-heads (" + text(m.a) + ") and the query groups (" + text(groups) +
+                            ") must be divisible by it");
+  }
 }
 
 void check(const TransformerModel& m, const StepConfig& c) {
