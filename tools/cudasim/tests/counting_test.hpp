@@ -1,6 +1,6 @@
 #pragma once
 // What the tests of the counters, the kernel report and the kernel bounds share: a device buffer
-// filled on the host, and a fixture that turns counting on (and back as it was), starts from no
+// filled on the host (device_buffer.hpp), and a fixture that turns counting on (and back as it was), starts from no
 // counted launch and no report, and fails the test on any simulator report.
 #include <gtest/gtest.h>
 
@@ -10,22 +10,9 @@
 
 #include "cudasim/counters.hpp"
 #include "cudasim/sim.hpp"
+#include "tests/device_buffer.hpp"  // Dev
 
 namespace cudasim_tests {
-
-// `count` elements of T on the simulated device, each `fill`.
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  explicit Dev(size_t count, T fill = T{}) {
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)), cudaSuccess);
-    std::vector<T> v(count, fill);
-    EXPECT_EQ(cudaMemcpy(p, v.data(), count * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-};
 
 class CountingTest : public ::testing::Test {
  protected:

@@ -13,6 +13,7 @@
 
 #include "cudasim/sim.hpp"
 #include "tests/cuda/sim_test_kernels.hpp"
+#include "tests/device_buffer.hpp"
 
 using namespace cudasim_tests;
 
@@ -20,21 +21,6 @@ namespace {
 
 bool asan_variant() { return std::string(CUDASIM_TEST_VARIANT) == "asan"; }
 
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n;
-  explicit Dev(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)), cudaSuccess); }
-  Dev(const std::vector<T>& v) : Dev(v.size()) {
-    EXPECT_EQ(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-};
 
 class Core : public ::testing::Test {
  protected:
