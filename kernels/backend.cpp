@@ -586,7 +586,8 @@ MoeDispatch make_moe_dispatch(Backend& be, int64_t tokens, int64_t top_k, int64_
 void Backend::moe_route(const Tensor& logits, const Tensor& bias, const MoeRouting& routing, const Tensor& scores,
                         const Tensor& topk_index, const Tensor& topk_weight, const Tensor& aux_loss) {
   const Contract c("moe_route", allocator_->device(),
-                   {{"logits", &logits}, {"scores", &scores}, {"topk_index", &topk_index}, {"topk_weight", &topk_weight}});
+                   {{"logits", &logits}, {"scores", &scores}, {"topk_index", &topk_index},
+                    {"topk_weight", &topk_weight}});
   c.optional("bias", bias);  // undefined: no bias
   c.optional("aux_loss", aux_loss);
   c.matrix("logits", logits, "[T, E] with E >= 1");

@@ -94,7 +94,7 @@ Ints best(Ints ids, int64_t k, const Vec& key) {
   for (int64_t j = 0; j < k; ++j) {
     size_t at = 0;
     for (size_t i = 1; i < ids.size(); ++i)
-      if (key[static_cast<size_t>(ids[i])] > key[static_cast<size_t>(ids[at])]) at = i;  // strict: the earlier wins ties
+      if (key[static_cast<size_t>(ids[i])] > key[static_cast<size_t>(ids[at])]) at = i;  // strict: earlier wins ties
     out.push_back(ids[at]);
     ids.erase(ids.begin() + static_cast<long>(at));
   }
@@ -401,8 +401,8 @@ TEST_F(MoeOps, PermuteAndCombineBackwardsMatchFiniteDifferences) {
   const int64_t T = 5, k = 2, E = 4, h = 3, N = 6;
   const MoeDispatch plan = plan_of({0, 1, 0, 2, 0, 1, 3, 0, 1, 0}, T, k, E, 0.5);
   const Ints slot_row = read_ints(plan.slot_row), row_slot = read_ints(plan.row_slot);
-  const Vec x = random_vec(T * h, 11), y = random_vec(N * h, 12), w = random_vec(T * k, 13), g_t = random_vec(T * h, 14),
-            g_n = random_vec(N * h, 15);
+  const Vec x = random_vec(T * h, 11), y = random_vec(N * h, 12), w = random_vec(T * k, 13);
+  const Vec g_t = random_vec(T * h, 14), g_n = random_vec(N * h, 15);
   auto permute = [&](const Vec& v) {
     Vec o(N * h);
     for (int64_t r = 0; r < N; ++r)
@@ -449,10 +449,10 @@ TEST_F(MoeOps, GroupedGemmForwardAndBackward) {
 
   Tensor dX = out({N, in}), dW = out({E, in, outw});
   be->grouped_gemm_bwd(make(dy, {N, outw}), X, W, C, dX, dW);
-  EXPECT_TRUE(close(read(dX), finite_difference([&](const Vec& v) { return grouped_ref(v, w, counts, in, outw); }, x, dy),
-                    kFp32Grad));
-  EXPECT_TRUE(close(read(dW), finite_difference([&](const Vec& v) { return grouped_ref(x, v, counts, in, outw); }, w, dy),
-                    kFp32Grad));  // expert 1's gradient: written as zeros
+  const auto of_x = [&](const Vec& v) { return grouped_ref(v, w, counts, in, outw); };
+  const auto of_w = [&](const Vec& v) { return grouped_ref(x, v, counts, in, outw); };
+  EXPECT_TRUE(close(read(dX), finite_difference(of_x, x, dy), kFp32Grad));
+  EXPECT_TRUE(close(read(dW), finite_difference(of_w, w, dy), kFp32Grad));  // expert 1's: written as zeros
 
   try {
     be->grouped_gemm(X, W, ints({3, 0, 1, 3}, {E}), Y);
@@ -479,7 +479,8 @@ class MoeContract : public ::testing::TestWithParam<std::string> {
     } catch (const InvalidArgument& e) {
       const std::string msg = e.what();
       EXPECT_EQ(msg.rfind(op + ": ", 0), 0u) << GetParam() << ": " << msg;
-      EXPECT_NE(msg.find(mentions), std::string::npos) << GetParam() << ": \"" << msg << "\" lacks \"" << mentions << "\"";
+      EXPECT_NE(msg.find(mentions), std::string::npos)
+          << GetParam() << ": \"" << msg << "\" lacks \"" << mentions << "\"";
       EXPECT_EQ(msg.find('\n'), std::string::npos) << GetParam() << ": " << msg;
     }
   }
@@ -506,9 +507,11 @@ TEST_P(MoeContract, Route) {
   refuses("moe_route", "num_groups must divide the 8 experts", [&] { be_->moe_route(L, bias, bad, S, I, W, aux); });
   bad = r;
   bad.group_top_k = 5;
-  refuses("moe_route", "group_top_k must be in [1, num_groups = 4]", [&] { be_->moe_route(L, bias, bad, S, I, W, aux); });
+  refuses("moe_route", "group_top_k must be in [1, num_groups = 4]",
+          [&] { be_->moe_route(L, bias, bad, S, I, W, aux); });
   bad = routing(kSigmoid, 3, false, 1.f, 4, 1);  // one group of 2 experts cannot give 3
-  refuses("moe_route", "top_k 3 exceeds the 2 experts", [&] { be_->moe_route(L, bias, bad, S, t({T, 3}, i32), t({T, 3}), aux); });
+  refuses("moe_route", "top_k 3 exceeds the 2 experts",
+          [&] { be_->moe_route(L, bias, bad, S, t({T, 3}, i32), t({T, 3}), aux); });
   bad = r;
   bad.scaling = 0.f;
   refuses("moe_route", "scaling must be positive", [&] { be_->moe_route(L, bias, bad, S, I, W, aux); });
@@ -598,7 +601,8 @@ TEST_P(MoeContract, GroupedGemm) {
           [&] { be_->grouped_gemm_bwd(t({N, 4}), X, W, C, t({N, in}), t({E, in, out})); });
   refuses("grouped_gemm_bwd", "dw must be [3, 4, 5] like w",
           [&] { be_->grouped_gemm_bwd(Y, X, W, C, t({N, in}), t({E, in, 4})); });
-  refuses("grouped_gemm_bwd", "dx and dw must not overlap", [&] { be_->grouped_gemm_bwd(Y, X, W, C, X, t({E, in, out})); });
+  refuses("grouped_gemm_bwd", "dx and dw must not overlap",
+          [&] { be_->grouped_gemm_bwd(Y, X, W, C, X, t({E, in, out})); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MoeContract, ::testing::Values("cpu", "meta"));
