@@ -4,6 +4,7 @@
 // proves what a cpu or cuda run of those shapes would accept.
 #include "kernels/backend.hpp"
 
+#include <cmath>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -47,7 +48,8 @@ class Contract {
   }
   void floats(std::initializer_list<Named> tensors) const {
     for (const auto& [name, t] : tensors)
-      if (t->dtype() == DType::u8) fail(std::string(name) + " must be a float tensor (bf16, fp16 or fp32), not u8");
+      if (!is_float(t->dtype()))
+        fail(std::string(name) + " must be a float tensor (bf16, fp16 or fp32), not " + dtype_name(t->dtype()));
   }
   void dtype(const char* name, const Tensor& t, DType want) const {
     if (t.dtype() != want) fail(std::string(name) + " must be " + dtype_name(want) + ", got " + dtype_name(t.dtype()));
@@ -183,6 +185,64 @@ class Contract {
       fail("heads " + shape_str(heads.shape()) + " at column " + std::to_string(off) + " do not fit " +
            shape_str(wide.shape()));
     same_dtype("[S, B, W]", wide, "[B, NH, S, D]", heads);
+  }
+
+  // t holds exactly `want`.
+  void shape(const char* name, const Tensor& t, const Shape& want, const char* want_names) const {
+    if (t.shape() != want)
+      fail(std::string(name) + " must be " + want_names + " = " + shape_str(want) + ", got " + shape_str(t.shape()));
+  }
+  // t [rows, cols] with rows >= 0 and cols >= 1 (the names are for the message).
+  void matrix(const char* name, const Tensor& t, const char* names) const {
+    if (t.ndim() != 2 || t.dim(1) < 1) fail(std::string(name) + " must be " + names + ", got " + shape_str(t.shape()));
+  }
+
+  // A router over E >= 1 experts: 1 <= top_k <= E, groups dividing E with enough experts in
+  // the group_top_k chosen groups, scaling > 0.
+  void routing(const MoeRouting& r, int64_t E) const {
+    if (r.top_k < 1 || r.top_k > E)
+      fail("top_k must be in [1, E = " + std::to_string(E) + "], got " + std::to_string(r.top_k));
+    if (r.num_groups < 1 || E % r.num_groups != 0)
+      fail("num_groups must divide the " + std::to_string(E) + " experts, got " + std::to_string(r.num_groups));
+    if (r.group_top_k < 1 || r.group_top_k > r.num_groups)
+      fail("group_top_k must be in [1, num_groups = " + std::to_string(r.num_groups) + "], got " +
+           std::to_string(r.group_top_k));
+    if (r.top_k > r.group_top_k * (E / r.num_groups))
+      fail("top_k " + std::to_string(r.top_k) + " exceeds the " + std::to_string(r.group_top_k * (E / r.num_groups)) +
+           " experts of the group_top_k best groups");
+    if (!(r.scaling > 0.f) || !std::isfinite(r.scaling))
+      fail("scaling must be positive and finite, got " + std::to_string(r.scaling));
+  }
+
+  // A dispatch plan for T tokens (MoeDispatch): slot_row [T, k], row_slot [T * k],
+  // tokens_per_expert [E], E >= 1, all i32. Returns k.
+  int64_t dispatch_plan(const MoeDispatch& p, int64_t T) const {
+    if (p.slot_row.ndim() != 2 || p.slot_row.dim(0) != T || p.slot_row.dim(1) < 1)
+      fail("plan slot_row must be [T = " + std::to_string(T) + ", k], got " + shape_str(p.slot_row.shape()));
+    const int64_t k = p.slot_row.dim(1);
+    shape("plan row_slot", p.row_slot, {T * k}, "[T * k]");
+    if (p.tokens_per_expert.ndim() != 1 || p.tokens_per_expert.numel() < 1)
+      fail("plan tokens_per_expert must be [E], E >= 1, got " + shape_str(p.tokens_per_expert.shape()));
+    dtype("plan slot_row", p.slot_row, DType::i32);
+    dtype("plan row_slot", p.row_slot, DType::i32);
+    dtype("plan tokens_per_expert", p.tokens_per_expert, DType::i32);
+    return k;
+  }
+  // t [N, h] with N <= max_rows: the permuted rows of a plan.
+  void permuted(const char* name, const Tensor& t, int64_t max_rows, int64_t h) const {
+    if (t.ndim() != 2 || t.dim(0) > max_rows || t.dim(1) != h)
+      fail(std::string(name) + " must be [N, h = " + std::to_string(h) + "] with N <= T * k = " +
+           std::to_string(max_rows) + ", got " + shape_str(t.shape()));
+  }
+
+  // x [N, in], w [E, in, out], tokens_per_expert [E] i32: returns out.
+  int64_t experts(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert) const {
+    matrix("x", x, "[N, in]");
+    if (w.ndim() != 3 || w.dim(0) < 1 || w.dim(1) != x.dim(1))
+      fail("w must be [E, in = " + std::to_string(x.dim(1)) + ", out], got " + shape_str(w.shape()));
+    shape("tokens_per_expert", tokens_per_expert, {w.dim(0)}, "[E]");
+    dtype("tokens_per_expert", tokens_per_expert, DType::i32);
+    return w.dim(2);
   }
 
  private:
@@ -500,6 +560,162 @@ void Backend::copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, i
            std::to_string(dst_row) + ".." + std::to_string(dst_row + rows) + " do not fit " + shape_str(src.shape()) +
            " -> " + shape_str(dst.shape()));
   copy_rows_impl(src, src_row, dst, dst_row, rows);
+}
+
+
+// ---- mixture of experts -------------------------------------------------------------------
+
+const char* moe_score_name(MoeRouting::Score s) { return s == MoeRouting::Score::sigmoid ? "sigmoid" : "softmax"; }
+
+int64_t moe_expert_capacity(int64_t tokens, int64_t top_k, int64_t experts, double capacity_factor) {
+  if (!(capacity_factor > 0) || !std::isfinite(capacity_factor))
+    throw InvalidArgument("moe capacity factor must be positive and finite, got " + std::to_string(capacity_factor));
+  if (tokens < 0 || top_k < 1 || experts < 1)
+    throw InvalidArgument("moe capacity: tokens " + std::to_string(tokens) + ", top_k " + std::to_string(top_k) +
+                          ", experts " + std::to_string(experts) + " (tokens >= 0, top_k and experts >= 1)");
+  // Megatron-Core's order of operations (get_capacity), so the same factor gives the same capacity.
+  const double per_expert = static_cast<double>(tokens * top_k) / static_cast<double>(experts);
+  return static_cast<int64_t>(std::ceil(per_expert * capacity_factor));
+}
+
+MoeDispatch make_moe_dispatch(Backend& be, int64_t tokens, int64_t top_k, int64_t experts) {
+  return MoeDispatch{be.empty({experts}, DType::i32), be.empty({tokens * top_k}, DType::i32),
+                     be.empty({tokens, top_k}, DType::i32)};
+}
+
+void Backend::moe_route(const Tensor& logits, const Tensor& bias, const MoeRouting& routing, const Tensor& scores,
+                        const Tensor& topk_index, const Tensor& topk_weight, const Tensor& aux_loss) {
+  const Contract c("moe_route", allocator_->device(),
+                   {{"logits", &logits}, {"scores", &scores}, {"topk_index", &topk_index},
+                    {"topk_weight", &topk_weight}});
+  c.optional("bias", bias);  // undefined: no bias
+  c.optional("aux_loss", aux_loss);
+  c.matrix("logits", logits, "[T, E] with E >= 1");
+  const int64_t T = logits.dim(0), E = logits.dim(1);
+  c.routing(routing, E);
+  c.same_shape("scores", scores, "logits", logits);
+  c.shape("topk_index", topk_index, {T, routing.top_k}, "[T, top_k]");
+  c.shape("topk_weight", topk_weight, {T, routing.top_k}, "[T, top_k]");
+  c.floats({{"logits", &logits}, {"scores", &scores}, {"topk_weight", &topk_weight}});
+  c.dtype("topk_index", topk_index, DType::i32);
+  if (bias.defined()) {
+    c.shape("bias", bias, {E}, "[E]");
+    c.floats({{"bias", &bias}});
+  }
+  if (aux_loss.defined()) {
+    c.shape("aux_loss", aux_loss, {1}, "[1]");
+    c.dtype("aux_loss", aux_loss, DType::fp32);
+  }
+  moe_route_impl(logits, bias, routing, scores, topk_index, topk_weight, aux_loss);
+}
+
+void Backend::moe_route_bwd(const Tensor& d_topk_weight, const Tensor& scores, const Tensor& topk_index,
+                            const MoeRouting& routing, const Tensor& d_logits) {
+  const Contract c("moe_route_bwd", allocator_->device(),
+                   {{"d_topk_weight", &d_topk_weight}, {"scores", &scores}, {"topk_index", &topk_index},
+                    {"d_logits", &d_logits}});
+  c.matrix("scores", scores, "[T, E] with E >= 1");
+  const int64_t T = scores.dim(0), E = scores.dim(1);
+  c.routing(routing, E);
+  c.shape("topk_index", topk_index, {T, routing.top_k}, "[T, top_k]");
+  c.shape("d_topk_weight", d_topk_weight, {T, routing.top_k}, "[T, top_k]");
+  c.same_shape("d_logits", d_logits, "scores", scores);
+  c.floats({{"d_topk_weight", &d_topk_weight}, {"scores", &scores}, {"d_logits", &d_logits}});
+  c.dtype("topk_index", topk_index, DType::i32);
+  moe_route_bwd_impl(d_topk_weight, scores, topk_index, routing, d_logits);
+}
+
+void Backend::moe_dispatch(const Tensor& topk_index, std::optional<double> capacity_factor, const MoeDispatch& plan) {
+  const Contract c("moe_dispatch", allocator_->device(),
+                   {{"topk_index", &topk_index}, {"plan tokens_per_expert", &plan.tokens_per_expert},
+                    {"plan row_slot", &plan.row_slot}, {"plan slot_row", &plan.slot_row}});
+  c.matrix("topk_index", topk_index, "[T, k] with k >= 1");
+  c.dtype("topk_index", topk_index, DType::i32);
+  const int64_t k = c.dispatch_plan(plan, topk_index.dim(0)), E = plan.tokens_per_expert.numel();
+  c.shape("plan slot_row", plan.slot_row, topk_index.shape(), "[T, k] like topk_index");
+  if (k > E) c.fail("top_k " + std::to_string(k) + " exceeds the " + std::to_string(E) + " experts");
+  if (capacity_factor && (!(*capacity_factor > 0) || !std::isfinite(*capacity_factor)))
+    c.fail("capacity factor must be positive and finite, got " + std::to_string(*capacity_factor));
+  moe_dispatch_impl(topk_index, capacity_factor, plan);
+}
+
+void Backend::moe_permute(const Tensor& x, const MoeDispatch& plan, const Tensor& out) {
+  const Contract c("moe_permute", allocator_->device(),
+                   {{"x", &x}, {"out", &out}, {"plan tokens_per_expert", &plan.tokens_per_expert},
+                    {"plan row_slot", &plan.row_slot}, {"plan slot_row", &plan.slot_row}});
+  c.matrix("x", x, "[T, h] with h >= 1");
+  const int64_t k = c.dispatch_plan(plan, x.dim(0));
+  c.permuted("out", out, x.dim(0) * k, x.dim(1));
+  c.floats({{"x", &x}, {"out", &out}});
+  c.same_dtype("x", x, "out", out);
+  moe_permute_impl(x, plan, out);
+}
+
+void Backend::moe_permute_bwd(const Tensor& d_out, const MoeDispatch& plan, const Tensor& dx) {
+  const Contract c("moe_permute_bwd", allocator_->device(),
+                   {{"d_out", &d_out}, {"dx", &dx}, {"plan tokens_per_expert", &plan.tokens_per_expert},
+                    {"plan row_slot", &plan.row_slot}, {"plan slot_row", &plan.slot_row}});
+  c.matrix("dx", dx, "[T, h] with h >= 1");
+  const int64_t k = c.dispatch_plan(plan, dx.dim(0));
+  c.permuted("d_out", d_out, dx.dim(0) * k, dx.dim(1));
+  c.floats({{"d_out", &d_out}, {"dx", &dx}});
+  moe_permute_bwd_impl(d_out, plan, dx);
+}
+
+void Backend::moe_unpermute(const Tensor& y, const MoeDispatch& plan, const Tensor& topk_weight, const Tensor& out) {
+  const Contract c("moe_unpermute", allocator_->device(),
+                   {{"y", &y}, {"topk_weight", &topk_weight}, {"out", &out},
+                    {"plan tokens_per_expert", &plan.tokens_per_expert}, {"plan row_slot", &plan.row_slot},
+                    {"plan slot_row", &plan.slot_row}});
+  c.matrix("out", out, "[T, h] with h >= 1");
+  const int64_t k = c.dispatch_plan(plan, out.dim(0));
+  c.permuted("y", y, out.dim(0) * k, out.dim(1));
+  c.shape("topk_weight", topk_weight, plan.slot_row.shape(), "[T, k]");
+  c.floats({{"y", &y}, {"topk_weight", &topk_weight}, {"out", &out}});
+  moe_unpermute_impl(y, plan, topk_weight, out);
+}
+
+void Backend::moe_unpermute_bwd(const Tensor& d_out, const Tensor& y, const MoeDispatch& plan,
+                                const Tensor& topk_weight, const Tensor& dy, const Tensor& d_topk_weight) {
+  const Contract c("moe_unpermute_bwd", allocator_->device(),
+                   {{"d_out", &d_out}, {"y", &y}, {"topk_weight", &topk_weight}, {"dy", &dy},
+                    {"d_topk_weight", &d_topk_weight}, {"plan tokens_per_expert", &plan.tokens_per_expert},
+                    {"plan row_slot", &plan.row_slot}, {"plan slot_row", &plan.slot_row}});
+  c.matrix("d_out", d_out, "[T, h] with h >= 1");
+  const int64_t k = c.dispatch_plan(plan, d_out.dim(0));
+  c.permuted("y", y, d_out.dim(0) * k, d_out.dim(1));
+  c.same_shape("dy", dy, "y", y);
+  c.shape("topk_weight", topk_weight, plan.slot_row.shape(), "[T, k]");
+  c.shape("d_topk_weight", d_topk_weight, plan.slot_row.shape(), "[T, k]");
+  c.floats({{"d_out", &d_out}, {"y", &y}, {"topk_weight", &topk_weight}, {"dy", &dy},
+            {"d_topk_weight", &d_topk_weight}});
+  moe_unpermute_bwd_impl(d_out, y, plan, topk_weight, dy, d_topk_weight);
+}
+
+void Backend::grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) {
+  const Contract c("grouped_gemm", allocator_->device(),
+                   {{"x", &x}, {"w", &w}, {"tokens_per_expert", &tokens_per_expert}, {"y", &y}});
+  const int64_t out = c.experts(x, w, tokens_per_expert);
+  c.shape("y", y, {x.dim(0), out}, "[N, out]");
+  c.floats({{"x", &x}, {"w", &w}, {"y", &y}});
+  if (overlaps(y, x) || overlaps(y, w)) c.fail("y must not overlap x or w");
+  grouped_gemm_impl(x, w, tokens_per_expert, y);
+}
+
+void Backend::grouped_gemm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
+                               const Tensor& dx, const Tensor& dw) {
+  const Contract c("grouped_gemm_bwd", allocator_->device(),
+                   {{"dy", &dy}, {"x", &x}, {"w", &w}, {"tokens_per_expert", &tokens_per_expert}, {"dx", &dx},
+                    {"dw", &dw}});
+  const int64_t out = c.experts(x, w, tokens_per_expert);
+  c.shape("dy", dy, {x.dim(0), out}, "[N, out]");
+  c.same_shape("dx", dx, "x", x);
+  c.same_shape("dw", dw, "w", w);
+  c.floats({{"dy", &dy}, {"x", &x}, {"w", &w}, {"dx", &dx}, {"dw", &dw}});
+  for (const Tensor* in : {&dy, &x, &w})
+    if (overlaps(dx, *in) || overlaps(dw, *in)) c.fail("dx and dw must not overlap dy, x or w");
+  if (overlaps(dx, dw)) c.fail("dx must not overlap dw");
+  grouped_gemm_bwd_impl(dy, x, w, tokens_per_expert, dx, dw);
 }
 
 }  // namespace actbench

@@ -8,6 +8,7 @@
 // writes the data it refers to, never the handle (so views such as t.view(...) can be passed).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/allocator.hpp"
@@ -76,16 +77,49 @@ struct AttentionRows {
   bool operator==(const AttentionRows&) const = default;
 };
 
+// ---- mixture of experts (docs/moe.md) ------------------------------------------------------
+// How a router turns logits [T, E] into each token's top_k experts and their weights.
+//   scores = softmax(logits) over the E experts, or sigmoid(logits) (DeepSeek-V3);
+//   selection: the top_k of scores + bias (bias [E], optional: aux-loss-free balancing; it
+//     changes which experts are chosen, never their weights), ties to the lower expert index;
+//     with num_groups > 1 (DeepSeek-V3's device-limited routing) only the experts of the
+//     group_top_k best groups compete, a group scored by the sum of its two best biased
+//     scores (its best one when a group holds one expert), ties to the lower group index;
+//   weights: the unbiased scores of the chosen experts g_j, divided by (sum_j g_j + 1e-20)
+//     when `normalize`, times `scaling`.
+struct MoeRouting {
+  enum class Score { softmax, sigmoid };
+  Score score = Score::softmax;
+  int64_t top_k = 1;
+  bool normalize = false;
+  float scaling = 1.f;
+  int64_t num_groups = 1, group_top_k = 1;
+};
+const char* moe_score_name(MoeRouting::Score s);
+
+// Where each (token, choice) pair of a routing decision goes. T tokens, top_k choices each,
+// E experts; the permuted tensor holds the N kept pairs as rows grouped by expert (expert 0's
+// first), each expert's rows in token order. All int32.
+//   tokens_per_expert [E]  the rows of each expert (kept pairs; N = their sum)
+//   row_slot [T * top_k]   row r < N came from pair t * top_k + j; rows N.. hold -1
+//   slot_row [T, top_k]    pair (t, j)'s row, or -1 when it was dropped
+struct MoeDispatch {
+  Tensor tokens_per_expert, row_slot, slot_row;
+};
+// The capacity of each expert: ceil((T * top_k / E) * capacity_factor), capacity_factor > 0.
+int64_t moe_expert_capacity(int64_t tokens, int64_t top_k, int64_t experts, double capacity_factor);
+
 // The contract, written once (kernels/backend.cpp) and the same for every backend: the public
 // ops below are not virtual; each checks its arguments, then calls the backend's protected
 // <op>_impl. So meta, which proves the shapes of runs too large for any device, refuses exactly
 // what cpu and cuda refuse. Every violation is InvalidArgument, one line "op: what".
 //   - Every tensor is defined and, when it holds elements, lives on this backend's device.
-//   - Shapes as named at each op; "float" tensors are bf16, fp16 or fp32, not u8. The float
+//   - Shapes as named at each op; "float" tensors are bf16, fp16 or fp32, not u8 or i32. The float
 //     tensors of one op may differ in dtype (the cpu computes in fp32 whatever the storage);
 //     the cuda backend, whose kernels are built per dtype, needs one dtype per op (GEMM: the
 //     pairs cuBLASLt supports), a limit of that backend like its head size of at most 128.
-//   - Statistics (LayerNorm mean/rstd, RMSNorm rstd, attention lse) are fp32; masks are u8.
+//   - Statistics (LayerNorm mean/rstd, RMSNorm rstd, attention lse) are fp32; masks are u8;
+//     indices (MoE routing and dispatch) are i32.
 //   - A DropoutSpec has p in [0, 1), a shard [mid_offset, mid_offset + mid_local) inside
 //     [0, mid_global) and as many elements as the tensor it drops from.
 class Backend {
@@ -244,6 +278,46 @@ class Backend {
   // moves sequence chunks between a rank's order and the whole sequence's with it.
   void copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows);
 
+  // ---- mixture of experts (docs/moe.md; cpu and meta) -----------------------------------
+  // Routing (MoeRouting): logits [T, E] float, bias [E] float or undefined (no bias);
+  // scores [T, E] float (what backward reads), topk_index [T, k] i32, topk_weight [T, k]
+  // float (any float dtype: rounded once from fp32); aux_loss [1] fp32 or undefined, the
+  // load-balancing loss E * sum_e f_e P_e (f_e: the share of the T * k choices that picked
+  // e; P_e: the mean over tokens of the scores, each row divided by its sum), reported only.
+  // 1 <= k <= E; num_groups divides E, 1 <= group_top_k <= num_groups and k <= group_top_k
+  // * E / num_groups; scaling > 0. Selection and weights come from the fp32 scores before
+  // they are stored.
+  void moe_route(const Tensor& logits, const Tensor& bias, const MoeRouting& routing, const Tensor& scores,
+                 const Tensor& topk_index, const Tensor& topk_weight, const Tensor& aux_loss);
+  // d_logits [T, E] from d_topk_weight [T, k], through the normalisation and the score
+  // function (the bias has no gradient: it is not in the weights).
+  void moe_route_bwd(const Tensor& d_topk_weight, const Tensor& scores, const Tensor& topk_index,
+                     const MoeRouting& routing, const Tensor& d_logits);
+  // The dispatch plan of topk_index [T, k] (experts in [0, E), E = tokens_per_expert's
+  // elements). Dropless without a capacity factor; with one, each expert keeps the first
+  // moe_expert_capacity(...) of its pairs in token order and drops the rest (which token
+  // drops depends on the routing alone, not on the weights).
+  void moe_dispatch(const Tensor& topk_index, std::optional<double> capacity_factor, const MoeDispatch& plan);
+  // out [N, h] = the rows x [T, h] of the kept pairs in plan order (same dtype; N <= T * k,
+  // the sum of tokens_per_expert, which cpu checks).
+  void moe_permute(const Tensor& x, const MoeDispatch& plan, const Tensor& out);
+  // dx [T, h] = for each token, the sum of its kept rows of d_out [N, h] (written).
+  void moe_permute_bwd(const Tensor& d_out, const MoeDispatch& plan, const Tensor& dx);
+  // out [T, h] = sum over token t's kept pairs j of topk_weight[t, j] * y[slot_row[t, j]];
+  // a token whose pairs were all dropped gets 0. y [N, h], topk_weight [T, k], all float.
+  void moe_unpermute(const Tensor& y, const MoeDispatch& plan, const Tensor& topk_weight, const Tensor& out);
+  // dy [N, h] = weight * d_out of its token; d_topk_weight [T, k] = d_out[t] . y[row] (0 for
+  // dropped pairs). Both written.
+  void moe_unpermute_bwd(const Tensor& d_out, const Tensor& y, const MoeDispatch& plan, const Tensor& topk_weight,
+                         const Tensor& dy, const Tensor& d_topk_weight);
+  // The experts' GEMMs over their rows: x [N, in] holds tokens_per_expert [E] (i32) rows of
+  // each expert in order; w [E, in, out]; y [N, out] = x_e w_e per expert. Floats of any
+  // dtype, fp32 accumulation; y must not overlap x or w.
+  void grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y);
+  // dx [N, in] = dy_e w_e^T, dw [E, in, out] = x_e^T dy_e (written; 0 for an expert of no rows).
+  void grouped_gemm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
+                        const Tensor& dx, const Tensor& dw);
+
  protected:
   explicit Backend(std::unique_ptr<CachingAllocator> alloc) : allocator_(std::move(alloc)) {}
 
@@ -310,8 +384,47 @@ class Backend {
   virtual void swiglu_fwd_impl(const Tensor& x, const Tensor& y) { not_implemented("swiglu_fwd"); }
   virtual void swiglu_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) { not_implemented("swiglu_bwd"); }
 
+  virtual void moe_route_impl(const Tensor& logits, const Tensor& bias, const MoeRouting& routing,
+                              const Tensor& scores, const Tensor& topk_index, const Tensor& topk_weight,
+                              const Tensor& aux_loss) {
+    moe_not_implemented("moe_route");
+  }
+  virtual void moe_route_bwd_impl(const Tensor& d_topk_weight, const Tensor& scores, const Tensor& topk_index,
+                                  const MoeRouting& routing, const Tensor& d_logits) {
+    moe_not_implemented("moe_route_bwd");
+  }
+  virtual void moe_dispatch_impl(const Tensor& topk_index, std::optional<double> capacity_factor,
+                                 const MoeDispatch& plan) {
+    moe_not_implemented("moe_dispatch");
+  }
+  virtual void moe_permute_impl(const Tensor& x, const MoeDispatch& plan, const Tensor& out) {
+    moe_not_implemented("moe_permute");
+  }
+  virtual void moe_permute_bwd_impl(const Tensor& d_out, const MoeDispatch& plan, const Tensor& dx) {
+    moe_not_implemented("moe_permute_bwd");
+  }
+  virtual void moe_unpermute_impl(const Tensor& y, const MoeDispatch& plan, const Tensor& topk_weight,
+                                  const Tensor& out) {
+    moe_not_implemented("moe_unpermute");
+  }
+  virtual void moe_unpermute_bwd_impl(const Tensor& d_out, const Tensor& y, const MoeDispatch& plan,
+                                      const Tensor& topk_weight, const Tensor& dy, const Tensor& d_topk_weight) {
+    moe_not_implemented("moe_unpermute_bwd");
+  }
+  virtual void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) {
+    moe_not_implemented("grouped_gemm");
+  }
+  virtual void grouped_gemm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                     const Tensor& tokens_per_expert, const Tensor& dx, const Tensor& dw) {
+    moe_not_implemented("grouped_gemm_bwd");
+  }
+
   [[noreturn]] void not_implemented(const char* op) const {
     throw InvalidArgument(std::string(op) + " (--arch llama) is not implemented on the " + name() + " backend yet");
+  }
+  [[noreturn]] void moe_not_implemented(const char* op) const {
+    throw InvalidArgument(std::string(op) + " (mixture of experts) is not implemented on the " + name() +
+                          " backend yet");
   }
   std::unique_ptr<CachingAllocator> allocator_;
 };
@@ -321,5 +434,8 @@ std::unique_ptr<Backend> make_cpu_backend(size_t capacity_bytes = 0);
 std::unique_ptr<Backend> make_meta_backend(size_t capacity_bytes = 0);
 // Throws InvalidArgument("... no CUDA device ...") where the CUDA backend cannot run.
 std::unique_ptr<Backend> make_backend(const std::string& name, size_t capacity_bytes = 0);
+
+// The int32 tensors of a dispatch plan for T tokens, top_k choices each and E experts.
+MoeDispatch make_moe_dispatch(Backend& be, int64_t tokens, int64_t top_k, int64_t experts);
 
 }  // namespace actbench

@@ -10,6 +10,7 @@ const char* dtype_name(DType t) {
     case DType::fp16: return "fp16";
     case DType::fp32: return "fp32";
     case DType::u8: return "u8";
+    case DType::i32: return "i32";
   }
   return "?";
 }

@@ -8,7 +8,11 @@
 
 namespace actbench {
 
-enum class DType : uint8_t { bf16, fp16, fp32, u8 };
+// u8: dropout masks; i32: indices (the MoE routing decision and its dispatch plan).
+enum class DType : uint8_t { bf16, fp16, fp32, u8, i32 };
+
+// The element types a float op computes on (everything but the integer types).
+constexpr bool is_float(DType t) { return t == DType::bf16 || t == DType::fp16 || t == DType::fp32; }
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -16,6 +20,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::fp16: return 2;
     case DType::fp32: return 4;
     case DType::u8: return 1;
+    case DType::i32: return 4;
   }
   return 0;
 }
@@ -42,6 +47,7 @@ inline float load_as_float(const void* p, DType t, size_t i) {
     case DType::fp16: return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
     case DType::fp32: return static_cast<const float*>(p)[i];
     case DType::u8: return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
+    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
   }
   return 0.f;
 }
@@ -51,6 +57,7 @@ inline void store_from_float(void* p, DType t, size_t i, float v) {
     case DType::fp16: static_cast<uint16_t*>(p)[i] = float_to_fp16(v); break;
     case DType::fp32: static_cast<float*>(p)[i] = v; break;
     case DType::u8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DType::i32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
   }
 }
 

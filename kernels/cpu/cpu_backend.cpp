@@ -14,6 +14,7 @@
 
 #include "kernels/backend.hpp"
 #include "kernels/cpu/cpu_attention.hpp"
+#include "kernels/cpu/cpu_moe.hpp"
 
 namespace actbench {
 namespace {
@@ -521,6 +522,101 @@ class CpuBackend final : public Backend {
     for (int64_t o = 0; o < src.dim(0); ++o)  // one run of rows x W elements per outer index
       std::memcpy(d + static_cast<size_t>((o * dst.dim(1) + dst_row) * dst.dim(2)) * es,
                   s + static_cast<size_t>((o * src.dim(1) + src_row) * src.dim(2)) * es, run);
+  }
+
+  // ---- mixture of experts (kernels/cpu/cpu_moe.cpp) ----
+  void moe_route_impl(const Tensor& logits, const Tensor& bias, const MoeRouting& routing, const Tensor& scores,
+                      const Tensor& topk_index, const Tensor& topk_weight, const Tensor& aux_loss) override {
+    const FloatIn lv(logits);
+    std::optional<FloatIn> bv;
+    if (bias.defined()) bv.emplace(bias);
+    FloatOut sv(scores), wv(topk_weight);
+    cpu::moe_route(lv.data(), bv ? bv->data() : nullptr, logits.dim(0), logits.dim(1), routing, sv.data(),
+                   topk_index.data_as<int32_t>(), wv.data(), aux_loss.defined() ? aux_loss.data_as<float>() : nullptr);
+    sv.commit();
+    wv.commit();
+  }
+
+  void moe_route_bwd_impl(const Tensor& d_topk_weight, const Tensor& scores, const Tensor& topk_index,
+                          const MoeRouting& routing, const Tensor& d_logits) override {
+    const FloatIn dw(d_topk_weight), sv(scores);
+    FloatOut dl(d_logits);
+    cpu::moe_route_bwd(dw.data(), sv.data(), topk_index.data_as<const int32_t>(), scores.dim(0), scores.dim(1),
+                       routing, dl.data());
+    dl.commit();
+  }
+
+  void moe_dispatch_impl(const Tensor& topk_index, std::optional<double> capacity_factor,
+                         const MoeDispatch& plan) override {
+    const int64_t T = topk_index.dim(0), k = topk_index.dim(1), E = plan.tokens_per_expert.numel();
+    std::optional<int64_t> capacity;
+    if (capacity_factor) capacity = moe_expert_capacity(T, k, E, *capacity_factor);
+    cpu::moe_dispatch(topk_index.data_as<const int32_t>(), T, k, E, capacity,
+                      plan.tokens_per_expert.data_as<int32_t>(), plan.row_slot.data_as<int32_t>(),
+                      plan.slot_row.data_as<int32_t>());
+  }
+
+  void moe_permute_impl(const Tensor& x, const MoeDispatch& plan, const Tensor& out) override {
+    const int64_t N = plan_rows(plan, out.dim(0), "moe_permute", "out");
+    cpu::moe_permute(x.data(), plan.row_slot.data_as<const int32_t>(), N, plan.slot_row.dim(1), x.dim(1),
+                     x.element_size(), out.data());
+  }
+
+  void moe_permute_bwd_impl(const Tensor& d_out, const MoeDispatch& plan, const Tensor& dx) override {
+    plan_rows(plan, d_out.dim(0), "moe_permute_bwd", "d_out");
+    const FloatIn g(d_out);
+    FloatOut dxo(dx);
+    cpu::moe_permute_bwd(g.data(), plan.slot_row.data_as<const int32_t>(), dx.dim(0), plan.slot_row.dim(1), dx.dim(1),
+                         dxo.data());
+    dxo.commit();
+  }
+
+  void moe_unpermute_impl(const Tensor& y, const MoeDispatch& plan, const Tensor& topk_weight,
+                          const Tensor& out) override {
+    plan_rows(plan, y.dim(0), "moe_unpermute", "y");
+    const FloatIn yv(y), wv(topk_weight);
+    FloatOut ov(out);
+    cpu::moe_unpermute(yv.data(), plan.slot_row.data_as<const int32_t>(), wv.data(), out.dim(0), plan.slot_row.dim(1),
+                       out.dim(1), ov.data());
+    ov.commit();
+  }
+
+  void moe_unpermute_bwd_impl(const Tensor& d_out, const Tensor& y, const MoeDispatch& plan,
+                              const Tensor& topk_weight, const Tensor& dy, const Tensor& d_topk_weight) override {
+    plan_rows(plan, y.dim(0), "moe_unpermute_bwd", "y");
+    const FloatIn g(d_out), yv(y), wv(topk_weight);
+    FloatOut dyo(dy), dwo(d_topk_weight);
+    cpu::moe_unpermute_bwd(g.data(), yv.data(), plan.slot_row.data_as<const int32_t>(), wv.data(), d_out.dim(0),
+                           plan.slot_row.dim(1), d_out.dim(1), dyo.data(), dwo.data());
+    dyo.commit();
+    dwo.commit();
+  }
+
+  void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) override {
+    const int32_t* counts = tokens_per_expert.data_as<const int32_t>();
+    cpu::moe_plan_rows(counts, w.dim(0), x.dim(0), "grouped_gemm", "x");
+    const FloatIn xv(x), wv(w);
+    FloatOut yv(y);
+    cpu::grouped_gemm(xv.data(), wv.data(), counts, w.dim(0), w.dim(1), w.dim(2), yv.data());
+    yv.commit();
+  }
+
+  void grouped_gemm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
+                             const Tensor& dx, const Tensor& dw) override {
+    const int32_t* counts = tokens_per_expert.data_as<const int32_t>();
+    cpu::moe_plan_rows(counts, w.dim(0), x.dim(0), "grouped_gemm_bwd", "x");
+    const FloatIn g(dy), xv(x), wv(w);
+    FloatOut dxo(dx), dwo(dw);
+    cpu::grouped_gemm_bwd(g.data(), xv.data(), wv.data(), counts, w.dim(0), w.dim(1), w.dim(2), dxo.data(),
+                          dwo.data());
+    dxo.commit();
+    dwo.commit();
+  }
+
+  // N, the plan's kept rows, which must be the `rows` of the op's permuted tensor `what`.
+  static int64_t plan_rows(const MoeDispatch& plan, int64_t rows, const char* op, const char* what) {
+    return cpu::moe_plan_rows(plan.tokens_per_expert.data_as<const int32_t>(), plan.tokens_per_expert.numel(), rows,
+                              op, what);
   }
 
   // k, v [B / r, S, D] for q [B, S, D]: r, the query batches per key/value batch (1 for B = 0).

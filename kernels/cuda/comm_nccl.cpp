@@ -50,6 +50,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::fp16: return ncclFloat16;
     case DType::fp32: return ncclFloat32;
     case DType::u8: return ncclUint8;
+    case DType::i32: return ncclInt32;
   }
   throw InvalidArgument("nccl: unknown dtype");
 }

@@ -54,6 +54,18 @@ class MetaBackend final : public Backend {
   void copy_rows_impl(const Tensor&, int64_t, const Tensor&, int64_t, int64_t) override {}
   void attention_merge_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void merge_heads_impl(const Tensor&, int64_t, const Tensor&) override {}
+  void moe_route_impl(const Tensor&, const Tensor&, const MoeRouting&, const Tensor&, const Tensor&, const Tensor&,
+                      const Tensor&) override {}
+  void moe_route_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const MoeRouting&, const Tensor&) override {}
+  void moe_dispatch_impl(const Tensor&, std::optional<double>, const MoeDispatch&) override {}
+  void moe_permute_impl(const Tensor&, const MoeDispatch&, const Tensor&) override {}
+  void moe_permute_bwd_impl(const Tensor&, const MoeDispatch&, const Tensor&) override {}
+  void moe_unpermute_impl(const Tensor&, const MoeDispatch&, const Tensor&, const Tensor&) override {}
+  void moe_unpermute_bwd_impl(const Tensor&, const Tensor&, const MoeDispatch&, const Tensor&, const Tensor&,
+                              const Tensor&) override {}
+  void grouped_gemm_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+  void grouped_gemm_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&) override {}
 };
 
 }  // namespace
