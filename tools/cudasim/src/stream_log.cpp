@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -65,7 +66,9 @@ void call_done(cudaStream_t stream, const char* kernel_name) {
       std::string& to = q.writable ? writes : reads;
       to += (to.empty() ? "" : ",") + hex(q.p);
     }
-    emit("what=kernel stream=" + hex(stream) + " name=" + kernel_name + " reads=" + reads + " writes=" + writes);
+    std::string name = kernel_name;  // one word: template arguments lose their spaces
+    name.erase(std::remove(name.begin(), name.end(), ' '), name.end());
+    emit("what=kernel stream=" + hex(stream) + " name=" + name + " reads=" + reads + " writes=" + writes);
   }
   t_params.clear();
 }

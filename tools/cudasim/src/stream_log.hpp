@@ -5,7 +5,8 @@
 // cannot show a missing cross-stream dependency; the log lets a test check the order a GPU
 // would enforce (docs/simulator.md, "The stream log"; tools/stream_order.py reads it). Lines
 // are `key=value` words:
-//   what=kernel stream=S name=N reads=P,P writes=P,P   pointer parameters (const: reads)
+//   what=kernel stream=S name=N reads=P,P writes=P,P   pointer parameters (const: reads);
+//                                                      N without spaces
 //   what=copy stream=S reads=P+BYTES writes=P+BYTES [host_sync=1]
 //   what=set stream=S writes=P+BYTES
 //   what=record stream=S event=E | what=wait stream=S event=E
