@@ -25,7 +25,7 @@ PendingExchange::~PendingExchange() {
   if (!finish_) return;
   try {
     finish_();
-  } catch (...) {  // a destructor must not throw; the failure has been reported or will be
+  } catch (...) {  // it also runs while an exception unwinds, so it must not throw
   }
 }
 
