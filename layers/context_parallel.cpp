@@ -92,30 +92,37 @@ Tensor LayerBase::cp_scatter_sequence(const char* stage, const char* what, const
   return out;
 }
 
-Tensor LayerBase::cp_ring_step(const char* stage, const char* what, const Tensor& send) {
+PendingExchange LayerBase::cp_ring_start(const char* stage, const char* what, const Tensor& send) {
   PhaseRange phase(cp_phase(stage, "send_recv", what), phase_log_);
   Tensor recv = be_.empty(send.shape(), send.dtype());
   const int next = (cp_rank_ + 1) % cp_size_, prev = (cp_rank_ - 1 + cp_size_) % cp_size_;
-  cp_comm_->send_recv(send, next, recv, prev);
-  return recv;
+  return cp_comm_->start_send_recv(send, next, recv, prev);
+}
+
+Tensor LayerBase::cp_ring_wait(const char* stage, const char* what, PendingExchange& exchange) {
+  PhaseRange phase(cp_phase(stage, "send_recv", what), phase_log_);
+  return exchange.wait();
 }
 
 void LayerBase::cp_ring_bwd(const QkvHeads& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                             QkvHeads& grads) {
   // Step i holds the key block of rank cp_rank - i with the sum of the gradients the ranks
   // before this one gave it; this rank adds its own and passes both on. After C steps every
-  // block's dk, dv has come back to its owner.
+  // block's dk, dv has come back to its owner. Each exchange runs while the next attention
+  // computes: step i+1's key block travels during step i's attention, the dk, dv sums passed
+  // on at step i during step i+1's (they are needed only after it).
   const int64_t b = opt_.dims.b;
   const Shape q_shape = {b * heads_per_rank_, seq_, head_dim_}, kv_shape = {b * kv_heads_per_rank_, seq_, head_dim_};
   Tensor dq = be_.zeros(qkv.q.shape(), opt_.dtype);
   Tensor dq_part = be_.empty(qkv.q.shape(), opt_.dtype);
-  Tensor k = qkv.k, v = qkv.v, dk_sum, dv_sum;
+  Tensor k = qkv.k, v = qkv.v;
+  PendingExchange dk_sum, dv_sum;  // the sums coming to this rank with its current block
   for (int step = 0; step < cp_size_; ++step) {
     const int owner = (cp_rank_ - step + cp_size_) % cp_size_;
-    Tensor next_k, next_v;
+    PendingExchange next_k, next_v;
     if (step + 1 < cp_size_) {
-      next_k = cp_ring_step("bwd", "k", k);
-      next_v = cp_ring_step("bwd", "v", v);
+      next_k = cp_ring_start("bwd", "k", k);
+      next_v = cp_ring_start("bwd", "v", v);
     }
     Tensor dk = be_.empty(k.shape(), opt_.dtype), dv = be_.empty(v.shape(), opt_.dtype);
     const AttentionGeometry g = block_geometry(owner);
@@ -124,17 +131,19 @@ void LayerBase::cp_ring_bwd(const QkvHeads& qkv, const Tensor& out, const Tensor
                       dq_part.view(q_shape), dk.view(kv_shape), dv.view(kv_shape), g.rows);
     be_.add_inplace(dq, dq_part);
     if (step > 0) {  // the sums that came with this block
-      be_.add_inplace(dk, dk_sum);
-      be_.add_inplace(dv, dv_sum);
+      be_.add_inplace(dk, cp_ring_wait("bwd", "dk", dk_sum));
+      be_.add_inplace(dv, cp_ring_wait("bwd", "dv", dv_sum));
     }
-    dk_sum = cp_ring_step("bwd", "dk", dk);
-    dv_sum = cp_ring_step("bwd", "dv", dv);
-    k = std::move(next_k);
-    v = std::move(next_v);
+    dk_sum = cp_ring_start("bwd", "dk", dk);
+    dv_sum = cp_ring_start("bwd", "dv", dv);
+    if (step + 1 < cp_size_) {
+      k = cp_ring_wait("bwd", "k", next_k);
+      v = cp_ring_wait("bwd", "v", next_v);
+    }
   }
   grads.q = std::move(dq);
-  grads.k = std::move(dk_sum);
-  grads.v = std::move(dv_sum);
+  grads.k = cp_ring_wait("bwd", "dk", dk_sum);
+  grads.v = cp_ring_wait("bwd", "dv", dv_sum);
 }
 
 }  // namespace actbench

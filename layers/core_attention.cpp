@@ -170,16 +170,17 @@ void LayerBase::fused_attention(const char* stage, const QkvHeads& qkv, const Te
     return;
   }
   // The ring: step i sees the key block of CP rank cp_rank - i (its own first) and passes it
-  // on; each block's partial result is merged into out and lse by its log-sum-exp.
+  // on; each block's partial result is merged into out and lse by its log-sum-exp. The next
+  // block travels while this one's attention computes (two blocks in memory at a time).
   const int64_t b = opt_.dims.b;
   Tensor k = qkv.k, v = qkv.v;
   Tensor part, part_lse;
   for (int step = 0; step < cp_size_; ++step) {
     const int owner = (cp_rank_ - step + cp_size_) % cp_size_;
-    Tensor next_k, next_v;
+    PendingExchange next_k, next_v;
     if (step + 1 < cp_size_) {
-      next_k = cp_ring_step(stage, "k", k);
-      next_v = cp_ring_step(stage, "v", v);
+      next_k = cp_ring_start(stage, "k", k);
+      next_v = cp_ring_start(stage, "v", v);
     }
     if (step == 0) {
       fused_fwd(block_geometry(owner), qkv.q, k, v, out, lse);
@@ -193,8 +194,10 @@ void LayerBase::fused_attention(const char* stage, const QkvHeads& qkv, const Te
       be_.attention_merge(out.view(q_shape), lse.view({b * g.heads, g.q_rows}), part.view(q_shape),
                           part_lse.view({b * g.heads, g.q_rows}));
     }
-    k = std::move(next_k);
-    v = std::move(next_v);
+    if (step + 1 < cp_size_) {
+      k = cp_ring_wait(stage, "k", next_k);
+      v = cp_ring_wait(stage, "v", next_v);
+    }
   }
 }
 

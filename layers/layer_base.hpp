@@ -215,8 +215,11 @@ class LayerBase : public Layer {
   // and the reduce-scatter of a gradient of those back to this rank's rows, summed.
   Tensor cp_gather_sequence(const char* stage, const char* what, const Tensor& x);
   Tensor cp_scatter_sequence(const char* stage, const char* what, const Tensor& dx);
-  // p2p: one ring step: this rank's `send` to the next CP rank, the previous rank's into a new tensor.
-  Tensor cp_ring_step(const char* stage, const char* what, const Tensor& send);
+  // p2p: one ring step, started: this rank's `send` to the next CP rank, the previous rank's
+  // into a new tensor, which cp_ring_wait returns once the exchange has completed (on cuda:
+  // for the kernels enqueued after it). Both in the step's comm.cp phase.
+  PendingExchange cp_ring_start(const char* stage, const char* what, const Tensor& send);
+  Tensor cp_ring_wait(const char* stage, const char* what, PendingExchange& exchange);
   // The fused backward under p2p: dq of this rank's rows, dk and dv of its own key block.
   void cp_ring_bwd(const QkvHeads& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse, QkvHeads& grads);
   // Both core_attention_bwd: merge_into is d_qkv or null (grads then hold the caller's tensors).

@@ -1,9 +1,11 @@
 // The MPI communicator: real processes under mpirun, host tensors. 16-bit data is reduced
 // in fp32 (widened, reduced, rounded once), as the CPU reference does all its math.
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -121,6 +123,21 @@ class MpiCommunicator final : public Communicator {
     const int bytes = mpi_count(static_cast<int64_t>(send.bytes()), "send-receive (bytes)");
     MPI_CHECK(MPI_Sendrecv(send.data(), bytes, MPI_BYTE, dst, kSendRecvTag, recv.data(), bytes, MPI_BYTE, src,
                            kSendRecvTag, comm_, MPI_STATUS_IGNORE));
+  }
+
+  // Non-blocking: both messages are posted now and the handle's wait() waits for them (MPI
+  // matches them with the peers' in the order every rank posts them).
+  PendingExchange start_send_recv(const Tensor& send, int dst, const Tensor& recv, int src) override {
+    check_send_recv(send, dst, recv, src);
+    if (send.is_meta() || !send.bytes() || dst == rank_) return Communicator::start_send_recv(send, dst, recv, src);
+    count_send_recv(send, dst);
+    const int bytes = mpi_count(static_cast<int64_t>(send.bytes()), "send-receive (bytes)");
+    auto requests = std::make_shared<std::array<MPI_Request, 2>>();
+    MPI_CHECK(MPI_Irecv(recv.data(), bytes, MPI_BYTE, src, kSendRecvTag, comm_, &(*requests)[0]));
+    MPI_CHECK(MPI_Isend(send.data(), bytes, MPI_BYTE, dst, kSendRecvTag, comm_, &(*requests)[1]));
+    return PendingExchange(send, recv, [requests] {
+      MPI_CHECK(MPI_Waitall(2, requests->data(), MPI_STATUSES_IGNORE));
+    });
   }
 
   void all_to_all(const Tensor& in, const Tensor& out) override {

@@ -17,6 +17,42 @@ const char* comm_mode_name(CommMode m) {
   return "?";
 }
 
+PendingExchange::PendingExchange(Tensor send, Tensor recv, std::function<void()> finish)
+    : send_(std::move(send)), recv_(std::move(recv)), finish_(std::move(finish)) {}
+
+PendingExchange::~PendingExchange() {
+  // An exchange still in flight may read or write both tensors: complete it before they go.
+  if (!finish_) return;
+  try {
+    finish_();
+  } catch (...) {  // it also runs while an exception unwinds, so it must not throw
+  }
+}
+
+PendingExchange::PendingExchange(PendingExchange&& other) noexcept
+    : send_(std::move(other.send_)), recv_(std::move(other.recv_)), finish_(std::exchange(other.finish_, nullptr)) {}
+
+PendingExchange& PendingExchange::operator=(PendingExchange&& other) noexcept {
+  if (this != &other) {
+    PendingExchange old(std::move(*this));  // completes what this held
+    send_ = std::move(other.send_);
+    recv_ = std::move(other.recv_);
+    finish_ = std::exchange(other.finish_, nullptr);
+  }
+  return *this;
+}
+
+Tensor PendingExchange::wait() {
+  if (finish_) std::exchange(finish_, nullptr)();
+  send_ = Tensor();
+  return std::move(recv_);
+}
+
+PendingExchange Communicator::start_send_recv(const Tensor& send, int dst, const Tensor& recv, int src) {
+  send_recv(send, dst, recv, src);
+  return PendingExchange(Tensor(), recv, nullptr);
+}
+
 // Ring algorithm bytes per rank: all-gather / reduce-scatter / all-to-all (n-1)/n * S,
 // all-reduce 2(n-1)/n * S; a send-receive sends its tensor once (nothing to itself).
 void Communicator::count_all_reduce(const Tensor& t) {

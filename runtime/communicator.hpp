@@ -10,6 +10,7 @@
 // computed from.
 // Tensors on the meta device carry no data: only the byte counts change.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,30 @@ namespace actbench {
 
 enum class CommMode : uint8_t { none, mpi, nccl, modeled };
 const char* comm_mode_name(CommMode m);
+
+// A send-receive started by Communicator::start_send_recv. It holds both tensors until wait()
+// (so that neither's memory is handed out again while the exchange may still touch it), and is
+// completed by wait() or, at the latest, by its destructor.
+class PendingExchange {
+ public:
+  PendingExchange() = default;
+  // `finish` completes the exchange (empty: it has completed already).
+  PendingExchange(Tensor send, Tensor recv, std::function<void()> finish);
+  ~PendingExchange();
+  PendingExchange(PendingExchange&& other) noexcept;
+  PendingExchange& operator=(PendingExchange&& other) noexcept;
+  PendingExchange(const PendingExchange&) = delete;
+  PendingExchange& operator=(const PendingExchange&) = delete;
+
+  // Completes the exchange, releases the send tensor and returns the received one: on the
+  // host its data is there; on cuda, for the work enqueued on the backend's stream from now.
+  Tensor wait();
+  bool pending() const { return static_cast<bool>(finish_); }
+
+ private:
+  Tensor send_, recv_;
+  std::function<void()> finish_;
+};
 
 struct CommStats {
   int64_t all_reduce_calls = 0, all_gather_calls = 0, reduce_scatter_calls = 0;
@@ -44,6 +69,13 @@ class Communicator {
   // A ring step: sends `send` to group rank dst and receives `recv` (same numel and dtype) from
   // group rank src, both at once, so every rank may call it together without deadlock.
   virtual void send_recv(const Tensor& send, int dst, const Tensor& recv, int src) = 0;
+  // The same exchange, started: counted and checked as send_recv, completed by the handle's
+  // wait(). Until then the caller must not write `send` nor read `recv`; it may compute on
+  // anything else meanwhile. Several may be in flight; every rank starts them in the same
+  // order. MPI posts non-blocking messages; NCCL enqueues them on a stream of its own, after
+  // the work already enqueued on the backend's stream (see comm_nccl.hpp). By default (local,
+  // emulated) it is send_recv at start and wait() does nothing.
+  virtual PendingExchange start_send_recv(const Tensor& send, int dst, const Tensor& recv, int src);
   // in and out [size()*n, ...] (same shape/dtype): rows [j*n, (j+1)*n) of in go to rank j and
   // land at rows [rank()*n, (rank()+1)*n) of its out.
   virtual void all_to_all(const Tensor& in, const Tensor& out) = 0;

@@ -93,6 +93,26 @@ TEST_P(CommCopies, SendRecvMovesTheValuesAndCountsTheBytesSent) {
   }
 }
 
+// Started, the exchange is the same send_recv (these communicators copy at once): counted
+// alike, the values there after wait(), which hands back the receiving tensor; its refusals
+// are send_recv's.
+TEST_P(CommCopies, AStartedSendRecvIsTheSameExchange) {
+  const Flavour& f = GetParam();
+  auto be = make_cpu_backend();
+  auto comm = f.make(*be);
+  const std::vector<float> want = iota(6, 3.f);
+  Tensor send = filled(*be, {2, 3}, DType::fp32, want), recv = be->zeros({2, 3}, DType::fp32);
+  PendingExchange x = comm->start_send_recv(send, f.size > 1 ? 1 : 0, recv, f.size - 1);
+  const Tensor got = x.wait();
+  EXPECT_EQ(got.data(), recv.data());
+  EXPECT_EQ(values_of(*be, got), want);
+  EXPECT_FALSE(x.pending());
+  EXPECT_EQ(comm->stats().send_recv_calls, 1);
+  EXPECT_DOUBLE_EQ(comm->stats().ring_bytes, f.size > 1 ? 6.0 * 4 : 0.0);
+  EXPECT_EQ(message_of([&] { comm->start_send_recv(send, f.size, recv, 0); }),
+            "send_recv: dst " + std::to_string(f.size) + " is not a rank of this group of " + std::to_string(f.size));
+}
+
 TEST_P(CommCopies, AllToAllMovesTheValuesAndCountsNMinus1OverN) {
   const Flavour& f = GetParam();
   auto be = make_cpu_backend();

@@ -19,6 +19,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+import stream_order  # noqa: E402
 
 LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build-sim", "runners", "layer_run"))
 BENCH_LAYER = os.environ.get("ACTBENCH_BENCH_LAYER", "")
@@ -64,13 +65,14 @@ class CudaSimTest(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def layer_run(self, name, *args, np_ranks=None, timeout=600):
+    def layer_run(self, name, *args, np_ranks=None, timeout=600, env=None):
         """Runs layer_run with --csv NAME.csv (and --dump NAME/ when asked), returns the rows."""
         out = os.path.join(self.tmp, name + ".csv")
         cmd = [LAYER_RUN, *args, "--csv", out]
         if np_ranks:
             cmd = [MPIEXEC, "-np", str(np_ranks), *cmd]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, **env) if env else None)
         self.assertEqual(r.returncode, 0, "%s\n%s%s" % (" ".join(cmd), r.stdout, r.stderr))
         self.last_stderr = r.stderr
         return read_rows(out)
@@ -189,6 +191,58 @@ class CudaSimTest(unittest.TestCase):
                     got = os.path.join(self.dump_dir("cuda_" + tag), config)
                     self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), config))
                     self.assert_numpy_reference(got)
+
+    @unittest.skipUnless(numpy_layer and MPIEXEC, "numpy or mpirun missing")
+    def test_ring_exchanges_overlap_the_attention_in_stream_order(self):
+        # C = 2 on two ranks, the p2p ring: each next K/V block (in backward also the dK/dV sums)
+        # travels on the NCCL communicator's own stream while the backend's stream computes the
+        # current block's attention. The simulator runs all work at once in issue order, so the
+        # values cannot show a missing dependency; its stream log can (tools/stream_order.py).
+        common = ["--model", "tiny", "--seq", "24", "--batch", "2", "--cp", "2", "--cp-comm-type", "p2p",
+                  "--attention", "fused", "--dropout", "0.1", "--dtype", "fp32", "--config", "baseline,full",
+                  "--warmup", "0", "--iters", "1"]
+        log = os.path.join(self.tmp, "streams", "log")
+        os.makedirs(os.path.dirname(log))
+        self.layer_run("cuda_ring", "--backend", "cuda", *common, "--dump", self.dump_dir("cuda_ring"), np_ranks=2,
+                       env={"CUDASIM_STREAM_LOG": log})
+        self.layer_run("cpu_ring", "--backend", "cpu", *common, "--dump", self.dump_dir("cpu_ring"), np_ranks=2)
+        for config in ["baseline", "full"]:
+            self.assert_dumps_match(os.path.join(self.dump_dir("cuda_ring"), config),
+                                    os.path.join(self.dump_dir("cpu_ring"), config))
+        logs = stream_order.read_logs(log)
+        self.assertEqual(len(logs), 2)
+        for pid, ops in logs.items():
+            with self.subTest(rank_pid=pid):
+                self.assert_ring_overlaps_in_order(ops)
+
+    def assert_ring_overlaps_in_order(self, ops):
+        """Per received block: issued on a stream of its own before the attention of the block
+        before it (so they can overlap), read only after a wait on an event recorded after the
+        receive; and no work of two streams touching the same bytes unordered (a send's buffer
+        written, or a received one read, before the exchange is done)."""
+        recvs = [o for o in ops if o.what == "nccl" and o.name == "recv"]
+        kernels = [o for o in ops if o.what == "kernel"]
+        compute = {o.stream for o in kernels if o.name.startswith("attention_fwd")}
+        self.assertEqual(len(compute), 1)
+        self.assertTrue(recvs)
+        alone = []
+        for recv in recvs:
+            self.assertNotIn(recv.stream, compute)
+            readers = stream_order.readers(ops, recv)
+            self.assertTrue(readers, "%r: nothing reads the received block" % recv)
+            first = readers[0]
+            self.assertTrue(stream_order.before(recv, first), "%r reads %r before it is done" % (first, recv))
+            self.assertTrue(stream_order.waits_between(ops, recv, first),
+                            "%r is not ordered after %r by an event" % (first, recv))
+            if not any(o.name.startswith("attention_") for o in kernels if recv.index < o.index < first.index):
+                alone.append(recv)
+        # Every exchange is in flight during an attention kernel but the dK and dV sums of each
+        # backward ring's last step, which follow its last attention (C = 2: two dkdv launches
+        # per backward ring).
+        backward_rings = sum(o.name.startswith("attention_dkdv") for o in kernels) // 2
+        self.assertEqual(len(alone), 2 * backward_rings, alone)
+        races = stream_order.races(ops)
+        self.assertEqual(races, [], "unordered work on two streams: %s" % races[:5])
 
     @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
     def test_dropout_and_bf16_match_the_cpu_backend(self):

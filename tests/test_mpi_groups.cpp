@@ -116,6 +116,33 @@ TEST(MpiGroups, RingSendRecvMovesEachRanksValuesToTheNext) {
   }
 }
 
+// Exchanges started together (as the ring starts K and V) arrive once each is waited for,
+// counted as send_recv: each rank's values reach the next CP rank.
+TEST(MpiGroups, StartedRingExchangesArriveAtTheirWait) {
+  auto be = make_cpu_backend();
+  const int r = g_world->rank();
+  for (const auto& [t, c] : splits()) {
+    ParallelGroups g = make_parallel_groups(*be, t, c);
+    const std::string what = name(t, c);
+    const int me = g.cp->rank(), next = (me + 1) % c, prev = (me + c - 1) % c;
+    Tensor a = tagged(*be, 3, DType::fp32), b = tagged(*be, 5, DType::bf16);
+    PendingExchange first = g.cp->start_send_recv(a, next, be->zeros({3, 4}, DType::fp32), prev);
+    PendingExchange second = g.cp->start_send_recv(b, next, be->zeros({5, 4}, DType::bf16), prev);
+    EXPECT_TRUE(first.pending() || c == 1) << what;
+    const Tensor got_b = second.wait(), got_a = first.wait();
+    EXPECT_FALSE(first.pending()) << what;
+    const int prev_world = r % t + prev * t;
+    for (const auto& [got, rows] : {std::pair{got_a, 3}, std::pair{got_b, 5}}) {
+      std::vector<float> want;
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t col = 0; col < 4; ++col) want.push_back(tag(prev_world, row, col));
+      EXPECT_EQ(values_of(*be, got), want) << what << " rows " << rows;
+    }
+    EXPECT_EQ(g.cp->stats().send_recv_calls, 2) << what;
+    EXPECT_DOUBLE_EQ(g.cp->stats().ring_bytes, c > 1 ? static_cast<double>(a.bytes() + b.bytes()) : 0.0) << what;
+  }
+}
+
 // Rows [j*n, (j+1)*n) of rank i's input land at rows [i*n, (i+1)*n) of rank j's output.
 TEST(MpiGroups, AllToAllPermutesRowsExactly) {
   auto be = make_cpu_backend();

@@ -142,6 +142,32 @@ TEST(NcclGroupsOnSim, RingSendRecvAndAllToAllMoveTheGroupsData) {
   }
 }
 
+// Exchanges started together (as the ring starts K and V), on the communicator's own stream,
+// arrive for the work after each wait, counted as send_recv.
+TEST(NcclGroupsOnSim, StartedRingExchangesArriveAtTheirWait) {
+  for (int t : tps()) {
+    const int c = g_size / t;
+    Groups g = split(t);
+    const std::string what = "t=" + std::to_string(t);
+    const int me = g.cp->rank(), prev = (me + c - 1) % c;
+    Tensor a = tagged(3, DType::fp32), b = tagged(5, DType::bf16);
+    PendingExchange first = g.cp->start_send_recv(
+        a, (me + 1) % c, device_tensor(std::vector<float>(12, -1.f), {3, 4}, DType::fp32), prev);
+    PendingExchange second = g.cp->start_send_recv(
+        b, (me + 1) % c, device_tensor(std::vector<float>(20, -1.f), {5, 4}, DType::bf16), prev);
+    const Tensor got_a = first.wait(), got_b = second.wait();
+    for (const auto& [got, rows] : {std::pair{got_a, 3}, std::pair{got_b, 5}}) {
+      std::vector<float> want;
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t col = 0; col < 4; ++col) want.push_back(tag(g_rank % t + prev * t, row, col));
+      EXPECT_EQ(values_of(got), want) << what << " rows " << rows;
+    }
+    EXPECT_EQ(g.cp->stats().send_recv_calls, 2) << what;
+    EXPECT_DOUBLE_EQ(g.cp->stats().ring_bytes, c > 1 ? static_cast<double>(a.bytes() + b.bytes()) : 0.0) << what;
+    g.cp->barrier();
+  }
+}
+
 TEST(NcclGroupsOnSim, SplittingANonNcclCommunicatorIsRefused) {
   auto local = make_local_communicator();
   try {

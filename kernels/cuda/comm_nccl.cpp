@@ -91,7 +91,12 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     if (comm_) {
       cudaStreamSynchronize(stream_);
+      if (comm_stream_) cudaStreamSynchronize(comm_stream_);
       ncclCommDestroy(comm_);
+    }
+    if (comm_stream_) {
+      cudaEventDestroy(ready_);
+      cudaStreamDestroy(comm_stream_);
     }
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -143,6 +148,34 @@ class NcclCommunicator final : public Communicator {
     NCCL_CHECK(ncclRecv(recv.data(), count, type, src, comm_, stream_));
     NCCL_CHECK(ncclGroupEnd());
   }
+  // On the communicator's own stream, so that the backend's stream computes meanwhile: that
+  // stream waits for the work enqueued on the backend's stream so far (which wrote `send`),
+  // the exchange follows, and wait() has the backend's stream wait for its done-event (no
+  // host synchronisation). The handle keeps both tensors until then: the allocator frees in
+  // the backend's stream order, which is after the exchange only once wait() has run.
+  PendingExchange start_send_recv(const Tensor& send, int dst, const Tensor& recv, int src) override {
+    check_send_recv(send, dst, recv, src);
+    if (send.is_meta() || !send.numel() || dst == rank_) return Communicator::start_send_recv(send, dst, recv, src);
+    count_send_recv(send, dst);
+    check_async();
+    cudaStream_t comm_stream = comm_stream_of_this();
+    CUDA_CHECK(cudaEventRecord(ready_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_stream, ready_, 0));
+    const auto count = static_cast<size_t>(send.numel());
+    const ncclDataType_t type = nccl_type(send.dtype());
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclSend(send.data(), count, type, dst, comm_, comm_stream));
+    NCCL_CHECK(ncclRecv(recv.data(), count, type, src, comm_, comm_stream));
+    NCCL_CHECK(ncclGroupEnd());
+    cudaEvent_t done = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(done, comm_stream));
+    return PendingExchange(send, recv, [this, done] {
+      const cudaError_t waited = cudaStreamWaitEvent(stream_, done, 0);
+      cudaEventDestroy(done);  // released once the wait has passed it
+      CUDA_CHECK(waited);
+    });
+  }
   void all_to_all(const Tensor& in, const Tensor& out) override {
     check_all_to_all(in, out);
     count_all_to_all(in);
@@ -166,12 +199,14 @@ class NcclCommunicator final : public Communicator {
     // with NCCL's asynchronous error checked in between: a peer that failed (or a network
     // error) would otherwise leave this rank blocked in a stream wait forever (NCCL docs,
     // "Fault tolerance": poll ncclCommGetAsyncError, then ncclCommAbort).
-    for (;;) {
-      const cudaError_t q = cudaStreamQuery(stream_);
-      if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) CUDA_CHECK(q);
-      check_async();
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    for (cudaStream_t s : {stream_, comm_stream_}) {
+      while (s) {
+        const cudaError_t q = cudaStreamQuery(s);
+        if (q == cudaSuccess) break;
+        if (q != cudaErrorNotReady) CUDA_CHECK(q);
+        check_async();
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
     }
     check_async();
     MPI_CHECK(MPI_Barrier(mpi_));
@@ -200,7 +235,19 @@ class NcclCommunicator final : public Communicator {
     throw_failure(__FILE__, __LINE__, std::string("NCCL asynchronous error: ") + ncclGetErrorString(async));
   }
 
+  // The stream of start_send_recv (created at its first use, as is the event that orders it
+  // after the backend's stream): non-blocking, so the legacy default stream never waits on it.
+  cudaStream_t comm_stream_of_this() {
+    if (!comm_stream_) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    }
+    return comm_stream_;
+  }
+
   cudaStream_t stream_;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
   ncclComm_t comm_ = nullptr;
   MPI_Comm mpi_ = MPI_COMM_WORLD;
   bool owns_mpi_ = false;

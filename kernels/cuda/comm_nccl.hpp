@@ -27,7 +27,10 @@ bool nccl_available();
 int select_cuda_device_for_rank(int rank);
 
 // Spans MPI_COMM_WORLD (initialising MPI if needed); all collectives are enqueued on
-// `stream` (the backend's, so they are ordered with the layer's kernels), and the
+// `stream` (the backend's, so they are ordered with the layer's kernels) except
+// start_send_recv's, which go on a non-blocking stream the communicator owns, ordered by
+// events: after the work on `stream` so far, and before the work enqueued on `stream` after
+// the handle's wait() (cudaStreamWaitEvent; the host never waits). The
 // reductions run in the tensors' dtype (NCCL rounds 16-bit sums per step, unlike the MPI
 // communicator which sums in fp32). mode() is CommMode::nccl.
 std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t stream);

@@ -15,6 +15,7 @@
 
 #include "cudasim/activity.hpp"
 #include "internal.hpp"
+#include "stream_log.hpp"
 
 #if defined(CUDASIM_ASAN)
 #include <sanitizer/asan_interface.h>
@@ -179,6 +180,7 @@ ApiCall::ApiCall(const char* function, cudaStream_t stream) noexcept : outermost
 ApiCall::~ApiCall() {
   --t_call.depth;
   if (!outermost_) return;
+  stream_log::call_done(t_call.stream, t_call.work == Work::kernel ? t_call.kernel_name : nullptr);
   const uint32_t id = activity::api_call(t_call.function, t_call.start_ns, activity::now_ns());
   if (id == 0) return;  // nothing records activity
   const CallState& c = t_call;
@@ -314,6 +316,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
   const uint64_t start_ns = activity::now_ns();
   std::memmove(dst, src, count);
   ApiCall::memcpy(kind, count, start_ns, activity::now_ns());
+  stream_log::copy(t_call.stream, dst, src, count, std::strcmp(t_call.function, "cudaMemcpy") == 0);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
@@ -328,6 +331,7 @@ cudaError_t cudaMemset(void* dev_ptr, int value, size_t count) {
   const uint64_t start_ns = activity::now_ns();
   std::memset(dev_ptr, value, count);
   ApiCall::memset(value, count, start_ns, activity::now_ns());
+  stream_log::set(t_call.stream, dev_ptr, count);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dev_ptr, int value, size_t count, cudaStream_t stream) {
@@ -343,12 +347,14 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) {
   if (!stream) return ret(cudaErrorInvalidValue);
   *stream = reinterpret_cast<cudaStream_t>(new SimStream{0});
   streams().insert(*stream);
+  stream_log::stream_created(*stream, 0);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   ApiCall call("cudaStreamCreateWithFlags");
   const cudaError_t e = cudaStreamCreate(stream);
   if (e == cudaSuccess) reinterpret_cast<SimStream*>(*stream)->flags = flags;
+  if (e == cudaSuccess) stream_log::stream_created(*stream, flags);
   return e;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
@@ -360,19 +366,24 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   ApiCall call("cudaStreamSynchronize", stream);
   if (!valid_stream(stream)) return ret(cudaErrorInvalidResourceHandle);
+  stream_log::sync_stream(stream);
   return peek_error() == cudaErrorLaunchFailure ? cudaErrorLaunchFailure : cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   ApiCall call("cudaStreamQuery", stream);
-  return valid_stream(stream) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!valid_stream(stream)) return ret(cudaErrorInvalidResourceHandle);
+  stream_log::sync_stream(stream);  // its work is done, and the host knows it
+  return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   ApiCall call("cudaStreamWaitEvent", stream);
   if (!valid_stream(stream) || !known_event(event)) return ret(cudaErrorInvalidResourceHandle);
+  stream_log::wait(stream, event);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
   ApiCall call("cudaDeviceSynchronize");
+  stream_log::sync_device();
   return peek_error() == cudaErrorLaunchFailure ? cudaErrorLaunchFailure : cudaSuccess;
 }
 
@@ -402,15 +413,20 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   SimEvent* e = reinterpret_cast<SimEvent*>(event);
   e->ms = host_ms();  // work before it has already run
   e->recorded = true;
+  stream_log::record(stream, event);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   ApiCall call("cudaEventSynchronize");
-  return known_event(event) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!known_event(event)) return ret(cudaErrorInvalidResourceHandle);
+  stream_log::sync_event(event);
+  return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   ApiCall call("cudaEventQuery");
-  return known_event(event) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!known_event(event)) return ret(cudaErrorInvalidResourceHandle);
+  stream_log::sync_event(event);  // complete, and the host knows it
+  return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   ApiCall call("cudaEventElapsedTime");

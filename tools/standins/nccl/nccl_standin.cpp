@@ -15,7 +15,9 @@
 // gets bit-identical results. In-place: sendbuff == recvbuff (all-reduce), sendbuff ==
 // recvbuff + rank * sendcount (all-gather), recvbuff == sendbuff + rank * recvcount
 // (reduce-scatter); any other overlap is also handled (inputs are copied first).
+#include <fcntl.h>
 #include <nccl.h>
+#include <unistd.h>
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
@@ -23,6 +25,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <random>
@@ -64,6 +67,32 @@ struct P2p {
 std::vector<P2p> pending_p2p;
 
 bool valid(const ncclComm* c) { return c && c->magic == 0x4e63436d; }
+
+// The simulator's stream log (CUDASIM_STREAM_LOG, tools/cudasim/src/stream_log.hpp): each
+// operation, once its arguments are checked, as the stream work it is on a GPU, appended to
+// the same file (one write(2) per line, so the lines interleave with the simulator's in issue
+// order): what=nccl stream=S name=OP reads=P+BYTES writes=P+BYTES.
+void log_stream_op(const char* op, cudaStream_t stream, const void* read, size_t read_bytes, const void* write_to,
+                   size_t write_bytes) {
+  static const int fd = [] {
+    const char* path = std::getenv("CUDASIM_STREAM_LOG");
+    if (!path || !*path) return -1;
+    const std::string file = std::string(path) + "." + std::to_string(getpid());
+    return open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  }();
+  if (fd < 0) return;
+  auto range = [](const void* p, size_t n) {
+    char b[48];
+    std::snprintf(b, sizeof b, "%#llx+%zu", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)), n);
+    return std::string(b);
+  };
+  char s[24];
+  std::snprintf(s, sizeof s, "%#llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)));
+  const std::string line = std::string("what=nccl stream=") + (stream ? s : "0x0") + " name=" + op +
+                           " reads=" + (read ? range(read, read_bytes) : "") +
+                           " writes=" + (write_to ? range(write_to, write_bytes) : "") + "\n";
+  if (write(fd, line.data(), line.size()) < 0) std::perror("NCCL stand-in: stream log");
+}
 
 ncclResult_t fail(ncclComm* comm, ncclResult_t r, const std::string& why) {
   const std::string msg = "NCCL stand-in: " + why;
@@ -449,6 +478,7 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
   ncclResult_t r = check_call(comm, sendbuff, sendbuff, count, datatype, "ncclSend");
   if (r == ncclSuccess) r = check_peer(comm, peer, "ncclSend");
   if (r != ncclSuccess) return r;
+  log_stream_op("send", stream, sendbuff, count * type_bytes(datatype), nullptr, 0);
   return post_p2p({comm, true, const_cast<void*>(sendbuff), count * type_bytes(datatype), peer});
 }
 
@@ -457,6 +487,7 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
   ncclResult_t r = check_call(comm, recvbuff, recvbuff, count, datatype, "ncclRecv");
   if (r == ncclSuccess) r = check_peer(comm, peer, "ncclRecv");
   if (r != ncclSuccess) return r;
+  log_stream_op("recv", stream, nullptr, 0, recvbuff, count * type_bytes(datatype));
   return post_p2p({comm, false, recvbuff, count * type_bytes(datatype), peer});
 }
 
@@ -466,6 +497,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   if (r == ncclSuccess) r = check_op(comm, op, datatype, "ncclAllReduce");
   if (r != ncclSuccess || count == 0) return r;
   const size_t bytes = count * type_bytes(datatype);
+  log_stream_op("all_reduce", stream, sendbuff, bytes, recvbuff, bytes);
   std::vector<uint8_t> all(bytes * static_cast<size_t>(comm->nranks));
   r = allgather_bytes(comm, static_cast<const uint8_t*>(sendbuff), all.data(), bytes);
   if (r != ncclSuccess) return r;
@@ -477,6 +509,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   ncclResult_t r = check_call(comm, sendbuff, recvbuff, sendcount, datatype, "ncclAllGather");
   if (r != ncclSuccess || sendcount == 0) return r;
   const size_t bytes = sendcount * type_bytes(datatype);
+  log_stream_op("all_gather", stream, sendbuff, bytes, recvbuff, bytes * static_cast<size_t>(comm->nranks));
   // The input is copied first: in place it is rank's own slot of recvbuff.
   const std::vector<uint8_t> mine(static_cast<const uint8_t*>(sendbuff), static_cast<const uint8_t*>(sendbuff) + bytes);
   return allgather_bytes(comm, mine.data(), static_cast<uint8_t*>(recvbuff), bytes);
@@ -488,6 +521,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   if (r == ncclSuccess) r = check_op(comm, op, datatype, "ncclReduceScatter");
   if (r != ncclSuccess || recvcount == 0) return r;
   const size_t bytes = recvcount * type_bytes(datatype), n = static_cast<size_t>(comm->nranks);
+  log_stream_op("reduce_scatter", stream, sendbuff, bytes * n, recvbuff, bytes);
   // Block r of every rank's input goes to rank r (all-to-all), which reduces the n blocks it
   // receives in rank order. The input is copied first: in place, the output overlaps it.
   const std::vector<uint8_t> mine(static_cast<const uint8_t*>(sendbuff),

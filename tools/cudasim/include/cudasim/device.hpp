@@ -61,6 +61,16 @@ int syncthreads_count(int pred, const char* file, int line);
 void launch(const void* kernel, const char* kernel_name, const char* file, int line, dim3 grid, dim3 block,
             size_t smem, cudaStream_t stream, void (*thunk)(void*), void* ctx);
 
+// A pointer parameter of the launch being made, for the stream log (src/stream_log.hpp): a
+// pointer to const is read, any other may be written.
+void launch_pointer(const void* p, bool writable);
+template <class T>
+void note_param(const T&) {}
+template <class T>
+void note_param(T* p) {
+  launch_pointer(p, !std::is_const_v<T>);
+}
+
 template <class T>
 uint64_t to_bits(T v) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "warp shuffles move values of at most 8 bytes");
@@ -98,6 +108,7 @@ struct Launch {
       void (*kernel)(P...);
       std::tuple<std::decay_t<P>...> params;
     } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    std::apply([](const auto&... p) { (detail::note_param(p), ...); }, call.params);
     detail::launch(reinterpret_cast<const void*>(kernel), name, file, line, grid, block, smem, stream,
                    [](void* c) {
                      Call* cl = static_cast<Call*>(c);
