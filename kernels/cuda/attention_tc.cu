@@ -7,7 +7,7 @@
 //
 // Work split. One block of 4 warps per (head, 64 query rows); each warp owns 16 query rows
 // end to end (its S, P and O never leave its registers), so the only block-wide traffic is
-// the K and V tiles of 64 keys in shared memory. Heads are grid x and query tiles grid y in
+// the K and V tiles in shared memory. Heads are grid x and query tiles grid y in
 // reverse: blocks start x-fastest, so every head's longest (last) tile runs first and the
 // short tiles fill the tail of the launch.
 //
@@ -32,10 +32,11 @@
 // At the end O·(1/l) is rounded to T, staged through the warp's own rows of the Q tile and
 // written in 16-byte units; lse = m·ln2 + log(l).
 //
-// Shared memory: Q [64][kD], K [64][kD], V [64][kD] of 16-bit elements (24, 36, 48 KiB for
-// kD = 64, 96, 128: at most 48 KiB, so two blocks fit an SM with room on every sm_80+ part).
-// Head sizes run in the instantiation for 64, 96 or 128 (96 has its own: padding it to 128
-// would waste a quarter of the work); smaller D are padded to 64 with zeros, never stored.
+// Shared memory: Q [64][kD], K [kKeys][kD], V [kKeys][kD] of 16-bit elements, kKeys = 64
+// for kD = 64 and 32 for 96 and 128 (registers, kKeyTile below): 24, 24 and 32 KiB, so
+// several blocks fit an SM on every sm_80+ part. Head sizes run in the instantiation for 64,
+// 96 or 128 (96 has its own: padding it to 128 would waste a quarter of the work); smaller D
+// are padded to 64 with zeros, never stored.
 // Rows are 16-byte chunks whose order is XOR-swizzled by the row (Swizzle below), so the 8
 // rows an ldmatrix matrix reads, and the 8 rows a quarter warp's 16-byte stores write, fall
 // in 8 different 16-byte bank groups: no bank conflict in the main loop.
@@ -57,17 +58,23 @@ namespace {
 
 using attention_detail::AttnDropout, attention_detail::AttnPlace, attention_detail::allow_smem,
     attention_detail::make_dropout, attention_detail::make_place, attention_detail::min64;
-using attention_tiles::kFwdKeys, attention_tiles::kFwdRows;
+using attention_tiles::kFwdRows;
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kWarpRows = 16;  // query rows per warp: the M of one mma
 static_assert(kWarps * kWarpRows == kFwdRows, "the warps cover the query tile");
-static_assert(kFwdKeys % 16 == 0, "key tiles are whole k-steps of P·V");
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // The head sizes the kernel is instantiated for: D padded to the next of 64, 96, 128.
 constexpr int tc_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 96 ? 96 : 128; }
+
+// Keys per tile: 64 for kD = 64; 32 for 96 and 128, where a warp's O (kD / 2 registers per
+// lane), Q fragments (kD / 4) and the register-staged K or V share (kKeys·kD / 256) leave no
+// room for 64 keys' scores (32 more, and 16 more for the share) within 255 registers: ptxas
+// spilled with 64 (docs/kernel_efficiency.md has the counts).
+template <int kD>
+constexpr int kKeyTile = kD <= 64 ? 64 : 32;
 
 // A [rows][kD] tile of 16-bit elements in shared memory, each row kD / 8 chunks of 16 bytes;
 // chunk c of row r is stored at chunk c ^ f(r). Every access of the kernel touches 8
@@ -121,19 +128,20 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const
 
 // ---- tiles between global and shared memory ------------------------------------------------
 
-// A thread's share of a [64][kD] tile: kD/16 chunks of 16 bytes. Warp w's i-th chunk is of
-// unit i·kWarps + w, a unit being 8 rows × 4 chunks; lane l takes row l % 8, chunk l / 8 of
-// it, so a quarter warp (a shared-memory phase) is 8 consecutive rows at one chunk, and the
-// warp reads 64 contiguous bytes of each of 8 rows (whole sectors).
-template <int kD>
+// A thread's share of a [kRows][kD] tile: kRows·kD / 1024 chunks of 16 bytes. Warp w's i-th
+// chunk is of unit i·kWarps + w, a unit being 8 rows × 4 chunks; lane l takes row l % 8,
+// chunk l / 8 of it, so a quarter warp (a shared-memory phase) is 8 consecutive rows at one
+// chunk, and the warp reads 64 contiguous bytes of each of 8 rows (whole sectors).
+template <int kRows, int kD>
 struct TileShare {
-  static constexpr int kChunks = kD / 16;
+  static constexpr int kRowGroups = kRows / 8, kChunks = kRows * kD / (8 * kThreads);
+  static_assert(kRowGroups * (kD / 32) == kChunks * kWarps, "whole units per warp");
   uint4 v[kChunks];
 
   __device__ __forceinline__ static void place(int i, int& row, int& chunk) {
     const int unit = i * kWarps + static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    row = (unit % 8) * 8 + lane % 8;
-    chunk = (unit / 8) * 4 + lane / 8;
+    row = (unit % kRowGroups) * 8 + lane % 8;
+    chunk = (unit / kRowGroups) * 4 + lane / 8;
   }
 };
 
@@ -152,43 +160,88 @@ __device__ __forceinline__ uint4 load_chunk(const uint16_t* m, int64_t row, int6
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Rows [row0, row0 + 64) of a [rows, D] matrix into this thread's share.
-template <int kD>
+// Rows [row0, row0 + kRows) of a [rows, D] matrix into this thread's share.
+template <int kRows, int kD>
 __device__ __forceinline__ void load_share(const uint16_t* m, int64_t row0, int64_t rows, int D, bool vec,
-                                           TileShare<kD>& s) {
+                                           TileShare<kRows, kD>& s) {
 #pragma unroll
-  for (int i = 0; i < TileShare<kD>::kChunks; ++i) {
+  for (int i = 0; i < TileShare<kRows, kD>::kChunks; ++i) {
     int r, c;
-    TileShare<kD>::place(i, r, c);
+    TileShare<kRows, kD>::place(i, r, c);
     s.v[i] = load_chunk(m, row0 + r, rows, c, D, vec);
   }
 }
 
-template <int kD>
-__device__ __forceinline__ void store_share(uint16_t* tile, const TileShare<kD>& s) {
+template <int kRows, int kD>
+__device__ __forceinline__ void store_share(uint16_t* tile, const TileShare<kRows, kD>& s) {
 #pragma unroll
-  for (int i = 0; i < TileShare<kD>::kChunks; ++i) {
+  for (int i = 0; i < TileShare<kRows, kD>::kChunks; ++i) {
     int r, c;
-    TileShare<kD>::place(i, r, c);
+    TileShare<kRows, kD>::place(i, r, c);
     *reinterpret_cast<uint4*>(tile + Swizzle<kD>::at(r, c)) = s.v[i];
   }
 }
 
-// The next key tile from kb on that some row of [q0, q1) sees (n_kb: none).
+// The next key tile of kKeys from kb on that some row of [q0, q1) sees (n_kb: none).
+template <int kKeys>
 __device__ __forceinline__ int64_t next_visible_tile(const AttnPlace& pl, int64_t q0, int64_t q1, int64_t kb,
                                                      int64_t n_kb) {
   for (; kb < n_kb; ++kb) {
-    const int64_t j0 = kb * kFwdKeys;
-    if (attention_tiles::tile_visible(pl.queries, q0, q1, pl.keys, j0, min64(j0 + kFwdKeys, pl.Sk))) break;
+    const int64_t j0 = kb * kKeys;
+    if (attention_tiles::tile_visible(pl.queries, q0, q1, pl.keys, j0, min64(j0 + kKeys, pl.Sk))) break;
   }
   return kb;
+}
+
+// ---- masks of a lane's scores --------------------------------------------------------------
+// Bit nb·4 + i stands for the lane's score s[nb][i] (key j0 + nb·8 + 2t + i % 2, row i / 2);
+// a tile of kKeys keys gives each lane kKeys / 2 scores (at most 32: one 32-bit mask). Both
+// masks are made in rolled loops, apart from the scores: unrolled, the positions' 64-bit
+// arithmetic and an inlined Philox call per pair would crowd out the registers that hold S,
+// O and Q.
+template <int kKeys>
+constexpr int kLaneScores = kKeys / 2;
+
+// Which scores are visible: the key is not after its row's position (padding keys and rows
+// never are).
+template <int kKeys>
+__device__ __forceinline__ uint32_t visible_bits(const AttnPlace& pl, int64_t j0, int t, const int64_t (&qpos)[2]) {
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int e = 0; e < kLaneScores<kKeys>; ++e) {
+    const int64_t j = j0 + (e / 4) * 8 + 2 * t + e % 2;
+    if (pl.key(j) <= qpos[e / 2 % 2]) bits |= 1u << e;
+  }
+  return bits;
+}
+
+// Which visible scores dropout keeps (bits of the others are 0), pair by pair: the two keys of
+// a pair (scores 2k, 2k + 1, one row) usually share a group of four Philox words.
+template <int kKeys>
+__device__ __forceinline__ uint32_t kept_bits(const AttnDropout& dr, const AttnPlace& pl, int64_t bh, int64_t j0,
+                                              int t, const int64_t (&qpos)[2], uint32_t visible, int64_t offset) {
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int pair = 0; pair < kLaneScores<kKeys> / 2; ++pair) {
+    const uint32_t both = (visible >> (2 * pair)) & 3u;
+    if (both == 0) continue;
+    const int64_t qp = qpos[pair % 2], ja = j0 + (pair / 2) * 8 + 2 * t;
+    // A visible score has a real query and key; its neighbour may be a padding key (no
+    // position): position 0 stands in, its bit is cleared below.
+    const int64_t ca = dr.canonical(bh, qp, ja < pl.Sk ? pl.key(ja) : 0, pl.T, offset);
+    const int64_t cb = dr.canonical(bh, qp, ja + 1 < pl.Sk ? pl.key(ja + 1) : 0, pl.T, offset);
+    bool keep_a, keep_b;
+    dr.keep_pair(ca, cb, keep_a, keep_b);
+    bits |= (((keep_a ? 1u : 0u) | (keep_b ? 2u : 0u)) & both) << (2 * pair);
+  }
+  return bits;
 }
 
 // ---- the kernel ----------------------------------------------------------------------------
 
 template <int kD>
 constexpr size_t tc_smem_bytes() {
-  return sizeof(uint16_t) * (kFwdRows + 2 * kFwdKeys) * kD;
+  return sizeof(uint16_t) * (kFwdRows + 2 * kKeyTile<kD>) * kD;
 }
 
 // Per lane (g = lane / 4, t = lane % 4) of warp w: rows w·16 + g ("lo") and + 8 ("hi") of the
@@ -201,12 +254,14 @@ __global__ void __launch_bounds__(kThreads)
                             AttnPlace pl, int D, bool vec, float scale_log2, AttnDropout dr, int64_t group) {
   constexpr int kSteps = kD / 16;          // k-steps of Q·Kᵀ
   constexpr int kDimBlocks = kD / 8;       // 8-column blocks of O
-  constexpr int kKeyBlocks = kFwdKeys / 8;  // 8-key blocks of S
+  constexpr int kKeys = kKeyTile<kD>;
+  constexpr int kKeyBlocks = kKeys / 8;     // 8-key blocks of S
+  static_assert(kKeys % 16 == 0 && kKeys <= 64, "whole k-steps of P·V; a lane's scores fit a 32-bit mask");
   using Sw = Swizzle<kD>;
   extern __shared__ uint4 tc_smem[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(tc_smem);  // [kFwdRows][kD]; at the end, the output
-  uint16_t* sK = sQ + kFwdRows * kD;                     // [kFwdKeys][kD]
-  uint16_t* sV = sK + kFwdKeys * kD;                     // [kFwdKeys][kD]
+  uint16_t* sK = sQ + kFwdRows * kD;                     // [kKeys][kD]
+  uint16_t* sV = sK + kKeys * kD;                        // [kKeys][kD]
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t S = pl.S, Sk = pl.Sk, bh = blockIdx.x;
@@ -219,7 +274,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t q0 = (n_qb - 1 - qb) * kFwdRows;  // the longest rows first
     const int64_t row_end = min64(q0 + kFwdRows, S);
     const int64_t q_last = attention_tiles::last_position(pl.queries, q0, row_end);
-    const int64_t n_kb = (attention_tiles::visible_keys_end(pl.keys, Sk, q_last) + kFwdKeys - 1) / kFwdKeys;
+    const int64_t n_kb = (attention_tiles::visible_keys_end(pl.keys, Sk, q_last) + kKeys - 1) / kKeys;
     // This warp's rows: their positions (-1: padding), and whether all 16 are rows whose
     // earliest position is w_first (a key tile wholly at or before it needs no mask).
     const int64_t w0 = q0 + warp * kWarpRows, w1 = min64(w0 + kWarpRows, S);
@@ -228,26 +283,40 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t w_first = w_full ? attention_tiles::first_position(pl.queries, w0, w1) : -1;
 
     __syncthreads();  // the previous query tile is done with shared memory
-    TileShare<kD> share;
-    load_share<kD>(q + base, q0, S, D, vec, share);
-    store_share<kD>(sQ, share);
-    int64_t kb = next_visible_tile(pl, q0, row_end, 0, n_kb);
+    {
+      TileShare<kFwdRows, kD> q_share;
+      load_share(q + base, q0, S, D, vec, q_share);
+      store_share(sQ, q_share);
+    }
+    TileShare<kKeys, kD> share;  // K or V, between global and shared memory
+    int64_t kb = next_visible_tile<kKeys>(pl, q0, row_end, 0, n_kb);
     if (kb < n_kb) {
-      load_share<kD>(k + kv_base, kb * kFwdKeys, Sk, D, vec, share);
-      store_share<kD>(sK, share);
+      load_share(k + kv_base, kb * kKeys, Sk, D, vec, share);
+      store_share(sK, share);
     }
     __syncthreads();
     uint32_t qf[kSteps][4];  // the warp's 16 rows of Q as A fragments, for the whole key loop
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk) ldmatrix(qf[kk], sQ + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+    // The lane's ldmatrix row addresses in the key loop, as offsets: the rows a lane supplies
+    // are 8·n + lane % 8, so the swizzle depends on the lane and the chunk only, and the 8-row
+    // blocks (nb, kk2 below) are constant offsets. One offset per K k-step and per V pair of
+    // column blocks, instead of one per (k-step, key block) and (key step, column block).
+    int k_off[kSteps], v_off[kDimBlocks / 2];
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk)
+      k_off[kk] = ((lane / 16) * 8 + lane % 8) * kD + Sw::chunk(lane % 8, 2 * kk + (lane / 8) % 2) * 8;
+#pragma unroll
+    for (int c2 = 0; c2 < kDimBlocks / 2; ++c2)
+      v_off[c2] = (((lane / 8) % 2) * 8 + lane % 8) * kD + Sw::chunk(lane % 8, 2 * c2 + lane / 16) * 8;
 
     float o[kDimBlocks][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int nd = 0; nd < kDimBlocks; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
 
     while (kb < n_kb) {
-      const int64_t j0 = kb * kFwdKeys;
-      load_share<kD>(v + kv_base, j0, Sk, D, vec, share);  // V(kb), stored after S
+      const int64_t j0 = kb * kKeys;
+      load_share(v + kv_base, j0, Sk, D, vec, share);  // V(kb), stored after S
       __syncthreads();                                      // sK holds K(kb)
 
       // S = Q·Kᵀ. One ldmatrix.x4 gives two key blocks' B fragments: matrices (block nb,
@@ -260,7 +329,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int nb = 0; nb < kKeyBlocks; nb += 2) {
           uint32_t kf[4];
-          ldmatrix(kf, sK + Sw::at(nb * 8 + (lane / 16) * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+          ldmatrix(kf, sK + nb * 8 * kD + k_off[kk]);  // rows nb·8 + (lane / 16)·8 + lane % 8
           const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
           mma<T>(s[nb], qf[kk], b0);
           mma<T>(s[nb + 1], qf[kk], b1);
@@ -268,16 +337,13 @@ __global__ void __launch_bounds__(kThreads)
 
       // Scale into the log2 domain; mask where some key of the tile is not visible from some
       // row of the warp (the diagonal, padding keys or rows, a placed run's edge).
-      const bool full = w_full && j0 + kFwdKeys <= Sk &&
-                        attention_tiles::last_position(pl.keys, j0, j0 + kFwdKeys) <= w_first;
+      const bool full = w_full && j0 + kKeys <= Sk &&
+                        attention_tiles::last_position(pl.keys, j0, j0 + kKeys) <= w_first;
+      const uint32_t seen = full ? ~0u : visible_bits<kKeys>(pl, j0, t, qpos);
 #pragma unroll
       for (int nb = 0; nb < kKeyBlocks; ++nb)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float x = s[nb][i] * scale_log2;
-          if (!full && pl.key(j0 + nb * 8 + 2 * t + i % 2) > qpos[i / 2]) x = -INFINITY;
-          s[nb][i] = x;
-        }
+        for (int i = 0; i < 4; ++i) s[nb][i] = (seen >> (nb * 4 + i)) & 1u ? s[nb][i] * scale_log2 : -INFINITY;
 
       // Online softmax: the rows' new max over the 4 lanes that share each row.
       float ref[2];
@@ -308,48 +374,37 @@ __global__ void __launch_bounds__(kThreads)
         }
 
       if (dr.on) {
+        const uint32_t kept = kept_bits<kKeys>(dr, pl, bh, j0, t, qpos, seen, drop_offset);
 #pragma unroll
         for (int nb = 0; nb < kKeyBlocks; ++nb)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float& pa = s[nb][2 * h];
-            float& pb = s[nb][2 * h + 1];
-            if (pa == 0.f && pb == 0.f) continue;  // masked (or underflowed): nothing to drop
-            // A visible probability has a real query and key; a padding key (no position)
-            // beside one gets position 0 as a stand-in, its probability being 0 anyway.
-            const int64_t ja = j0 + nb * 8 + 2 * t, jb = ja + 1;
-            const int64_t ca = dr.canonical(bh, qpos[h], ja < Sk ? pl.key(ja) : 0, pl.T, drop_offset);
-            const int64_t cb = dr.canonical(bh, qpos[h], jb < Sk ? pl.key(jb) : 0, pl.T, drop_offset);
-            bool keep_a, keep_b;
-            dr.keep_pair(ca, cb, keep_a, keep_b);
-            if (!keep_a) pa = 0.f;
-            if (!keep_b) pb = 0.f;
-          }
+          for (int i = 0; i < 4; ++i)
+            if (!((kept >> (nb * 4 + i)) & 1u)) s[nb][i] = 0.f;
       }
 
       __syncthreads();  // every warp is done with sK (and, since the loop's top, with sV)
-      store_share<kD>(sV, share);
-      const int64_t kb_next = next_visible_tile(pl, q0, row_end, kb + 1, n_kb);
-      if (kb_next < n_kb) load_share<kD>(k + kv_base, kb_next * kFwdKeys, Sk, D, vec, share);  // stored after P·V
+      store_share(sV, share);
+      const int64_t kb_next = next_visible_tile<kKeys>(pl, q0, row_end, kb + 1, n_kb);
+      if (kb_next < n_kb) load_share(k + kv_base, kb_next * kKeys, Sk, D, vec, share);  // stored after P·V
       __syncthreads();  // sV holds V(kb)
 
       // O += P·V, 16 keys a step: S's blocks 2kk2 and 2kk2 + 1 are the A fragment; V's
       // matrices (keys 0-7, chunk nd), (keys 8-15, nd), (0-7, nd + 1), (8-15, nd + 1).
 #pragma unroll
-      for (int kk2 = 0; kk2 < kFwdKeys / 16; ++kk2) {
+      for (int kk2 = 0; kk2 < kKeys / 16; ++kk2) {
         const uint32_t pf[4] = {pack_pair<T>(s[2 * kk2][0], s[2 * kk2][1]), pack_pair<T>(s[2 * kk2][2], s[2 * kk2][3]),
                                 pack_pair<T>(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]),
                                 pack_pair<T>(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3])};
 #pragma unroll
         for (int nd = 0; nd < kDimBlocks; nd += 2) {
           uint32_t vf[4];
-          ldmatrix_trans(vf, sV + Sw::at(kk2 * 16 + ((lane / 8) % 2) * 8 + lane % 8, nd + lane / 16));
+          ldmatrix_trans(vf, sV + kk2 * 16 * kD + v_off[nd / 2]);  // rows kk2·16 + ((lane / 8) % 2)·8 + lane % 8
           const uint32_t b0[2] = {vf[0], vf[1]}, b1[2] = {vf[2], vf[3]};
           mma<T>(o[nd], pf, b0);
           mma<T>(o[nd + 1], pf, b1);
         }
       }
-      if (kb_next < n_kb) store_share<kD>(sK, share);  // sK was last read before the barrier above
+      if (kb_next < n_kb) store_share(sK, share);  // sK was last read before the barrier above
       kb = kb_next;
     }
 
