@@ -46,7 +46,7 @@
 // through registers, one operand at a time. V(j)'s global loads are issued before S = Q·K(j)ᵀ
 // and stored to shared memory after it; K(j+1)'s are issued before O += P·V(j) and stored
 // after it, so each load's latency hides behind one of the two matmuls, with one tile share of
-// registers (kD/16 16-byte chunks per thread) instead of two.
+// registers (kKeys·kD / 1024 16-byte chunks per thread) instead of two.
 #include <climits>
 #include <type_traits>
 
