@@ -10,8 +10,9 @@
 // (attention_tiles.hpp), so a block's work is what its rows see; in the square case the
 // tiles visited are those up to the diagonal. A row that sees no key gets out 0, lse -inf.
 //
-//   forward   one block per (64 query rows, head): the visible key tiles of 64, online
-//             softmax (running max and sum per row, fp32), writes out and lse = m + log(l).
+//   forward   fp32 only (bf16 and fp16 run on tensor cores, attention_tc.cu): one block per
+//             (64 query rows, head): the visible key tiles of 64, online softmax (running
+//             max and sum per row, fp32), writes out and lse = m + log(l).
 //   backward  delta_i = rowsum(dO o O) (one warp per row); dK, dV: one block per (64 keys,
 //             head) looping over the query tiles of 32 that see them, accumulating in
 //             registers; dQ: a separate pass, one block per (64 query rows, head) looping over
@@ -29,9 +30,7 @@
 // reads of the 16 lanes fall in 16 different banks.
 #include <type_traits>
 
-#include "kernels/cuda/attention_tiles.hpp"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/packs.cuh"
 
 namespace actbench::cuda {
@@ -45,43 +44,8 @@ static_assert(kThreads / kLanes * kRowsPerThread == 64, "row groups cover 64 row
 using attention_tiles::kFwdRows, attention_tiles::kFwdKeys, attention_tiles::kDqRows, attention_tiles::kDqKeys,
     attention_tiles::kDkvKeys, attention_tiles::kDkvRows;
 
-// Where the rows of one call sit: S query rows, Sk key rows in a sequence of T positions.
-// Padding rows of a tile (i >= S, j >= Sk) get positions that see nothing: -1 for a query,
-// INT64_MAX for a key, so visibility is one compare, kpos <= qpos.
-struct AttnPlace {
-  SeqPositions queries, keys;
-  int64_t S = 0, Sk = 0, T = 0;
-
-  __device__ __forceinline__ int64_t query(int64_t i) const { return i < S ? queries.at(i) : -1; }
-  __device__ __forceinline__ int64_t key(int64_t j) const { return j < Sk ? keys.at(j) : INT64_MAX; }
-};
-
-// The dropout of the probabilities: spec.keep of the local [B, T, T] index, as a multiplier.
-struct AttnDropout {
-  DropoutSpec spec;
-  uint32_t threshold = 0;
-  float scale = 1.f;     // 1 / (1 - p), the same float as spec.scale()
-  bool on = false;       // p > 0 (as the CPU reference decides)
-  bool uniform = false;  // each head's T*T block is contiguous in canonical order
-
-  // canonical_index(l) = l + offset(o) where o = l / (mid_local * inner); when uniform, o is
-  // constant over one head's T*T elements, so the offset is computed once per head.
-  __device__ __forceinline__ int64_t head_offset(int64_t bh, int64_t T) const {
-    if (!on || !uniform) return 0;
-    const int64_t local = bh * T * T;
-    return spec.canonical_index(local) - local;
-  }
-  // keep ? 1/(1-p) : 0 for the probability of the query at qpos and the key at kpos of head
-  // bh, or 1 without dropout.
-  __device__ __forceinline__ float mult(int64_t bh, int64_t qpos, int64_t kpos, int64_t T, int64_t offset) const {
-    if (!on) return 1.f;
-    const int64_t local = (bh * T + qpos) * T + kpos;
-    const int64_t canonical = uniform ? local + offset : spec.canonical_index(local);
-    return philox_word(spec.seed, spec.layer, spec.site, static_cast<uint64_t>(canonical)) >= threshold ? scale : 0.f;
-  }
-};
-
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+using attention_detail::AttnDropout, attention_detail::AttnPlace, attention_detail::allow_smem,
+    attention_detail::make_dropout, attention_detail::make_place, attention_detail::min64;
 
 // Sum / max over the 16 lanes of a half-warp (every lane of the warp takes part).
 __device__ __forceinline__ float half_warp_sum(float v) {
@@ -572,38 +536,9 @@ void with_head_dim(int64_t D, const char* op, F&& f) {
   }
 }
 
-// The canonical index is the local one plus a per-head offset when each head's [T, T] block
-// lies inside one outer block of the spec and its inner elements are in canonical order.
-AttnDropout make_dropout(const DropoutSpec& spec, int64_t T) {
-  AttnDropout dr;
-  dr.spec = spec;
-  dr.threshold = dropout_threshold(spec.p);
-  dr.scale = spec.scale();
-  dr.on = spec.p > 0.f;
-  dr.uniform = (spec.mid_local * spec.inner) % (T * T) == 0 && spec.inner_canonical() == spec.inner &&
-               spec.inner_positions.is_identity(spec.inner);
-  return dr;
-}
-
-AttnPlace make_place(const AttentionShape& shape) {
-  AttnPlace pl;
-  pl.queries = shape.rows.queries;
-  pl.keys = shape.rows.keys;
-  pl.S = shape.S;
-  pl.Sk = shape.Sk;
-  pl.T = shape.rows.total > 0 ? shape.rows.total : shape.S;
-  return pl;
-}
-
 // Grids: x = tiles along the sequence, y = heads (looped over inside past 65535).
 dim3 attention_grid(int64_t tiles, int64_t B) {
   return dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(B < 65535 ? B : 65535));
-}
-
-// Kernels with more than the default 48 KiB of dynamic shared memory must say so first.
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 template <class T>
@@ -685,9 +620,13 @@ void attention_fwd(DType dt, const void* q, const void* k, const void* v, float 
                    void* out, float* lse, const AttentionShape& shape, cudaStream_t stream) {
   check_shape(shape, "attention_fwd");
   if (shape.B == 0 || shape.S == 0) return;
-  ACTBENCH_DISPATCH_FLOAT(dt, "attention_fwd", T,
-                          fwd<T>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), scale,
-                                 spec, static_cast<T*>(out), lse, shape, stream));
+  if (dt == DType::fp32) {
+    fwd<float>(static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v), scale, spec,
+               static_cast<float*>(out), lse, shape, stream);
+    return;
+  }
+  // bf16 and fp16: tensor cores (attention_tc.cu); it refuses any other dtype.
+  attention_fwd_tensor_core(dt, q, k, v, scale, spec, out, lse, shape, stream);
 }
 
 void attention_bwd(DType dt, const void* q, const void* k, const void* v, const void* out, const void* dout,

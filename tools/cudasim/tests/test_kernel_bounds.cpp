@@ -231,6 +231,46 @@ TEST_F(KernelBounds, MergeHeads) {
   });
 }
 
+// ---- fused attention on tensor cores (attention_tc.cu) -----------------------------------------
+
+// The bf16 forward at the head sizes it is instantiated for (96: the 22B model's; 128:
+// llama's), two heads of a 512-token causal attention (the cut keeps a test run short; every
+// query tile moves what it would at s = 2048). Its least traffic is that of its tiling: q read
+// and out written once, lse written once, and each 64-row query tile reading K and V up to
+// its last row (the causal minimum of 64-row tiles: its key tiles of 32 or 64 end there when
+// s is a multiple of 64). Its shared-memory accesses (ldmatrix, whose traffic the counters put
+// on mma.cuh's lines, the tile stores and the output staging) must have no bank conflict: the
+// swizzle's purpose.
+TEST_F(KernelBounds, AttentionFwdTensorCores) {
+  constexpr int64_t kHeadsCut = 2, kSeqCut = 512, kTile = 64;
+  for (int64_t d : {int64_t{64}, kHeadDim, kLlamaHeadDim}) {
+    const std::string op = "attention fwd (tensor cores, d = " + std::to_string(d) + ")";
+    const uint64_t n = uint64_t(kHeadsCut) * kSeqCut * d;
+    uint64_t kv_rows = 0;  // key rows the query tiles of one head read
+    for (int64_t q0 = 0; q0 < kSeqCut; q0 += kTile) kv_rows += uint64_t(q0 + kTile);
+    const uint64_t min =
+        2 * n * kBf16 + uint64_t(kHeadsCut) * kSeqCut * 4 + 2 * uint64_t(kHeadsCut) * kv_rows * d * kBf16;
+    Dev q(n * kBf16), k(n * kBf16), v(n * kBf16), out(n * kBf16), lse(kHeadsCut * kSeqCut * 4);
+    const DropoutSpec none = probs_spec(0.f);
+    const cuda::AttentionShape shape{kHeadsCut, kSeqCut, kSeqCut, d, 1, {}};
+    const auto run = [&] {
+      cuda::attention_fwd(DType::bf16, q.p, k.p, v.p, 0.1f, none, out.p, lse.as<float>(), shape, nullptr);
+    };
+    expect_bounded(op, min, run);
+
+    cudasim::take_counted_launches();
+    run();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudasim::reports_text();
+    const std::vector<LaunchCounts> launches = cudasim::take_counted_launches();
+    ASSERT_EQ(launches.size(), 1u) << op;
+    const auto& c = launches[0].total;
+    EXPECT_GT(c.shared_ld_requests, 0u) << op;
+    EXPECT_EQ(c.shared_ld_bank_conflicts + c.shared_st_bank_conflicts, 0u)
+        << op << ": shared wavefronts: loads " << c.shared_ld_wavefronts << ", stores " << c.shared_st_wavefronts
+        << "\n" << describe(launches);
+  }
+}
+
 // ---- context parallelism: sequence chunks, merged partial attentions ---------------------------
 
 // One sequence chunk of k heads [b*a/t, c, d] (c = s/4: C = 2 ranks, 2C chunks) moved into

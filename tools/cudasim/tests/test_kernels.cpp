@@ -727,6 +727,96 @@ TEST_P(SimAttention, ContextParallelRowsHeadDim40AnyDropoutLayout) {
         AttentionRows{rank_positions(c, C, 1), rank_positions(c, C, 0), T}, 2 * c, "rank 1 rank 0's keys");
 }
 
+// ---- the tensor-core forward (attention_tc.cu: bf16 and fp16) -------------------------------
+
+// The forward against the cpu backend, out within atol = rtol = 1e-2 (bf16) or 2e-3 (fp16):
+// the kernel rounds P to T once before P·V (a relative error of 2^-9 in bf16, 2^-12 in fp16
+// per probability, averaging out over the keys) and out once on store (the same again), the
+// cpu works in double; lse in fp32 throughout (scores are exact products of T values summed
+// in fp32), within 1e-4 + 1e-5·|lse|. With `backward`, the cuda backward then reads this
+// forward's out and lse, as the backend runs it, against the cpu's backward of the cpu's
+// forward (the backward's own tolerance, 2e-2 / 5e-3, as in SimAttention::check).
+class SimAttentionTensorCore : public SimAttention {
+ protected:
+  struct Case {
+    int64_t B, S, D, group = 1;
+    float p = 0.f;
+    AttentionRows rows = {};
+    int64_t Sk = -1;
+    std::string label = "";
+  };
+  void check_tc(const Case& c, bool backward) {
+    const int64_t B = c.B, S = c.S, D = c.D, group = c.group, Sk = c.Sk < 0 ? c.S : c.Sk;
+    const int64_t T = c.rows.total > 0 ? c.rows.total : S;
+    const DropoutSpec spec = make_spec(c.p, 1, B, 7, 2, T * T, kSiteAttnProbs);
+    const Tol fwd_tol = dt() == DType::fp16 ? Tol{2e-3, 2e-3} : Tol{1e-2, 1e-2};
+    const Tol bwd_tol = dt() == DType::fp16 ? Tol{5e-3, 5e-3} : Tol{2e-2, 2e-2};
+    const std::string what = name("B=" + std::to_string(B) + " S=" + std::to_string(S) + " Sk=" + std::to_string(Sk) +
+                                  " D=" + std::to_string(D) + " group=" + std::to_string(group) +
+                                  " p=" + std::to_string(c.p) + (c.label.empty() ? "" : " " + c.label));
+    const Shape shape = {B, S, D}, kv_shape = {B / group, Sk, D}, row_shape = {B, S};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    Both q = random(shape, dt(), -2.f, 2.f), k = random(kv_shape, dt(), -2.f, 2.f), v = random(kv_shape, dt());
+    Both out = output(shape, dt()), lse = output(row_shape, DType::fp32);
+    const cuda::AttentionShape dims{B, S, Sk, D, group, c.rows};
+    cuda::attention_fwd(dt(), q.dev(), k.dev(), v.dev(), scale, spec, out.dev(), lse.devf(), dims, nullptr);
+    cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c, c.rows);
+    expect_close(out, fwd_tol, "attention_fwd out " + what);
+    expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
+    if (!backward) return;
+    Both dout = random(shape, dt());
+    Both dq = output(shape, dt()), dk = output(kv_shape, dt()), dv = output(kv_shape, dt());
+    DeviceBuffer delta(static_cast<size_t>(B * S) * sizeof(float));
+    cuda::attention_bwd(dt(), q.dev(), k.dev(), v.dev(), out.dev(), dout.dev(), lse.devf(), scale, spec, dq.dev(),
+                        dk.dev(), dv.dev(), delta.as<float>(), dims, nullptr);
+    cpu_->attention_bwd(q.c, k.c, v.c, out.c, dout.c, lse.c, scale, spec, dq.c, dk.c, dv.c, c.rows);
+    expect_close(dq, bwd_tol, "attention_bwd dq " + what);
+    expect_close(dk, bwd_tol, "attention_bwd dk " + what);
+    expect_close(dv, bwd_tol, "attention_bwd dv " + what);
+  }
+  // Every sequence length around the tile of 64 (1, 63, 64, 65, 130, 257), GQA groups 1, 2,
+  // 4 and dropout off and on, for head size D.
+  void sweep(int64_t D) {
+    for (int64_t S : {1, 63, 64, 65, 130, 257})
+      for (int64_t group : {1, 2, 4})
+        for (float p : {0.f, 0.1f}) check_tc({4, S, D, group, p}, false);
+  }
+};
+
+TEST_P(SimAttentionTensorCore, HeadDim64) { sweep(64); }
+TEST_P(SimAttentionTensorCore, HeadDim96) { sweep(96); }
+TEST_P(SimAttentionTensorCore, HeadDim128) { sweep(128); }
+
+// Head sizes that are not a multiple of 8 (element loads and stores instead of 16-byte ones)
+// and below 64 (zero padding): 45 runs in the 64 instantiation, 100 in the 128 one.
+TEST_P(SimAttentionTensorCore, HeadDimsOfElementAccess) {
+  for (int64_t D : {45, 100})
+    for (float p : {0.f, 0.1f}) check_tc({2, 70, D, 1, p}, false);
+}
+
+// The backward reading the tensor-core forward's out and lse, each head size, ragged tiles.
+TEST_P(SimAttentionTensorCore, BackwardFromItsForward) {
+  check_tc({2, 130, 64, 1, 0.1f}, true);
+  check_tc({4, 65, 96, 2, 0.f}, true);
+  check_tc({4, 63, 128, 4, 0.1f}, true);
+}
+
+// Context parallelism (C = 2 ranks, chunks of c = 45 rows, T = 180): rank 1's queries against
+// rank 0's keys (a gap of key tiles), rank 0's against all keys (Sk = 4c != S) and against one
+// chunk (Sk = c), rank 0's first chunk against rank 1's keys (rows that see no key); D = 96
+// and 128, dropout indexed in [T, T], the backward from this forward.
+TEST_P(SimAttentionTensorCore, ContextParallelRows) {
+  const int64_t c = 45, C = 2, T = 2 * C * c, S = 2 * c;
+  const SeqPositions rank0 = rank_positions(c, C, 0), rank1 = rank_positions(c, C, 1);
+  for (int64_t D : {96, 128})
+    for (float p : {0.f, 0.1f}) {
+      check_tc({2, S, D, 2, p, AttentionRows{rank1, rank0, T}, S, "rank 1 rank 0's keys"}, true);
+      check_tc({2, S, D, 1, p, AttentionRows{rank0, SeqPositions{}, T}, T, "rank 0 all keys"}, false);
+      check_tc({2, S, D, 1, p, AttentionRows{rank0, SeqPositions::run(2 * c), T}, c, "rank 0 chunk 2's keys"}, false);
+      check_tc({2, S, D, 2, p, AttentionRows{rank0, rank1, T}, S, "rank 0 rank 1's keys"}, true);
+    }
+}
+
 // Two partial attentions merged: lse of -inf (a part that saw no key) in out's rows, in the
 // part's and in both; D = 40 (16-byte packs) and 45 (element by element).
 TEST_P(SimKernels, AttentionMerge) {
@@ -782,5 +872,6 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, SimKernels, ::testing::Values(DType::fp32, DTyp
 INSTANTIATE_TEST_SUITE_P(Fp32, SimLongRows, ::testing::Values(DType::fp32), dtype_param_name);
 INSTANTIATE_TEST_SUITE_P(Dtypes, SimAttention, ::testing::Values(DType::fp32, DType::bf16, DType::fp16),
                          dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(Dtypes, SimAttentionTensorCore, ::testing::Values(DType::bf16, DType::fp16), dtype_param_name);
 
 }  // namespace

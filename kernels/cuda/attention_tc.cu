@@ -1,0 +1,504 @@
+// The fused attention forward of bf16 and fp16 on tensor cores (mma.sync m16n8k16 and
+// ldmatrix, kernels/cuda/mma.cuh), FlashAttention-2's structure; attention.cu keeps fp32 and
+// the backward. The contract is attention_fwd's (cuda_ops.hpp): q, out [B, S, D], k, v
+// [B / group, Sk, D], lse [B, S] fp32 = m + log(l) in natural log; rows placed in T positions
+// (AttentionRows), key j visible from query i when kpos(j) <= qpos(i); a row that sees no key
+// gets out 0 and lse -inf.
+//
+// Work split. One block of 4 warps per (head, 64 query rows); each warp owns 16 query rows
+// end to end (its S, P and O never leave its registers), so the only block-wide traffic is
+// the K and V tiles in shared memory. Heads are grid x and query tiles grid y in
+// reverse: blocks start x-fastest, so every head's longest (last) tile runs first and the
+// short tiles fill the tail of the launch.
+//
+// Per key tile (a tile no row of the block sees is skipped whole, attention_tiles.hpp):
+//   S = Q·Kᵀ         Q's A fragments are loaded once per query tile (ldmatrix) and stay in
+//                    registers; K's B fragments by ldmatrix (K rows are the B columns).
+//   online softmax   in the log2 domain: S is scaled by scale·log2(e) once, so each
+//                    probability is one exp2f; the row max is reduced over the 4 lanes that
+//                    share a row (two shuffles); the running sum l stays a per-lane partial
+//                    (each lane's correction is the row's), reduced once at the end.
+//                    Masking (causal by position, padding keys and rows) only in tiles where
+//                    some key is not visible from some row of the warp.
+//   dropout          the kept probabilities by the same Philox words as the cpu backend, at
+//                    the canonical index of (bh*T + qpos)*T + kpos (two neighbouring keys
+//                    from one Philox call where they share a group of four); l sums every
+//                    probability, dropped or not; the 1/(1-p) of the kept ones is applied
+//                    with 1/l at the end (the same value in exact arithmetic, one rounding
+//                    fewer than scaling each probability).
+//   O += P·V         P is rounded to T in registers and is directly the A fragment (the C
+//                    layout of S's two 8-key blocks is the A layout of one 16-key step); V's B
+//                    fragments by ldmatrix.trans. O accumulates in fp32.
+// At the end O·(1/l) is rounded to T, staged through the warp's own rows of the Q tile and
+// written in 16-byte units; lse = m·ln2 + log(l).
+//
+// Shared memory: Q [64][kD], K [kKeys][kD], V [kKeys][kD] of 16-bit elements, kKeys = 64
+// for kD = 64 and 32 for 96 and 128 (registers, kKeyTile below): 24, 24 and 32 KiB, so
+// several blocks fit an SM on every sm_80+ part. Head sizes run in the instantiation for 64,
+// 96 or 128 (96 has its own: padding it to 128 would waste a quarter of the work); smaller D
+// are padded to 64 with zeros, never stored.
+// Rows are 16-byte chunks whose order is XOR-swizzled by the row (Swizzle below), so the 8
+// rows an ldmatrix matrix reads, and the 8 rows a quarter warp's 16-byte stores write, fall
+// in 8 different 16-byte bank groups: no bank conflict in the main loop.
+//
+// Pipelining without cp.async (the simulator does not model it, and plain loads keep the
+// kernel checkable there): K and V are single-buffered in shared memory and double-buffered
+// through registers, one operand at a time. V(j)'s global loads are issued before S = Q·K(j)ᵀ
+// and stored to shared memory after it; K(j+1)'s are issued before O += P·V(j) and stored
+// after it, so each load's latency hides behind one of the two matmuls, with one tile share of
+// registers (kKeys·kD / 1024 16-byte chunks per thread) instead of two.
+#include <climits>
+#include <type_traits>
+
+#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace actbench::cuda {
+namespace {
+
+using attention_detail::AttnDropout, attention_detail::AttnPlace, attention_detail::allow_smem,
+    attention_detail::make_dropout, attention_detail::make_place, attention_detail::min64;
+using attention_tiles::kFwdRows;
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kWarpRows = 16;  // query rows per warp: the M of one mma
+static_assert(kWarps * kWarpRows == kFwdRows, "the warps cover the query tile");
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+// The head sizes the kernel is instantiated for: D padded to the next of 64, 96, 128.
+constexpr int tc_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 96 ? 96 : 128; }
+
+// Keys per tile: 64 for kD = 64; 32 for 96 and 128, where a warp's O (kD / 2 registers per
+// lane), Q fragments (kD / 4) and the register-staged K or V share (kKeys·kD / 256) leave no
+// room for 64 keys' scores (32 more, and 16 more for the share) within 255 registers: ptxas
+// spilled with 64 (docs/kernel_efficiency.md has the counts).
+template <int kD>
+constexpr int kKeyTile = kD <= 64 ? 64 : 32;
+
+// A [rows][kD] tile of 16-bit elements in shared memory, each row kD / 8 chunks of 16 bytes;
+// chunk c of row r is stored at chunk c ^ f(r). Every access of the kernel touches 8
+// consecutive rows r0..r0+7 (r0 a multiple of 8) at one logical chunk, per quarter warp; a
+// row of 128 or 256 bytes starts at bank group 0, so f(r) = r % 8 spreads them over the 8
+// bank groups. Rows of 192 bytes (kD = 96) start at bank group 0 or 4 alternately: chunks
+// 0-7 with r % 8 as before; chunks 8-11 XOR (r / 2) % 4, which stays inside 8-11 and gives
+// the 8 rows' group 4(r % 2) + (c ^ (r / 2) % 4) % 4, all distinct.
+template <int kD>
+struct Swizzle {
+  static_assert(kD % 32 == 0, "rows of whole chunk groups");
+  static constexpr int kChunks = kD / 8;
+  __device__ __forceinline__ static int chunk(int r, int c) {
+    if constexpr (kChunks % 8 == 0) {
+      return c ^ (r & 7);
+    } else {
+      return c < 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3);
+    }
+  }
+  // The element offset of chunk c of row r.
+  __device__ __forceinline__ static int at(int r, int c) { return r * kD + chunk(r, c) * 8; }
+};
+
+// ---- bf16 / fp16 ---------------------------------------------------------------------------
+
+template <class T>
+__device__ __forceinline__ uint16_t bits_of(float v);
+template <>
+__device__ __forceinline__ uint16_t bits_of<__nv_bfloat16>(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+template <>
+__device__ __forceinline__ uint16_t bits_of<__half>(float v) {
+  return __half_as_ushort(__float2half_rn(v));
+}
+// Two values rounded to T, the first in the low half (the fragments' element order).
+template <class T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  return static_cast<uint32_t>(bits_of<T>(lo)) | static_cast<uint32_t>(bits_of<T>(hi)) << 16;
+}
+
+// d += a·b on the tensor cores, in T.
+template <class T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    mma_m16n8k16_bf16(d, a, b, d);
+  } else {
+    mma_m16n8k16_fp16(d, a, b, d);
+  }
+}
+
+// ---- tiles between global and shared memory ------------------------------------------------
+
+// A thread's share of a [kRows][kD] tile: kRows·kD / 1024 chunks of 16 bytes. Warp w's i-th
+// chunk is of unit i·kWarps + w, a unit being 8 rows × 4 chunks; lane l takes row l % 8,
+// chunk l / 8 of it, so a quarter warp (a shared-memory phase) is 8 consecutive rows at one
+// chunk, and the warp reads 64 contiguous bytes of each of 8 rows (whole sectors).
+template <int kRows, int kD>
+struct TileShare {
+  static constexpr int kRowGroups = kRows / 8, kChunks = kRows * kD / (8 * kThreads);
+  static_assert(kRowGroups * (kD / 32) == kChunks * kWarps, "whole units per warp");
+  uint4 v[kChunks];
+
+  __device__ __forceinline__ static void place(int i, int& row, int& chunk) {
+    const int unit = i * kWarps + static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    row = (unit % kRowGroups) * 8 + lane % 8;
+    chunk = (unit / kRowGroups) * 4 + lane / 8;
+  }
+};
+
+// Chunk c (elements 8c .. 8c+7) of row `row` of a [rows, D] matrix; zeros past its rows or
+// columns. vec: D % 8 == 0 and 16-byte aligned rows, so a chunk is one 16-byte load.
+__device__ __forceinline__ uint4 load_chunk(const uint16_t* m, int64_t row, int64_t rows, int c, int D, bool vec) {
+  if (row >= rows || c * 8 >= D) return make_uint4(0u, 0u, 0u, 0u);
+  const uint16_t* p = m + row * D + c * 8;
+  if (vec) return *reinterpret_cast<const uint4*>(p);
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t lo = c * 8 + 2 * e < D ? p[2 * e] : 0u, hi = c * 8 + 2 * e + 1 < D ? p[2 * e + 1] : 0u;
+    w[e] = lo | hi << 16;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Rows [row0, row0 + kRows) of a [rows, D] matrix into this thread's share.
+template <int kRows, int kD>
+__device__ __forceinline__ void load_share(const uint16_t* m, int64_t row0, int64_t rows, int D, bool vec,
+                                           TileShare<kRows, kD>& s) {
+#pragma unroll
+  for (int i = 0; i < TileShare<kRows, kD>::kChunks; ++i) {
+    int r, c;
+    TileShare<kRows, kD>::place(i, r, c);
+    s.v[i] = load_chunk(m, row0 + r, rows, c, D, vec);
+  }
+}
+
+template <int kRows, int kD>
+__device__ __forceinline__ void store_share(uint16_t* tile, const TileShare<kRows, kD>& s) {
+#pragma unroll
+  for (int i = 0; i < TileShare<kRows, kD>::kChunks; ++i) {
+    int r, c;
+    TileShare<kRows, kD>::place(i, r, c);
+    *reinterpret_cast<uint4*>(tile + Swizzle<kD>::at(r, c)) = s.v[i];
+  }
+}
+
+// The next key tile of kKeys from kb on that some row of [q0, q1) sees (n_kb: none).
+template <int kKeys>
+__device__ __forceinline__ int64_t next_visible_tile(const AttnPlace& pl, int64_t q0, int64_t q1, int64_t kb,
+                                                     int64_t n_kb) {
+  for (; kb < n_kb; ++kb) {
+    const int64_t j0 = kb * kKeys;
+    if (attention_tiles::tile_visible(pl.queries, q0, q1, pl.keys, j0, min64(j0 + kKeys, pl.Sk))) break;
+  }
+  return kb;
+}
+
+// ---- masks of a lane's scores --------------------------------------------------------------
+// Bit nb·4 + i stands for the lane's score s[nb][i] (key j0 + nb·8 + 2t + i % 2, row i / 2);
+// a tile of kKeys keys gives each lane kKeys / 2 scores (at most 32: one 32-bit mask). Both
+// masks are made in rolled loops, apart from the scores: unrolled, the positions' 64-bit
+// arithmetic and an inlined Philox call per pair would crowd out the registers that hold S,
+// O and Q.
+template <int kKeys>
+constexpr int kLaneScores = kKeys / 2;
+
+// Which scores are visible: the key is not after its row's position (padding keys and rows
+// never are).
+template <int kKeys>
+__device__ __forceinline__ uint32_t visible_bits(const AttnPlace& pl, int64_t j0, int t, const int64_t (&qpos)[2]) {
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int e = 0; e < kLaneScores<kKeys>; ++e) {
+    const int64_t j = j0 + (e / 4) * 8 + 2 * t + e % 2;
+    if (pl.key(j) <= qpos[e / 2 % 2]) bits |= 1u << e;
+  }
+  return bits;
+}
+
+// Which visible scores dropout keeps (bits of the others are 0), pair by pair: the two keys of
+// a pair (scores 2k, 2k + 1, one row) usually share a group of four Philox words.
+template <int kKeys>
+__device__ __forceinline__ uint32_t kept_bits(const AttnDropout& dr, const AttnPlace& pl, int64_t bh, int64_t j0,
+                                              int t, const int64_t (&qpos)[2], uint32_t visible, int64_t offset) {
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int pair = 0; pair < kLaneScores<kKeys> / 2; ++pair) {
+    const uint32_t both = (visible >> (2 * pair)) & 3u;
+    if (both == 0) continue;
+    const int64_t qp = qpos[pair % 2], ja = j0 + (pair / 2) * 8 + 2 * t;
+    // A visible score has a real query and key; its neighbour may be a padding key (no
+    // position): position 0 stands in, its bit is cleared below.
+    const int64_t ca = dr.canonical(bh, qp, ja < pl.Sk ? pl.key(ja) : 0, pl.T, offset);
+    const int64_t cb = dr.canonical(bh, qp, ja + 1 < pl.Sk ? pl.key(ja + 1) : 0, pl.T, offset);
+    bool keep_a, keep_b;
+    dr.keep_pair(ca, cb, keep_a, keep_b);
+    bits |= (((keep_a ? 1u : 0u) | (keep_b ? 2u : 0u)) & both) << (2 * pair);
+  }
+  return bits;
+}
+
+// ---- the kernel ----------------------------------------------------------------------------
+
+template <int kD>
+constexpr size_t tc_smem_bytes() {
+  return sizeof(uint16_t) * (kFwdRows + 2 * kKeyTile<kD>) * kD;
+}
+
+// Per lane (g = lane / 4, t = lane % 4) of warp w: rows w·16 + g ("lo") and + 8 ("hi") of the
+// query tile; s[nb][i] is the score of key nb·8 + 2t + i % 2 of the row i / 2 picks (the mma's
+// C layout), o[nd][i] the output of dim nd·8 + 2t + i % 2.
+template <class T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    attention_fwd_tc_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
+                            const uint16_t* __restrict__ v, uint16_t* __restrict__ out, float* __restrict__ lse,
+                            AttnPlace pl, int D, bool vec, float scale_log2, AttnDropout dr, int64_t group) {
+  constexpr int kSteps = kD / 16;          // k-steps of Q·Kᵀ
+  constexpr int kDimBlocks = kD / 8;       // 8-column blocks of O
+  constexpr int kKeys = kKeyTile<kD>;
+  constexpr int kKeyBlocks = kKeys / 8;     // 8-key blocks of S
+  static_assert(kKeys % 16 == 0 && kKeys <= 64, "whole k-steps of P·V; a lane's scores fit a 32-bit mask");
+  using Sw = Swizzle<kD>;
+  extern __shared__ uint4 tc_smem[];
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(tc_smem);  // [kFwdRows][kD]; at the end, the output
+  uint16_t* sK = sQ + kFwdRows * kD;                     // [kKeys][kD]
+  uint16_t* sV = sK + kKeys * kD;                        // [kKeys][kD]
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t S = pl.S, Sk = pl.Sk, bh = blockIdx.x;
+  const int64_t base = bh * S * D, kv_base = (bh / group) * Sk * D;  // GQA: the group's keys and values
+  const int64_t drop_offset = dr.head_offset(bh, pl.T);
+  const float out_scale = dr.on ? dr.scale : 1.f;  // the kept probabilities' 1/(1-p)
+  const int64_t n_qb = (S + kFwdRows - 1) / kFwdRows;
+
+  for (int64_t qb = blockIdx.y; qb < n_qb; qb += gridDim.y) {
+    const int64_t q0 = (n_qb - 1 - qb) * kFwdRows;  // the longest rows first
+    const int64_t row_end = min64(q0 + kFwdRows, S);
+    const int64_t q_last = attention_tiles::last_position(pl.queries, q0, row_end);
+    const int64_t n_kb = (attention_tiles::visible_keys_end(pl.keys, Sk, q_last) + kKeys - 1) / kKeys;
+    // This warp's rows: their positions (-1: padding), and whether all 16 are rows whose
+    // earliest position is w_first (a key tile wholly at or before it needs no mask).
+    const int64_t w0 = q0 + warp * kWarpRows, w1 = min64(w0 + kWarpRows, S);
+    const int64_t qpos[2] = {pl.query(w0 + g), pl.query(w0 + g + 8)};
+    const bool w_full = w1 - w0 == kWarpRows;
+    const int64_t w_first = w_full ? attention_tiles::first_position(pl.queries, w0, w1) : -1;
+
+    __syncthreads();  // the previous query tile is done with shared memory
+    {
+      TileShare<kFwdRows, kD> q_share;
+      load_share(q + base, q0, S, D, vec, q_share);
+      store_share(sQ, q_share);
+    }
+    TileShare<kKeys, kD> share;  // K or V, between global and shared memory
+    int64_t kb = next_visible_tile<kKeys>(pl, q0, row_end, 0, n_kb);
+    if (kb < n_kb) {
+      load_share(k + kv_base, kb * kKeys, Sk, D, vec, share);
+      store_share(sK, share);
+    }
+    __syncthreads();
+    uint32_t qf[kSteps][4];  // the warp's 16 rows of Q as A fragments, for the whole key loop
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) ldmatrix(qf[kk], sQ + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+    // The lane's ldmatrix row addresses in the key loop, as offsets: the rows a lane supplies
+    // are 8·n + lane % 8, so the swizzle depends on the lane and the chunk only, and the 8-row
+    // blocks (nb, kk2 below) are constant offsets. One offset per K k-step and per V pair of
+    // column blocks, instead of one per (k-step, key block) and (key step, column block).
+    int k_off[kSteps], v_off[kDimBlocks / 2];
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk)
+      k_off[kk] = ((lane / 16) * 8 + lane % 8) * kD + Sw::chunk(lane % 8, 2 * kk + (lane / 8) % 2) * 8;
+#pragma unroll
+    for (int c2 = 0; c2 < kDimBlocks / 2; ++c2)
+      v_off[c2] = (((lane / 8) % 2) * 8 + lane % 8) * kD + Sw::chunk(lane % 8, 2 * c2 + lane / 16) * 8;
+
+    float o[kDimBlocks][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nd = 0; nd < kDimBlocks; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+
+    while (kb < n_kb) {
+      const int64_t j0 = kb * kKeys;
+      load_share(v + kv_base, j0, Sk, D, vec, share);  // V(kb), stored after S
+      __syncthreads();                                      // sK holds K(kb)
+
+      // S = Q·Kᵀ. One ldmatrix.x4 gives two key blocks' B fragments: matrices (block nb,
+      // chunk 2kk), (nb, 2kk + 1), (nb + 1, 2kk), (nb + 1, 2kk + 1).
+      float s[kKeyBlocks][4];
+#pragma unroll
+      for (int nb = 0; nb < kKeyBlocks; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk)
+#pragma unroll
+        for (int nb = 0; nb < kKeyBlocks; nb += 2) {
+          uint32_t kf[4];
+          ldmatrix(kf, sK + nb * 8 * kD + k_off[kk]);  // rows nb·8 + (lane / 16)·8 + lane % 8
+          const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
+          mma<T>(s[nb], qf[kk], b0);
+          mma<T>(s[nb + 1], qf[kk], b1);
+        }
+
+      // Scale into the log2 domain; mask where some key of the tile is not visible from some
+      // row of the warp (the diagonal, padding keys or rows, a placed run's edge).
+      const bool full = w_full && j0 + kKeys <= Sk &&
+                        attention_tiles::last_position(pl.keys, j0, j0 + kKeys) <= w_first;
+      const uint32_t seen = full ? ~0u : visible_bits<kKeys>(pl, j0, t, qpos);
+#pragma unroll
+      for (int nb = 0; nb < kKeyBlocks; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[nb][i] = (seen >> (nb * 4 + i)) & 1u ? s[nb][i] * scale_log2 : -INFINITY;
+
+      // Online softmax: the rows' new max over the 4 lanes that share each row.
+      float ref[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = m[h];
+#pragma unroll
+        for (int nb = 0; nb < kKeyBlocks; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * h], s[nb][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+        ref[h] = mx == -INFINITY ? 0.f : mx;       // a row with nothing seen yet stays at 0
+        const float correction = exp2f(m[h] - ref[h]);  // 0 on the first tile
+        m[h] = mx;
+        l[h] *= correction;
+#pragma unroll
+        for (int nd = 0; nd < kDimBlocks; ++nd) {
+          o[nd][2 * h] *= correction;
+          o[nd][2 * h + 1] *= correction;
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < kKeyBlocks; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float p = exp2f(s[nb][i] - ref[i / 2]);  // exp2(-inf) = 0: masked keys
+          l[i / 2] += p;  // the normaliser counts every probability, dropped or not
+          s[nb][i] = p;
+        }
+
+      if (dr.on) {
+        const uint32_t kept = kept_bits<kKeys>(dr, pl, bh, j0, t, qpos, seen, drop_offset);
+#pragma unroll
+        for (int nb = 0; nb < kKeyBlocks; ++nb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if (!((kept >> (nb * 4 + i)) & 1u)) s[nb][i] = 0.f;
+      }
+
+      __syncthreads();  // every warp is done with sK (and, since the loop's top, with sV)
+      store_share(sV, share);
+      const int64_t kb_next = next_visible_tile<kKeys>(pl, q0, row_end, kb + 1, n_kb);
+      if (kb_next < n_kb) load_share(k + kv_base, kb_next * kKeys, Sk, D, vec, share);  // stored after P·V
+      __syncthreads();  // sV holds V(kb)
+
+      // O += P·V, 16 keys a step: S's blocks 2kk2 and 2kk2 + 1 are the A fragment; V's
+      // matrices (keys 0-7, chunk nd), (keys 8-15, nd), (0-7, nd + 1), (8-15, nd + 1).
+#pragma unroll
+      for (int kk2 = 0; kk2 < kKeys / 16; ++kk2) {
+        const uint32_t pf[4] = {pack_pair<T>(s[2 * kk2][0], s[2 * kk2][1]), pack_pair<T>(s[2 * kk2][2], s[2 * kk2][3]),
+                                pack_pair<T>(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]),
+                                pack_pair<T>(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < kDimBlocks; nd += 2) {
+          uint32_t vf[4];
+          ldmatrix_trans(vf, sV + kk2 * 16 * kD + v_off[nd / 2]);  // rows kk2·16 + ((lane / 8) % 2)·8 + lane % 8
+          const uint32_t b0[2] = {vf[0], vf[1]}, b1[2] = {vf[2], vf[3]};
+          mma<T>(o[nd], pf, b0);
+          mma<T>(o[nd + 1], pf, b1);
+        }
+      }
+      if (kb_next < n_kb) store_share(sK, share);  // sK was last read before the barrier above
+      kb = kb_next;
+    }
+
+    // l: the row's sum over its 4 lanes; l >= 1 once the row has seen a key (its maximum adds
+    // exp2(0)), 0 for a row that saw none (out 0, lse -inf).
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(kFullMask, l[h], 1);
+      l[h] += __shfl_xor_sync(kFullMask, l[h], 2);
+      inv[h] = l[h] > 0.f ? out_scale / l[h] : 0.f;
+    }
+    // The output in T through the warp's own 16 rows of sQ (only this warp read them, before
+    // its first mma), then out in 16-byte units: 8 rows × 4 chunks per warp instruction.
+    __syncwarp();
+#pragma unroll
+    for (int nd = 0; nd < kDimBlocks; ++nd)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp * kWarpRows + g + 8 * h;
+        *reinterpret_cast<uint32_t*>(sQ + Sw::at(r, nd) + 2 * t) =
+            pack_pair<T>(o[nd][2 * h] * inv[h], o[nd][2 * h + 1] * inv[h]);
+      }
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < kD / 16; ++u) {
+      const int r = warp * kWarpRows + (u % 2) * 8 + lane % 8, c = (u / 2) * 4 + lane / 8;
+      const int64_t i = q0 + r;
+      if (i >= S || c * 8 >= D) continue;
+      const uint4 chunk = *reinterpret_cast<const uint4*>(sQ + Sw::at(r, c));
+      uint16_t* dst = out + base + i * D + c * 8;
+      if (vec) {
+        *reinterpret_cast<uint4*>(dst) = chunk;
+      } else {
+        const uint32_t w[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          if (c * 8 + e < D) dst[e] = static_cast<uint16_t>(w[e / 2] >> (16 * (e % 2)));
+      }
+    }
+    if (t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = w0 + g + 8 * h;
+        if (i < S) lse[bh * S + i] = l[h] > 0.f ? m[h] * kLn2 + logf(l[h]) : -INFINITY;
+      }
+    }
+  }
+}
+
+// ---- host launcher -------------------------------------------------------------------------
+
+template <class T, int kD>
+void launch(const void* q, const void* k, const void* v, float scale, const DropoutSpec& spec, void* out, float* lse,
+            const AttentionShape& shape, cudaStream_t stream) {
+  const AttnPlace pl = make_place(shape);
+  const AttnDropout dr = make_dropout(spec, pl.T);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = shape.D % 8 == 0 && aligned(q) && aligned(k) && aligned(v) && aligned(out);
+  const int64_t n_qb = (shape.S + kFwdRows - 1) / kFwdRows;
+  if (shape.B > INT_MAX)
+    throw InvalidArgument("attention_fwd: " + std::to_string(shape.B) + " heads is more than one launch takes");
+  // x: heads (every head's longest tile first), y: query tiles, looped over past 65535.
+  const dim3 grid(static_cast<unsigned>(shape.B), static_cast<unsigned>(n_qb < 65535 ? n_qb : 65535));
+  constexpr size_t smem = tc_smem_bytes<kD>();
+  allow_smem(attention_fwd_tc_kernel<T, kD>, smem);
+  attention_fwd_tc_kernel<T, kD><<<grid, kThreads, smem, stream>>>(
+      static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v),
+      static_cast<uint16_t*>(out), lse, pl, static_cast<int>(shape.D), vec, scale * kLog2e, dr, shape.group);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_for_head_dim(const void* q, const void* k, const void* v, float scale, const DropoutSpec& spec, void* out,
+                         float* lse, const AttentionShape& shape, cudaStream_t stream) {
+  switch (tc_head_dim(shape.D)) {
+    case 64: launch<T, 64>(q, k, v, scale, spec, out, lse, shape, stream); break;
+    case 96: launch<T, 96>(q, k, v, scale, spec, out, lse, shape, stream); break;
+    default: launch<T, 128>(q, k, v, scale, spec, out, lse, shape, stream); break;
+  }
+}
+
+}  // namespace
+
+void attention_fwd_tensor_core(DType dt, const void* q, const void* k, const void* v, float scale,
+                               const DropoutSpec& spec, void* out, float* lse, const AttentionShape& shape,
+                               cudaStream_t stream) {
+  if (dt == DType::bf16)
+    launch_for_head_dim<__nv_bfloat16>(q, k, v, scale, spec, out, lse, shape, stream);
+  else if (dt == DType::fp16)
+    launch_for_head_dim<__half>(q, k, v, scale, spec, out, lse, shape, stream);
+  else
+    throw InvalidArgument(std::string("attention_fwd: the tensor-core kernel takes bf16 or fp16, not ") +
+                          dtype_name(dt));
+}
+
+}  // namespace actbench::cuda
