@@ -18,63 +18,16 @@
 
 #include "kernels/backend.hpp"
 #include "runtime/error.hpp"
+#include "reference_math.hpp"
 
 namespace actbench {
 namespace {
 
-using Vec = std::vector<double>;
+using testing::close, testing::finite_difference, testing::random_vec, testing::Tol, testing::Vec;
 
-struct Tol {
-  double atol, rtol;
-};
 constexpr Tol kFp32{1e-5, 1e-5};
 constexpr Tol kFp32Grad{1e-5, 1e-4};  // backward vs finite differences: a few more fp32 roundings
 constexpr Tol kBf16{1e-3, 1e-2};      // one bf16 rounding of the output (2^-9 relative), fp32 math inside
-
-Vec random_vec(int64_t n, uint32_t seed, double lo = -1, double hi = 1) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  Vec v(static_cast<size_t>(n));
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-// Element-wise comparison; the message names the worst element.
-::testing::AssertionResult close(const Vec& got, const Vec& ref, Tol tol) {
-  if (got.size() != ref.size())
-    return ::testing::AssertionFailure() << "size " << got.size() << " vs reference " << ref.size();
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(got[i] - ref[i]) / (tol.atol + tol.rtol * std::fabs(ref[i]));
-    if (std::isnan(err) || err > worst) {
-      worst = std::isnan(err) ? INFINITY : err;
-      at = i;
-      if (std::isnan(err)) break;
-    }
-  }
-  if (worst <= 1.0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "element " << at << ": got " << got[at] << ", reference " << ref[at]
-                                       << " (" << worst << "x the tolerance atol " << tol.atol << " rtol " << tol.rtol
-                                       << ")";
-}
-
-// d/dx_i of sum_j f(x)_j g_j by central differences, for every i.
-Vec finite_difference(const std::function<Vec(const Vec&)>& f, const Vec& x, const Vec& g, double h = 1e-5) {
-  Vec grad(x.size());
-  Vec xp = x;
-  for (size_t i = 0; i < x.size(); ++i) {
-    xp[i] = x[i] + h;
-    const Vec fp = f(xp);
-    xp[i] = x[i] - h;
-    const Vec fm = f(xp);
-    xp[i] = x[i];
-    double d = 0;
-    for (size_t j = 0; j < g.size(); ++j) d += (fp[j] - fm[j]) * g[j];
-    grad[i] = d / (2 * h);
-  }
-  return grad;
-}
 
 class CpuOps : public ::testing::Test {
  protected:

@@ -22,31 +22,17 @@
 #include "runners/presets.hpp"
 #include "runtime/error.hpp"
 #include "layers/theory_dims.hpp"
+#include "reference_math.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
 
 namespace {
 
-using Vec = std::vector<double>;
+using actbench::testing::random_vec, actbench::testing::Vec;
 
-Vec random_vec(int64_t n, uint32_t seed, double lo = -1, double hi = 1) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  Vec v(static_cast<size_t>(n));
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-// |got - ref| <= atol + rtol |ref| everywhere (NaN fails).
 ::testing::AssertionResult close(const Vec& got, const Vec& ref, double atol, double rtol) {
-  if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(got[i] - ref[i]);
-    if (!(err <= atol + rtol * std::fabs(ref[i])))
-      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", reference " << ref[i];
-  }
-  return ::testing::AssertionSuccess();
+  return actbench::testing::close(got, ref, {atol, rtol});
 }
 
 struct Cpu {

@@ -17,52 +17,19 @@
 
 #include "kernels/backend.hpp"
 #include "runtime/error.hpp"
+#include "reference_math.hpp"
 
 using namespace actbench;
 
 namespace {
 
-using Vec = std::vector<double>;
+using actbench::testing::close, actbench::testing::finite_difference, actbench::testing::random_vec,
+    actbench::testing::Tol, actbench::testing::Vec;
 using Ints = std::vector<int>;
 constexpr DType f32 = DType::fp32, bf16 = DType::bf16, i32 = DType::i32;
 
-struct Tol {
-  double atol, rtol;
-};
 constexpr Tol kFp32{1e-5, 1e-5};
 constexpr Tol kFp32Grad{1e-5, 1e-4};  // backward vs finite differences: a few more fp32 roundings
-
-Vec random_vec(int64_t n, uint32_t seed, double lo = -1, double hi = 1) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  Vec v(static_cast<size_t>(n));
-  for (double& x : v) x = u(rng);
-  return v;
-}
-
-::testing::AssertionResult close(const Vec& got, const Vec& ref, Tol tol) {
-  if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(got[i] - ref[i]) <= tol.atol + tol.rtol * std::fabs(ref[i])))
-      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", reference " << ref[i];
-  return ::testing::AssertionSuccess();
-}
-
-// d/dx_i of sum_j f(x)_j g_j by central differences.
-Vec finite_difference(const std::function<Vec(const Vec&)>& f, const Vec& x, const Vec& g, double h = 1e-6) {
-  Vec grad(x.size()), xp = x;
-  for (size_t i = 0; i < x.size(); ++i) {
-    xp[i] = x[i] + h;
-    const Vec fp = f(xp);
-    xp[i] = x[i] - h;
-    const Vec fm = f(xp);
-    xp[i] = x[i];
-    double d = 0;
-    for (size_t j = 0; j < g.size(); ++j) d += (fp[j] - fm[j]) * g[j];
-    grad[i] = d / (2 * h);
-  }
-  return grad;
-}
 
 // ---- float64 references, from the definitions (docs/moe.md) ----
 
