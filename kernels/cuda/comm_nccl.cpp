@@ -132,6 +132,15 @@ class NcclCommunicator final : public Communicator {
     NCCL_CHECK(ncclReduceScatter(in.data(), out.data(), static_cast<size_t>(out.numel()), nccl_type(in.dtype()),
                                  ncclSum, comm_, stream_));
   }
+  // One grouped send and receive on `stream` (both sides of a peer exchange at once, so neither blocks).
+  void enqueue_send_recv(const Tensor& send, int dst, const Tensor& recv, int src, cudaStream_t stream) {
+    const auto count = static_cast<size_t>(send.numel());
+    const ncclDataType_t type = nccl_type(send.dtype());
+    NCCL_CHECK(ncclGroupStart());
+    NCCL_CHECK(ncclSend(send.data(), count, type, dst, comm_, stream));
+    NCCL_CHECK(ncclRecv(recv.data(), count, type, src, comm_, stream));
+    NCCL_CHECK(ncclGroupEnd());
+  }
   void send_recv(const Tensor& send, int dst, const Tensor& recv, int src) override {
     check_send_recv(send, dst, recv, src);
     count_send_recv(send, dst);
@@ -141,12 +150,7 @@ class NcclCommunicator final : public Communicator {
       CUDA_CHECK(cudaMemcpyAsync(recv.data(), send.data(), send.bytes(), cudaMemcpyDeviceToDevice, stream_));
       return;
     }
-    const auto count = static_cast<size_t>(send.numel());
-    const ncclDataType_t type = nccl_type(send.dtype());
-    NCCL_CHECK(ncclGroupStart());
-    NCCL_CHECK(ncclSend(send.data(), count, type, dst, comm_, stream_));
-    NCCL_CHECK(ncclRecv(recv.data(), count, type, src, comm_, stream_));
-    NCCL_CHECK(ncclGroupEnd());
+    enqueue_send_recv(send, dst, recv, src, stream_);
   }
   // On the communicator's own stream, so that the backend's stream computes meanwhile: that
   // stream waits for the work enqueued on the backend's stream so far (which wrote `send`),
@@ -161,12 +165,7 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t comm_stream = comm_stream_of_this();
     CUDA_CHECK(cudaEventRecord(ready_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(comm_stream, ready_, 0));
-    const auto count = static_cast<size_t>(send.numel());
-    const ncclDataType_t type = nccl_type(send.dtype());
-    NCCL_CHECK(ncclGroupStart());
-    NCCL_CHECK(ncclSend(send.data(), count, type, dst, comm_, comm_stream));
-    NCCL_CHECK(ncclRecv(recv.data(), count, type, src, comm_, comm_stream));
-    NCCL_CHECK(ncclGroupEnd());
+    enqueue_send_recv(send, dst, recv, src, comm_stream);
     cudaEvent_t done = nullptr;
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(done, comm_stream));
