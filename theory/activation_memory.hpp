@@ -14,6 +14,10 @@ struct Dims {
   double s = 0, b = 0, h = 0, a = 0;  // sequence, microbatch, hidden, heads
   double t = 1;                       // tensor-parallel size
   double cp = 1;                      // context-parallel size C: each rank keeps s/C rows
+  // An MoE layer's routed rows on this rank: the (token, choice) pairs its experts process,
+  // as a measured tokens-per-expert histogram sums them; 0: balanced routing
+  // (theory::moe_routed_rows).
+  double moe_routed_rows = 0;
 };
 
 // e: bytes per activation element (2 for bf16/fp16, 4 for fp32); mask: bytes per dropout-mask element.

@@ -59,6 +59,35 @@ void check_layer_spec(const Dims& d, const LayerSpec& spec) {
   require(spec.attention_dropout >= 0 && spec.attention_dropout < 1, "attention-dropout must lie in [0, 1)");
   require(spec.hidden_dropout >= 0 && spec.hidden_dropout < 1, "hidden-dropout must lie in [0, 1)");
   require(spec.rotary_percent > 0 && spec.rotary_percent <= 1, "rotary-percent must lie in (0, 1]");
+  if (spec.moe.enabled()) check_moe_spec(spec.moe);
+}
+
+void check_moe_spec(const MoeSpec& m) {
+  auto whole = [](double v) { return std::isfinite(v) && std::floor(v) == v; };
+  const double e = m.num_experts, k = m.top_k;
+  require(whole(e) && e >= 1, "num-experts " + number(e) + " must be a whole number of experts");
+  require(whole(k) && k >= 1 && k <= e, "moe-router-topk " + number(k) + " must lie in [1, num-experts]");
+  require(whole(m.ffn_hidden) && m.ffn_hidden >= 0, "moe-ffn-hidden-size must be a whole number >= 0");
+  require(whole(m.shared_ffn_hidden) && m.shared_ffn_hidden >= 0,
+          "moe-shared-expert-intermediate-size must be a whole number >= 0");
+  require(std::isfinite(m.scaling) && m.scaling > 0, "moe-router-topk-scaling-factor must be above 0");
+  require(std::isfinite(m.capacity_factor) && m.capacity_factor >= 0,
+          "moe-expert-capacity-factor must be above 0 (or 0: dropless)");
+  if (m.num_groups > 0) {
+    const double g = m.num_groups;
+    require(whole(g) && divides(g, e), "moe-router-num-groups " + number(g) + " must divide num-experts");
+    require(whole(m.group_top_k) && m.group_top_k >= 1 && m.group_top_k <= g,
+            "moe-router-group-topk must lie in [1, moe-router-num-groups]");
+    require(m.group_top_k * (e / g) >= k, "moe-router-group-topk's groups hold fewer experts than moe-router-topk");
+  }
+}
+
+const char* moe_score_name(MoeScore s) { return s == MoeScore::sigmoid ? "sigmoid" : "softmax"; }
+
+MoeScore parse_moe_score(const std::string& name) {
+  if (name == "softmax") return MoeScore::softmax;
+  if (name == "sigmoid") return MoeScore::sigmoid;
+  throw InvalidArgument("unknown moe-router-score-function '" + name + "' (expected softmax or sigmoid)");
 }
 
 const char* norm_name(Norm n) { return n == Norm::rmsnorm ? "RMSNorm" : "LayerNorm"; }

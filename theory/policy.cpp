@@ -81,7 +81,8 @@ CpRule context_parallel_rule(double seq, double heads, double groups, int t, int
 
 RecomputeModules parse_recompute_modules(const std::string& list) {
   RecomputeModules out{false, false, false};
-  const std::string expected = " (expected a comma-separated subset of core_attn, mlp, layernorm)";
+  const std::string expected =
+      " (expected a comma-separated subset of core_attn, mlp, layernorm, moe_act, moe, shared_experts)";
   size_t begin = 0;
   while (true) {
     const size_t comma = list.find(',', begin);
@@ -89,6 +90,9 @@ RecomputeModules parse_recompute_modules(const std::string& list) {
     bool* flag = word == "core_attn" ? &out.core_attn
                  : word == "mlp"     ? &out.mlp
                  : word == "layernorm" ? &out.layernorm
+                 : word == "moe_act" ? &out.moe_act
+                 : word == "moe" ? &out.moe
+                 : word == "shared_experts" ? &out.shared_experts
                                        : nullptr;
     if (flag == nullptr) throw InvalidArgument("unknown recompute module '" + word + "'" + expected);
     if (*flag) throw InvalidArgument("recompute module '" + word + "' named twice" + expected);
@@ -100,7 +104,9 @@ RecomputeModules parse_recompute_modules(const std::string& list) {
 
 std::string recompute_modules_name(RecomputeModules m) {
   std::string out;
-  const std::pair<bool, const char*> words[] = {{m.core_attn, "core_attn"}, {m.mlp, "mlp"}, {m.layernorm, "layernorm"}};
+  const std::pair<bool, const char*> words[] = {{m.core_attn, "core_attn"}, {m.mlp, "mlp"},
+                                                {m.layernorm, "layernorm"}, {m.moe_act, "moe_act"},
+                                                {m.moe, "moe"}, {m.shared_experts, "shared_experts"}};
   for (const auto& [on, word] : words) {
     if (!on) continue;
     if (!out.empty()) out += ',';

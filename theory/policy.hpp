@@ -20,6 +20,11 @@ struct RecomputeModules {
   bool core_attn = true;   // the core attention, from q, k, v (scores, softmax, dropout; fused: the lse)
   bool mlp = false;        // the whole MLP, from its input
   bool layernorm = false;  // both norms' outputs, dropped once the GEMM that reads them has run
+  // Mixture-of-experts layers (theory::MoeSpec); on a dense layer they free nothing, and mlp
+  // frees nothing on an MoE layer, as in Megatron-Core.
+  bool moe_act = false;         // the experts' activation output (fc2's input), rebuilt from fc1's output
+  bool moe = false;             // the whole MoE block (router, dispatch, experts, shared experts) from its input
+  bool shared_experts = false;  // the shared experts' MLP from its input
   bool operator==(const RecomputeModules&) const = default;
 };
 
@@ -73,8 +78,9 @@ CpCommType parse_cp_comm_type(const std::string& name);  // throws InvalidArgume
 // each caller words it with its own flags.
 enum class CpRule { ok, chunks, sp_rows, p2p_needs_fused, a2a_heads };
 CpRule context_parallel_rule(double seq, double heads, double groups, int t, int cp, const LayerPolicy& p);
-// Megatron's spelling: a comma-separated subset of core_attn, mlp, layernorm, each at most
-// once, at least one ("core_attn,mlp"); throws InvalidArgument naming the bad word.
+// Megatron's spelling: a comma-separated subset of core_attn, mlp, layernorm, moe_act, moe,
+// shared_experts, each at most once, at least one ("core_attn,mlp"); throws InvalidArgument
+// naming the bad word.
 RecomputeModules parse_recompute_modules(const std::string& list);
 std::string recompute_modules_name(RecomputeModules m);  // the canonical list, e.g. "core_attn,mlp"
 // What the policy recomputes module by module: the list under selective recompute, "" otherwise.
