@@ -54,6 +54,15 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
   }
 }
 
+// What the MoE block is built for today: every expert on one rank, experts without biases.
+static void validate_moe(const LayerDims& d, int t) {
+  if (t != 1)
+    throw InvalidArgument("an MoE layer runs on one tensor-parallel rank for now (--tp 1): expert and tensor "
+                          "parallelism for its experts are not built yet");
+  if (d.spec.add_bias_linear)
+    throw InvalidArgument("an MoE layer's experts have no biases: pass --disable-bias-linear");
+}
+
 void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {
   auto fail = [](const std::string& m) { throw InvalidArgument(m); };
   if (d.s < 1 || d.b < 1 || d.h < 1 || d.a < 1) fail("seq, batch, hidden and heads must all be >= 1");
@@ -88,6 +97,7 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {
   if (p.sequence_parallel && d.s % t != 0)
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");
+  if (d.spec.moe.enabled()) validate_moe(d, t);
   validate_context_parallel(d, t, p, cp);
 }
 

@@ -24,6 +24,8 @@ struct LayerDims {
   theory::LayerSpec spec = theory::gpt_layer_spec();
   int64_t groups() const { return spec.kv_heads > 0 ? static_cast<int64_t>(spec.kv_heads) : a; }
   int64_t ffn() const { return spec.ffn_hidden > 0 ? static_cast<int64_t>(spec.ffn_hidden) : 4 * h; }
+  // An MoE layer's expert width F_e: --moe-ffn-hidden-size, else ffn().
+  int64_t expert_ffn() const { return spec.moe.ffn_hidden > 0 ? static_cast<int64_t>(spec.moe.ffn_hidden) : ffn(); }
   // d, each head's size: --kv-channels when given (a·d need not be h), else h/a.
   int64_t head_dim() const { return spec.kv_channels > 0 ? static_cast<int64_t>(spec.kv_channels) : h / a; }
   // RoPE's rotated dimensions of each head: Megatron's int(head_dim * rotary_percent); 0 without RoPE.
@@ -40,6 +42,10 @@ struct LayerOptions {
   DType dtype = DType::bf16;
   uint64_t seed = 1234;
   uint32_t layer_index = 0;
+  // An MoE layer on a backend that holds no data (meta): the tokens each expert processes,
+  // as a measured run's histogram gives them (E counts); empty: balanced routing. A backend
+  // that computes routes the tokens itself and ignores it.
+  std::vector<int64_t> moe_tokens_per_expert;
 };
 
 // Throws InvalidArgument with one clear line when the shape cannot be split t ways (and C ways

@@ -2,7 +2,9 @@
 // What every layer family offers the runners: forward keeps what its policy says in saved(),
 // backward recomputes the rest and writes grads(). TransformerLayer is --arch gpt (the
 // paper's layer), LlamaLayer --arch llama; both on LayerBase (layer_base.hpp).
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "kernels/backend.hpp"
 #include "layers/config.hpp"
@@ -12,6 +14,15 @@
 #include "runtime/timing.hpp"
 
 namespace actbench {
+
+// An MoE layer's routing in its last forward: the rows each expert processed (kept pairs),
+// the pairs dropped by the capacity, and the aux loss's value (0 where not computed: meta).
+struct MoeRoutingStats {
+  std::vector<int64_t> tokens_per_expert;
+  int64_t dropped = 0;
+  double aux_loss = 0;
+  bool measured = false;  // false: meta's given or balanced histogram
+};
 
 class Layer {
  public:
@@ -32,6 +43,8 @@ class Layer {
   virtual LayerParams& params() = 0;
   virtual LayerParams& grads() = 0;
   virtual void set_phase_log(PhaseLog* log) = 0;
+  // The routing of the last forward for an MoE layer; null for a dense one.
+  virtual const MoeRoutingStats* moe_stats() const { return nullptr; }
 };
 
 // The layer of opt.dims's spec on the tensor-parallel group comm and, under context

@@ -50,10 +50,15 @@ class LayerBase : public Layer {
     bool core_attn = true;     // the probabilities, dropout mask and dropped probabilities, or the lse
     bool norm_outputs = true;  // both block norms' outputs and statistics (the layernorm module)
     bool mlp = true;           // the activation's input and fc2's input (the mlp module)
+    bool moe = true;           // the MoE block's routing, plan and experts' tensors (the moe module)
+    bool moe_act = true;       // the experts' activation output (the moe_act module)
+    bool shared_experts = true;  // the shared experts' activation input and output
     static Keep all() { return {}; }
-    static Keep input_only() { return {false, false, false, false}; }
+    static Keep input_only() { return {false, false, false, false, false, false, false}; }
     // Selective recompute: all but what the modules rebuild in backward.
-    static Keep all_but(RecomputeModules m) { return {true, !m.core_attn, !m.layernorm, !m.mlp}; }
+    static Keep all_but(RecomputeModules m) {
+      return {true, !m.core_attn, !m.layernorm, !m.mlp, !m.moe, !m.moe_act, !m.shared_experts};
+    }
   };
 
   // Validates the shape against the TP group (and the context-parallel group cp, when given)

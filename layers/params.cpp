@@ -35,6 +35,25 @@ int64_t ShardSpec::canonical_index(int64_t local_flat) const {
   return local_flat;
 }
 
+// The MoE block's parameters (init streams 16..21). Only t = 1 builds one today (validate_layer),
+// so every tensor is whole on its rank.
+static void append_moe_params(const LayerDims& d, std::vector<ParamInfo>& table) {
+  using L = LayerParams;
+  const theory::MoeSpec& moe = d.spec.moe;
+  const int64_t h = d.h, E = static_cast<int64_t>(moe.num_experts), ffn = d.expert_ffn();
+  const int64_t shared = static_cast<int64_t>(moe.shared_ffn_hidden);
+  const int64_t gated = d.spec.activation == theory::Activation::swiglu ? 2 : 1;
+  const ShardKind whole = ShardKind::replicated;
+  table.push_back({"router.weight", &L::router_weight, {E, h}, whole, GradSum::none, 16});
+  if (moe.expert_bias) table.push_back({"router.bias", &L::router_bias, {E}, whole, GradSum::none, 17});
+  table.push_back({"experts.fc1.weight", &L::experts_fc1_weight, {E, h, gated * ffn}, whole, GradSum::none, 18});
+  table.push_back({"experts.fc2.weight", &L::experts_fc2_weight, {E, ffn, h}, whole, GradSum::none, 19});
+  if (shared > 0) {
+    table.push_back({"shared.fc1.weight", &L::shared_fc1_weight, {gated * shared, h}, whole, GradSum::none, 20});
+    table.push_back({"shared.fc2.weight", &L::shared_fc2_weight, {h, shared}, whole, GradSum::none, 21});
+  }
+}
+
 std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
   using L = LayerParams;
   using theory::Activation, theory::Norm;
@@ -63,6 +82,10 @@ std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
   add(bias, {"proj.bias", &L::proj_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 5});
   add(true, {"ln2.weight", &L::ln2_weight, {h}, ShardKind::replicated, GradSum::sequence_parallel, 6});
   add(norm_bias, {"ln2.bias", &L::ln2_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 7});
+  if (spec.moe.enabled()) {
+    append_moe_params(d, table);
+    return table;
+  }
   if (spec.activation == Activation::swiglu) {
     add(true, {"fc1.weight", &L::fc1_weight, {2 * ffn, h}, ShardKind::stacked_rows, GradSum::none, 8, {ffn, ffn}});
     add(bias, {"fc1.bias", &L::fc1_bias, {2 * ffn}, ShardKind::stacked_rows, GradSum::none, 9, {ffn, ffn}});
@@ -80,7 +103,8 @@ ShardSpec param_shard(const ParamInfo& p, int t, int rank) {
   spec.kind = p.kind;
   spec.parts = p.parts;
   spec.rows = p.canonical_shape[0];
-  spec.cols = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
+  spec.cols = 1;  // the rest of the dimensions (the experts' [E, in, out] as [E, in·out])
+  for (size_t i = 1; i < p.canonical_shape.size(); ++i) spec.cols *= p.canonical_shape[i];
   spec.t = t;
   spec.rank = rank;
   return spec;
@@ -88,6 +112,7 @@ ShardSpec param_shard(const ParamInfo& p, int t, int rank) {
 
 Shape local_param_shape(const ParamInfo& p, int t) {
   ShardSpec spec = param_shard(p, t, 0);
+  if (p.kind == ShardKind::replicated) return p.canonical_shape;
   if (p.canonical_shape.size() == 1) return {spec.local_rows()};
   return {spec.local_rows(), spec.local_cols()};
 }
@@ -96,7 +121,8 @@ float param_init_value(uint32_t init_id, uint64_t seed, uint32_t layer, int64_t 
   float u = philox_uniform_pm1(seed, layer, init_id, static_cast<uint64_t>(index));
   switch (init_id) {
     case 0: case 6: case 12: case 14: return 1.0f + 0.1f * u;  // norm weights near 1
-    case 2: case 4: case 8: case 10: return u / std::sqrt(static_cast<float>(fan_in));
+    case 2: case 4: case 8: case 10: case 16: case 18: case 19: case 20: case 21:
+      return u / std::sqrt(static_cast<float>(fan_in));
     default: return 0.1f * u;                // biases
   }
 }

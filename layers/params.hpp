@@ -21,6 +21,12 @@ struct LayerParams {
   Tensor ln1_weight, ln1_bias, qkv_weight, qkv_bias, proj_weight, proj_bias;
   Tensor ln2_weight, ln2_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
   Tensor q_norm_weight, q_norm_bias, k_norm_weight, k_norm_bias;  // --qk-layernorm: [d], shared by the heads
+  // An MoE layer in place of fc1/fc2 (spec.moe): the router [E, h] (logits = x W^T), its
+  // score bias [E] (a buffer that only changes the choice: its gradient stays zero), the
+  // experts' weights in the grouped GEMM's layout [E, in, out] (fc1 [E, h, γF_e] = gate | up
+  // under SwiGLU, fc2 [E, F_e, h]), and the shared experts as a dense MLP ([γF_s, h], [h, F_s]).
+  Tensor router_weight, router_bias, experts_fc1_weight, experts_fc2_weight;
+  Tensor shared_fc1_weight, shared_fc2_weight;
 };
 
 // How a canonical [rows, cols] tensor is split over t ranks.
@@ -64,6 +70,10 @@ struct ParamInfo {
 // --add-qkv-bias), q_norm/k_norm weight [d] (and bias) with --qk-layernorm, proj.weight
 // [h, a·d] (proj.bias), ln2 like ln1, fc1.weight [F, h] or [2F, h] = gate; up for SwiGLU
 // (fc1.bias), fc2.weight [h, F] (fc2.bias). The paper's layer has the twelve of Table 1's.
+// An MoE layer has instead of fc1/fc2: router.weight [E, h] (router.bias [E] with
+// --moe-router-enable-expert-bias), experts.fc1.weight [E, h, F_e] or [E, h, 2F_e],
+// experts.fc2.weight [E, F_e, h], and with shared experts shared.fc1.weight / shared.fc2.weight
+// shaped as fc1/fc2 of width F_s.
 std::vector<ParamInfo> layer_param_table(const LayerDims& d);
 ShardSpec param_shard(const ParamInfo& p, int t, int rank);
 // The local shape of a parameter on `rank` of `t`.

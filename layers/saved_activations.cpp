@@ -22,6 +22,19 @@ std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const 
           {"swiglu_input", &swiglu_input},
           {"squared_relu_input", &squared_relu_input},
           {"fc2_input", &fc2_input},
+          {"moe_input", &moe_input},
+          {"router_scores", &router_scores},
+          {"router_topk_index", &router_topk_index},
+          {"router_topk_weight", &router_topk_weight},
+          {"moe_dispatch_plan", &moe_tokens_per_expert},
+          {"moe_dispatch_plan", &moe_row_slot},
+          {"moe_dispatch_plan", &moe_slot_row},
+          {"moe_permuted", &moe_permuted},
+          {"moe_act_input", &moe_act_input},
+          {"moe_fc2_input", &moe_fc2_input},
+          {"moe_fc2_output", &moe_fc2_output},
+          {"shared_act_input", &shared_act_input},
+          {"shared_fc2_input", &shared_fc2_input},
           {"mlp_residual_mask", &mlp_residual_mask},
           {"layer_input", &layer_input}};
 }
@@ -44,8 +57,13 @@ int64_t SavedActivations::extra_bytes() const { return sum_bytes(extra_categorie
 
 std::vector<std::pair<std::string, int64_t>> SavedActivations::bytes_by_category(bool include_extra) const {
   std::vector<std::pair<std::string, int64_t>> out;
-  for (const auto& [name, t] : paper_categories())
-    if (t->defined()) out.emplace_back(name, static_cast<int64_t>(t->bytes()));
+  for (const auto& [name, t] : paper_categories()) {
+    if (!t->defined()) continue;
+    if (!out.empty() && out.back().first == name)
+      out.back().second += static_cast<int64_t>(t->bytes());
+    else
+      out.emplace_back(name, static_cast<int64_t>(t->bytes()));
+  }
   if (include_extra) {
     const std::pair<const char*, std::vector<Entry>> stats[] = {
         {"ln1_stats", {{"", &ln1_mean}, {"", &ln1_rstd}}},

@@ -32,9 +32,23 @@ struct SavedActivations {
   Tensor squared_relu_input;  // the fc1 output [s, b, F/t]
   Tensor fc2_input;           // GeLU output
   Tensor mlp_residual_mask;   // u8
+  // An MoE layer in place of fc1_input .. fc2_input (theory/layer_pieces.hpp's MoE rows; T
+  // tokens, N routed rows):
+  Tensor moe_input;           // norm 2's output [s, b, h]: router, permute and shared experts' input
+  Tensor router_scores;       // [T, E]
+  Tensor router_topk_index;   // [T, k] i32
+  Tensor router_topk_weight;  // [T, k]
+  Tensor moe_tokens_per_expert, moe_row_slot, moe_slot_row;  // the dispatch plan (i32), one category
+  Tensor moe_permuted;        // [N, h]
+  Tensor moe_act_input;       // the experts' fc1 output [N, γF_e]
+  Tensor moe_fc2_input;       // [N, F_e]
+  Tensor moe_fc2_output;      // [N, h]
+  Tensor shared_act_input;    // the shared experts' fc1 output [s, b, γF_s]
+  Tensor shared_fc2_input;    // [s, b, F_s]
 
   using Entry = std::pair<const char*, const Tensor*>;
-  // The counted categories in theory::layer_bytes_by_category's order and names.
+  // The counted categories in theory::layer_bytes_by_category's order and names (entries of
+  // one name, as the dispatch plan's three tensors, are one category).
   std::vector<Entry> paper_categories() const;
   // The norms' fp32 statistics, outside the count as the paper leaves them out.
   std::vector<Entry> extra_categories() const;

@@ -17,6 +17,8 @@ std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOp
 TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp)
     : LayerBase(be, comm, opt, cp) {
   ffn_per_rank_ = opt_.dims.ffn() / tp_size_;
+  if (opt_.dims.spec.moe.enabled())
+    moe_stats_.tokens_per_expert.assign(static_cast<size_t>(opt_.dims.spec.moe.num_experts), 0);
 }
 
 namespace {
@@ -39,6 +41,7 @@ Tensor& activation_input_slot(SavedActivations& save, Activation act) {
 Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) {
   const CommContext comm = comm_context(stage);
   Tensor x1 = attention_block_fwd(comm, x, save, keep);
+  if (opt_.dims.spec.moe.enabled()) return moe_block_fwd(comm, x1, save, keep);
   return mlp_block_fwd(comm, x1, save, keep);
 }
 
@@ -83,14 +86,26 @@ Tensor TransformerLayer::mlp_activation_fwd(const CommContext& comm, Tensor norm
   Tensor act = be_.empty({seq_, opt_.dims.b, ffn_per_rank_}, opt_.dtype);
   {
     PhaseRange phase(phase_name(comm.stage.c_str(), theory::activation_name(kind)), phase_log_);
-    switch (kind) {
-      case Activation::gelu: be_.gelu_fwd(fc1_out, act); break;
-      case Activation::swiglu: be_.swiglu_fwd(as_matrix(fc1_out), as_matrix(act)); break;
-      case Activation::squared_relu: be_.squared_relu_fwd(fc1_out, act); break;
-    }
+    activation_fwd(fc1_out, act);
   }
   if (act_input) *act_input = fc1_out;
   return act;
+}
+
+void TransformerLayer::activation_fwd(const Tensor& fc1_out, const Tensor& act) {
+  switch (opt_.dims.spec.activation) {
+    case Activation::gelu: be_.gelu_fwd(fc1_out, act); break;
+    case Activation::swiglu: be_.swiglu_fwd(as_matrix(fc1_out), as_matrix(act)); break;
+    case Activation::squared_relu: be_.squared_relu_fwd(fc1_out, act); break;
+  }
+}
+
+void TransformerLayer::activation_bwd(const Tensor& d_act, const Tensor& fc1_out, const Tensor& d_fc1_out) {
+  switch (opt_.dims.spec.activation) {
+    case Activation::gelu: be_.gelu_bwd(d_act, fc1_out, d_fc1_out); break;
+    case Activation::swiglu: be_.swiglu_bwd(as_matrix(d_act), as_matrix(fc1_out), as_matrix(d_fc1_out)); break;
+    case Activation::squared_relu: be_.squared_relu_bwd(d_act, fc1_out, d_fc1_out); break;
+  }
 }
 
 DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site, const SeqPositions::Run& run) const {
@@ -146,7 +161,7 @@ Tensor TransformerLayer::residual_bwd(const char* op, const Tensor& dy, Tensor& 
 Tensor TransformerLayer::backward(const Tensor& dy) {
   SavedActivations saved = take_saved_for_backward(dy);  // all of it, recomputed under full
   const CommContext comm = comm_context("bwd");
-  Tensor dx1 = mlp_block_bwd(comm, dy, saved);
+  Tensor dx1 = opt_.dims.spec.moe.enabled() ? moe_block_bwd(comm, dy, saved) : mlp_block_bwd(comm, dy, saved);
   Tensor dx = attention_block_bwd(comm, dx1, saved);
   saved.clear();
   all_reduce_partial_grads();  // SP: norms and row-parallel biases; the q/k norms always
@@ -180,11 +195,7 @@ Tensor TransformerLayer::mlp_block_bwd(const CommContext& comm, const Tensor& dy
   Tensor d_fc1_out = be_.empty(act_input.shape(), opt_.dtype);
   {
     PhaseRange phase(phase_name("bwd", theory::activation_name(kind)), phase_log_);
-    switch (kind) {
-      case Activation::gelu: be_.gelu_bwd(d_act, act_input, d_fc1_out); break;
-      case Activation::swiglu: be_.swiglu_bwd(as_matrix(d_act), as_matrix(act_input), as_matrix(d_fc1_out)); break;
-      case Activation::squared_relu: be_.squared_relu_bwd(d_act, act_input, d_fc1_out); break;
-    }
+    activation_bwd(d_act, act_input, d_fc1_out);
     act_input = Tensor();
     d_act = Tensor();
   }

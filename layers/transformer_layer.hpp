@@ -25,6 +25,7 @@ class TransformerLayer final : public LayerBase {
   // dy: like y. Recomputes what the policy did not keep, writes grads(), releases saved(),
   // returns dx.
   Tensor backward(const Tensor& dy) override;
+  const MoeRoutingStats* moe_stats() const override { return opt_.dims.spec.moe.enabled() ? &moe_stats_ : nullptr; }
 
  private:
   Tensor forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) override;
@@ -49,7 +50,32 @@ class TransformerLayer final : public LayerBase {
   // The mlp module's recompute: the activation's input and fc2's input from fc1's input.
   void recompute_mlp(SavedActivations& saved);
 
+  // The spec's activation on fc1's output (SwiGLU: gate | up), and its backward.
+  void activation_fwd(const Tensor& fc1_out, const Tensor& act);
+  void activation_bwd(const Tensor& d_act, const Tensor& fc1_out, const Tensor& d_fc1_out);
+
+  // ---- the MoE block in place of the MLP (moe_block.cpp, docs/moe.md) ----
+  Tensor moe_block_fwd(const CommContext& comm, const Tensor& x1, SavedActivations& save, Keep keep);
+  Tensor moe_block_bwd(const CommContext& comm, const Tensor& dy, SavedActivations& saved);
+  // Router, routing, dispatch, permute, the experts and the combine of normed [s, b, h]: the
+  // routed output [s, b, h]. What backward reads goes to `into` (fc2's input only when
+  // keep_fc2_input); phases stage.router .. stage.moe_unpermute.
+  Tensor moe_routed_fwd(const char* stage, const Tensor& normed, SavedActivations& into, bool keep_fc2_input);
+  // The experts' activation on their fc1 output: fc2's input (the moe_act module's recompute too).
+  Tensor moe_experts_act(const char* stage, const Tensor& act_input);
+  // The shared experts on normed: their output [s, b, h]; fc1's output and fc2's input go to
+  // *act_input, *fc2_input when given.
+  Tensor shared_experts_fwd(const char* stage, const Tensor& normed, Tensor* act_input, Tensor* fc2_input);
+  // Backward of the routed experts and the router, adding d normed into d_normed.
+  void moe_routed_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed);
+  void shared_experts_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed);
+  // The routed rows N of the plan just made: read from the device, or (meta) the histogram
+  // LayerOptions gives or balanced routing. Records the routing statistics.
+  int64_t routed_rows(const MoeDispatch& plan, const Tensor& aux_loss);
+  MoeRouting moe_routing() const;
+
   int64_t ffn_per_rank_;  // F/t, the MLP width on this rank
+  MoeRoutingStats moe_stats_;
 };
 
 }  // namespace actbench

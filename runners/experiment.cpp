@@ -44,6 +44,7 @@ LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& sp
     opt.dtype = spec.dtype;
     opt.seed = spec.seed;
     opt.layer_index = static_cast<uint32_t>(i);
+    opt.moe_tokens_per_expert = spec.moe_tokens_per_expert;
     stack.push_back(make_layer(be, comm, opt, spec.cp_group));
     stack.back()->init_parameters();
   }
@@ -98,6 +99,24 @@ std::vector<float> gather_activation(Backend& be, Communicator& comm, const Expe
   return canonical;
 }
 
+// An MoE layer's options as the references read them (null for a dense layer): the routing as
+// the ops take it (docs/moe.md), the widths resolved.
+nlohmann::ordered_json moe_json(const LayerDims& d) {
+  const theory::MoeSpec& m = d.spec.moe;
+  if (!m.enabled()) return nullptr;
+  return {{"num_experts", m.num_experts},
+          {"top_k", m.top_k},
+          {"ffn_hidden", d.expert_ffn()},
+          {"shared_ffn_hidden", m.shared_ffn_hidden},
+          {"score", theory::moe_score_name(m.score)},
+          {"normalize", m.normalizes()},
+          {"scaling", static_cast<double>(static_cast<float>(m.scaling))},
+          {"num_groups", m.num_groups},
+          {"group_top_k", m.group_top_k},
+          {"expert_bias", m.expert_bias},
+          {"capacity_factor", m.capacity_factor}};
+}
+
 // The --dump folder's layer.json: the layer's shape and numerics, which the NumPy and
 // PyTorch references read to rebuild the same layer.
 nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
@@ -130,7 +149,8 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
           {"rotary_percent", s.rotary_percent},
           {"rotary_base", s.rotary_base},
           {"attention_dropout", f32(s.attention_dropout)},
-          {"hidden_dropout", f32(s.hidden_dropout)}};
+          {"hidden_dropout", f32(s.hidden_dropout)},
+          {"moe", moe_json(d)}};
 }
 
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
@@ -211,6 +231,7 @@ void LayerStackRunner::count_saved_bytes(const std::vector<Tensor>& checkpoints,
   for (const Tensor& c : checkpoints) paper += static_cast<int64_t>(c.bytes());
   out.stack_act_bytes = paper;
   out.act_by_category = stack.front()->saved().bytes_by_category(true);
+  if (const MoeRoutingStats* moe = stack.front()->moe_stats()) out.moe = *moe;
   if (spec_.stack.method != RecomputeMethod::none) {
     out.act_bytes = paper / spec_.layers;
     out.act_extra_bytes = extra / spec_.layers;
@@ -335,6 +356,7 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
         res.act_extra_bytes = r.act_extra_bytes;
         res.stack_act_bytes = r.stack_act_bytes;
         res.act_by_category = r.act_by_category;
+        res.moe = r.moe;
         res.fwd_retained_bytes = r.fwd_retained_bytes;
         res.peak_allocated_bytes = r.peak_allocated_bytes;
         res.peak_reserved_bytes = r.peak_reserved_bytes;
@@ -389,6 +411,8 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
   return res;
 }
 
+static bool is_moe_layer(const ExperimentSpec& spec) { return spec.dims.spec.moe.enabled(); }
+
 std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm, const ExperimentSpec& spec_in) {
   ExperimentSpec spec = spec_in;
   spec.layers = 1;
@@ -400,6 +424,14 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   Tensor x = make_activation(be, comm, spec, kStreamX);
   Tensor dy = make_activation(be, comm, spec, kStreamDy);
   Tensor y = layer.forward(x);
+  // An MoE layer's routing decision, as forward kept it (not under full or moe recompute).
+  std::vector<CanonicalTensor> routing;
+  if (is_moe_layer(spec)) {
+    const SavedActivations& saved = layer.saved();
+    for (const auto& [name, t] : {std::pair{"moe.topk_index", &saved.router_topk_index},
+                                  std::pair{"moe.topk_weight", &saved.router_topk_weight}})
+      if (t->defined()) routing.push_back({name, t->shape(), gather_canonical(be, comm, *t, {})});
+  }
   Tensor dx = layer.backward(dy);
 
   const auto& d = spec.dims;
@@ -413,6 +445,12 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   // (what the data-parallel reduction over DP x CP does in training).
   if (spec.cp_group)
     for (const ParamInfo& p : layer_param_table(d)) spec.cp_group->all_reduce(layer.grads().*p.member);
+  if (const MoeRoutingStats* moe = layer.moe_stats()) {
+    std::vector<float> rows(moe->tokens_per_expert.begin(), moe->tokens_per_expert.end());
+    out.push_back({"moe.tokens_per_expert", {static_cast<int64_t>(rows.size())}, rows});
+    out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
+    for (CanonicalTensor& r : routing) out.push_back(std::move(r));
+  }
   for (const ParamInfo& p : layer_param_table(d)) {
     const ShardSpec shard = param_shard(p, comm.size(), comm.rank());
     out.push_back({p.name, p.canonical_shape, gather_canonical(be, comm, layer.params().*p.member, shard)});

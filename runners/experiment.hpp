@@ -10,6 +10,7 @@
 
 #include "kernels/backend.hpp"
 #include "layers/config.hpp"
+#include "layers/layer.hpp"
 #include "runtime/communicator.hpp"
 #include "runtime/cupti_profiler.hpp"
 #include "runtime/kernel_report.hpp"
@@ -30,6 +31,8 @@ struct ExperimentSpec {
   CuptiProfiler* profiler = nullptr;  // when set, records kernel time per phase over the timed iterations
   KernelReportRecorder* kernel_report = nullptr;  // when set, counts the kernels per phase over the timed iterations
   Communicator* cp_group = nullptr;  // the context-parallel group (--cp C; null: C = 1)
+  // MoE layers on meta: the tokens each expert processes (--moe-tokens-per-expert); empty: balanced.
+  std::vector<int64_t> moe_tokens_per_expert;
   int cp() const { return cp_group ? cp_group->size() : 1; }
 };
 
@@ -48,6 +51,7 @@ struct ExperimentResult {
   double comm_bytes_cp = 0;          // of which the context-parallel group's
   double comm_ms_modeled = 0;        // comm_bytes / link bandwidth
   std::vector<std::pair<std::string, int64_t>> act_by_category;  // layer 0
+  MoeRoutingStats moe;               // layer 0's routing (MoE layers; empty histogram otherwise)
   PhaseLog phases;                   // host-clock totals over the timed iterations
   std::vector<PhaseTime> kernel_phases;  // with a profiler: GPU kernel time per phase, all timed iterations
   int64_t cupti_dropped_records = 0;     // with a profiler: records CUPTI dropped (non-zero: sums are short)
@@ -74,6 +78,7 @@ class LayerStackRunner {
     int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;
     double comm_bytes = 0, comm_bytes_cp = 0;
     std::vector<std::pair<std::string, int64_t>> act_by_category;
+    MoeRoutingStats moe;
   };
   // Forward and backward of the whole stack on a fresh copy of the input (drawn once, in the
   // constructor: the timed loop generates nothing on the host). measure_memory resets the

@@ -1,5 +1,8 @@
 #include "theory/layer_pieces.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 namespace actbench::theory {
 
 namespace {
@@ -83,6 +86,39 @@ void mlp_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision
   if (spec.hidden_dropout > 0) out.push_back({"mlp_residual_mask", m * x.region});
 }
 
+// Norm 2, then the MoE block in place of the MLP (docs/moe.md's block): the router, its
+// routing and dispatch plan, the experts' grouped GEMMs and the combine, the shared experts,
+// the residual dropout. Tokens are this rank's rows (s·b/(r·C)); the routed rows N those its
+// experts process (moe_routed_rows).
+void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p,
+               ByteCategories& out) {
+  const double e = p.elem, m = p.mask, i32 = 4;
+  const RecomputeModules rebuilt = recomputed(c);
+  const MoeSpec& moe = spec.moe;
+  const double tokens = x.region / d.h, E = moe.num_experts, k = moe.top_k, N = moe_routed_rows(d, spec);
+  const double gated = spec.activation == Activation::swiglu ? 2 : 1;  // fc1's outputs per unit of width
+  const double width = spec.expert_ffn(d) / d.t, shared = moe.shared_ffn_hidden / d.t;
+  out.push_back({"ln2_input", e * x.region});
+  // Norm 2's output: the router's, the permute's and the shared experts' input, and the moe
+  // checkpoint's; the layernorm module frees it as for the dense MLP.
+  if (!rebuilt.layernorm) out.push_back({"moe_input", e * x.region});
+  if (!rebuilt.moe) {
+    out.push_back({"router_scores", e * tokens * E});         // the score function's output, read by its backward
+    out.push_back({"router_topk_index", i32 * tokens * k});   // the choice
+    out.push_back({"router_topk_weight", e * tokens * k});    // the combine's weights
+    out.push_back({"moe_dispatch_plan", i32 * (E + 2 * tokens * k)});  // tokens_per_expert, row_slot, slot_row
+    out.push_back({"moe_permuted", e * N * d.h});             // fc1's input, grouped by expert
+    out.push_back({"moe_act_input", gated * e * N * width});  // fc1's output (moe_act's checkpoint input)
+    if (!rebuilt.moe_act) out.push_back({"moe_fc2_input", e * N * width});
+    out.push_back({"moe_fc2_output", e * N * d.h});           // the combine's backward reads it for d weight
+    if (moe.shared_ffn_hidden > 0 && !rebuilt.shared_experts) {
+      out.push_back({"shared_act_input", gated * e * tokens * shared});
+      out.push_back({"shared_fc2_input", e * tokens * shared});
+    }
+  }
+  if (spec.hidden_dropout > 0) out.push_back({"mlp_residual_mask", m * x.region});
+}
+
 double sum_of(const ByteCategories& categories) {
   double sum = 0;
   for (const auto& [name, bytes] : categories) sum += bytes;
@@ -96,8 +132,24 @@ ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, Lay
   if (c.recompute == Recompute::full) return {{"layer_input", p.elem * x.region}};
   ByteCategories out;
   attention_block(x, spec, c, p, out);
-  mlp_block(x, spec, c, p, out);
+  if (spec.moe.enabled())
+    moe_block(d, x, spec, c, p, out);
+  else
+    mlp_block(x, spec, c, p, out);
   return out;
+}
+
+double moe_routed_rows(const Dims& d, const LayerSpec& spec) {
+  if (d.moe_routed_rows > 0) return d.moe_routed_rows;
+  const MoeSpec& moe = spec.moe;
+  // Megatron-Core's arrangement: SP shards the tokens, the expert-tensor-parallel group (t
+  // ranks) gathers them, so each rank's experts see s·b/C tokens' worth of choices.
+  const double tokens = d.s * d.b / d.cp, pairs = tokens * moe.top_k;
+  if (moe.capacity_factor <= 0) return pairs;
+  // Each rank's capacity is taken over its own s·b/(tC) tokens (get_capacity), for each expert.
+  const double local_pairs = pairs / d.t;
+  const double capacity = std::ceil(local_pairs / moe.num_experts * moe.capacity_factor);
+  return std::min(pairs, d.t * moe.num_experts * capacity);
 }
 
 double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p) {

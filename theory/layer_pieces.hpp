@@ -31,6 +31,21 @@
 //   mlp_residual_mask   hidden dropout after the MLP              m·sbh/r      hidden_dropout > 0
 //   layer_input         full recompute: the only tensor           e·sbh/r      full only
 //
+// An MoE layer (spec.moe, docs/moe.md) keeps, in place of fc1_input .. fc2_input, with T =
+// sb/(rC) this rank's tokens, N its experts' routed rows (moe_routed_rows), F_e the expert
+// width and F_s the shared experts' (both /t), γ = 2 for SwiGLU else 1:
+//   moe_input           norm 2's output: router, permute, shared  e·Th         unless layernorm
+//   router_scores       the score function's output               e·TE         unless moe
+//   router_topk_index   the choice (i32)                          4·Tk         unless moe
+//   router_topk_weight  the combine's weights                     e·Tk         unless moe
+//   moe_dispatch_plan   tokens_per_expert, row_slot, slot_row     4·(E + 2Tk)  unless moe
+//   moe_permuted        the experts' fc1 input                    e·Nh         unless moe
+//   moe_act_input       the experts' fc1 output                   γe·N·F_e     unless moe
+//   moe_fc2_input       the experts' activation output            e·N·F_e      unless moe, moe_act
+//   moe_fc2_output      the experts' output, for d weight         e·Nh         unless moe
+//   shared_act_input    the shared experts' fc1 output            γe·T·F_s     unless moe, shared_experts
+//   shared_fc2_input    the shared experts' activation output     e·T·F_s      unless moe, shared_experts
+//
 // Biases (add_bias_linear, add_qkv_bias), RoPE and rotary_percent keep nothing: a bias's
 // gradient is a sum of the output's gradient, and RoPE is a fixed rotation whose backward is
 // the inverse rotation. The head size d changes only the head tensors: the a·s² tensors and
@@ -51,6 +66,11 @@ using ByteCategories = std::vector<std::pair<std::string, double>>;
 // left out. Names match layers/saved_activations.hpp and the two presets' functions.
 ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {});
 double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {});
+
+// An MoE layer's routed rows on one rank: d.moe_routed_rows when given (a measured
+// histogram's sum), else balanced routing: all s·b·k/C choices dropless, or with a capacity
+// factor at most t·E·ceil((sbk/(tC))/E · cf) (each rank's capacity over its own tokens).
+double moe_routed_rows(const Dims& d, const LayerSpec& spec);
 
 // Outside the count, as the paper leaves LayerNorm's statistics out: each norm's fp32 row
 // statistics (LayerNorm mean and rstd, RMSNorm rstd) — "ln1_stats", "q_norm_stats",

@@ -1,0 +1,304 @@
+// The MoE block of the composed layer, in place of the MLP (docs/moe.md, "The MoE layer"):
+//
+//   n   = norm2(x1)                                   kept: moe_input (unless layernorm)
+//   out = combine(experts(permute(n, route(n W_r^T)))) + shared(n)
+//   y   = x1 + hidden_dropout(out)
+//
+// What each piece keeps is theory/layer_pieces.hpp's MoE table; the moe module keeps only the
+// block's input and runs the block again in backward, moe_act drops the experts' activation
+// output, shared_experts the shared experts' two tensors. One rank holds every expert today
+// (validate_layer refuses t > 1 for MoE layers).
+#include <algorithm>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "layers/transformer_layer.hpp"
+#include "runtime/error.hpp"
+
+namespace actbench {
+
+namespace {
+
+// The rows each expert gets when T·k choices spread as evenly as they can (the lower experts
+// take the remainder), each capped at the capacity when there is one.
+std::vector<int64_t> balanced_histogram(int64_t pairs, int64_t experts, int64_t capacity) {
+  std::vector<int64_t> rows(static_cast<size_t>(experts), pairs / experts);
+  for (int64_t e = 0; e < pairs % experts; ++e) ++rows[static_cast<size_t>(e)];
+  if (capacity > 0)
+    for (int64_t& r : rows) r = std::min(r, capacity);
+  return rows;
+}
+
+// A histogram given for meta must be one a run could measure at this shape.
+void check_given_histogram(const std::vector<int64_t>& rows, int64_t pairs, int64_t experts, int64_t capacity) {
+  const std::string what = "--moe-tokens-per-expert: ";
+  if (static_cast<int64_t>(rows.size()) != experts)
+    throw InvalidArgument(what + std::to_string(rows.size()) + " counts given for " + std::to_string(experts) +
+                          " experts");
+  int64_t sum = 0;
+  for (int64_t r : rows) {
+    if (r < 0 || (capacity > 0 && r > capacity))
+      throw InvalidArgument(what + "count " + std::to_string(r) + " outside [0, " +
+                            (capacity > 0 ? "the capacity " + std::to_string(capacity) : "tokens x top-k") + "]");
+    sum += r;
+  }
+  if (capacity == 0 ? sum != pairs : sum > pairs)
+    throw InvalidArgument(what + "the counts sum to " + std::to_string(sum) + ", but the layer routes " +
+                          std::to_string(pairs) + " (tokens x top-k)" + (capacity > 0 ? " at most" : ""));
+}
+
+}  // namespace
+
+MoeRouting TransformerLayer::moe_routing() const {
+  const theory::MoeSpec& moe = opt_.dims.spec.moe;
+  MoeRouting r;
+  r.score = moe.score == theory::MoeScore::sigmoid ? MoeRouting::Score::sigmoid : MoeRouting::Score::softmax;
+  r.top_k = static_cast<int64_t>(moe.top_k);
+  r.normalize = moe.normalizes();
+  r.scaling = static_cast<float>(moe.scaling);
+  if (moe.num_groups > 0) {
+    r.num_groups = static_cast<int64_t>(moe.num_groups);
+    r.group_top_k = static_cast<int64_t>(moe.group_top_k);
+  }
+  return r;
+}
+
+int64_t TransformerLayer::routed_rows(const MoeDispatch& plan, const Tensor& aux_loss) {
+  const theory::MoeSpec& moe = opt_.dims.spec.moe;
+  const int64_t experts = plan.tokens_per_expert.numel(), pairs = plan.row_slot.numel();
+  const int64_t capacity = moe.capacity_factor > 0
+                               ? moe_expert_capacity(pairs / plan.slot_row.dim(1), plan.slot_row.dim(1), experts,
+                                                     moe.capacity_factor)
+                               : 0;
+  MoeRoutingStats& stats = moe_stats_;
+  if (be_.computes()) {
+    // The grouped GEMMs' shapes depend on the routing: one copy to the host, as Megatron-Core's
+    // dropless path synchronises on tokens_per_expert.
+    std::vector<float> rows(static_cast<size_t>(experts));
+    float aux = 0;
+    be_.download(plan.tokens_per_expert, rows.data());
+    be_.download(aux_loss, &aux);
+    std::transform(rows.begin(), rows.end(), stats.tokens_per_expert.begin(),
+                   [](float r) { return static_cast<int64_t>(r); });
+    stats.aux_loss = aux;
+    stats.measured = true;
+  } else {
+    if (opt_.moe_tokens_per_expert.empty()) {
+      stats.tokens_per_expert = balanced_histogram(pairs, experts, capacity);
+    } else {
+      check_given_histogram(opt_.moe_tokens_per_expert, pairs, experts, capacity);
+      stats.tokens_per_expert = opt_.moe_tokens_per_expert;
+    }
+    stats.aux_loss = 0;
+    stats.measured = false;
+  }
+  const int64_t kept = std::accumulate(stats.tokens_per_expert.begin(), stats.tokens_per_expert.end(), int64_t{0});
+  stats.dropped = pairs - kept;
+  return kept;
+}
+
+Tensor TransformerLayer::moe_block_fwd(const CommContext& comm, const Tensor& x1, SavedActivations& save, Keep keep) {
+  const char* stage = comm.stage.c_str();
+  const bool keep_norm = keep.any && keep.norm_outputs;
+  Tensor normed = block_norm_fwd(stage, "ln2", x1, params_.ln2_weight, params_.ln2_bias,
+                                 keep_norm ? &save.ln2_mean : nullptr, keep_norm ? &save.ln2_rstd : nullptr);
+  if (keep.any) save.ln2_input = x1;
+  if (keep_norm) save.moe_input = normed;  // also the moe checkpoint's input
+  // Under the moe module (or full recompute's first pass) the routed tensors live only until
+  // the block's output exists.
+  SavedActivations discarded;
+  const bool keep_block = keep.any && keep.moe;
+  Tensor out = moe_routed_fwd(stage, normed, keep_block ? save : discarded, keep.moe_act);
+  if (opt_.dims.spec.moe.shared_ffn_hidden > 0) {
+    const bool keep_shared = keep_block && keep.shared_experts;
+    Tensor shared = shared_experts_fwd(stage, normed, keep_shared ? &save.shared_act_input : nullptr,
+                                       keep_shared ? &save.shared_fc2_input : nullptr);
+    PhaseRange phase(phase_name(stage, "shared_add"), phase_log_);
+    be_.add_inplace(out, shared);
+  }
+  discarded.clear();
+  normed = Tensor();
+  return residual_fwd(stage, "mlp_residual", std::move(out), params_.fc2_bias, x1, kSiteMlpOut,
+                      keep.any ? &save.mlp_residual_mask : nullptr);
+}
+
+Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed, SavedActivations& into,
+                                        bool keep_fc2_input) {
+  const int64_t T = normed.numel() / opt_.dims.h, h = opt_.dims.h;
+  const int64_t E = params_.router_weight.dim(0), k = static_cast<int64_t>(opt_.dims.spec.moe.top_k);
+  const MoeRouting routing = moe_routing();
+  const Tensor x = as_matrix(normed);
+  Tensor scores = be_.empty({T, E}, opt_.dtype), index = be_.empty({T, k}, DType::i32);
+  Tensor weight = be_.empty({T, k}, opt_.dtype), aux = be_.empty({1}, DType::fp32);
+  {
+    PhaseRange phase(phase_name(stage, "router"), phase_log_);
+    Tensor logits = be_.empty({T, E}, opt_.dtype);
+    be_.gemm(gemm_args(false, true, T, E, h), x, params_.router_weight, logits);
+    be_.moe_route(logits, params_.router_bias, routing, scores, index, weight, aux);
+  }
+  const MoeDispatch plan = make_moe_dispatch(be_, T, k, E);
+  const double cf = opt_.dims.spec.moe.capacity_factor;
+  {
+    PhaseRange phase(phase_name(stage, "moe_dispatch"), phase_log_);
+    be_.moe_dispatch(index, cf > 0 ? std::optional<double>(cf) : std::nullopt, plan);
+  }
+  const int64_t N = routed_rows(plan, aux);
+  const Tensor& w1 = params_.experts_fc1_weight;
+  Tensor permuted = be_.empty({N, h}, opt_.dtype), fc1 = be_.empty({N, w1.dim(2)}, opt_.dtype);
+  {
+    PhaseRange phase(phase_name(stage, "moe_permute"), phase_log_);
+    be_.moe_permute(x, plan, permuted);
+  }
+  {
+    PhaseRange phase(phase_name(stage, "experts_fc1"), phase_log_);
+    be_.grouped_gemm(permuted, w1, plan.tokens_per_expert, fc1);
+  }
+  Tensor act = moe_experts_act(stage, fc1);
+  Tensor fc2 = be_.empty({N, h}, opt_.dtype), out = be_.empty(normed.shape(), opt_.dtype);
+  {
+    PhaseRange phase(phase_name(stage, "experts_fc2"), phase_log_);
+    be_.grouped_gemm(act, params_.experts_fc2_weight, plan.tokens_per_expert, fc2);
+  }
+  {
+    PhaseRange phase(phase_name(stage, "moe_unpermute"), phase_log_);
+    be_.moe_unpermute(fc2, plan, weight, as_matrix(out));
+  }
+  into.router_scores = scores;
+  into.router_topk_index = index;
+  into.router_topk_weight = weight;
+  into.moe_tokens_per_expert = plan.tokens_per_expert;
+  into.moe_row_slot = plan.row_slot;
+  into.moe_slot_row = plan.slot_row;
+  into.moe_permuted = permuted;
+  into.moe_act_input = fc1;
+  if (keep_fc2_input) into.moe_fc2_input = act;
+  into.moe_fc2_output = fc2;
+  return out;
+}
+
+Tensor TransformerLayer::moe_experts_act(const char* stage, const Tensor& act_input) {
+  const int64_t width = params_.experts_fc2_weight.dim(1);
+  Tensor act = be_.empty({act_input.dim(0), width}, opt_.dtype);
+  PhaseRange phase(phase_name(stage, "experts_act"), phase_log_);
+  activation_fwd(act_input, act);
+  return act;
+}
+
+Tensor TransformerLayer::shared_experts_fwd(const char* stage, const Tensor& normed, Tensor* act_input,
+                                            Tensor* fc2_input) {
+  const int64_t T = normed.numel() / opt_.dims.h, h = opt_.dims.h;
+  const Tensor &w1 = params_.shared_fc1_weight, &w2 = params_.shared_fc2_weight;
+  Tensor fc1 = be_.empty({T, w1.dim(0)}, opt_.dtype), act = be_.empty({T, w2.dim(1)}, opt_.dtype);
+  Tensor out = be_.empty(normed.shape(), opt_.dtype);
+  {
+    PhaseRange phase(phase_name(stage, "shared_fc1"), phase_log_);
+    be_.gemm(gemm_args(false, true, T, w1.dim(0), h), as_matrix(normed), w1, fc1);
+  }
+  {
+    PhaseRange phase(phase_name(stage, "shared_act"), phase_log_);
+    activation_fwd(fc1, act);
+  }
+  {
+    PhaseRange phase(phase_name(stage, "shared_fc2"), phase_log_);
+    be_.gemm(gemm_args(false, true, T, h, w2.dim(1)), act, w2, as_matrix(out));
+  }
+  if (act_input) *act_input = fc1;
+  if (fc2_input) *fc2_input = act;
+  return out;
+}
+
+Tensor TransformerLayer::moe_block_bwd(const CommContext& comm, const Tensor& dy, SavedActivations& saved) {
+  (void)comm;  // one rank holds the whole block: no collective yet
+  Tensor d_out = residual_bwd("mlp_residual", dy, saved.mlp_residual_mask, grads_.fc2_bias);
+  // Rebuilt as backward reaches the block's output: the norm (layernorm), then the block
+  // (moe) or its pieces (moe_act, shared_experts).
+  recompute_norm("ln2", saved.ln2_input, params_.ln2_weight, params_.ln2_bias, saved.moe_input, saved.ln2_mean,
+                 saved.ln2_rstd);
+  const bool shared = opt_.dims.spec.moe.shared_ffn_hidden > 0;
+  if (!saved.router_scores.defined()) (void)moe_routed_fwd("recompute", saved.moe_input, saved, true);
+  if (!saved.moe_fc2_input.defined()) saved.moe_fc2_input = moe_experts_act("recompute", saved.moe_act_input);
+  if (shared && !saved.shared_act_input.defined())
+    (void)shared_experts_fwd("recompute", saved.moe_input, &saved.shared_act_input, &saved.shared_fc2_input);
+  Tensor d_normed = be_.empty(dy.shape(), opt_.dtype);
+  moe_routed_bwd(as_matrix(d_out), saved, as_matrix(d_normed));
+  if (shared) shared_experts_bwd(as_matrix(d_out), saved, as_matrix(d_normed));
+  d_out = Tensor();
+  saved.moe_input = Tensor();
+  Tensor dx1 = be_.empty(dy.shape(), opt_.dtype);
+  {
+    PhaseRange phase("bwd.ln2", phase_log_);
+    norm_bwd(d_normed, saved.ln2_input, params_.ln2_weight, saved.ln2_mean, saved.ln2_rstd, dx1, grads_.ln2_weight,
+             grads_.ln2_bias);
+    be_.add_inplace(dx1, dy);  // residual path
+    saved.ln2_input = saved.ln2_mean = saved.ln2_rstd = Tensor();
+  }
+  return dx1;
+}
+
+void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed) {
+  const MoeDispatch plan{saved.moe_tokens_per_expert, saved.moe_row_slot, saved.moe_slot_row};
+  const Tensor& counts = plan.tokens_per_expert;
+  const int64_t T = d_out.dim(0), h = opt_.dims.h, N = saved.moe_permuted.dim(0);
+  const int64_t E = params_.router_weight.dim(0), k = saved.router_topk_weight.dim(1);
+  Tensor d_fc2 = be_.empty({N, h}, opt_.dtype), d_weight = be_.empty({T, k}, opt_.dtype);
+  {
+    PhaseRange phase("bwd.moe_unpermute", phase_log_);
+    be_.moe_unpermute_bwd(d_out, saved.moe_fc2_output, plan, saved.router_topk_weight, d_fc2, d_weight);
+    saved.moe_fc2_output = saved.router_topk_weight = Tensor();
+  }
+  Tensor d_act = be_.empty(saved.moe_fc2_input.shape(), opt_.dtype);
+  {
+    PhaseRange phase("bwd.experts_fc2", phase_log_);
+    be_.grouped_gemm_bwd(d_fc2, saved.moe_fc2_input, params_.experts_fc2_weight, counts, d_act,
+                         grads_.experts_fc2_weight);
+    d_fc2 = saved.moe_fc2_input = Tensor();
+  }
+  Tensor d_fc1 = be_.empty(saved.moe_act_input.shape(), opt_.dtype);
+  {
+    PhaseRange phase("bwd.experts_act", phase_log_);
+    activation_bwd(d_act, saved.moe_act_input, d_fc1);
+    d_act = saved.moe_act_input = Tensor();
+  }
+  Tensor d_permuted = be_.empty({N, h}, opt_.dtype);
+  {
+    PhaseRange phase("bwd.experts_fc1", phase_log_);
+    be_.grouped_gemm_bwd(d_fc1, saved.moe_permuted, params_.experts_fc1_weight, counts, d_permuted,
+                         grads_.experts_fc1_weight);
+    d_fc1 = saved.moe_permuted = Tensor();
+  }
+  {
+    PhaseRange phase("bwd.moe_permute", phase_log_);
+    be_.moe_permute_bwd(d_permuted, plan, d_normed);  // written: the first contribution
+    d_permuted = Tensor();
+  }
+  PhaseRange phase("bwd.router", phase_log_);
+  Tensor d_logits = be_.empty({T, E}, opt_.dtype);
+  be_.moe_route_bwd(d_weight, saved.router_scores, saved.router_topk_index, moe_routing(), d_logits);
+  be_.gemm(gemm_args(false, false, T, h, E, 1, 1.f, 1.f), d_logits, params_.router_weight, d_normed);
+  be_.gemm(gemm_args(true, false, E, h, T), d_logits, as_matrix(saved.moe_input), grads_.router_weight);
+  saved.router_scores = saved.router_topk_index = Tensor();
+  saved.moe_tokens_per_expert = saved.moe_row_slot = saved.moe_slot_row = Tensor();
+}
+
+void TransformerLayer::shared_experts_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed) {
+  const Tensor &w1 = params_.shared_fc1_weight, &w2 = params_.shared_fc2_weight;
+  const int64_t T = d_out.dim(0), h = opt_.dims.h, width = w2.dim(1), fc1_width = w1.dim(0);
+  Tensor d_act = be_.empty({T, width}, opt_.dtype), d_fc1 = be_.empty({T, fc1_width}, opt_.dtype);
+  {
+    PhaseRange phase("bwd.shared_fc2", phase_log_);
+    be_.gemm(gemm_args(false, false, T, width, h), d_out, w2, d_act);
+    be_.gemm(gemm_args(true, false, h, width, T), d_out, saved.shared_fc2_input, grads_.shared_fc2_weight);
+    saved.shared_fc2_input = Tensor();
+  }
+  {
+    PhaseRange phase("bwd.shared_act", phase_log_);
+    activation_bwd(d_act, saved.shared_act_input, d_fc1);
+    d_act = saved.shared_act_input = Tensor();
+  }
+  PhaseRange phase("bwd.shared_fc1", phase_log_);
+  be_.gemm(gemm_args(false, false, T, h, fc1_width, 1, 1.f, 1.f), d_fc1, w1, d_normed);
+  be_.gemm(gemm_args(true, false, fc1_width, h, T), d_fc1, as_matrix(saved.moe_input), grads_.shared_fc1_weight);
+}
+
+}  // namespace actbench
