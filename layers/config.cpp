@@ -55,10 +55,10 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
 }
 
 // What the MoE block is built for today: every expert on one rank, experts without biases.
-static void validate_moe(const LayerDims& d, int t) {
-  if (t != 1)
-    throw InvalidArgument("an MoE layer runs on one tensor-parallel rank for now (--tp 1): expert and tensor "
-                          "parallelism for its experts are not built yet");
+static void validate_moe(const LayerDims& d, int t, int cp) {
+  if (t != 1 || cp != 1)
+    throw InvalidArgument("an MoE layer runs on one rank for now (--tp 1, --cp 1): expert, tensor and context "
+                          "parallelism for it are not built yet");
   if (d.spec.add_bias_linear)
     throw InvalidArgument("an MoE layer's experts have no biases: pass --disable-bias-linear");
 }
@@ -97,7 +97,7 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {
   if (p.sequence_parallel && d.s % t != 0)
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");
-  if (d.spec.moe.enabled()) validate_moe(d, t);
+  if (d.spec.moe.enabled()) validate_moe(d, t, cp);
   validate_context_parallel(d, t, p, cp);
 }
 

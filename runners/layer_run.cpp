@@ -121,6 +121,7 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.profiler = s.profiler.get();
   spec.kernel_report = s.kernel_report.get();
   spec.cp_group = s.cp_group;
+  spec.moe_tokens_per_expert = o.moe_tokens_per_expert;
   return spec;
 }
 

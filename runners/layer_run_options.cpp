@@ -60,6 +60,7 @@ struct Args {
   std::string recompute_granularity, recompute_modules, recompute_method, recompute_num_layers;
   bool recompute_activations = false, sequence_parallel = false;
   std::string cp = "1", cp_comm_type = "p2p";
+  std::string moe_tokens_per_expert;  // meta's routing of an MoE layer
   bool emulate_cp = false;
   bool emulate_tp = false, print_header = false, print_schema = false, list_presets = false, json = false;
 };
@@ -173,6 +174,10 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   value("--kernel-report-device", a.kernel_report_device,
         "the device of --kernel-report's modeled columns: h100 (default) | a100", false);
   value("--memory-limit", a.memory_limit, "emulate a device of this size, e.g. 80GiB (OOM past it)", false);
+  value("--moe-tokens-per-expert", a.moe_tokens_per_expert,
+        "meta, an MoE layer: the rows each expert processes, comma-separated (e.g. a measured run's histogram); "
+        "default: balanced routing",
+        false);
   value("--link-gbps", a.link_gbps, "link bandwidth per direction for comm_ms_modeled, GB/s", true);
   value("--arch", a.arch,
         "the preset spec the flags below edit: gpt (the paper's layer) | llama (RMSNorm, GQA, RoPE, SwiGLU, no "
@@ -186,6 +191,19 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
         "(instead of --model and the flags the file defines)",
         false);
   return given;
+}
+
+// "a,b,c": whole numbers >= 0, at least one.
+std::vector<int64_t> parse_count_list(const char* option, const std::string& text) {
+  std::vector<int64_t> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = text.find(',', begin);
+    const std::string word = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    out.push_back(parse_int_option(option, word, 0, kMaxDim));
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
 }
 
 // The shape, the run's extent and its numbers, each refused with the option's name.
@@ -211,6 +229,8 @@ void take_run_values(const Args& a, const GivenOptions& given, LayerRunOptions& 
   if (!(o.link_gbps >= 1e-3 && o.link_gbps <= 1e6))
     throw InvalidArgument("--link-gbps must be in 0.001..1000000 (GB/s), got " + a.link_gbps);
   if (is_given(given, "--memory-limit")) o.memory_limit = parse_memory_size("--memory-limit", a.memory_limit);
+  if (is_given(given, "--moe-tokens-per-expert"))
+    o.moe_tokens_per_expert = parse_count_list("--moe-tokens-per-expert", a.moe_tokens_per_expert);
 }
 
 // The flags that say what a --hf-config file already defines, with what defines it there.
@@ -446,6 +466,11 @@ void check_kernel_report_options(const LayerRunOptions& o) {
 
 // What the layer and the backend allow, after the layer's own checks.
 void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int world) {
+  if (!o.moe_tokens_per_expert.empty()) {
+    if (o.backend != "meta")
+      throw InvalidArgument("--moe-tokens-per-expert is meta's: cpu and cuda route the tokens themselves");
+    if (!dims.spec.moe.enabled()) throw InvalidArgument("--moe-tokens-per-expert needs an MoE layer (--num-experts)");
+  }
   if (!o.dump.empty() && o.layers != 1) throw InvalidArgument("--dump writes one layer: use --layers 1");
   if (!o.cupti.empty() && o.backend != "cuda")
     throw InvalidArgument("--cupti records GPU kernels: it needs --backend cuda");

@@ -28,6 +28,7 @@ struct LayerRunOptions {
   uint64_t seed = 1234;
   double link_gbps = 450.0;
   uint64_t memory_limit = 0;  // 0: none
+  std::vector<int64_t> moe_tokens_per_expert;  // meta: an MoE layer's routing (empty: balanced)
   std::string print_only;     // --help, --print-csv-header or --print-csv-schema: print this, run nothing
   // The layer's spec: --arch's preset (empty: the model's), --hf-config's model, the edits.
   std::string arch, hf_config;

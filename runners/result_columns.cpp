@@ -149,6 +149,26 @@ const std::vector<Column>& result_columns() {
        "when cp = 1"},
       {"comm_bytes_cp", "bytes",
        "of `comm_bytes`, what the context-parallel group sends (comm.cp.* phases); 0 when cp = 1; empty unless ok"},
+      // An MoE layer (docs/moe.md); every column empty for a dense layer.
+      {"num_experts", "experts", "E, the routed experts (`--num-experts`)"},
+      {"top_k", "experts", "k, the experts each token is routed to (`--moe-router-topk`)"},
+      {"moe_ffn_hidden", "", "each expert's width (`--moe-ffn-hidden-size`; SwiGLU's fc1 has twice as many outputs)"},
+      {"moe_shared_ffn_hidden", "",
+       "the shared experts' width (`--moe-shared-expert-intermediate-size`); 0 without shared experts"},
+      {"moe_router_score", "", "the router's score function: `softmax` or `sigmoid` (`--moe-router-score-function`)"},
+      {"moe_capacity_factor", "", "`--moe-expert-capacity-factor`; empty: dropless"},
+      {"ep", "ranks", "expert-parallel size: 1 (every expert on each rank; expert parallelism is not built yet)"},
+      {"etp", "ranks", "expert-tensor-parallel size: 1 (as `ep`)"},
+      {"moe_routing", "",
+       "where layer 0's routing came from: `measured` (the run routed its tokens), `given` "
+       "(`--moe-tokens-per-expert`, meta) or `balanced` (meta without it); empty when no forward routed"},
+      {"moe_routed_rows", "rows",
+       "N, the (token, choice) pairs layer 0's experts processed; the `*_formula` columns take it"},
+      {"tokens_per_expert_max", "rows", "the most rows one expert of layer 0 processed"},
+      {"tokens_per_expert_min", "rows", "the fewest rows one expert of layer 0 processed"},
+      {"dropped_tokens", "pairs", "the (token, choice) pairs layer 0's capacity dropped; 0 when dropless"},
+      {"aux_loss", "",
+       "layer 0's load-balancing loss E x sum_e f_e P_e, reported (not trained; docs/moe.md); empty on meta"},
   };
   return columns;
 }

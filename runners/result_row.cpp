@@ -1,8 +1,10 @@
 #include "runners/result_row.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <cstdio>
+#include <numeric>
 
 #include "runners/closed_form.hpp"
 #include "runners/result_columns.hpp"
@@ -32,11 +34,18 @@ std::string fmt_num(double v, const char* f = "%.0f") {
 
 namespace {
 
+// An MoE layer's routed rows in the run (layer 0's), which its closed form takes; 0: a dense
+// layer, or a run that stopped before routing (balanced routing then).
+double routed_rows(const ExperimentResult& r) {
+  return static_cast<double>(std::accumulate(r.moe.tokens_per_expert.begin(), r.moe.tokens_per_expert.end(), int64_t{0}));
+}
+
 // Per layer: the layer's closed form, or the stack's over its layers under a --recompute-method.
-double per_layer_formula_bytes(const ExperimentSpec& spec, int tp) {
+double per_layer_formula_bytes(const Measurement& m, int tp) {
+  const ExperimentSpec& spec = m.spec;
   if (spec.stack.method == RecomputeMethod::none)
-    return formula_bytes(spec.dims, tp, spec.policy, spec.dtype, spec.cp());
-  return stack_formula_bytes(spec, tp) / spec.layers;
+    return formula_bytes(spec.dims, tp, spec.policy, spec.dtype, spec.cp(), routed_rows(m.result));
+  return stack_formula_bytes(spec, tp, routed_rows(m.result)) / spec.layers;
 }
 
 // The backend's times are results: not meta, not the CPU simulator, and the run was ok.
@@ -130,9 +139,9 @@ void set_memory_columns(CsvRow& row, const RunContext& run, const Measurement& m
   const bool ok = r.status == "ok";
   row.set("act_bytes", ok ? std::to_string(r.act_bytes) : "");
   row.set("act_extra_bytes", ok ? std::to_string(r.act_extra_bytes) : "");
-  row.set("act_bytes_formula", fmt_num(per_layer_formula_bytes(m.spec, run.options.tp)));
+  row.set("act_bytes_formula", fmt_num(per_layer_formula_bytes(m, run.options.tp)));
   row.set("stack_act_bytes", ok ? std::to_string(r.stack_act_bytes) : "");
-  row.set("stack_act_bytes_formula", fmt_num(stack_formula_bytes(m.spec, run.options.tp)));
+  row.set("stack_act_bytes_formula", fmt_num(stack_formula_bytes(m.spec, run.options.tp, routed_rows(m.result))));
   row.set("fwd_retained_bytes", ok ? std::to_string(r.fwd_retained_bytes) : "");
   row.set("peak_allocated_bytes", std::to_string(r.peak_allocated_bytes));
   row.set("peak_reserved_bytes", std::to_string(r.peak_reserved_bytes));
@@ -151,6 +160,30 @@ void set_comm_columns(CsvRow& row, const RunContext& run, const Measurement& m) 
           fmt_ms(r.comm_ms_emulated.median, have_time(run, m) && run.comm_mode == CommMode::modeled));
   row.set("status", r.status);
   row.set("message", r.message);
+}
+
+// An MoE layer's options and its routing in the run (layer 0's); empty for a dense layer.
+void set_moe_columns(CsvRow& row, const Measurement& m) {
+  const theory::MoeSpec& moe = m.spec.dims.spec.moe;
+  const MoeRoutingStats& routing = m.result.moe;
+  const bool on = moe.enabled(), routed = on && !routing.tokens_per_expert.empty();
+  const auto& rows = routing.tokens_per_expert;
+  auto when = [](bool v, const std::string& text) { return v ? text : std::string(); };
+  row.set("num_experts", when(on, fmt_num(moe.num_experts, "%.17g")));
+  row.set("top_k", when(on, fmt_num(moe.top_k, "%.17g")));
+  row.set("moe_ffn_hidden", when(on, std::to_string(m.spec.dims.expert_ffn())));
+  row.set("moe_shared_ffn_hidden", when(on, fmt_num(moe.shared_ffn_hidden, "%.17g")));
+  row.set("moe_router_score", when(on, theory::moe_score_name(moe.score)));
+  row.set("moe_capacity_factor", when(on && moe.capacity_factor > 0, fmt_num(moe.capacity_factor, "%.17g")));
+  row.set("ep", when(on, "1"));
+  row.set("etp", when(on, "1"));
+  row.set("moe_routing", when(routed, routing.measured ? "measured" : (m.spec.moe_tokens_per_expert.empty() ? "balanced" : "given")));
+  row.set("moe_routed_rows", when(routed, fmt_num(routed_rows(m.result))));
+  const auto [fewest, most] = std::minmax_element(rows.begin(), rows.end());  // read only when routed
+  row.set("tokens_per_expert_max", routed ? std::to_string(*most) : "");
+  row.set("tokens_per_expert_min", routed ? std::to_string(*fewest) : "");
+  row.set("dropped_tokens", when(routed, std::to_string(routing.dropped)));
+  row.set("aux_loss", when(routed && routing.measured, fmt_num(routing.aux_loss, "%.9g")));
 }
 
 void set_provenance_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
@@ -179,6 +212,7 @@ std::vector<std::string> result_row(const RunContext& run, const Measurement& m)
   set_memory_columns(row, run, m);
   set_comm_columns(row, run, m);
   set_provenance_columns(row, run, m);
+  set_moe_columns(row, m);
   return row.fields();
 }
 
@@ -201,7 +235,7 @@ std::vector<std::vector<std::string>> cupti_rows(const RunContext& run, const Me
 
 std::string console_line(const RunContext& run, const Measurement& m) {
   const ExperimentResult& r = m.result;
-  const double formula = per_layer_formula_bytes(m.spec, run.options.tp);
+  const double formula = per_layer_formula_bytes(m, run.options.tp);
   char head[256];
   std::snprintf(head, sizeof head, "%-13s %-5s act %s (formula %s)", config_name(m.spec.policy).c_str(),
                 r.status.c_str(), format_bytes(r.act_bytes).c_str(),

@@ -1,5 +1,5 @@
 // A mixture-of-experts block run through the cpu backend's MoE ops, for the float64 NumPy
-// reference (tests/moe_reference.py, checked by tests/test_moe_reference.py): router GEMM,
+// reference (tools/numpy_moe.py, checked by tests/test_moe_reference.py): router GEMM,
 // moe_route, moe_dispatch, moe_permute, grouped GEMM fc1, SwiGLU, grouped GEMM fc2,
 // moe_unpermute, then the whole backward from a given d_out. Inputs are drawn from a seed
 // and written with every result as float32 .npy files (indices as exact floats) into --out.

@@ -258,7 +258,7 @@ TEST(MoeLayer, RefusesWhatItCannotBuildInOneLine) {
     }
     return std::string();
   };
-  EXPECT_NE(message(d, 2).find("--tp 1"), std::string::npos);
+  EXPECT_NE(message(d, 2).find("--tp 1, --cp 1"), std::string::npos);
   LayerDims biased = d;
   biased.spec.add_bias_linear = true;
   EXPECT_NE(message(biased, 1).find("--disable-bias-linear"), std::string::npos);

@@ -1,4 +1,4 @@
-"""The cpu backend's MoE ops against the float64 NumPy reference (tests/moe_reference.py): a
+"""The cpu backend's MoE ops against the float64 NumPy reference (tools/numpy_moe.py): a
 block of router GEMM, routing, dispatch, permute, SwiGLU experts as grouped GEMMs and the
 weighted combine, forward and backward, run by tests/moe_ops_dump over softmax and sigmoid
 routers, score bias, groups, normalisation, scaling, dropless and capacity dropping. The
@@ -16,8 +16,8 @@ import unittest
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import moe_reference as ref  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+import numpy_moe as ref  # noqa: E402
 
 DRIVER = os.environ.get("ACTBENCH_MOE_OPS_DUMP", os.path.join(HERE, "..", "build", "tests", "moe_ops_dump"))
 RTOL = 1e-4

@@ -8,7 +8,9 @@ compares. The layer is the one layer.json describes, any combination of its opti
 (LayerNorm or RMSNorm), optional QK-norm, grouped-query causal attention of any head size
 (kv_channels) with optional rotate-half RoPE, GeLU (tanh) / SwiGLU / squared-ReLU MLP,
 optional biases, and dropout on the attention probabilities and on both block outputs with
-the masks of runtime/philox.hpp reproduced here. Exit status 0 when every tensor matches, 1 otherwise (one line per tensor
+the masks of runtime/philox.hpp reproduced here; or, when layer.json has "moe", the MoE block
+of tools/numpy_moe.py in place of the MLP (router, routing, dispatch, the experts, the
+weighted combine, shared experts), whose routing decision is compared too. Exit status 0 when every tensor matches, 1 otherwise (one line per tensor
 either way); 2 with one error line when the folder or --rtol is unusable.
 
 Functions for tests: spec_from_json, param_shapes, dropout_scales, forward, layer, check,
@@ -29,6 +31,8 @@ try:
     import numpy as np
 except ImportError:  # the first python3 on PATH may not be Debian's
     sys.exit("numpy_layer.py: error: numpy is missing; run it with /usr/bin/python3 (python3-numpy)")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy_moe  # noqa: E402
 
 
 # ---- the layer's description (layer.json) ---------------------------------------------------
@@ -64,7 +68,9 @@ LAYER_KEYS = {
 
 # Keys a dump made before them lacks, with their meaning then: kv_channels (d, each head's size)
 # was hidden / heads.
-OPTIONAL_KEYS = {"kv_channels": _natural}
+OPTIONAL_KEYS = {"kv_channels": _natural, "moe": lambda v: v is None or isinstance(v, dict)}
+MOE_KEYS = ["num_experts", "top_k", "ffn_hidden", "shared_ffn_hidden", "score", "normalize", "scaling",
+            "num_groups", "group_top_k", "expert_bias", "capacity_factor"]
 
 LayerSpec = namedtuple("LayerSpec", list(LAYER_KEYS) + list(OPTIONAL_KEYS))
 
@@ -83,8 +89,13 @@ def spec_from_json(meta, where="layer.json"):
             raise ValueError("%s: %r has the unusable value %s" % (where, key, json.dumps(meta[key])))
     if "kv_channels" not in meta and meta["hidden"] % meta["heads"]:
         raise ValueError("%s: hidden %d is not a multiple of heads %d" % (where, meta["hidden"], meta["heads"]))
+    moe = meta.get("moe")
+    if moe is not None:
+        missing = [key for key in MOE_KEYS if key not in moe]
+        if missing:
+            raise ValueError("%s: 'moe' lacks %r" % (where, missing[0]))
     spec = LayerSpec(**{key: meta[key] for key in LAYER_KEYS},
-                     kv_channels=meta.get("kv_channels", meta["hidden"] // meta["heads"]))
+                     kv_channels=meta.get("kv_channels", meta["hidden"] // meta["heads"]), moe=moe)
     d = head_dim(spec)
     if spec.heads % spec.kv_heads:
         raise ValueError("%s: heads %d is not a multiple of kv_heads %d" % (where, spec.heads, spec.kv_heads))
@@ -115,9 +126,16 @@ def param_shapes(spec):
     for norm in ["q_norm", "k_norm"]:
         shapes += [(norm + ".weight", (d,), spec.qk_layernorm), (norm + ".bias", (d,), spec.qk_layernorm and layernorm)]
     shapes += [("proj.weight", (h, a * d), True), ("proj.bias", (h,), spec.add_bias_linear),
-               ("ln2.weight", (h,), True), ("ln2.bias", (h,), layernorm),
-               ("fc1.weight", (fc1_rows, h), True), ("fc1.bias", (fc1_rows,), spec.add_bias_linear),
-               ("fc2.weight", (h, F), True), ("fc2.bias", (h,), spec.add_bias_linear)]
+               ("ln2.weight", (h,), True), ("ln2.bias", (h,), layernorm)]
+    if spec.moe:
+        m, gated = spec.moe, 2 if spec.activation == "swiglu" else 1
+        E, Fe, Fs = int(m["num_experts"]), int(m["ffn_hidden"]), int(m["shared_ffn_hidden"])
+        shapes += [("router.weight", (E, h), True), ("router.bias", (E,), m["expert_bias"]),
+                   ("experts.fc1.weight", (E, h, gated * Fe), True), ("experts.fc2.weight", (E, Fe, h), True),
+                   ("shared.fc1.weight", (gated * Fs, h), Fs > 0), ("shared.fc2.weight", (h, Fs), Fs > 0)]
+    else:
+        shapes += [("fc1.weight", (fc1_rows, h), True), ("fc1.bias", (fc1_rows,), spec.add_bias_linear),
+                   ("fc2.weight", (h, F), True), ("fc2.bias", (h,), spec.add_bias_linear)]
     return {name: shape for name, shape, present in shapes if present}
 
 
@@ -298,9 +316,79 @@ def layer_fwd(spec, P, x, drop):
     c["ctx"] = merge(c["dropped"] @ c["v"])
     x1 = x + linear(c["ctx"], P, "proj") * drop.attn_out
     c["n2"], c["ln2"] = norm_fwd(spec, x1, P, "ln2")
+    if spec.moe:
+        return x1 + moe_fwd(spec, P, c["n2"], c) * drop.mlp_out, c
     c["f1"] = linear(c["n2"], P, "fc1")
     c["act"] = activation_fwd(spec, c["f1"])
     return x1 + linear(c["act"], P, "fc2") * drop.mlp_out, c
+
+
+# ---- the MoE block in place of the MLP (docs/moe.md) -------------------------------------------
+
+def routing_spec(spec):
+    """layer.json's "moe" as tools/numpy_moe.py's functions take it."""
+    m = spec.moe
+    return {"experts": int(m["num_experts"]), "top_k": int(m["top_k"]), "score": m["score"],
+            "normalize": m["normalize"], "scaling": m["scaling"], "num_groups": max(1, int(m["num_groups"])),
+            "group_top_k": int(m["group_top_k"]), "capacity_factor": m["capacity_factor"] or None}
+
+
+def moe_fwd(spec, P, n2, c):
+    """The routed experts plus the shared experts on norm 2's output [s, b, h]; the routing and
+    what moe_bwd reads go into c."""
+    R = routing_spec(spec)
+    X = n2.reshape(-1, spec.hidden)
+    scores, index, weight, aux = numpy_moe.route(X @ P["router.weight"].T, P.get("router.bias"), R)
+    counts, row_slot, slot_row = numpy_moe.dispatch(index, R["experts"], R["capacity_factor"])
+    N = int(counts.sum())
+    permuted = X[row_slot[:N] // R["top_k"]]
+    f1 = numpy_moe.grouped_gemm(permuted, P["experts.fc1.weight"], counts)
+    act = activation_fwd(spec, f1)
+    f2 = numpy_moe.grouped_gemm(act, P["experts.fc2.weight"], counts)
+    kept = slot_row >= 0
+    gathered = f2[np.where(kept, slot_row, 0)] * kept[:, :, None]  # [T, k, h], 0 for dropped pairs
+    out = np.einsum("tk,tkh->th", weight, gathered)
+    c["moe"] = dict(X=X, scores=scores, index=index, weight=weight, aux=aux, counts=counts, row_slot=row_slot,
+                    slot_row=slot_row, kept=kept, permuted=permuted, f1=f1, act=act, gathered=gathered)
+    if "shared.fc1.weight" in P:
+        c["moe"]["shared_f1"] = X @ P["shared.fc1.weight"].T
+        c["moe"]["shared_act"] = activation_fwd(spec, c["moe"]["shared_f1"])
+        out = out + c["moe"]["shared_act"] @ P["shared.fc2.weight"].T
+    return out.reshape(n2.shape)
+
+
+def moe_bwd(spec, P, d_out, c, G):
+    """d of norm 2's output from d of the block's output [s, b, h]; the parameters' gradients into G."""
+    R, m = routing_spec(spec), c["moe"]
+    D = d_out.reshape(-1, spec.hidden)
+    kept, slot_row, counts, k = m["kept"], m["slot_row"], m["counts"], R["top_k"]
+    d_gathered = m["weight"][:, :, None] * D[:, None, :] * kept[:, :, None]
+    d_weight = np.einsum("tkh,th->tk", m["gathered"], D)
+    d_f2 = np.zeros((int(counts.sum()), spec.hidden))
+    d_f2[slot_row[kept]] = d_gathered[kept]
+    d_act, G["experts.fc2.weight"] = numpy_moe.grouped_gemm_bwd(d_f2, m["act"], P["experts.fc2.weight"], counts)
+    d_f1 = activation_bwd(spec, d_act, m["f1"])
+    d_perm, G["experts.fc1.weight"] = numpy_moe.grouped_gemm_bwd(d_f1, m["permuted"], P["experts.fc1.weight"], counts)
+    dX = np.zeros_like(m["X"])
+    np.add.at(dX, m["row_slot"][:len(d_perm)] // k, d_perm)
+    d_logits = numpy_moe.route_bwd(d_weight, m["scores"], m["index"], R)
+    dX += d_logits @ P["router.weight"]
+    G["router.weight"] = d_logits.T @ m["X"]
+    if "router.bias" in P:
+        G["router.bias"] = np.zeros_like(P["router.bias"])  # a buffer: it only changes the choice
+    if "shared.fc1.weight" in P:
+        G["shared.fc2.weight"] = D.T @ m["shared_act"]
+        d_sf1 = activation_bwd(spec, D @ P["shared.fc2.weight"], m["shared_f1"])
+        G["shared.fc1.weight"] = d_sf1.T @ m["X"]
+        dX += d_sf1 @ P["shared.fc1.weight"]
+    return dX.reshape(d_out.shape)
+
+
+def routing_of(c):
+    """The routing decision layer_fwd made, named as a dump names it (moe.*)."""
+    m = c["moe"]
+    return {"moe.tokens_per_expert": m["counts"].astype(np.float64), "moe.aux_loss": np.array([m["aux"]]),
+            "moe.topk_index": m["index"].astype(np.float64), "moe.topk_weight": m["weight"]}
 
 
 def layer_bwd(spec, P, dy, drop, c):
@@ -308,8 +396,11 @@ def layer_bwd(spec, P, dy, drop, c):
     heads, merge, _, fold = _shapes(spec)
     cos, sin = rope_tables(spec)
     G = {}
-    dact = linear_bwd(dy * drop.mlp_out, c["act"], P, "fc2", G)
-    dn2 = linear_bwd(activation_bwd(spec, dact, c["f1"]), c["n2"], P, "fc1", G)
+    if spec.moe:
+        dn2 = moe_bwd(spec, P, dy * drop.mlp_out, c, G)
+    else:
+        dact = linear_bwd(dy * drop.mlp_out, c["act"], P, "fc2", G)
+        dn2 = linear_bwd(activation_bwd(spec, dact, c["f1"]), c["n2"], P, "fc1", G)
     dx1 = dy + norm_bwd(spec, dn2, P, "ln2", c["ln2"], G)
     dctx = heads(linear_bwd(dx1 * drop.attn_out, c["ctx"], P, "proj", G), spec.heads)
     dprobs = (dctx @ c["v"].transpose(0, 1, 3, 2)) * drop.attn_probs
@@ -362,13 +453,24 @@ def check(dump, rtol=1e-4):
     shapes = param_shapes(spec)
     act = (spec.seq, spec.batch, spec.hidden)
     P = {name: _load(dump, name, shape) for name, shape in shapes.items()}
-    y, dx, G = layer(spec, P, _load(dump, "x", act), _load(dump, "dy", act))
+    drop = dropout_scales(spec)
+    y, cache = layer_fwd(spec, P, _load(dump, "x", act), drop)
+    dx, G = layer_bwd(spec, P, _load(dump, "dy", act), drop, cache)
+    compared = [("y", y), ("dx", dx)] + [("grad." + n, G[n]) for n in shapes]
+    exact = set()
+    if spec.moe:  # the routing decision: counts and indices equal or wrong; the rest within rtol
+        routing = routing_of(cache)
+        exact = {"moe.tokens_per_expert", "moe.topk_index"}
+        compared += [(n, routing[n]) for n in ["moe.tokens_per_expert", "moe.aux_loss"]]
+        # forward keeps the top-k (and so dumps it) unless the moe module or full recompute drops it
+        compared += [(n, routing[n]) for n in ["moe.topk_index", "moe.topk_weight"]
+                     if os.path.exists(os.path.join(dump, n + ".npy"))]
     results = []
-    for name, ref in [("y", y), ("dx", dx)] + [("grad." + n, G[n]) for n in shapes]:
+    for name, ref in compared:
         got = _load(dump, name, ref.shape)
-        err = float(np.max(np.abs(got - ref)))
-        scale = float(np.max(np.abs(ref))) or 1.0
-        results.append((name, err, scale, err <= rtol * scale + 1e-6))
+        err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+        scale = (float(np.max(np.abs(ref))) if ref.size else 0.0) or 1.0
+        results.append((name, err, scale, err == 0 if name in exact else err <= rtol * scale + 1e-6))
     return results
 
 

@@ -5,7 +5,7 @@ lower expert, normalisation and scaling of the weights, the aux loss), the dispa
 grouped GEMMs with SwiGLU experts, the weighted combine, and the backward of all of it by hand.
 
 The reference for the cpu backend's MoE ops (tests/test_moe_reference.py runs them through
-tests/moe_ops_dump and compares). `spec` is a dict: experts, top_k, score ("softmax" or
+tests/moe_ops_dump and compares) and for the composed layer's MoE block (tools/numpy_layer.py). `spec` is a dict: experts, top_k, score ("softmax" or
 "sigmoid"), normalize, scaling, num_groups, group_top_k, capacity_factor (None: dropless).
 """
 import math
