@@ -61,7 +61,30 @@ COMBINATIONS = {
     "qwen3_wide_heads": dict(RMS_NO_BIAS, activation="swiglu", hidden=8, heads=4, kv_heads=2, kv_channels=4,
                              qk_layernorm=True, position_embedding="rope", rotary_percent=0.5, seq=4),
     "gelu_biases_narrow_heads": dict(hidden=8, heads=2, kv_channels=3, attention_dropout=0.2, seed=5),
+    # an MoE block in place of the MLP (tools/numpy_moe.py): each routing option on and off
+    "moe_softmax_top2": dict(RMS_NO_BIAS, activation="swiglu", moe=dict(num_experts=4, top_k=2, ffn_hidden=6)),
+    "moe_pre_softmax_shared_dropout": dict(RMS_NO_BIAS, hidden_dropout=0.2, heads=2, seq=6,
+                                           moe=dict(num_experts=3, top_k=2, ffn_hidden=5, shared_ffn_hidden=7,
+                                                    normalize=False)),
+    "moe_sigmoid_groups_bias_capacity": dict(RMS_NO_BIAS, activation="swiglu", hidden=12, heads=2,
+                                             moe=dict(num_experts=6, top_k=2, ffn_hidden=4, score="sigmoid",
+                                                      scaling=2.5, num_groups=3, group_top_k=2, expert_bias=True,
+                                                      capacity_factor=0.75, shared_ffn_hidden=3)),
 }
+
+
+def moe_options(num_experts, top_k, ffn_hidden, **given):
+    """A complete layer.json "moe" object (tools/numpy_layer.py's MOE_KEYS)."""
+    moe = {"num_experts": num_experts, "top_k": top_k, "ffn_hidden": ffn_hidden, "shared_ffn_hidden": 0,
+           "score": "softmax", "normalize": True, "scaling": 1.0, "num_groups": 0, "group_top_k": 0,
+           "expert_bias": False, "capacity_factor": 0}
+    moe.update(given)
+    return moe
+
+
+for _options in COMBINATIONS.values():
+    if "moe" in _options:
+        _options["moe"] = moe_options(**_options["moe"])
 
 
 def random_problem(spec, seed=0):
