@@ -54,13 +54,20 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
   }
 }
 
-// What the MoE block is built for today: every expert on one rank, experts without biases.
-static void validate_moe(const LayerDims& d, int t, int cp) {
-  if (t != 1 || cp != 1)
-    throw InvalidArgument("an MoE layer runs on one rank for now (--tp 1, --cp 1): expert, tensor and context "
-                          "parallelism for it are not built yet");
+// What the MoE block is built for today: expert tensor parallelism 1 (each rank's experts take
+// its own rows), which under TP needs SP as in Megatron-Core; experts without biases.
+static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp) {
+  if (cp != 1)
+    throw InvalidArgument("an MoE layer runs without context parallelism for now (--cp 1)");
+  if (t > 1 && !p.sequence_parallel)
+    throw InvalidArgument("an MoE layer under tensor parallelism needs sequence parallelism (config " +
+                          config_name(p) + " has none), as Megatron-Core requires");
   if (d.spec.add_bias_linear)
     throw InvalidArgument("an MoE layer's experts have no biases: pass --disable-bias-linear");
+  const double shared = d.spec.moe.shared_ffn_hidden;
+  if (shared > 0 && static_cast<int64_t>(shared) % t != 0)
+    throw InvalidArgument("moe-shared-expert-intermediate-size " + std::to_string(static_cast<int64_t>(shared)) +
+                          " is not divisible by tp " + std::to_string(t) + " (the shared experts are split like the MLP)");
 }
 
 void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {
@@ -97,7 +104,7 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {
   if (p.sequence_parallel && d.s % t != 0)
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");
-  if (d.spec.moe.enabled()) validate_moe(d, t, cp);
+  if (d.spec.moe.enabled()) validate_moe(d, t, p, cp);
   validate_context_parallel(d, t, p, cp);
 }
 

@@ -6,8 +6,9 @@
 //
 // What each piece keeps is theory/layer_pieces.hpp's MoE table; the moe module keeps only the
 // block's input and runs the block again in backward, moe_act drops the experts' activation
-// output, shared_experts the shared experts' two tensors. One rank holds every expert today
-// (validate_layer refuses t > 1 for MoE layers).
+// output, shared_experts the shared experts' two tensors. Expert tensor parallelism is 1, as
+// in Megatron-Core's DeepSeek and Qwen recipes: under TP (with SP) each rank routes its own
+// s/t rows to whole experts, and only the shared experts are split like the dense MLP.
 #include <algorithm>
 #include <numeric>
 #include <utility>
@@ -112,7 +113,7 @@ Tensor TransformerLayer::moe_block_fwd(const CommContext& comm, const Tensor& x1
   Tensor out = moe_routed_fwd(stage, normed, keep_block ? save : discarded, keep.moe_act);
   if (opt_.dims.spec.moe.shared_ffn_hidden > 0) {
     const bool keep_shared = keep_block && keep.shared_experts;
-    Tensor shared = shared_experts_fwd(stage, normed, keep_shared ? &save.shared_act_input : nullptr,
+    Tensor shared = shared_experts_fwd(comm, normed, keep_shared ? &save.shared_act_input : nullptr,
                                        keep_shared ? &save.shared_fc2_input : nullptr);
     PhaseRange phase(phase_name(stage, "shared_add"), phase_log_);
     be_.add_inplace(out, shared);
@@ -185,31 +186,23 @@ Tensor TransformerLayer::moe_experts_act(const char* stage, const Tensor& act_in
   return act;
 }
 
-Tensor TransformerLayer::shared_experts_fwd(const char* stage, const Tensor& normed, Tensor* act_input,
+Tensor TransformerLayer::shared_experts_fwd(const CommContext& comm, const Tensor& normed, Tensor* act_input,
                                             Tensor* fc2_input) {
-  const int64_t T = normed.numel() / opt_.dims.h, h = opt_.dims.h;
-  const Tensor &w1 = params_.shared_fc1_weight, &w2 = params_.shared_fc2_weight;
-  Tensor fc1 = be_.empty({T, w1.dim(0)}, opt_.dtype), act = be_.empty({T, w2.dim(1)}, opt_.dtype);
-  Tensor out = be_.empty(normed.shape(), opt_.dtype);
+  // The dense MLP's tensor parallelism: fc1 column-parallel from the gathered rows (f | g), fc2
+  // row-parallel back to this rank's rows (f̄ | ḡ).
+  Tensor fc1 = column_parallel_linear_fwd(comm, "shared_fc1", "moe_input", normed, params_.shared_fc1_weight,
+                                          nullptr, nullptr);
+  Tensor act = be_.empty({seq_, opt_.dims.b, params_.shared_fc2_weight.dim(1)}, opt_.dtype);
   {
-    PhaseRange phase(phase_name(stage, "shared_fc1"), phase_log_);
-    be_.gemm(gemm_args(false, true, T, w1.dim(0), h), as_matrix(normed), w1, fc1);
-  }
-  {
-    PhaseRange phase(phase_name(stage, "shared_act"), phase_log_);
+    PhaseRange phase(phase_name(comm.stage.c_str(), "shared_act"), phase_log_);
     activation_fwd(fc1, act);
-  }
-  {
-    PhaseRange phase(phase_name(stage, "shared_fc2"), phase_log_);
-    be_.gemm(gemm_args(false, true, T, h, w2.dim(1)), act, w2, as_matrix(out));
   }
   if (act_input) *act_input = fc1;
   if (fc2_input) *fc2_input = act;
-  return out;
+  return row_parallel_linear_fwd(comm, "shared_fc2", std::move(act), params_.shared_fc2_weight);
 }
 
 Tensor TransformerLayer::moe_block_bwd(const CommContext& comm, const Tensor& dy, SavedActivations& saved) {
-  (void)comm;  // one rank holds the whole block: no collective yet
   Tensor d_out = residual_bwd("mlp_residual", dy, saved.mlp_residual_mask, grads_.fc2_bias);
   // Rebuilt as backward reaches the block's output: the norm (layernorm), then the block
   // (moe) or its pieces (moe_act, shared_experts).
@@ -219,10 +212,11 @@ Tensor TransformerLayer::moe_block_bwd(const CommContext& comm, const Tensor& dy
   if (!saved.router_scores.defined()) (void)moe_routed_fwd("recompute", saved.moe_input, saved, true);
   if (!saved.moe_fc2_input.defined()) saved.moe_fc2_input = moe_experts_act("recompute", saved.moe_act_input);
   if (shared && !saved.shared_act_input.defined())
-    (void)shared_experts_fwd("recompute", saved.moe_input, &saved.shared_act_input, &saved.shared_fc2_input);
+    (void)shared_experts_fwd(comm_context("recompute"), saved.moe_input, &saved.shared_act_input,
+                             &saved.shared_fc2_input);
   Tensor d_normed = be_.empty(dy.shape(), opt_.dtype);
   moe_routed_bwd(as_matrix(d_out), saved, as_matrix(d_normed));
-  if (shared) shared_experts_bwd(as_matrix(d_out), saved, as_matrix(d_normed));
+  if (shared) shared_experts_bwd(comm, d_out, saved, d_normed);
   d_out = Tensor();
   saved.moe_input = Tensor();
   Tensor dx1 = be_.empty(dy.shape(), opt_.dtype);
@@ -281,24 +275,20 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
   saved.moe_tokens_per_expert = saved.moe_row_slot = saved.moe_slot_row = Tensor();
 }
 
-void TransformerLayer::shared_experts_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed) {
-  const Tensor &w1 = params_.shared_fc1_weight, &w2 = params_.shared_fc2_weight;
-  const int64_t T = d_out.dim(0), h = opt_.dims.h, width = w2.dim(1), fc1_width = w1.dim(0);
-  Tensor d_act = be_.empty({T, width}, opt_.dtype), d_fc1 = be_.empty({T, fc1_width}, opt_.dtype);
-  {
-    PhaseRange phase("bwd.shared_fc2", phase_log_);
-    be_.gemm(gemm_args(false, false, T, width, h), d_out, w2, d_act);
-    be_.gemm(gemm_args(true, false, h, width, T), d_out, saved.shared_fc2_input, grads_.shared_fc2_weight);
-    saved.shared_fc2_input = Tensor();
-  }
+void TransformerLayer::shared_experts_bwd(const CommContext& comm, const Tensor& d_out, SavedActivations& saved,
+                                          const Tensor& d_normed) {
+  Tensor d_act = row_parallel_linear_bwd(comm, "shared_fc2", d_out, std::move(saved.shared_fc2_input),
+                                         params_.shared_fc2_weight, grads_.shared_fc2_weight);  // f̄ | ḡ
+  Tensor d_fc1 = be_.empty(saved.shared_act_input.shape(), opt_.dtype);
   {
     PhaseRange phase("bwd.shared_act", phase_log_);
     activation_bwd(d_act, saved.shared_act_input, d_fc1);
     d_act = saved.shared_act_input = Tensor();
   }
-  PhaseRange phase("bwd.shared_fc1", phase_log_);
-  be_.gemm(gemm_args(false, false, T, h, fc1_width, 1, 1.f, 1.f), d_fc1, w1, d_normed);
-  be_.gemm(gemm_args(true, false, fc1_width, h, T), d_fc1, as_matrix(saved.moe_input), grads_.shared_fc1_weight);
+  Tensor d_shared = column_parallel_linear_bwd(comm, "shared_fc1", "moe_input", saved.moe_input, std::move(d_fc1),
+                                               params_.shared_fc1_weight, grads_.shared_fc1_weight);  // f | g
+  PhaseRange phase("bwd.shared_add", phase_log_);
+  be_.add_inplace(d_normed, d_shared);
 }
 
 }  // namespace actbench

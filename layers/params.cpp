@@ -35,23 +35,29 @@ int64_t ShardSpec::canonical_index(int64_t local_flat) const {
   return local_flat;
 }
 
-// The MoE block's parameters (init streams 16..21). Only t = 1 builds one today (validate_layer),
-// so every tensor is whole on its rank.
+// The MoE block's parameters (init streams 16..21), as Megatron-Core arranges them with expert
+// tensor parallelism 1: the router and the routed experts whole on every rank (each rank routes
+// its own s/t rows under SP, so their gradients are summed over the group), the shared experts
+// split over t like the dense MLP.
 static void append_moe_params(const LayerDims& d, std::vector<ParamInfo>& table) {
   using L = LayerParams;
   const theory::MoeSpec& moe = d.spec.moe;
   const int64_t h = d.h, E = static_cast<int64_t>(moe.num_experts), ffn = d.expert_ffn();
   const int64_t shared = static_cast<int64_t>(moe.shared_ffn_hidden);
-  const int64_t gated = d.spec.activation == theory::Activation::swiglu ? 2 : 1;
+  const bool gated = d.spec.activation == theory::Activation::swiglu;
   const ShardKind whole = ShardKind::replicated;
-  table.push_back({"router.weight", &L::router_weight, {E, h}, whole, GradSum::none, 16});
+  const GradSum rows = GradSum::sequence_parallel;
+  table.push_back({"router.weight", &L::router_weight, {E, h}, whole, rows, 16});
   if (moe.expert_bias) table.push_back({"router.bias", &L::router_bias, {E}, whole, GradSum::none, 17});
-  table.push_back({"experts.fc1.weight", &L::experts_fc1_weight, {E, h, gated * ffn}, whole, GradSum::none, 18});
-  table.push_back({"experts.fc2.weight", &L::experts_fc2_weight, {E, ffn, h}, whole, GradSum::none, 19});
-  if (shared > 0) {
-    table.push_back({"shared.fc1.weight", &L::shared_fc1_weight, {gated * shared, h}, whole, GradSum::none, 20});
-    table.push_back({"shared.fc2.weight", &L::shared_fc2_weight, {h, shared}, whole, GradSum::none, 21});
-  }
+  table.push_back({"experts.fc1.weight", &L::experts_fc1_weight, {E, h, (gated ? 2 : 1) * ffn}, whole, rows, 18});
+  table.push_back({"experts.fc2.weight", &L::experts_fc2_weight, {E, ffn, h}, whole, rows, 19});
+  if (shared == 0) return;
+  if (gated)
+    table.push_back({"shared.fc1.weight", &L::shared_fc1_weight, {2 * shared, h}, ShardKind::stacked_rows,
+                     GradSum::none, 20, {shared, shared}});
+  else
+    table.push_back({"shared.fc1.weight", &L::shared_fc1_weight, {shared, h}, ShardKind::rows, GradSum::none, 20});
+  table.push_back({"shared.fc2.weight", &L::shared_fc2_weight, {h, shared}, ShardKind::cols, GradSum::none, 21});
 }
 
 std::vector<ParamInfo> layer_param_table(const LayerDims& d) {

@@ -63,12 +63,13 @@ class TransformerLayer final : public LayerBase {
   Tensor moe_routed_fwd(const char* stage, const Tensor& normed, SavedActivations& into, bool keep_fc2_input);
   // The experts' activation on their fc1 output: fc2's input (the moe_act module's recompute too).
   Tensor moe_experts_act(const char* stage, const Tensor& act_input);
-  // The shared experts on normed: their output [s, b, h]; fc1's output and fc2's input go to
-  // *act_input, *fc2_input when given.
-  Tensor shared_experts_fwd(const char* stage, const Tensor& normed, Tensor* act_input, Tensor* fc2_input);
+  // The shared experts on normed [s(/t), b, h], split over t like the MLP: their output (this
+  // rank's rows); fc1's output and fc2's input go to *act_input, *fc2_input when given.
+  Tensor shared_experts_fwd(const CommContext& comm, const Tensor& normed, Tensor* act_input, Tensor* fc2_input);
   // Backward of the routed experts and the router, adding d normed into d_normed.
   void moe_routed_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed);
-  void shared_experts_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed);
+  void shared_experts_bwd(const CommContext& comm, const Tensor& d_out, SavedActivations& saved,
+                          const Tensor& d_normed);
   // The routed rows N of the plan just made: read from the device, or (meta) the histogram
   // LayerOptions gives or balanced routing. Records the routing statistics.
   int64_t routed_rows(const MoeDispatch& plan, const Tensor& aux_loss);

@@ -424,13 +424,18 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   Tensor x = make_activation(be, comm, spec, kStreamX);
   Tensor dy = make_activation(be, comm, spec, kStreamDy);
   Tensor y = layer.forward(x);
-  // An MoE layer's routing decision, as forward kept it (not under full or moe recompute).
+  // An MoE layer's routing decision, as forward kept it (not under full or moe recompute):
+  // each rank routed its own rows, in the canonical order of the s·b tokens.
   std::vector<CanonicalTensor> routing;
   if (is_moe_layer(spec)) {
     const SavedActivations& saved = layer.saved();
     for (const auto& [name, t] : {std::pair{"moe.topk_index", &saved.router_topk_index},
-                                  std::pair{"moe.topk_weight", &saved.router_topk_weight}})
-      if (t->defined()) routing.push_back({name, t->shape(), gather_canonical(be, comm, *t, {})});
+                                  std::pair{"moe.topk_weight", &saved.router_topk_weight}}) {
+      if (!t->defined()) continue;
+      ShardSpec rows{spec.policy.sequence_parallel ? ShardKind::rows : ShardKind::replicated,
+                     spec.dims.s * spec.dims.b, t->dim(1), comm.size(), comm.rank()};
+      routing.push_back({name, {rows.rows, rows.cols}, gather_canonical(be, comm, *t, rows)});
+    }
   }
   Tensor dx = layer.backward(dy);
 
@@ -446,9 +451,14 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   if (spec.cp_group)
     for (const ParamInfo& p : layer_param_table(d)) spec.cp_group->all_reduce(layer.grads().*p.member);
   if (const MoeRoutingStats* moe = layer.moe_stats()) {
-    std::vector<float> rows(moe->tokens_per_expert.begin(), moe->tokens_per_expert.end());
+    // The whole layer's histogram: every rank's rows summed (each routed its own under SP).
+    const std::vector<float> mine(moe->tokens_per_expert.begin(), moe->tokens_per_expert.end());
+    const std::vector<float> all = comm.gather_host(mine);
+    std::vector<float> rows(mine.size(), 0.f);
+    for (size_t i = 0; i < all.size(); ++i) rows[i % rows.size()] += all[i];
     out.push_back({"moe.tokens_per_expert", {static_cast<int64_t>(rows.size())}, rows});
-    out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
+    // The aux loss is each rank's over its own rows: the layer's value only on one rank.
+    if (comm.size() == 1) out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
     for (CanonicalTensor& r : routing) out.push_back(std::move(r));
   }
   for (const ParamInfo& p : layer_param_table(d)) {

@@ -68,16 +68,18 @@ std::vector<MoeCase> moe_cases() {
   return out;
 }
 
-// Every configuration, and selective with each subset of the modules an MoE layer reads.
-std::vector<LayerPolicy> policies() {
+// Every configuration, and selective with each subset of the modules an MoE layer reads; under
+// TP only those with SP (Megatron-Core's MoE needs it).
+std::vector<LayerPolicy> policies(int t = 1) {
   std::vector<LayerPolicy> out;
-  for (const std::string& name : config_names()) out.push_back(parse_config(name));
+  for (const std::string& name : config_names())
+    if (t == 1 || parse_config(name).sequence_parallel) out.push_back(parse_config(name));
   for (int bits = 1; bits < 32; ++bits) {
     RecomputeModules m{(bits & 1) != 0, false, (bits & 2) != 0};
     m.moe_act = (bits & 4) != 0;
     m.moe = (bits & 8) != 0;
     m.shared_experts = (bits & 16) != 0;
-    out.push_back({Recompute::selective, false, Attention::unfused, m});
+    out.push_back({Recompute::selective, t > 1, Attention::unfused, m});
   }
   return out;
 }
@@ -95,9 +97,10 @@ theory::ByteCategories as_theory(const std::vector<std::pair<std::string, int64_
   return out;
 }
 
+// One iteration on rank 0 of t (emulated when t > 1).
 ExperimentResult measure(Backend& be, const LayerDims& d, LayerPolicy p, DType dtype,
-                         std::vector<int64_t> histogram = {}) {
-  auto comm = make_local_communicator();
+                         std::vector<int64_t> histogram = {}, int t = 1) {
+  auto comm = t == 1 ? make_local_communicator() : make_emulated_communicator(t);
   ExperimentSpec spec;
   spec.dims = d;
   spec.policy = p;
@@ -116,18 +119,19 @@ TEST(MoeLayer, KeptBytesEqualThePiecesGivenTheMeasuredRouting) {
   auto cpu = make_cpu_backend();
   auto meta = make_meta_backend();
   int runs = 0;
+  for (int t : {1, 2})
   for (const MoeCase& c : moe_cases())
-    for (LayerPolicy p : policies())
+    for (LayerPolicy p : policies(t))
       for (Attention att : {Attention::unfused, Attention::fused})
         for (DType dtype : {DType::bf16, DType::fp32}) {
           p.attention = att;
           const LayerDims d = moe_dims(c.spec);
           const std::string where = c.name + " | " + config_name(p) + " " + recompute_modules_name(p.modules) +
-                                    " " + attention_name(att) + " " + dtype_name(dtype);
-          const ExperimentResult got = measure(*cpu, d, p, dtype);
+                                    " " + attention_name(att) + " " + dtype_name(dtype) + " t=" + std::to_string(t);
+          const ExperimentResult got = measure(*cpu, d, p, dtype, {}, t);
           ASSERT_EQ(got.status, "ok") << where << ": " << got.message;
           ASSERT_TRUE(got.moe.measured) << where;
-          theory::Dims td = theory_dims(d, 1);
+          theory::Dims td = theory_dims(d, t);
           td.moe_routed_rows = static_cast<double>(sum(got.moe.tokens_per_expert));
           ASSERT_GT(td.moe_routed_rows, 0) << where;
           const theory::Precision prec{static_cast<double>(dtype_size(dtype)), 1.0};
@@ -137,7 +141,7 @@ TEST(MoeLayer, KeptBytesEqualThePiecesGivenTheMeasuredRouting) {
               << where;
           EXPECT_EQ(got.fwd_retained_bytes, got.act_bytes + got.act_extra_bytes) << where;
           // meta, told the cpu's histogram, keeps the same bytes in every category.
-          const ExperimentResult shape = measure(*meta, d, p, dtype, got.moe.tokens_per_expert);
+          const ExperimentResult shape = measure(*meta, d, p, dtype, got.moe.tokens_per_expert, t);
           ASSERT_EQ(shape.status, "ok") << where << ": " << shape.message;
           EXPECT_EQ(shape.act_by_category, got.act_by_category) << where;
           EXPECT_EQ(shape.fwd_retained_bytes, got.fwd_retained_bytes) << where;
@@ -145,7 +149,7 @@ TEST(MoeLayer, KeptBytesEqualThePiecesGivenTheMeasuredRouting) {
           EXPECT_FALSE(shape.moe.measured) << where;
           ++runs;
         }
-  EXPECT_EQ(runs, 5 * (6 + 31) * 2 * 2);
+  EXPECT_EQ(runs, 5 * (6 + 31) * 2 * 2 + 5 * (3 + 31) * 2 * 2);
 }
 
 TEST(MoeLayer, MetaWithoutAHistogramRoutesBalancedAsTheFormulaAssumes) {
@@ -258,7 +262,15 @@ TEST(MoeLayer, RefusesWhatItCannotBuildInOneLine) {
     }
     return std::string();
   };
-  EXPECT_NE(message(d, 2).find("--tp 1, --cp 1"), std::string::npos);
+  EXPECT_NE(message(d, 2).find("needs sequence parallelism"), std::string::npos);
+  LayerDims odd_shared = moe_dims(moe_cases()[4].spec);  // shared width 8
+  odd_shared.spec.moe.shared_ffn_hidden = 9;
+  try {
+    validate_layer(odd_shared, 2, parse_config("sp"));
+    ADD_FAILURE() << "a shared width of 9 split over 2 ranks was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("not divisible by tp 2"), std::string::npos) << e.what();
+  }
   LayerDims biased = d;
   biased.spec.add_bias_linear = true;
   EXPECT_NE(message(biased, 1).find("--disable-bias-linear"), std::string::npos);

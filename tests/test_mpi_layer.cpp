@@ -7,6 +7,7 @@
 
 #include "layer_harness.hpp"
 #include "layers/theory_dims.hpp"
+#include "theory/layer_pieces.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
@@ -107,6 +108,55 @@ INSTANTIATE_TEST_SUITE_P(Configs, MpiLlama,
                            for (char& ch : c)
                              if (ch == '+') ch = '_';
                            return c;
+                         });
+
+// An MoE layer under TP + SP (expert tensor parallelism 1, as Megatron-Core's DeepSeek and Qwen
+// recipes): each rank routes its own rows to whole experts, the shared experts split like the
+// MLP. Every tensor (the routing decision too) equals the single-rank layer's, and the bytes per
+// rank equal the pieces given the routed rows that rank measured.
+class MpiMoe : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiMoe, EveryTensorAndBytesEqualTheSingleRankLayer) {
+  LayerDims d = kDims;
+  d.spec = theory::llama_layer_spec(4, 24);  // g = 4: whole groups on 4 ranks
+  d.spec.hidden_dropout = 0.1;
+  d.spec.moe.num_experts = 4;
+  d.spec.moe.top_k = 2;
+  d.spec.moe.ffn_hidden = 12;
+  d.spec.moe.shared_ffn_hidden = 8;
+  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);
+  spec.dims.spec.attention_dropout = 0;  // llama's attention
+  if (GetParam() == "selective+sp") spec.policy.modules.moe_act = spec.policy.modules.shared_experts = true;
+  auto be = make_cpu_backend();
+  const auto got = run_layer_canonical(*be, *g_comm, spec);
+  auto local = make_local_communicator();
+  ExperimentSpec single = spec;
+  single.policy = parse_config("baseline");
+  auto ref = run_layer_canonical(*be, *local, single);
+  std::erase_if(ref, [](const CanonicalTensor& t) { return t.name == "moe.aux_loss"; });  // one rank's only
+  if (spec.policy.recompute == Recompute::full)
+    std::erase_if(ref, [](const CanonicalTensor& t) { return t.name.starts_with("moe.topk"); });
+  const std::string what = "moe " + GetParam() + " t=" + std::to_string(g_comm->size());
+  expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+  spec.dtype = DType::bf16;
+  spec.warmup = 0;
+  spec.iters = 1;
+  const ExperimentResult r = run_experiment(*be, *g_comm, spec);
+  ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
+  theory::Dims td = theory_dims(d, g_comm->size());
+  for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
+  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layer_extra_bytes(td, spec.dims.spec, spec.policy))
+      << what;
+  EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, MpiMoe, ::testing::Values("sp", "selective+sp", "full+sp"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (c == '+') c = '_';
+                           return name;
                          });
 
 int main(int argc, char** argv) {

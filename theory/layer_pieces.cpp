@@ -95,9 +95,11 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
   const double e = p.elem, m = p.mask, i32 = 4;
   const RecomputeModules rebuilt = recomputed(c);
   const MoeSpec& moe = spec.moe;
+  // Expert tensor parallelism 1: each rank routes its own rows (T = s·b/(tC) under SP) to
+  // whole experts; the shared experts are split over t like the dense MLP, over all s·b/C rows.
   const double tokens = x.region / d.h, E = moe.num_experts, k = moe.top_k, N = moe_routed_rows(d, spec);
   const double gated = spec.activation == Activation::swiglu ? 2 : 1;  // fc1's outputs per unit of width
-  const double width = spec.expert_ffn(d) / d.t, shared = moe.shared_ffn_hidden / d.t;
+  const double width = spec.expert_ffn(d), shared_rows = d.s * d.b / d.cp, shared = moe.shared_ffn_hidden / d.t;
   out.push_back({"ln2_input", e * x.region});
   // Norm 2's output: the router's, the permute's and the shared experts' input, and the moe
   // checkpoint's; the layernorm module frees it as for the dense MLP.
@@ -112,8 +114,8 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
     if (!rebuilt.moe_act) out.push_back({"moe_fc2_input", e * N * width});
     out.push_back({"moe_fc2_output", e * N * d.h});           // the combine's backward reads it for d weight
     if (moe.shared_ffn_hidden > 0 && !rebuilt.shared_experts) {
-      out.push_back({"shared_act_input", gated * e * tokens * shared});
-      out.push_back({"shared_fc2_input", e * tokens * shared});
+      out.push_back({"shared_act_input", gated * e * shared_rows * shared});
+      out.push_back({"shared_fc2_input", e * shared_rows * shared});
     }
   }
   if (spec.hidden_dropout > 0) out.push_back({"mlp_residual_mask", m * x.region});
@@ -142,14 +144,11 @@ ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, Lay
 double moe_routed_rows(const Dims& d, const LayerSpec& spec) {
   if (d.moe_routed_rows > 0) return d.moe_routed_rows;
   const MoeSpec& moe = spec.moe;
-  // Megatron-Core's arrangement: SP shards the tokens, the expert-tensor-parallel group (t
-  // ranks) gathers them, so each rank's experts see s·b/C tokens' worth of choices.
-  const double tokens = d.s * d.b / d.cp, pairs = tokens * moe.top_k;
+  // Expert tensor parallelism 1: each rank routes its own s·b/(tC) rows (SP splits them under
+  // TP, as Megatron-Core requires) and keeps each expert's capacity of them.
+  const double tokens = d.s * d.b / (d.t * d.cp), pairs = tokens * moe.top_k;
   if (moe.capacity_factor <= 0) return pairs;
-  // Each rank's capacity is taken over its own s·b/(tC) tokens (get_capacity), for each expert.
-  const double local_pairs = pairs / d.t;
-  const double capacity = std::ceil(local_pairs / moe.num_experts * moe.capacity_factor);
-  return std::min(pairs, d.t * moe.num_experts * capacity);
+  return std::min(pairs, moe.num_experts * std::ceil(pairs / moe.num_experts * moe.capacity_factor));
 }
 
 double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p) {

@@ -33,7 +33,8 @@
 //
 // An MoE layer (spec.moe, docs/moe.md) keeps, in place of fc1_input .. fc2_input, with T =
 // sb/(rC) this rank's tokens, N its experts' routed rows (moe_routed_rows), F_e the expert
-// width and F_s the shared experts' (both /t), γ = 2 for SwiGLU else 1:
+// width (whole: expert tensor parallelism 1), F_s the shared experts' (split over t, on all
+// sb/C rows like the MLP), γ = 2 for SwiGLU else 1:
 //   moe_input           norm 2's output: router, permute, shared  e·Th         unless layernorm
 //   router_scores       the score function's output               e·TE         unless moe
 //   router_topk_index   the choice (i32)                          4·Tk         unless moe
@@ -43,8 +44,8 @@
 //   moe_act_input       the experts' fc1 output                   γe·N·F_e     unless moe
 //   moe_fc2_input       the experts' activation output            e·N·F_e      unless moe, moe_act
 //   moe_fc2_output      the experts' output, for d weight         e·Nh         unless moe
-//   shared_act_input    the shared experts' fc1 output            γe·T·F_s     unless moe, shared_experts
-//   shared_fc2_input    the shared experts' activation output     e·T·F_s      unless moe, shared_experts
+//   shared_act_input    the shared experts' fc1 output            γe·(sb/C)·F_s/t  unless moe, shared_experts
+//   shared_fc2_input    the shared experts' activation output     e·(sb/C)·F_s/t   unless moe, shared_experts
 //
 // Biases (add_bias_linear, add_qkv_bias), RoPE and rotary_percent keep nothing: a bias's
 // gradient is a sum of the output's gradient, and RoPE is a fixed rotation whose backward is
@@ -68,8 +69,8 @@ ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, Lay
 double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {});
 
 // An MoE layer's routed rows on one rank: d.moe_routed_rows when given (a measured
-// histogram's sum), else balanced routing: all s·b·k/C choices dropless, or with a capacity
-// factor at most t·E·ceil((sbk/(tC))/E · cf) (each rank's capacity over its own tokens).
+// histogram's sum), else balanced routing of the rank's own T = s·b/(tC) tokens: all T·k
+// choices dropless, or at most E·ceil(T·k/E · cf) with a capacity factor.
 double moe_routed_rows(const Dims& d, const LayerSpec& spec);
 
 // Outside the count, as the paper leaves LayerNorm's statistics out: each norm's fp32 row
