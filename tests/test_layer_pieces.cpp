@@ -347,7 +347,11 @@ TEST(LayerSpecTheory, RecomputeModulesParseAndName) {
   EXPECT_EQ(parse_recompute_modules("layernorm,core_attn,mlp"), (RecomputeModules{true, true, true}));
   EXPECT_EQ(recompute_modules_name(parse_recompute_modules("mlp,layernorm")), "mlp,layernorm");
   EXPECT_EQ(recompute_modules_name(RecomputeModules{}), "core_attn");
-  for (const char* bad : {"", "mlp,", "core_attn,core_attn", "moe", "MLP"})
+  RecomputeModules moe{false, false, false};
+  moe.moe_act = moe.shared_experts = true;
+  EXPECT_EQ(parse_recompute_modules("shared_experts,moe_act"), moe);
+  EXPECT_EQ(recompute_modules_name(parse_recompute_modules("moe,layernorm,moe_act")), "layernorm,moe_act,moe");
+  for (const char* bad : {"", "mlp,", "core_attn,core_attn", "moe_experts", "MLP", "moe,moe"})
     EXPECT_THROW(parse_recompute_modules(bad), InvalidArgument) << bad;
   // The paper's names leave the modules at Megatron's default.
   EXPECT_EQ(parse_config("selective").modules, RecomputeModules{});
