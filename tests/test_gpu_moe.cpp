@@ -7,11 +7,13 @@
 // forgets fails. Without a device every test skips with one line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/backend.hpp"
@@ -300,4 +302,18 @@ TEST_F(GpuMoe, RunsRepeatBitForBit) {
   EXPECT_EQ(get(*gpu_, a.scores.g), get(*gpu_, b.scores.g));
   EXPECT_EQ(get(*gpu_, a.weight.g), get(*gpu_, b.weight.g));
   EXPECT_EQ(get(*gpu_, a.aux.g), get(*gpu_, b.aux.g));
+}
+
+TEST_F(GpuMoe, NoTokensGiveAZeroAuxLossAnEmptyPlanAndZeroWeightGradients) {
+  const int64_t E = 4, k = 2, h = 6;
+  const MoeRouting r = routing(MoeRouting::Score::softmax, k, true, 1.f);
+  const Both logits = with_values({0, E}, DType::fp32, {});
+  const Routed out = route(logits, nullptr, r, DType::fp32);
+  expect_equal(out.aux, "aux_loss of no tokens");
+  const Plans p = dispatch(with_values({0, k}, DType::i32, {}), E, 1.0);
+  EXPECT_EQ(get(*gpu_, p.g.tokens_per_expert), std::vector<float>(E, 0.f));
+  const Both x = random({0, h}, DType::fp32), w = random({E, h, 3}, DType::fp32), dy = random({0, 3}, DType::fp32);
+  const Both dx = poisoned({0, h}, DType::fp32), dw = poisoned({E, h, 3}, DType::fp32);
+  gpu_->grouped_gemm_bwd(dy.g, x.g, w.g, p.g.tokens_per_expert, dx.g, dw.g);
+  EXPECT_EQ(get(*gpu_, dw.g), std::vector<float>(static_cast<size_t>(E * h * 3), 0.f));
 }

@@ -206,10 +206,14 @@ __global__ void aux_stats_kernel(const float* __restrict__ p, const int32_t* __r
 // aux = E * sum_e f_e P_e = E * sum_e picked_e mass_e / (T k T), summed in expert order.
 __global__ void aux_loss_kernel(const float* __restrict__ stats, int64_t tokens, int E, int k, float* aux) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (tokens == 0) {  // no tokens, no stats (the cpu's 0)
+    aux[0] = 0.f;
+    return;
+  }
   double loss = 0;
   for (int e = 0; e < E; ++e) loss += static_cast<double>(stats[2 * e + 1]) * stats[2 * e];
   const double pairs = static_cast<double>(tokens) * k;
-  aux[0] = tokens > 0 ? static_cast<float>(E * loss / (pairs * static_cast<double>(tokens))) : 0.f;
+  aux[0] = static_cast<float>(E * loss / (pairs * static_cast<double>(tokens)));
 }
 
 // ---- routing backward: one warp per token -------------------------------------------------
