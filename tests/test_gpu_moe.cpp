@@ -4,7 +4,8 @@
 // and the combine with their backwards, the grouped GEMMs (an expert with no rows included),
 // in fp32 and bf16. Indices and plans must be equal, permuted rows bit for bit, floats within
 // fp32-accumulation tolerance; every output is NaN-poisoned first, so an element a kernel
-// forgets fails. Without a device every test skips with one line.
+// forgets fails. Then the composed MoE layer (layers/moe_block.cpp) on both backends.
+// Without a device every test skips with one line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,8 +18,11 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "kernels/backend_comm.hpp"
 #include "layer_harness.hpp"
+#include "runners/experiment.hpp"
 #include "runtime/error.hpp"
+#include "theory/llama_memory.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
@@ -316,4 +320,33 @@ TEST_F(GpuMoe, NoTokensGiveAZeroAuxLossAnEmptyPlanAndZeroWeightGradients) {
   const Both dx = poisoned({0, h}, DType::fp32), dw = poisoned({E, h, 3}, DType::fp32);
   gpu_->grouped_gemm_bwd(dy.g, x.g, w.g, p.g.tokens_per_expert, dx.g, dw.g);
   EXPECT_EQ(get(*gpu_, dw.g), std::vector<float>(static_cast<size_t>(E * h * 3), 0.f));
+}
+
+TEST_F(GpuMoe, WholeMoeLayerMatchesCpu) {
+  // The composed layer with its MLP replaced by the MoE block: forward and backward, every
+  // configuration, a DeepSeek-V3-like router with shared experts and a dropping Mixtral-like one.
+  theory::LayerSpec deepseek = theory::llama_layer_spec(2, 24), mixtral = deepseek;
+  deepseek.moe.num_experts = 8;
+  deepseek.moe.top_k = 2;
+  deepseek.moe.ffn_hidden = 12;
+  deepseek.moe.score = theory::MoeScore::sigmoid;
+  deepseek.moe.scaling = 2.5;
+  deepseek.moe.num_groups = 4;
+  deepseek.moe.group_top_k = 2;
+  deepseek.moe.expert_bias = true;
+  deepseek.moe.shared_ffn_hidden = 16;
+  mixtral.moe.num_experts = 4;
+  mixtral.moe.top_k = 2;
+  mixtral.moe.ffn_hidden = 12;
+  mixtral.moe.capacity_factor = 0.75;
+  for (const theory::LayerSpec& moe : {deepseek, mixtral})
+    for (const std::string& config : config_names()) {
+      LayerDims d{8, 3, 32, 4};
+      d.spec = moe;
+      const ExperimentSpec spec = small_spec(config, DType::fp32, 0.f, d);
+      auto gcomm = make_backend_local_communicator(*gpu_);
+      auto ccomm = make_local_communicator();
+      expect_same_tensors(run_layer_canonical(*gpu_, *gcomm, spec), run_layer_canonical(*cpu_, *ccomm, spec), 1e-4,
+                          1e-4, config + (moe.moe.capacity_factor > 0 ? " dropping" : " sigmoid groups shared"));
+    }
 }
