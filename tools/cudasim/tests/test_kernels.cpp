@@ -655,7 +655,9 @@ TEST_P(SimKernels, MoeDispatchPermuteCombine) {
     expect_bits_equal(slot_row, name("moe_dispatch slot_row" + cf));
     int64_t N = 0;
     for (float n : cpu_values(tpe.c)) N += static_cast<int64_t>(n);
-    if (capacity >= 0) EXPECT_LT(N, T * k) << "capacity 0.5 drops nothing: the case tests nothing";
+    if (capacity >= 0) {
+      EXPECT_LT(N, T * k) << "capacity 0.5 drops nothing: the case tests nothing";
+    }
 
     Both x = random({T, h}, dt()), permuted = output({N, h}, dt());
     cuda::moe_permute(x.c.element_size(), x.dev(), row_slot.g->as<int32_t>(), N, T, k, h, permuted.dev(), nullptr);
