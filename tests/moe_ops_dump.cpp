@@ -1,10 +1,11 @@
-// A mixture-of-experts block run through the cpu backend's MoE ops, for the float64 NumPy
+// A mixture-of-experts block run through a backend's MoE ops (cpu by default; cuda on a GPU or
+// the simulator build), for the float64 NumPy
 // reference (tools/numpy_moe.py, checked by tests/test_moe_reference.py): router GEMM,
 // moe_route, moe_dispatch, moe_permute, grouped GEMM fc1, SwiGLU, grouped GEMM fc2,
 // moe_unpermute, then the whole backward from a given d_out. Inputs are drawn from a seed
 // and written with every result as float32 .npy files (indices as exact floats) into --out.
 //
-//   moe_ops_dump --out DIR [--tokens T] [--hidden H] [--experts E] [--top-k K] [--ffn F]
+//   moe_ops_dump --out DIR [--backend cpu|cuda] [--tokens T] [--hidden H] [--experts E] [--top-k K] [--ffn F]
 //                [--score softmax|sigmoid] [--normalize] [--scaling S] [--bias]
 //                [--groups G --group-top-k G2] [--capacity-factor CF] [--seed N]
 #include <cstdio>
@@ -24,7 +25,7 @@ using namespace actbench;
 namespace {
 
 struct Config {
-  std::string out;
+  std::string out, backend = "cpu";
   int64_t tokens = 12, hidden = 16, experts = 4, ffn = 8;
   MoeRouting routing;
   bool bias = false;
@@ -44,6 +45,7 @@ Config parse(int argc, char** argv) {
   }
   for (const auto& [key, v] : values) {
     if (key == "--out") c.out = v;
+    else if (key == "--backend" && (v == "cpu" || v == "cuda")) c.backend = v;
     else if (key == "--tokens") c.tokens = std::stoll(v);
     else if (key == "--hidden") c.hidden = std::stoll(v);
     else if (key == "--experts") c.experts = std::stoll(v);
@@ -89,7 +91,7 @@ class Dumper {
 };
 
 void run(const Config& c) {
-  auto be = make_cpu_backend();
+  auto be = make_backend(c.backend);
   std::filesystem::create_directories(c.out);
   Dumper d(*be, c.out, c.seed);
   const int64_t T = c.tokens, H = c.hidden, E = c.experts, F = c.ffn, k = c.routing.top_k;
@@ -106,8 +108,10 @@ void run(const Config& c) {
   be->moe_route(logits, bias, c.routing, scores, index, weight, aux);
   const MoeDispatch plan = make_moe_dispatch(*be, T, k, E);
   be->moe_dispatch(index, c.capacity_factor, plan);
+  std::vector<float> counts(static_cast<size_t>(E));  // the plan lives on the backend's device
+  be->download(plan.tokens_per_expert, counts.data());
   int64_t N = 0;
-  for (int64_t e = 0; e < E; ++e) N += plan.tokens_per_expert.data_as<const int32_t>()[e];
+  for (float n : counts) N += static_cast<int64_t>(n);
   Tensor permuted = be->empty({N, H}, f), fc1 = be->empty({N, 2 * F}, f), act = be->empty({N, F}, f),
          fc2 = be->empty({N, H}, f), out = be->empty({T, H}, f);
   be->moe_permute(x, plan, permuted);

@@ -1,11 +1,13 @@
-"""The cpu backend's MoE ops against the float64 NumPy reference (tools/numpy_moe.py): a
+"""A backend's MoE ops against the float64 NumPy reference (tools/numpy_moe.py): a
 block of router GEMM, routing, dispatch, permute, SwiGLU experts as grouped GEMMs and the
 weighted combine, forward and backward, run by tests/moe_ops_dump over softmax and sigmoid
 routers, score bias, groups, normalisation, scaling, dropless and capacity dropping. The
 reference's own backward is checked against finite differences first, and the comparison is
 shown not to be blind.
 
-Run by ctest with ACTBENCH_MOE_OPS_DUMP pointing at the driver, with Debian's python3 (numpy).
+Run by ctest with ACTBENCH_MOE_OPS_DUMP pointing at the driver, with Debian's python3 (numpy);
+ACTBENCH_MOE_OPS_BACKEND=cuda runs the driver's block on the cuda backend (the simulator build's
+ctest cuda_sim_moe_reference), cpu otherwise.
 """
 import os
 import subprocess
@@ -20,6 +22,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 import numpy_moe as ref  # noqa: E402
 
 DRIVER = os.environ.get("ACTBENCH_MOE_OPS_DUMP", os.path.join(HERE, "..", "build", "tests", "moe_ops_dump"))
+BACKEND = os.environ.get("ACTBENCH_MOE_OPS_BACKEND", "cpu")
 RTOL = 1e-4
 INPUTS = ["x", "w_router", "bias", "w1", "w2", "d_out"]
 EXACT = ["topk_index", "tokens_per_expert", "row_slot", "slot_row"]  # integers: equal or wrong
@@ -45,7 +48,7 @@ CASES = [
 
 
 def driver_args(spec, tokens, bias, out):
-    args = [DRIVER, "--out", out, "--tokens", str(tokens), "--hidden", "16", "--experts", str(spec["experts"]),
+    args = [DRIVER, "--out", out, "--backend", BACKEND, "--tokens", str(tokens), "--hidden", "16", "--experts", str(spec["experts"]),
             "--top-k", str(spec["top_k"]), "--ffn", "8", "--score", spec["score"], "--scaling", repr(spec["scaling"]),
             "--groups", str(spec["num_groups"]), "--group-top-k", str(spec["group_top_k"])]
     if spec["normalize"]:

@@ -92,6 +92,14 @@ inline unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(rows < 1 ? 1 : (rows > cap ? cap : rows));
 }
 
+// Raw data movement (layout.cu, moe.cu) in the widest unit of 16, 8, 4, 2, 1 bytes that
+// divides every offset and base address (bits: their OR), so every access is aligned.
+inline int64_t widest_unit(uint64_t bits) {
+  int64_t unit = 16;
+  while (unit > 1 && (bits & static_cast<uint64_t>(unit - 1)) != 0) unit /= 2;
+  return unit;
+}
+
 __device__ __forceinline__ int64_t global_thread() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

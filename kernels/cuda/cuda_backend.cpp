@@ -11,9 +11,11 @@
 
 #include <cstdio>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_moe.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/gemm.hpp"
@@ -383,6 +385,109 @@ class CudaBackend final : public Backend {
     cuda::copy_rows(src.data(), src.dim(1), src_row, dst.data(), dst.dim(1), dst_row, rows, src.dim(0), row_bytes,
                     stream_);
   }
+
+  // ---- mixture of experts (kernels/cuda/moe.cu; the grouped GEMMs on cuBLASLt) ---------
+  void moe_route_impl(const Tensor& logits, const Tensor& bias, const MoeRouting& routing, const Tensor& scores,
+                      const Tensor& topk_index, const Tensor& topk_weight, const Tensor& aux_loss) override {
+    const DType dt = bias.defined() ? one_dtype("moe_route", {&logits, &bias, &scores, &topk_weight})
+                                    : one_dtype("moe_route", {&logits, &scores, &topk_weight});
+    const int64_t T = logits.dim(0), E = logits.dim(1);
+    Tensor ws;  // fp32 scratch of the aux loss's reduction, back to the cache on return
+    if (aux_loss.defined()) ws = empty({cuda::moe_route_workspace_floats(T, E)}, DType::fp32);
+    cuda::moe_route(dt, logits.data(), bias.defined() ? bias.data() : nullptr, T, E, routing, scores.data(),
+                    topk_index.data_as<int32_t>(), topk_weight.data(),
+                    aux_loss.defined() ? aux_loss.data_as<float>() : nullptr,
+                    ws.defined() ? ws.data_as<float>() : nullptr, stream_);
+  }
+  void moe_route_bwd_impl(const Tensor& d_topk_weight, const Tensor& scores, const Tensor& topk_index,
+                          const MoeRouting& routing, const Tensor& d_logits) override {
+    const DType dt = one_dtype("moe_route_bwd", {&d_topk_weight, &scores, &d_logits});
+    cuda::moe_route_bwd(dt, d_topk_weight.data(), scores.data(), topk_index.data_as<const int32_t>(), scores.dim(0),
+                        scores.dim(1), routing, d_logits.data(), stream_);
+  }
+  void moe_dispatch_impl(const Tensor& topk_index, std::optional<double> capacity_factor,
+                         const MoeDispatch& plan) override {
+    const int64_t T = topk_index.dim(0), k = topk_index.dim(1), E = plan.tokens_per_expert.numel();
+    const int64_t capacity = capacity_factor ? moe_expert_capacity(T, k, E, *capacity_factor) : -1;
+    Tensor ws = empty({cuda::moe_dispatch_workspace_ints(T, k, E)}, DType::i32);
+    cuda::moe_dispatch(topk_index.data_as<const int32_t>(), T, k, E, capacity,
+                       plan.tokens_per_expert.data_as<int32_t>(), plan.row_slot.data_as<int32_t>(),
+                       plan.slot_row.data_as<int32_t>(), ws.data_as<int32_t>(), stream_);
+  }
+  // The permute and combine kernels read the plan on the device and do not check that its
+  // counts sum to the permuted tensor's rows (the cpu does; that would cost a copy to the host
+  // per op): with a plan that does not fit, they never touch memory outside the tensors.
+  void moe_permute_impl(const Tensor& x, const MoeDispatch& plan, const Tensor& out) override {
+    cuda::moe_permute(x.element_size(), x.data(), plan.row_slot.data_as<const int32_t>(), out.dim(0), x.dim(0),
+                      plan.slot_row.dim(1), x.dim(1), out.data(), stream_);
+  }
+  void moe_permute_bwd_impl(const Tensor& d_out, const MoeDispatch& plan, const Tensor& dx) override {
+    const DType dt = one_dtype("moe_permute_bwd", {&d_out, &dx});
+    cuda::moe_permute_bwd(dt, d_out.data(), plan.slot_row.data_as<const int32_t>(), d_out.dim(0), dx.dim(0),
+                          plan.slot_row.dim(1), dx.dim(1), dx.data(), stream_);
+  }
+  void moe_unpermute_impl(const Tensor& y, const MoeDispatch& plan, const Tensor& topk_weight,
+                          const Tensor& out) override {
+    const DType dt = one_dtype("moe_unpermute", {&y, &topk_weight, &out});
+    cuda::moe_unpermute(dt, y.data(), plan.slot_row.data_as<const int32_t>(), topk_weight.data(), y.dim(0),
+                        out.dim(0), plan.slot_row.dim(1), out.dim(1), out.data(), stream_);
+  }
+  void moe_unpermute_bwd_impl(const Tensor& d_out, const Tensor& y, const MoeDispatch& plan,
+                              const Tensor& topk_weight, const Tensor& dy, const Tensor& d_topk_weight) override {
+    const DType dt = one_dtype("moe_unpermute_bwd", {&d_out, &y, &topk_weight, &dy, &d_topk_weight});
+    cuda::moe_unpermute_bwd(dt, d_out.data(), y.data(), plan.slot_row.data_as<const int32_t>(), topk_weight.data(),
+                            y.dim(0), d_out.dim(0), plan.slot_row.dim(1), d_out.dim(1), dy.data(),
+                            d_topk_weight.data(), stream_);
+  }
+
+  // Grouped GEMM: one cuBLASLt GEMM per expert over its rows. The rows per expert live on the
+  // device (the dispatch wrote them), and a GEMM's shape is a host argument, so they are
+  // copied to the host first: one copy and one wait per call, as Megatron-Core's dropless
+  // grouped GEMM synchronises on tokens_per_expert. (A device-side grouped kernel would
+  // avoid the wait; these calls keep cuBLASLt's tuned kernels and fp32 accumulation.)
+  std::vector<int32_t> expert_rows(const Tensor& tokens_per_expert, int64_t rows, const char* op) {
+    std::vector<int32_t> counts(static_cast<size_t>(tokens_per_expert.numel()));
+    CUDA_CHECK(cudaMemcpyAsync(counts.data(), tokens_per_expert.data(), tokens_per_expert.bytes(),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cpu::moe_plan_rows(counts.data(), static_cast<int64_t>(counts.size()), rows, op, "x");  // the cpu's check
+    return counts;
+  }
+  void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) override {
+    const DType dt = one_dtype("grouped_gemm", {&x, &w, &y});
+    const std::vector<int32_t> counts = expert_rows(tokens_per_expert, x.dim(0), "grouped_gemm");
+    const int64_t in = w.dim(1), out = w.dim(2), es = static_cast<int64_t>(dtype_size(dt));
+    int64_t row = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const int64_t n = counts[e];
+      if (n > 0)  // y_e [n, out] = x_e [n, in] w_e [in, out]
+        gemm_->run(gemm_args(false, false, n, out, in), dt, bytes_at(x, row * in * es), dt,
+                   bytes_at(w, static_cast<int64_t>(e) * in * out * es), dt, bytes_at(y, row * out * es), stream_);
+      row += n;
+    }
+  }
+  void grouped_gemm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
+                             const Tensor& dx, const Tensor& dw) override {
+    const DType dt = one_dtype("grouped_gemm_bwd", {&dy, &x, &w, &dx, &dw});
+    const std::vector<int32_t> counts = expert_rows(tokens_per_expert, x.dim(0), "grouped_gemm_bwd");
+    const int64_t in = w.dim(1), out = w.dim(2), es = static_cast<int64_t>(dtype_size(dt));
+    int64_t row = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      const int64_t n = counts[e];
+      void* dw_e = bytes_at(dw, static_cast<int64_t>(e) * in * out * es);
+      if (n == 0) {  // no rows, no gradient: written as zeros, like every other expert's
+        CUDA_CHECK(cudaMemsetAsync(dw_e, 0, static_cast<size_t>(in * out * es), stream_));
+        continue;
+      }
+      // dx_e [n, in] = dy_e [n, out] w_e^T;  dw_e [in, out] = x_e^T [in, n] dy_e [n, out]
+      gemm_->run(gemm_args(false, true, n, in, out), dt, bytes_at(dy, row * out * es), dt,
+                 bytes_at(w, static_cast<int64_t>(e) * in * out * es), dt, bytes_at(dx, row * in * es), stream_);
+      gemm_->run(gemm_args(true, false, in, out, n), dt, bytes_at(x, row * in * es), dt, bytes_at(dy, row * out * es),
+                 dt, dw_e, stream_);
+      row += n;
+    }
+  }
+  static void* bytes_at(const Tensor& t, int64_t offset) { return static_cast<char*>(t.data()) + offset; }
 
   // k, v [B / r, Sk, D] for q [B, S, D]: r query batches per key/value batch (GQA; 1 for B = 0).
   static cuda::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const AttentionRows& rows) {

@@ -105,4 +105,29 @@ void merge_heads(DType dt, const void* heads, void* sbw, int64_t S, int64_t B, i
 void copy_rows(const void* src, int64_t src_rows, int64_t src_row, void* dst, int64_t dst_rows, int64_t dst_row,
                int64_t rows, int64_t outer, int64_t row_bytes, cudaStream_t stream);
 
+// ---- moe.cu: mixture of experts (docs/moe.md; Backend's moe_* ops, same shapes) ---------
+// Routing, one warp per token: logits, scores [T, E], bias [E] or nullptr, index, weight
+// [T, k]; aux [1] or nullptr, which needs a workspace of moe_route_workspace_floats(T, E)
+// (the row-normalised scores and per-expert sums of its deterministic reduction).
+int64_t moe_route_workspace_floats(int64_t T, int64_t E);
+void moe_route(DType dt, const void* logits, const void* bias, int64_t T, int64_t E, const MoeRouting& routing,
+               void* scores, int32_t* index, void* weight, float* aux, float* workspace, cudaStream_t stream);
+void moe_route_bwd(DType dt, const void* d_weight, const void* scores, const int32_t* index, int64_t T, int64_t E,
+                   const MoeRouting& routing, void* d_logits, cudaStream_t stream);
+// The plan of index [T, k] (capacity < 0: dropless) into tokens_per_expert [E], row_slot
+// [T k], slot_row [T, k], with a workspace of moe_dispatch_workspace_ints(T, k, E). Waits for
+// the stream once: an expert outside [0, E) in index throws InvalidArgument, as on the cpu.
+int64_t moe_dispatch_workspace_ints(int64_t T, int64_t k, int64_t E);
+void moe_dispatch(const int32_t* index, int64_t T, int64_t k, int64_t E, int64_t capacity, int32_t* tokens_per_expert,
+                  int32_t* row_slot, int32_t* slot_row, int32_t* workspace, cudaStream_t stream);
+// N rows of the permuted tensors [N, h], T tokens [T, h], k choices; element: bytes per element.
+void moe_permute(size_t element, const void* x, const int32_t* row_slot, int64_t N, int64_t T, int64_t k, int64_t h,
+                 void* out, cudaStream_t stream);
+void moe_permute_bwd(DType dt, const void* d_out, const int32_t* slot_row, int64_t N, int64_t T, int64_t k, int64_t h,
+                     void* dx, cudaStream_t stream);
+void moe_unpermute(DType dt, const void* y, const int32_t* slot_row, const void* weight, int64_t N, int64_t T,
+                   int64_t k, int64_t h, void* out, cudaStream_t stream);
+void moe_unpermute_bwd(DType dt, const void* d_out, const void* y, const int32_t* slot_row, const void* weight,
+                       int64_t N, int64_t T, int64_t k, int64_t h, void* dy, void* d_weight, cudaStream_t stream);
+
 }  // namespace actbench::cuda

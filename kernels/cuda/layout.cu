@@ -19,13 +19,6 @@ namespace {
 
 constexpr int kLayoutThreads = 256;
 
-// The widest unit of 16, 8, 4, 2, 1 bytes that divides every offset (bits: their OR).
-int64_t widest_unit(uint64_t bits) {
-  int64_t unit = 16;
-  while (unit > 1 && (bits & static_cast<uint64_t>(unit - 1)) != 0) unit /= 2;
-  return unit;
-}
-
 // Sizes in units of V. kSplit: sbw -> heads; else heads -> sbw (the other columns of sbw are
 // left as they are).
 template <class V, bool kSplit>

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -578,6 +579,108 @@ TEST_P(SimKernels, SwigluForwardBackward) {
   cuda::swiglu_bwd(dt(), dy.dev(), x.dev(), dx.dev(), M, N, nullptr);
   cpu_->swiglu_bwd(dy.c, x.c, dx.c);
   expect_close(dx, tol_for(dt()), name("swiglu_bwd"));
+}
+
+// ---- mixture of experts (moe.cu) ------------------------------------------------------------
+
+namespace {
+MoeRouting moe_routing(MoeRouting::Score score, int64_t k, bool normalize, float scaling, int64_t groups,
+                       int64_t group_top_k) {
+  MoeRouting r;
+  r.score = score;
+  r.top_k = k;
+  r.normalize = normalize;
+  r.scaling = scaling;
+  r.num_groups = groups;
+  r.group_top_k = group_top_k;
+  return r;
+}
+}  // namespace
+
+// Routing (a warp per token, choices by warp argmax, the aux loss's two-stage reduction) and
+// its backward: DeepSeek-V3's sigmoid with groups and bias, and softmax top-3 of 40.
+TEST_P(SimKernels, MoeRouteForwardBackward) {
+  const int64_t T = 19;
+  struct Case {
+    MoeRouting r;
+    int64_t E;
+    bool bias;
+  };
+  for (const Case& c : {Case{moe_routing(MoeRouting::Score::sigmoid, 4, true, 2.5f, 4, 2), 48, true},
+                        Case{moe_routing(MoeRouting::Score::softmax, 3, false, 1.f, 1, 1), 40, false}}) {
+    const int64_t E = c.E, k = c.r.top_k;
+    Both logits = random({T, E}, dt(), -3.f, 3.f), bias = random({E}, dt(), -0.2f, 0.2f);
+    Both scores = output({T, E}, dt()), weight = output({T, k}, dt()), aux = output({1}, DType::fp32);
+    Both index = with_values({T, k}, DType::i32, std::vector<float>(static_cast<size_t>(T * k), 12345.f));
+    DeviceBuffer ws(static_cast<size_t>(cuda::moe_route_workspace_floats(T, E)) * sizeof(float));
+    cuda::moe_route(dt(), logits.dev(), c.bias ? bias.dev() : nullptr, T, E, c.r, scores.dev(),
+                    index.g->as<int32_t>(), weight.dev(), aux.devf(), ws.as<float>(), nullptr);
+    cpu_->moe_route(logits.c, c.bias ? bias.c : Tensor(), c.r, scores.c, index.c, weight.c, aux.c);
+    expect_bits_equal(index, name("moe_route topk_index"));
+    expect_close(scores, tol_for(dt()), name("moe_route scores"));
+    expect_close(weight, tol_for(dt()), name("moe_route topk_weight"));
+    expect_close(aux, {1e-5, 1e-5}, name("moe_route aux_loss"));
+
+    Both d_weight = random({T, k}, dt()), d_logits = output({T, E}, dt());
+    cuda::moe_route_bwd(dt(), d_weight.dev(), scores.dev(), index.g->as<int32_t>(), T, E, c.r, d_logits.dev(),
+                        nullptr);
+    cpu_->moe_route_bwd(d_weight.c, scores.c, index.c, c.r, d_logits.c);
+    expect_close(d_logits, tol_for(dt()), name("moe_route_bwd"));
+  }
+}
+
+// The dispatch plan (three passes over chunks of 256 pairs: 600 pairs here), dropless and with
+// capacity dropping, then permute (bit for bit) and the combine with both backwards.
+TEST_P(SimKernels, MoeDispatchPermuteCombine) {
+  const int64_t T = 300, k = 2, E = 7, h = 13;
+  Both logits = random({T, E}, DType::fp32, -2.f, 2.f), scores = output({T, E}, DType::fp32);
+  Both weights = output({T, k}, DType::fp32);
+  Tensor index = cpu_->empty({T, k}, DType::i32);
+  const MoeRouting r = moe_routing(MoeRouting::Score::softmax, k, true, 1.f, 1, 1);
+  cpu_->moe_route(logits.c, Tensor(), r, scores.c, index, weights.c, Tensor());
+  auto dev_index = to_device(index);
+  for (int64_t capacity : {int64_t{-1}, moe_expert_capacity(T, k, E, 0.5)}) {
+    const std::string cf = capacity < 0 ? " dropless" : " capacity " + std::to_string(capacity);
+    auto i32 = [&](const Shape& shape) {
+      return with_values(shape, DType::i32, std::vector<float>(static_cast<size_t>(shape_numel(shape)), 12345.f));
+    };
+    Both tpe = i32({E}), row_slot = i32({T * k}), slot_row = i32({T, k});
+    DeviceBuffer ws(static_cast<size_t>(cuda::moe_dispatch_workspace_ints(T, k, E)) * sizeof(int32_t));
+    cuda::moe_dispatch(dev_index->as<int32_t>(), T, k, E, capacity, tpe.g->as<int32_t>(), row_slot.g->as<int32_t>(),
+                       slot_row.g->as<int32_t>(), ws.as<int32_t>(), nullptr);
+    const MoeDispatch plan{tpe.c, row_slot.c, slot_row.c};
+    cpu_->moe_dispatch(index, capacity < 0 ? std::nullopt : std::optional<double>(0.5), plan);
+    expect_bits_equal(tpe, name("moe_dispatch tokens_per_expert" + cf));
+    expect_bits_equal(row_slot, name("moe_dispatch row_slot" + cf));
+    expect_bits_equal(slot_row, name("moe_dispatch slot_row" + cf));
+    int64_t N = 0;
+    for (float n : cpu_values(tpe.c)) N += static_cast<int64_t>(n);
+    if (capacity >= 0) {
+      EXPECT_LT(N, T * k) << "capacity 0.5 drops nothing: the case tests nothing";
+    }
+
+    Both x = random({T, h}, dt()), permuted = output({N, h}, dt());
+    cuda::moe_permute(x.c.element_size(), x.dev(), row_slot.g->as<int32_t>(), N, T, k, h, permuted.dev(), nullptr);
+    cpu_->moe_permute(x.c, plan, permuted.c);
+    expect_bits_equal(permuted, name("moe_permute" + cf));
+
+    Both d_perm = random({N, h}, dt()), dx = output({T, h}, dt());
+    cuda::moe_permute_bwd(dt(), d_perm.dev(), slot_row.g->as<int32_t>(), N, T, k, h, dx.dev(), nullptr);
+    cpu_->moe_permute_bwd(d_perm.c, plan, dx.c);
+    expect_close(dx, tol_for(dt()), name("moe_permute_bwd" + cf));
+
+    Both y = random({N, h}, dt()), w = random({T, k}, dt(), 0.f, 1.f), out = output({T, h}, dt());
+    cuda::moe_unpermute(dt(), y.dev(), slot_row.g->as<int32_t>(), w.dev(), N, T, k, h, out.dev(), nullptr);
+    cpu_->moe_unpermute(y.c, plan, w.c, out.c);
+    expect_close(out, tol_for(dt()), name("moe_unpermute" + cf));
+
+    Both d_out = random({T, h}, dt()), dy = output({N, h}, dt()), dw = output({T, k}, dt());
+    cuda::moe_unpermute_bwd(dt(), d_out.dev(), y.dev(), slot_row.g->as<int32_t>(), w.dev(), N, T, k, h, dy.dev(),
+                            dw.dev(), nullptr);
+    cpu_->moe_unpermute_bwd(d_out.c, y.c, plan, w.c, dy.c, dw.c);
+    expect_close(dy, tol_for(dt()), name("moe_unpermute_bwd dy" + cf));
+    expect_close(dw, tol_for(dt()), name("moe_unpermute_bwd d_topk_weight" + cf));
+  }
 }
 
 // ---- head layout ---------------------------------------------------------------------------
