@@ -56,7 +56,7 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
 
 // What the MoE block is built for today: expert tensor parallelism 1 (each rank's experts take
 // its own rows), which under TP needs SP as in Megatron-Core; experts without biases.
-static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp) {
+static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
   if (cp != 1)
     throw InvalidArgument("an MoE layer runs without context parallelism for now (--cp 1)");
   if (t > 1 && !p.sequence_parallel)
@@ -64,13 +64,23 @@ static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp) {
                           config_name(p) + " has none), as Megatron-Core requires");
   if (d.spec.add_bias_linear)
     throw InvalidArgument("an MoE layer's experts have no biases: pass --disable-bias-linear");
+  const int64_t experts = static_cast<int64_t>(d.spec.moe.num_experts);
+  if (ep < 1 || experts % ep != 0)
+    throw InvalidArgument("num-experts " + std::to_string(experts) + " is not divisible by the expert-parallel size " +
+                          std::to_string(ep));
+  if (ep > 1 && t > 1)
+    throw InvalidArgument("expert parallelism runs with --tp 1 for now (its ranks are data-parallel ranks of the "
+                          "attention)");
+  if (ep > 1 && (d.spec.attention_dropout > 0 || d.spec.hidden_dropout > 0))
+    throw InvalidArgument("expert parallelism runs without dropout for now (--attention-dropout 0 --hidden-dropout 0): "
+                          "each rank's batch slice would need its own mask offsets");
   const double shared = d.spec.moe.shared_ffn_hidden;
   if (shared > 0 && static_cast<int64_t>(shared) % t != 0)
     throw InvalidArgument("moe-shared-expert-intermediate-size " + std::to_string(static_cast<int64_t>(shared)) +
                           " is not divisible by tp " + std::to_string(t) + " (the shared experts are split like the MLP)");
 }
 
-void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {
+void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
   auto fail = [](const std::string& m) { throw InvalidArgument(m); };
   if (d.s < 1 || d.b < 1 || d.h < 1 || d.a < 1) fail("seq, batch, hidden and heads must all be >= 1");
   if (t < 1) fail("--tp must be >= 1");
@@ -104,7 +114,8 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp) {
   if (p.sequence_parallel && d.s % t != 0)
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");
-  if (d.spec.moe.enabled()) validate_moe(d, t, p, cp);
+  if (ep != 1 && !d.spec.moe.enabled()) fail("--ep needs an MoE layer (--num-experts)");
+  if (d.spec.moe.enabled()) validate_moe(d, t, p, cp, ep);
   validate_context_parallel(d, t, p, cp);
 }
 

@@ -49,8 +49,8 @@ struct LayerOptions {
 };
 
 // Throws InvalidArgument with one clear line when the shape cannot be split t ways (and C ways
-// for context parallelism: 2C chunks of the sequence, each split t ways under SP) or the spec
-// cannot be built at this shape.
-void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp = 1);
+// for context parallelism: 2C chunks of the sequence, each split t ways under SP; an MoE
+// layer's experts ep ways) or the spec cannot be built at this shape.
+void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp = 1, int ep = 1);
 
 }  // namespace actbench

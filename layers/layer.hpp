@@ -20,6 +20,7 @@ namespace actbench {
 struct MoeRoutingStats {
   std::vector<int64_t> tokens_per_expert;
   int64_t dropped = 0;
+  int64_t expert_rows = 0;  // the rows this rank's experts processed (under EP: from every rank)
   double aux_loss = 0;
   bool measured = false;  // false: meta's given or balanced histogram
 };
@@ -48,8 +49,9 @@ class Layer {
 };
 
 // The layer of opt.dims's spec on the tensor-parallel group comm and, under context
-// parallelism, the context-parallel group cp (null: C = 1).
+// parallelism, the context-parallel group cp (null: C = 1); an MoE layer's experts spread over
+// the expert-parallel group ep (null: all on each rank).
 std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt,
-                                  Communicator* cp = nullptr);
+                                  Communicator* cp = nullptr, Communicator* ep = nullptr);
 
 }  // namespace actbench

@@ -6,7 +6,7 @@
 
 namespace actbench {
 
-LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp)
+LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp, Communicator* ep)
     : be_(be),
       comm_(comm),
       opt_(opt),
@@ -14,8 +14,11 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
       tp_rank_(comm.rank()),
       cp_comm_(cp),
       cp_size_(cp ? cp->size() : 1),
-      cp_rank_(cp ? cp->rank() : 0) {
-  validate_layer(opt_.dims, tp_size_, opt_.policy, cp_size_);
+      cp_rank_(cp ? cp->rank() : 0),
+      ep_comm_(ep),
+      ep_size_(ep ? ep->size() : 1),
+      ep_rank_(ep ? ep->rank() : 0) {
+  validate_layer(opt_.dims, tp_size_, opt_.policy, cp_size_, ep_size_);
   seq_ = opt_.dims.s / cp_size_;
   seq_positions_ = cp_rank_positions(cp_rank_);
   heads_per_rank_ = opt_.dims.a / tp_size_;
@@ -26,7 +29,7 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
   norm_eps_ = static_cast<float>(opt_.dims.spec.norm_epsilon);
   table_ = layer_param_table(opt_.dims);
   for (const ParamInfo& p : table_) {
-    Shape shape = local_param_shape(p, tp_size_);
+    Shape shape = local_param_shape(p, p.kind == ShardKind::experts ? ep_size_ : tp_size_);
     params_.*p.member = be_.empty(shape, opt_.dtype);
     grads_.*p.member = be_.zeros(shape, opt_.dtype);
   }
@@ -36,7 +39,7 @@ void LayerBase::init_parameters() {
   if (!be_.computes()) return;
   for (const ParamInfo& p : table_) {
     Tensor& local = params_.*p.member;
-    ShardSpec spec = param_shard(p, tp_size_, tp_rank_);
+    ShardSpec spec = p.kind == ShardKind::experts ? param_shard(p, ep_size_, ep_rank_) : param_shard(p, tp_size_, tp_rank_);
     std::vector<float> host(static_cast<size_t>(local.numel()));
     const int64_t fan_in = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
     for (int64_t i = 0; i < local.numel(); ++i)

@@ -63,7 +63,8 @@ class LayerBase : public Layer {
 
   // Validates the shape against the TP group (and the context-parallel group cp, when given)
   // and allocates the spec's parameters (uninitialised) and zeroed gradients.
-  LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp);
+  // ep: the expert-parallel group of an MoE layer (null: every expert on this rank).
+  LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp, Communicator* ep);
 
   // x: [s_local, b, h] (checked by forward). Stores into `save` what `keep` says; phases are
   // named stage.op ("fwd" or "recompute").
@@ -169,6 +170,8 @@ class LayerBase : public Layer {
   int tp_size_, tp_rank_;  // the tensor-parallel group: its size (the paper's t) and this rank
   Communicator* cp_comm_;  // the context-parallel group (null: C = 1)
   int cp_size_, cp_rank_;  // its size C and this rank
+  Communicator* ep_comm_;  // the expert-parallel group (null: ep = 1)
+  int ep_size_, ep_rank_;
   int64_t seq_;            // s/C: the rows of the sequence this TP group works on
   SeqPositions seq_positions_;  // where they sit: chunks cp_rank and 2C-1-cp_rank of 2C
   int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); d (LayerDims::head_dim)

@@ -96,7 +96,115 @@ int64_t TransformerLayer::routed_rows(const MoeDispatch& plan, const Tensor& aux
   }
   const int64_t kept = std::accumulate(stats.tokens_per_expert.begin(), stats.tokens_per_expert.end(), int64_t{0});
   stats.dropped = pairs - kept;
+  stats.expert_rows = kept;
   return kept;
+}
+
+// ---- expert parallelism: the experts' rows exchanged over the expert-parallel group ----------
+
+void TransformerLayer::plan_expert_exchange(const char* stage) {
+  // Every rank's routed rows per expert, on every rank: who sends what to whom.
+  const std::vector<int64_t>& mine = moe_stats_.tokens_per_expert;
+  const int64_t E = static_cast<int64_t>(mine.size()), local = E / ep_size_;
+  std::vector<float> sent(mine.begin(), mine.end());
+  {
+    PhaseRange phase(phase_name(stage, "moe_exchange_counts"), phase_log_);
+    sent = ep_comm_->gather_host(sent);
+  }
+  ExpertExchange& x = expert_exchange_;
+  x.counts.assign(sent.begin(), sent.end());
+  x.experts = E;
+  x.pad_rows = 0;
+  x.expert_rows.assign(static_cast<size_t>(local), 0);
+  for (int i = 0; i < ep_size_; ++i)
+    for (int j = 0; j < ep_size_; ++j) x.pad_rows = std::max(x.pad_rows, x.block_rows(i, j, ep_size_));
+  for (int64_t e = 0; e < local; ++e)
+    for (int i = 0; i < ep_size_; ++i) x.expert_rows[e] += x.count(i, ep_rank_ * local + e);
+  moe_stats_.expert_rows = std::accumulate(x.expert_rows.begin(), x.expert_rows.end(), int64_t{0});
+}
+
+int64_t TransformerLayer::ExpertExchange::block_rows(int from, int to, int ranks) const {
+  const int64_t local = experts / ranks;
+  int64_t rows = 0;
+  for (int64_t e = to * local; e < (to + 1) * local; ++e) rows += count(from, e);
+  return rows;
+}
+
+// Rows of the plan's order (expert 0's first) to the ranks that hold their experts; each rank
+// gets its experts' rows from every rank, expert by expert (rank 0's rows of an expert first),
+// as its grouped GEMMs read them. The all-to-all pads every block to the largest one.
+Tensor TransformerLayer::to_experts(const char* stage, const Tensor& rows) {
+  const ExpertExchange& x = expert_exchange_;
+  const int64_t width = rows.dim(1), M = x.pad_rows, local = x.experts / ep_size_;
+  Tensor send = be_.empty({ep_size_ * M, width}, rows.dtype()), recv = be_.empty(send.shape(), rows.dtype());
+  int64_t offset = 0;
+  for (int j = 0; j < ep_size_; ++j) {
+    const int64_t n = x.block_rows(ep_rank_, j, ep_size_);
+    copy_matrix_rows(rows, offset, send, j * M, n);
+    offset += n;
+  }
+  exchange(stage, send, recv);
+  Tensor out = be_.empty({moe_stats_.expert_rows, width}, rows.dtype());
+  int64_t dst = 0;
+  for (int64_t e = 0; e < local; ++e)
+    for (int i = 0; i < ep_size_; ++i) {
+      const int64_t n = x.count(i, ep_rank_ * local + e);
+      copy_matrix_rows(recv, i * M + x.rows_before(i, ep_rank_ * local + e, local), out, dst, n);
+      dst += n;
+    }
+  return out;
+}
+
+// The inverse: the experts' rows back to the ranks that routed them, in their plan's order.
+Tensor TransformerLayer::from_experts(const char* stage, const Tensor& rows, int64_t routed) {
+  const ExpertExchange& x = expert_exchange_;
+  const int64_t width = rows.dim(1), M = x.pad_rows, local = x.experts / ep_size_;
+  Tensor send = be_.empty({ep_size_ * M, width}, rows.dtype()), recv = be_.empty(send.shape(), rows.dtype());
+  int64_t src = 0;
+  for (int64_t e = 0; e < local; ++e)
+    for (int i = 0; i < ep_size_; ++i) {
+      const int64_t n = x.count(i, ep_rank_ * local + e);
+      copy_matrix_rows(rows, src, send, i * M + x.rows_before(i, ep_rank_ * local + e, local), n);
+      src += n;
+    }
+  exchange(stage, send, recv);
+  Tensor out = be_.empty({routed, width}, rows.dtype());
+  int64_t offset = 0;
+  for (int j = 0; j < ep_size_; ++j) {
+    const int64_t n = x.block_rows(ep_rank_, j, ep_size_);
+    copy_matrix_rows(recv, j * M, out, offset, n);
+    offset += n;
+  }
+  return out;
+}
+
+// Rows of `from`'s block to expert e's owner that come before expert e's (its earlier local experts').
+int64_t TransformerLayer::ExpertExchange::rows_before(int from, int64_t e, int64_t local) const {
+  int64_t rows = 0;
+  for (int64_t f = (e / local) * local; f < e; ++f) rows += count(from, f);
+  return rows;
+}
+
+void TransformerLayer::copy_matrix_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row,
+                                        int64_t rows) {
+  if (rows == 0) return;
+  be_.copy_rows(src.view({1, src.dim(0), src.dim(1)}), src_row, dst.view({1, dst.dim(0), dst.dim(1)}), dst_row, rows);
+}
+
+void TransformerLayer::exchange(const char* stage, const Tensor& send, const Tensor& recv) {
+  PhaseRange phase("comm." + std::string(stage) + ".all_to_all.moe_tokens", phase_log_);
+  ep_comm_->all_to_all(send, recv);
+}
+
+// The local experts' row counts, as the grouped GEMMs take them (i32 on the device).
+Tensor TransformerLayer::local_expert_counts() {
+  const std::vector<int64_t>& rows = expert_exchange_.expert_rows;
+  Tensor t = be_.empty({static_cast<int64_t>(rows.size())}, DType::i32);
+  if (be_.computes()) {
+    const std::vector<float> host(rows.begin(), rows.end());
+    be_.upload(host.data(), t);
+  }
+  return t;
 }
 
 Tensor TransformerLayer::moe_block_fwd(const CommContext& comm, const Tensor& x1, SavedActivations& save, Keep keep) {
@@ -146,21 +254,31 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
   }
   const int64_t N = routed_rows(plan, aux);
   const Tensor& w1 = params_.experts_fc1_weight;
-  Tensor permuted = be_.empty({N, h}, opt_.dtype), fc1 = be_.empty({N, w1.dim(2)}, opt_.dtype);
+  Tensor permuted = be_.empty({N, h}, opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "moe_permute"), phase_log_);
     be_.moe_permute(x, plan, permuted);
   }
+  // Under expert parallelism the rows travel to their experts' ranks and back.
+  Tensor counts = plan.tokens_per_expert;
+  if (ep_size_ > 1) {
+    plan_expert_exchange(stage);
+    permuted = to_experts(stage, permuted);
+    counts = local_expert_counts();
+  }
+  const int64_t rows = permuted.dim(0);
+  Tensor fc1 = be_.empty({rows, w1.dim(2)}, opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "experts_fc1"), phase_log_);
-    be_.grouped_gemm(permuted, w1, plan.tokens_per_expert, fc1);
+    be_.grouped_gemm(permuted, w1, counts, fc1);
   }
   Tensor act = moe_experts_act(stage, fc1);
-  Tensor fc2 = be_.empty({N, h}, opt_.dtype), out = be_.empty(normed.shape(), opt_.dtype);
+  Tensor fc2 = be_.empty({rows, h}, opt_.dtype), out = be_.empty(normed.shape(), opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "experts_fc2"), phase_log_);
-    be_.grouped_gemm(act, params_.experts_fc2_weight, plan.tokens_per_expert, fc2);
+    be_.grouped_gemm(act, params_.experts_fc2_weight, counts, fc2);
   }
+  if (ep_size_ > 1) fc2 = from_experts(stage, fc2, N);
   {
     PhaseRange phase(phase_name(stage, "moe_unpermute"), phase_log_);
     be_.moe_unpermute(fc2, plan, weight, as_matrix(out));
@@ -171,6 +289,7 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
   into.moe_tokens_per_expert = plan.tokens_per_expert;
   into.moe_row_slot = plan.row_slot;
   into.moe_slot_row = plan.slot_row;
+  if (ep_size_ > 1) into.moe_expert_counts = counts;
   into.moe_permuted = permuted;
   into.moe_act_input = fc1;
   if (keep_fc2_input) into.moe_fc2_input = act;
@@ -232,8 +351,9 @@ Tensor TransformerLayer::moe_block_bwd(const CommContext& comm, const Tensor& dy
 
 void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed) {
   const MoeDispatch plan{saved.moe_tokens_per_expert, saved.moe_row_slot, saved.moe_slot_row};
-  const Tensor& counts = plan.tokens_per_expert;
-  const int64_t T = d_out.dim(0), h = opt_.dims.h, N = saved.moe_permuted.dim(0);
+  const bool ep = ep_size_ > 1;
+  const Tensor counts = ep ? saved.moe_expert_counts : plan.tokens_per_expert;
+  const int64_t T = d_out.dim(0), h = opt_.dims.h, N = saved.moe_fc2_output.dim(0);
   const int64_t E = params_.router_weight.dim(0), k = saved.router_topk_weight.dim(1);
   Tensor d_fc2 = be_.empty({N, h}, opt_.dtype), d_weight = be_.empty({T, k}, opt_.dtype);
   {
@@ -241,6 +361,7 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
     be_.moe_unpermute_bwd(d_out, saved.moe_fc2_output, plan, saved.router_topk_weight, d_fc2, d_weight);
     saved.moe_fc2_output = saved.router_topk_weight = Tensor();
   }
+  if (ep) d_fc2 = to_experts("bwd", d_fc2);
   Tensor d_act = be_.empty(saved.moe_fc2_input.shape(), opt_.dtype);
   {
     PhaseRange phase("bwd.experts_fc2", phase_log_);
@@ -254,13 +375,14 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
     activation_bwd(d_act, saved.moe_act_input, d_fc1);
     d_act = saved.moe_act_input = Tensor();
   }
-  Tensor d_permuted = be_.empty({N, h}, opt_.dtype);
+  Tensor d_permuted = be_.empty(saved.moe_permuted.shape(), opt_.dtype);
   {
     PhaseRange phase("bwd.experts_fc1", phase_log_);
     be_.grouped_gemm_bwd(d_fc1, saved.moe_permuted, params_.experts_fc1_weight, counts, d_permuted,
                          grads_.experts_fc1_weight);
-    d_fc1 = saved.moe_permuted = Tensor();
+    d_fc1 = saved.moe_permuted = saved.moe_expert_counts = Tensor();
   }
+  if (ep) d_permuted = from_experts("bwd", d_permuted, N);
   {
     PhaseRange phase("bwd.moe_permute", phase_log_);
     be_.moe_permute_bwd(d_permuted, plan, d_normed);  // written: the first contribution

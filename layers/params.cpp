@@ -10,7 +10,7 @@
 namespace actbench {
 
 int64_t ShardSpec::local_rows() const {
-  return (kind == ShardKind::rows || kind == ShardKind::stacked_rows) ? rows / t : rows;
+  return (kind == ShardKind::rows || kind == ShardKind::stacked_rows || kind == ShardKind::experts) ? rows / t : rows;
 }
 int64_t ShardSpec::local_cols() const { return kind == ShardKind::cols ? cols / t : cols; }
 
@@ -19,7 +19,8 @@ int64_t ShardSpec::canonical_index(int64_t local_flat) const {
   const int64_t row = local_flat / shard_cols, col = local_flat % shard_cols;
   switch (kind) {
     case ShardKind::replicated: return local_flat;
-    case ShardKind::rows: return (rank * local_rows() + row) * cols + col;
+    case ShardKind::rows:
+    case ShardKind::experts: return (rank * local_rows() + row) * cols + col;
     case ShardKind::cols: return row * cols + rank * shard_cols + col;
     case ShardKind::stacked_rows: {
       int64_t before = 0, local_before = 0;  // canonical and local rows of the earlier parts
@@ -36,9 +37,9 @@ int64_t ShardSpec::canonical_index(int64_t local_flat) const {
 }
 
 // The MoE block's parameters (init streams 16..21), as Megatron-Core arranges them with expert
-// tensor parallelism 1: the router and the routed experts whole on every rank (each rank routes
-// its own s/t rows under SP, so their gradients are summed over the group), the shared experts
-// split over t like the dense MLP.
+// tensor parallelism 1: the router on every rank, the routed experts whole, E/ep of them on each
+// expert-parallel rank (each TP rank routes its own s/t rows under SP, so their gradients are
+// summed over the TP group), the shared experts split over t like the dense MLP.
 static void append_moe_params(const LayerDims& d, std::vector<ParamInfo>& table) {
   using L = LayerParams;
   const theory::MoeSpec& moe = d.spec.moe;
@@ -49,8 +50,10 @@ static void append_moe_params(const LayerDims& d, std::vector<ParamInfo>& table)
   const GradSum rows = GradSum::sequence_parallel;
   table.push_back({"router.weight", &L::router_weight, {E, h}, whole, rows, 16});
   if (moe.expert_bias) table.push_back({"router.bias", &L::router_bias, {E}, whole, GradSum::none, 17});
-  table.push_back({"experts.fc1.weight", &L::experts_fc1_weight, {E, h, (gated ? 2 : 1) * ffn}, whole, rows, 18});
-  table.push_back({"experts.fc2.weight", &L::experts_fc2_weight, {E, ffn, h}, whole, rows, 19});
+  // Each expert-parallel rank holds E/ep experts (ShardKind::experts, over that group).
+  const ShardKind experts = ShardKind::experts;
+  table.push_back({"experts.fc1.weight", &L::experts_fc1_weight, {E, h, (gated ? 2 : 1) * ffn}, experts, rows, 18});
+  table.push_back({"experts.fc2.weight", &L::experts_fc2_weight, {E, ffn, h}, experts, rows, 19});
   if (shared == 0) return;
   if (gated)
     table.push_back({"shared.fc1.weight", &L::shared_fc1_weight, {2 * shared, h}, ShardKind::stacked_rows,
@@ -119,6 +122,11 @@ ShardSpec param_shard(const ParamInfo& p, int t, int rank) {
 Shape local_param_shape(const ParamInfo& p, int t) {
   ShardSpec spec = param_shard(p, t, 0);
   if (p.kind == ShardKind::replicated) return p.canonical_shape;
+  if (p.kind == ShardKind::experts) {
+    Shape shape = p.canonical_shape;
+    shape[0] /= t;
+    return shape;
+  }
   if (p.canonical_shape.size() == 1) return {spec.local_rows()};
   return {spec.local_rows(), spec.local_cols()};
 }

@@ -35,6 +35,7 @@ enum class ShardKind {
   rows,        // contiguous block of rows (column-parallel weights, sequence shards)
   cols,        // contiguous block of columns (row-parallel weights)
   stacked_rows,  // rows are parts stacked (Q; K; V, gate; up): rank r holds its block of each
+  experts,       // [E, ...]: a block of whole experts, over the expert-parallel group (not TP)
 };
 
 struct ShardSpec {
@@ -75,6 +76,8 @@ struct ParamInfo {
 // experts.fc2.weight [E, F_e, h], and with shared experts shared.fc1.weight / shared.fc2.weight
 // shaped as fc1/fc2 of width F_s.
 std::vector<ParamInfo> layer_param_table(const LayerDims& d);
+// A parameter's shard on `rank` of `t` ranks of its group: the tensor-parallel group, or for
+// ShardKind::experts the expert-parallel group.
 ShardSpec param_shard(const ParamInfo& p, int t, int rank);
 // The local shape of a parameter on `rank` of `t`.
 Shape local_param_shape(const ParamInfo& p, int t);

@@ -29,6 +29,7 @@ std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const 
           {"moe_dispatch_plan", &moe_tokens_per_expert},
           {"moe_dispatch_plan", &moe_row_slot},
           {"moe_dispatch_plan", &moe_slot_row},
+          {"moe_dispatch_plan", &moe_expert_counts},
           {"moe_permuted", &moe_permuted},
           {"moe_act_input", &moe_act_input},
           {"moe_fc2_input", &moe_fc2_input},

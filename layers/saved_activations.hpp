@@ -39,6 +39,7 @@ struct SavedActivations {
   Tensor router_topk_index;   // [T, k] i32
   Tensor router_topk_weight;  // [T, k]
   Tensor moe_tokens_per_expert, moe_row_slot, moe_slot_row;  // the dispatch plan (i32), one category
+  Tensor moe_expert_counts;   // under EP: the local experts' rows from all ranks (i32, the plan's too)
   Tensor moe_permuted;        // [N, h]
   Tensor moe_act_input;       // the experts' fc1 output [N, γF_e]
   Tensor moe_fc2_input;       // [N, F_e]

@@ -10,12 +10,14 @@ namespace actbench {
 
 using theory::Activation;
 
-std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt, Communicator* cp) {
-  return std::make_unique<TransformerLayer>(be, comm, opt, cp);
+std::unique_ptr<Layer> make_layer(Backend& be, Communicator& comm, const LayerOptions& opt, Communicator* cp,
+                                  Communicator* ep) {
+  return std::make_unique<TransformerLayer>(be, comm, opt, cp, ep);
 }
 
-TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp)
-    : LayerBase(be, comm, opt, cp) {
+TransformerLayer::TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp,
+                                   Communicator* ep)
+    : LayerBase(be, comm, opt, cp, ep) {
   ffn_per_rank_ = opt_.dims.ffn() / tp_size_;
   if (opt_.dims.spec.moe.enabled())
     moe_stats_.tokens_per_expert.assign(static_cast<size_t>(opt_.dims.spec.moe.num_experts), 0);

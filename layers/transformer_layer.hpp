@@ -20,7 +20,8 @@ namespace actbench {
 class TransformerLayer final : public LayerBase {
  public:
   // Allocates parameters and gradients (uninitialised: call init_parameters()).
-  TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp = nullptr);
+  TransformerLayer(Backend& be, Communicator& comm, LayerOptions opt, Communicator* cp = nullptr,
+                   Communicator* ep = nullptr);
 
   // dy: like y. Recomputes what the policy did not keep, writes grads(), releases saved(),
   // returns dx.
@@ -75,8 +76,27 @@ class TransformerLayer final : public LayerBase {
   int64_t routed_rows(const MoeDispatch& plan, const Tensor& aux_loss);
   MoeRouting moe_routing() const;
 
+  // ---- expert parallelism (moe_block.cpp): the routed rows to their experts' ranks and back ----
+  // Who sends what to whom in this forward's exchange (every rank's routed rows per expert).
+  struct ExpertExchange {
+    std::vector<int64_t> counts;       // [ep, E]: rank i's routed rows for expert e
+    int64_t experts = 0;               // E
+    int64_t pad_rows = 0;              // the largest block one rank sends another: the all-to-all's block
+    std::vector<int64_t> expert_rows;  // this rank's experts' rows, from all ranks
+    int64_t count(int from, int64_t e) const { return counts[static_cast<size_t>(from * experts + e)]; }
+    int64_t block_rows(int from, int to, int ranks) const;        // what `from` sends `to`
+    int64_t rows_before(int from, int64_t e, int64_t local) const;  // in that block, before expert e's
+  };
+  void plan_expert_exchange(const char* stage);
+  Tensor to_experts(const char* stage, const Tensor& rows);
+  Tensor from_experts(const char* stage, const Tensor& rows, int64_t routed);
+  void exchange(const char* stage, const Tensor& send, const Tensor& recv);
+  void copy_matrix_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows);
+  Tensor local_expert_counts();
+
   int64_t ffn_per_rank_;  // F/t, the MLP width on this rank
   MoeRoutingStats moe_stats_;
+  ExpertExchange expert_exchange_;
 };
 
 }  // namespace actbench

@@ -6,11 +6,16 @@
 
 namespace actbench {
 
-// moe_routed_rows: an MoE layer's routed rows as a run measured them (theory::Dims); 0: balanced.
-double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype, int cp = 1, double moe_routed_rows = 0);
+// An MoE layer's routing as a run measured it (theory::Dims): the rank's routed rows, the rows
+// its experts processed, the expert-parallel size; rows 0: balanced routing.
+struct MoeRows {
+  double routed = 0, expert = 0;
+  int ep = 1;
+};
+double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype, int cp = 1, MoeRows moe = {});
 // block: N layers keep their input and L - N keep everything; uniform: ceil(L / N) group
 // inputs, each what a full layer keeps; none: L layers of the policy. An MoE stack's layers
-// are taken to route moe_routed_rows rows each (layer 0's, as the rows report it).
-double stack_formula_bytes(const ExperimentSpec& spec, int tp, double moe_routed_rows = 0);
+// are taken to route as `moe` says (layer 0's, as the rows report it).
+double stack_formula_bytes(const ExperimentSpec& spec, int tp, MoeRows moe = {});
 
 }  // namespace actbench

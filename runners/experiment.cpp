@@ -45,7 +45,7 @@ LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& sp
     opt.seed = spec.seed;
     opt.layer_index = static_cast<uint32_t>(i);
     opt.moe_tokens_per_expert = spec.moe_tokens_per_expert;
-    stack.push_back(make_layer(be, comm, opt, spec.cp_group));
+    stack.push_back(make_layer(be, comm, opt, spec.cp_group, spec.ep_group));
     stack.back()->init_parameters();
   }
   return stack;
@@ -65,17 +65,29 @@ ActivationRows activation_rows(const ExperimentSpec& spec, int t, int tp_rank, i
   return {seq / t, cp_rows.from(tp_rank * (seq / t))};
 }
 
-// x or dy: drawn in the canonical [s, b, h] layout, this rank's rows kept.
+// Every expert-parallel rank's [rows, b, w] (its batch slice) as the canonical [rows, ep·b, w].
+std::vector<float> interleave_batches(Communicator& ep, const std::vector<float>& mine, int64_t rows) {
+  const std::vector<float> all = ep.gather_host(mine);
+  const int64_t per_row = static_cast<int64_t>(mine.size()) / rows, n = ep.size();
+  std::vector<float> out(all.size());
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < static_cast<int64_t>(mine.size()); ++i)
+      out[(i / per_row) * n * per_row + r * per_row + i % per_row] = all[r * mine.size() + i];
+  return out;
+}
+
+// x or dy: drawn in the canonical [s, b, h] layout (under EP [s, ep·b, h]), this rank's rows kept.
 Tensor make_activation(Backend& be, Communicator& comm, const ExperimentSpec& spec, uint32_t stream) {
   const auto& d = spec.dims;
   const int cp_rank = spec.cp_group ? spec.cp_group->rank() : 0;
   const ActivationRows rows = activation_rows(spec, comm.size(), comm.rank(), cp_rank);
   Tensor t = be.empty({rows.count, d.b, d.h}, spec.dtype);
   if (!be.computes()) return t;
-  const int64_t cols = d.b * d.h;
+  // Under EP this rank's batch is slice ep_rank of the canonical ep·b.
+  const int64_t cols = d.b * d.h, ep = spec.ep(), slice = spec.ep_group ? spec.ep_group->rank() * cols : 0;
   std::vector<float> host(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) {
-    const int64_t canonical = rows.positions.at(i / cols) * cols + i % cols;
+    const int64_t canonical = rows.positions.at(i / cols) * ep * cols + slice + i % cols;
     host[i] = philox_uniform_pm1(spec.seed, kActivationStreamLayer, stream, static_cast<uint64_t>(canonical));
   }
   be.upload(host.data(), t);
@@ -96,7 +108,7 @@ std::vector<float> gather_activation(Backend& be, Communicator& comm, const Expe
       const float* src = all.data() + (static_cast<int64_t>(c) * comm.size() + r) * n;
       for (int64_t i = 0; i < n; ++i) canonical[rows.positions.at(i / cols) * cols + i % cols] = src[i];
     }
-  return canonical;
+  return spec.ep_group ? interleave_batches(*spec.ep_group, canonical, spec.dims.s) : canonical;
 }
 
 // An MoE layer's options as the references read them (null for a dense layer): the routing as
@@ -125,7 +137,7 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
   // The numbers the layer computes with are float32: each as the shortest decimal of that float.
   auto f32 = [](double v) { return std::strtod(float32_text(static_cast<float>(v)).c_str(), nullptr); };
   return {{"seq", d.s},
-          {"batch", d.b},
+          {"batch", d.b * spec.ep()},  // the canonical batch: every expert-parallel rank's slice
           {"hidden", d.h},
           {"heads", d.a},
           {"tp", tp},
@@ -154,7 +166,7 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
 }
 
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
-  validate_layer(spec.dims, comm.size(), spec.policy, spec.cp());
+  validate_layer(spec.dims, comm.size(), spec.policy, spec.cp(), spec.ep());
   if (spec.layers < 1) throw InvalidArgument("--layers must be >= 1");
   if (spec.stack.method != RecomputeMethod::none) {
     if (spec.policy.recompute != Recompute::full)
@@ -251,10 +263,12 @@ LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, Pha
   Iteration out;
   for (auto& layer : stack) layer->set_phase_log(log);
   Communicator* cp = spec_.cp_group;
+  Communicator* ep = spec_.ep_group;
   if (measure_memory) {
     alloc.reset_peak();
     comm_.reset_stats();
     if (cp) cp->reset_stats();
+    if (ep) ep->reset_stats();
   }
   // The input is allocated after this snapshot, so the layer that keeps it is charged for it.
   const int64_t before = alloc.stats().requested_bytes.current;
@@ -262,6 +276,7 @@ LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, Pha
   be_.copy(x_, h);  // a device copy: the layer may not write its input, but a fresh one costs nothing
   comm_.barrier();
   if (cp) cp->barrier();
+  if (ep) ep->barrier();
   const Backend::Mark t0 = be_.mark();
   comm_.open_emulated_window();
   if (cp) cp->open_emulated_window();
@@ -281,7 +296,8 @@ LayerStackRunner::Iteration LayerStackRunner::iteration(bool measure_memory, Pha
     out.peak_allocated_bytes = alloc.stats().allocated_bytes.peak;
     out.peak_reserved_bytes = alloc.stats().reserved_bytes.peak;
     out.comm_bytes_cp = cp ? cp->stats().ring_bytes / n_layers : 0.0;
-    out.comm_bytes = comm_.stats().ring_bytes / n_layers + out.comm_bytes_cp;
+    out.comm_bytes_ep = ep ? ep->stats().ring_bytes / n_layers : 0.0;
+    out.comm_bytes = comm_.stats().ring_bytes / n_layers + out.comm_bytes_cp + out.comm_bytes_ep;
   }
   // Emulated collectives are local copies a real group would not make: their time is
   // reported apart, so fwd/bwd of sp and baseline compare like with like.
@@ -362,7 +378,9 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
         res.peak_reserved_bytes = r.peak_reserved_bytes;
         res.comm_bytes = r.comm_bytes;
         res.comm_bytes_cp = r.comm_bytes_cp;
-        res.comm_ms_modeled = comm.size() * spec.cp() > 1 ? r.comm_bytes / (spec.link_gbps * 1e9) * 1e3 : 0.0;
+        res.comm_bytes_ep = r.comm_bytes_ep;
+        res.comm_ms_modeled =
+            comm.size() * spec.cp() * spec.ep() > 1 ? r.comm_bytes / (spec.link_gbps * 1e9) * 1e3 : 0.0;
       }
       if (timed) {
         fwd.push_back(r.fwd_ms);
@@ -397,7 +415,7 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
     emulated.clear();
   }
   // Every rank ran the same iterations: an iteration takes as long as its slowest rank.
-  for (Communicator* group : {&comm, spec.cp_group}) {
+  for (Communicator* group : {&comm, spec.cp_group, spec.ep_group}) {
     if (!group) continue;
     group->max_inplace(fwd);
     group->max_inplace(bwd);
@@ -434,13 +452,15 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
       if (!t->defined()) continue;
       ShardSpec rows{spec.policy.sequence_parallel ? ShardKind::rows : ShardKind::replicated,
                      spec.dims.s * spec.dims.b, t->dim(1), comm.size(), comm.rank()};
-      routing.push_back({name, {rows.rows, rows.cols}, gather_canonical(be, comm, *t, rows)});
+      std::vector<float> canonical = gather_canonical(be, comm, *t, rows);
+      if (spec.ep_group) canonical = interleave_batches(*spec.ep_group, canonical, spec.dims.s);
+      routing.push_back({name, {rows.rows * spec.ep(), rows.cols}, std::move(canonical)});
     }
   }
   Tensor dx = layer.backward(dy);
 
   const auto& d = spec.dims;
-  const Shape act_shape = {d.s, d.b, d.h};
+  const Shape act_shape = {d.s, d.b * spec.ep(), d.h};
   std::vector<CanonicalTensor> out;
   out.push_back({"x", act_shape, gather_activation(be, comm, spec, x)});
   out.push_back({"y", act_shape, gather_activation(be, comm, spec, y)});
@@ -450,22 +470,33 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   // (what the data-parallel reduction over DP x CP does in training).
   if (spec.cp_group)
     for (const ParamInfo& p : layer_param_table(d)) spec.cp_group->all_reduce(layer.grads().*p.member);
+  // Expert-parallel ranks are data-parallel ranks of everything but their experts: the other
+  // gradients are summed over the group; each expert's is whole on its rank.
+  if (spec.ep_group)
+    for (const ParamInfo& p : layer_param_table(d))
+      if (p.kind != ShardKind::experts) spec.ep_group->all_reduce(layer.grads().*p.member);
   if (const MoeRoutingStats* moe = layer.moe_stats()) {
     // The whole layer's histogram: every rank's rows summed (each routed its own under SP).
     const std::vector<float> mine(moe->tokens_per_expert.begin(), moe->tokens_per_expert.end());
-    const std::vector<float> all = comm.gather_host(mine);
+    std::vector<float> all = comm.gather_host(mine);
+    if (spec.ep_group) all = spec.ep_group->gather_host(all);
     std::vector<float> rows(mine.size(), 0.f);
     for (size_t i = 0; i < all.size(); ++i) rows[i % rows.size()] += all[i];
     out.push_back({"moe.tokens_per_expert", {static_cast<int64_t>(rows.size())}, rows});
     // The aux loss is each rank's over its own rows: the layer's value only on one rank.
-    if (comm.size() == 1) out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
+    if (comm.size() * spec.ep() == 1) out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
     for (CanonicalTensor& r : routing) out.push_back(std::move(r));
   }
   for (const ParamInfo& p : layer_param_table(d)) {
-    const ShardSpec shard = param_shard(p, comm.size(), comm.rank());
-    out.push_back({p.name, p.canonical_shape, gather_canonical(be, comm, layer.params().*p.member, shard)});
+    // The experts' blocks are gathered over the expert-parallel group (whole on every TP rank),
+    // the rest over TP.
+    const bool experts = p.kind == ShardKind::experts;
+    std::unique_ptr<Communicator> alone = experts && !spec.ep_group ? make_local_communicator() : nullptr;
+    Communicator& group = experts ? (spec.ep_group ? *spec.ep_group : *alone) : comm;
+    const ShardSpec shard = param_shard(p, group.size(), group.rank());
+    out.push_back({p.name, p.canonical_shape, gather_canonical(be, group, layer.params().*p.member, shard)});
     out.push_back({std::string("grad.") + p.name, p.canonical_shape,
-                   gather_canonical(be, comm, layer.grads().*p.member, shard)});
+                   gather_canonical(be, group, layer.grads().*p.member, shard)});
   }
   return out;
 }
@@ -474,7 +505,8 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   // Rank 0 creates the directory (and its parents); every rank learns whether that worked,
   // so that a failure is one error on all ranks rather than a rank left waiting in a gather.
   std::string error;
-  const bool writer = comm.rank() == 0 && (!spec.cp_group || spec.cp_group->rank() == 0);
+  const bool writer = comm.rank() == 0 && (!spec.cp_group || spec.cp_group->rank() == 0) &&
+                      (!spec.ep_group || spec.ep_group->rank() == 0);
   if (writer) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -483,6 +515,7 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   std::vector<double> failed = {error.empty() ? 0.0 : 1.0};
   comm.max_inplace(failed);
   if (spec.cp_group) spec.cp_group->max_inplace(failed);
+  if (spec.ep_group) spec.ep_group->max_inplace(failed);
   if (failed[0] != 0.0)
     throw InvalidArgument("cannot create dump directory '" + dir + "'" + (error.empty() ? "" : ": " + error));
   const std::vector<CanonicalTensor> tensors = run_layer_canonical(be, comm, spec);
@@ -492,6 +525,7 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   }
   comm.barrier();
   if (spec.cp_group) spec.cp_group->barrier();
+  if (spec.ep_group) spec.ep_group->barrier();
 }
 
 }  // namespace actbench

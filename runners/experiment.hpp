@@ -31,6 +31,11 @@ struct ExperimentSpec {
   CuptiProfiler* profiler = nullptr;  // when set, records kernel time per phase over the timed iterations
   KernelReportRecorder* kernel_report = nullptr;  // when set, counts the kernels per phase over the timed iterations
   Communicator* cp_group = nullptr;  // the context-parallel group (--cp C; null: C = 1)
+  // The expert-parallel group of an MoE layer (--ep; null: 1): its ranks hold E/ep experts each
+  // and, as data-parallel ranks of the attention, their own micro-batches (batch slices of the
+  // canonical [s, ep·b, h]).
+  Communicator* ep_group = nullptr;
+  int ep() const { return ep_group ? ep_group->size() : 1; }
   // MoE layers on meta: the tokens each expert processes (--moe-tokens-per-expert); empty: balanced.
   std::vector<int64_t> moe_tokens_per_expert;
   int cp() const { return cp_group ? cp_group->size() : 1; }
@@ -49,6 +54,7 @@ struct ExperimentResult {
   int64_t peak_reserved_bytes = 0;
   double comm_bytes = 0;             // per layer per iteration, ring bytes sent by one rank (TP and CP groups)
   double comm_bytes_cp = 0;          // of which the context-parallel group's
+  double comm_bytes_ep = 0;          // of which the expert-parallel group's (the tokens' all-to-alls)
   double comm_ms_modeled = 0;        // comm_bytes / link bandwidth
   std::vector<std::pair<std::string, int64_t>> act_by_category;  // layer 0
   MoeRoutingStats moe;               // layer 0's routing (MoE layers; empty histogram otherwise)
@@ -76,7 +82,7 @@ class LayerStackRunner {
     // With measure_memory (else zero):
     int64_t act_bytes = 0, act_extra_bytes = 0, fwd_retained_bytes = 0, stack_act_bytes = 0;
     int64_t peak_allocated_bytes = 0, peak_reserved_bytes = 0;
-    double comm_bytes = 0, comm_bytes_cp = 0;
+    double comm_bytes = 0, comm_bytes_cp = 0, comm_bytes_ep = 0;
     std::vector<std::pair<std::string, int64_t>> act_by_category;
     MoeRoutingStats moe;
   };

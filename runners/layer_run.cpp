@@ -36,6 +36,7 @@ struct Setup {
   std::unique_ptr<KernelReportRecorder> kernel_report;
   std::unique_ptr<CsvAppender> kernel_report_csv;  // rank 0, with --kernel-report
   Communicator* cp_group = nullptr;                  // with --cp C > 1
+  Communicator* ep_group = nullptr;                  // with --expert-model-parallel-size > 1
 };
 
 // --kernel-report's file: the configuration and the phase, then the simulator's kernel columns.
@@ -89,10 +90,15 @@ void prepare(LayerRunOptions& o, Setup& s, const CsvAppender& csv, int world, bo
 // The run's tensor-parallel group and, under --cp, its context-parallel group (emulated, or
 // the world split in Megatron's order under mpirun).
 struct Groups {
-  std::unique_ptr<Communicator> world, tp, cp;
+  std::unique_ptr<Communicator> world, tp, cp, ep;
 };
 Groups make_groups(const LayerRunOptions& o, Backend& be, int world) {
   Groups g;
+  if (o.ep > 1) {  // the whole world is the expert-parallel group; each rank its own TP group of 1
+    g.ep = make_world_communicator(be);
+    g.tp = make_backend_local_communicator(be);
+    return g;
+  }
   if (world > 1 && o.cp > 1) {
     ParallelGroups split = make_parallel_groups(be, o.tp, o.cp);
     g.world = std::move(split.world);
@@ -121,6 +127,7 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.profiler = s.profiler.get();
   spec.kernel_report = s.kernel_report.get();
   spec.cp_group = s.cp_group;
+  spec.ep_group = s.ep_group;
   spec.moe_tokens_per_expert = o.moe_tokens_per_expert;
   return spec;
 }
@@ -184,7 +191,9 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
   verdicts.check([&] { prepare(o, s, csv, world, rank0); });
   const Groups groups = make_groups(o, *s.be, world);
   s.cp_group = groups.cp.get();
-  const CommMode mode = groups.tp->mode() != CommMode::none || !groups.cp ? groups.tp->mode() : groups.cp->mode();
+  s.ep_group = groups.ep.get();
+  const Communicator* other = groups.cp ? groups.cp.get() : groups.ep.get();  // the group that talks when TP does not
+  const CommMode mode = groups.tp->mode() != CommMode::none || !other ? groups.tp->mode() : other->mode();
   const RunContext context{*s.be, mode, o, joined_command_line(argc, argv), s.be->versions()};
   int exit_code = 0;
   for (LayerPolicy policy : s.plan.policies)

@@ -61,6 +61,7 @@ struct Args {
   bool recompute_activations = false, sequence_parallel = false;
   std::string cp = "1", cp_comm_type = "p2p";
   std::string moe_tokens_per_expert;  // meta's routing of an MoE layer
+  std::string ep = "1";
   bool emulate_cp = false;
   bool emulate_tp = false, print_header = false, print_schema = false, list_presets = false, json = false;
 };
@@ -145,6 +146,10 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   value("--cp-comm-type", a.cp_comm_type,
         "context parallelism's attention: p2p (ring; --attention fused) | all_gather | a2a (Ulysses)", true);
   app.add_flag("--emulate-cp", a.emulate_cp, "one process plays rank 0 of --cp ranks; communication modeled");
+  value("--expert-model-parallel-size,--ep", a.ep,
+        "an MoE layer's experts over this many ranks (--tp 1, under mpirun -np ep): each holds num-experts / ep "
+        "experts and its own micro-batch; the tokens travel by all-to-all",
+        true);
   value("--config", a.configs, "comma-separated: " + paper_configs_option() + "[," + extra_configs_option() + "]", true);
   value("--attention", a.attention,
         "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)", true);
@@ -216,6 +221,7 @@ void take_run_values(const Args& a, const GivenOptions& given, LayerRunOptions& 
   o.emulate_tp = a.emulate_tp;
   o.cp = static_cast<int>(parse_int_option("--context-parallel-size", a.cp, 1, kMaxInt));
   o.emulate_cp = a.emulate_cp;
+  o.ep = static_cast<int>(parse_int_option("--expert-model-parallel-size", a.ep, 1, kMaxInt));
   o.cp_comm_type = a.cp_comm_type;
   (void)parse_cp_comm_type(o.cp_comm_type);  // refused now, with the option's name
   o.layers = static_cast<int>(parse_int_option("--layers", a.layers, 1, kMaxLayers));
@@ -466,6 +472,10 @@ void check_kernel_report_options(const LayerRunOptions& o) {
 
 // What the layer and the backend allow, after the layer's own checks.
 void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int world) {
+  if (o.ep > 1 && (world != o.ep || o.tp != 1 || o.cp != 1))
+    throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " runs under mpirun -np " +
+                          std::to_string(o.ep) + " with --tp 1 and --cp 1 for now (the MPI world has " +
+                          std::to_string(world) + ")");
   if (!o.moe_tokens_per_expert.empty()) {
     if (o.backend != "meta")
       throw InvalidArgument("--moe-tokens-per-expert is meta's: cpu and cuda route the tokens themselves");
@@ -536,7 +546,7 @@ LayerRunPlan plan_layer_run(LayerRunOptions& o, int world) {
   LayerRunPlan plan;
   plan.dims = resolve_dims(o, preset);
   plan.policies = resolve_policies(o);
-  for (LayerPolicy p : plan.policies) validate_layer(plan.dims, o.tp, p, o.cp);
+  for (LayerPolicy p : plan.policies) validate_layer(plan.dims, o.tp, p, o.cp, o.ep);
   check_layer_extent(plan.dims, o.layers);
   plan.dtype = parse_dtype(o.dtype);
   check_run_options(o, plan.dims, world);

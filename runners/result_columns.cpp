@@ -157,13 +157,16 @@ const std::vector<Column>& result_columns() {
        "the shared experts' width (`--moe-shared-expert-intermediate-size`); 0 without shared experts"},
       {"moe_router_score", "", "the router's score function: `softmax` or `sigmoid` (`--moe-router-score-function`)"},
       {"moe_capacity_factor", "", "`--moe-expert-capacity-factor`; empty: dropless"},
-      {"ep", "ranks", "expert-parallel size: 1 (every expert on each rank; expert parallelism is not built yet)"},
-      {"etp", "ranks", "expert-tensor-parallel size: 1 (as `ep`)"},
+      {"ep", "ranks",
+       "expert-parallel size (`--expert-model-parallel-size`): each rank holds num_experts / ep experts and its own "
+       "micro-batch; the tokens travel by all-to-all (comm.*.all_to_all.moe_tokens)"},
+      {"etp", "ranks", "expert-tensor-parallel size: 1 (each expert whole on its rank, as Megatron-Core's recipes)"},
       {"moe_routing", "",
        "where layer 0's routing came from: `measured` (the run routed its tokens), `given` "
        "(`--moe-tokens-per-expert`, meta) or `balanced` (meta without it); empty when no forward routed"},
       {"moe_routed_rows", "rows",
-       "N, the (token, choice) pairs layer 0's experts processed; the `*_formula` columns take it"},
+       "N, the (token, choice) pairs layer 0 routed and kept on this rank; the `*_formula` columns take it (and, "
+       "under `ep` > 1, the rows this rank's experts received)"},
       {"tokens_per_expert_max", "rows", "the most rows one expert of layer 0 processed"},
       {"tokens_per_expert_min", "rows", "the fewest rows one expert of layer 0 processed"},
       {"dropped_tokens", "pairs", "the (token, choice) pairs layer 0's capacity dropped; 0 when dropless"},

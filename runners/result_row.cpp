@@ -40,12 +40,16 @@ double routed_rows(const ExperimentResult& r) {
   return static_cast<double>(std::accumulate(r.moe.tokens_per_expert.begin(), r.moe.tokens_per_expert.end(), int64_t{0}));
 }
 
+MoeRows moe_rows(const Measurement& m) {
+  return {routed_rows(m.result), static_cast<double>(m.result.moe.expert_rows), m.spec.ep()};
+}
+
 // Per layer: the layer's closed form, or the stack's over its layers under a --recompute-method.
 double per_layer_formula_bytes(const Measurement& m, int tp) {
   const ExperimentSpec& spec = m.spec;
   if (spec.stack.method == RecomputeMethod::none)
-    return formula_bytes(spec.dims, tp, spec.policy, spec.dtype, spec.cp(), routed_rows(m.result));
-  return stack_formula_bytes(spec, tp, routed_rows(m.result)) / spec.layers;
+    return formula_bytes(spec.dims, tp, spec.policy, spec.dtype, spec.cp(), moe_rows(m));
+  return stack_formula_bytes(spec, tp, moe_rows(m)) / spec.layers;
 }
 
 // The backend's times are results: not meta, not the CPU simulator, and the run was ok.
@@ -141,7 +145,7 @@ void set_memory_columns(CsvRow& row, const RunContext& run, const Measurement& m
   row.set("act_extra_bytes", ok ? std::to_string(r.act_extra_bytes) : "");
   row.set("act_bytes_formula", fmt_num(per_layer_formula_bytes(m, run.options.tp)));
   row.set("stack_act_bytes", ok ? std::to_string(r.stack_act_bytes) : "");
-  row.set("stack_act_bytes_formula", fmt_num(stack_formula_bytes(m.spec, run.options.tp, routed_rows(m.result))));
+  row.set("stack_act_bytes_formula", fmt_num(stack_formula_bytes(m.spec, run.options.tp, moe_rows(m))));
   row.set("fwd_retained_bytes", ok ? std::to_string(r.fwd_retained_bytes) : "");
   row.set("peak_allocated_bytes", std::to_string(r.peak_allocated_bytes));
   row.set("peak_reserved_bytes", std::to_string(r.peak_reserved_bytes));
@@ -175,7 +179,7 @@ void set_moe_columns(CsvRow& row, const Measurement& m) {
   row.set("moe_shared_ffn_hidden", when(on, fmt_num(moe.shared_ffn_hidden, "%.17g")));
   row.set("moe_router_score", when(on, theory::moe_score_name(moe.score)));
   row.set("moe_capacity_factor", when(on && moe.capacity_factor > 0, fmt_num(moe.capacity_factor, "%.17g")));
-  row.set("ep", when(on, "1"));
+  row.set("ep", when(on, std::to_string(m.spec.ep())));
   row.set("etp", when(on, "1"));
   row.set("moe_routing", when(routed, routing.measured ? "measured" : (m.spec.moe_tokens_per_expert.empty() ? "balanced" : "given")));
   row.set("moe_routed_rows", when(routed, fmt_num(routed_rows(m.result))));

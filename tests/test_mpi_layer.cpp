@@ -159,6 +159,58 @@ INSTANTIATE_TEST_SUITE_P(Configs, MpiMoe, ::testing::Values("sp", "selective+sp"
                            return name;
                          });
 
+// Expert parallelism (--expert-model-parallel-size = the world, t = 1): each rank holds E/ep
+// experts and its own micro-batch, the tokens travel to their experts and back by all-to-all.
+// The ranks together are the single-rank layer on the concatenated batch, tensor for tensor;
+// each rank keeps the pieces for the rows it routed and the rows its experts received.
+class MpiExpertParallel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
+  const int ep = g_comm->size();
+  LayerDims d{12, 2, 48, 4};
+  d.spec = theory::llama_layer_spec(2, 24);  // no dropout: each rank's batch slice would need its own masks
+  d.spec.moe.num_experts = 8;
+  d.spec.moe.top_k = 2;
+  d.spec.moe.ffn_hidden = 12;
+  d.spec.moe.shared_ffn_hidden = GetParam() == "baseline" ? 0 : 8;
+  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.f, d);
+  if (GetParam() == "selective") spec.policy.modules.moe_act = true;
+  auto local = make_local_communicator();
+  spec.ep_group = g_comm;
+  auto be = make_cpu_backend();
+  const auto got = run_layer_canonical(*be, *local, spec);
+  ExperimentSpec single = spec;
+  single.ep_group = nullptr;
+  single.dims.b = d.b * ep;
+  single.policy = parse_config("baseline");
+  auto ref = run_layer_canonical(*be, *local, single);
+  std::erase_if(ref, [&](const CanonicalTensor& t) {
+    return t.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && t.name.starts_with("moe.topk"));
+  });
+  const std::string what = "ep=" + std::to_string(ep) + " " + GetParam();
+  expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+  spec.dtype = DType::bf16;
+  spec.warmup = 0;
+  spec.iters = 1;
+  const ExperimentResult r = run_experiment(*be, *local, spec);
+  ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
+  theory::Dims td = theory_dims(d, 1);
+  td.ep = ep;
+  for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
+  td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
+  EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
+  EXPECT_GT(r.comm_bytes_ep, 0.0) << what;
+  // Each rank's experts received what all ranks routed to them: together, every routed row.
+  std::vector<double> totals = {static_cast<double>(r.moe.expert_rows), td.moe_routed_rows};
+  std::vector<float> all = g_comm->gather_host({static_cast<float>(totals[0]), static_cast<float>(totals[1])});
+  double received = 0, routed = 0;
+  for (size_t i = 0; i < all.size(); i += 2) received += all[i], routed += all[i + 1];
+  EXPECT_EQ(received, routed) << what;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertParallel, ::testing::Values("baseline", "selective", "full"));
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   auto comm = make_mpi_communicator();

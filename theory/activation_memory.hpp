@@ -18,6 +18,10 @@ struct Dims {
   // as a measured tokens-per-expert histogram sums them; 0: balanced routing
   // (theory::moe_routed_rows).
   double moe_routed_rows = 0;
+  // Expert parallelism (an MoE layer's experts over ep ranks): the rows this rank's experts
+  // processed, from every rank (0: moe_routed_rows, as balanced routing gives).
+  double ep = 1;
+  double moe_expert_rows = 0;
 };
 
 // e: bytes per activation element (2 for bf16/fp16, 4 for fp32); mask: bytes per dropout-mask element.

@@ -97,7 +97,10 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
   const MoeSpec& moe = spec.moe;
   // Expert tensor parallelism 1: each rank routes its own rows (T = s·b/(tC) under SP) to
   // whole experts; the shared experts are split over t like the dense MLP, over all s·b/C rows.
+  // Under expert parallelism the experts' tensors hold the rows they received (N_e), the
+  // combine's input the rank's own routed rows (N).
   const double tokens = x.region / d.h, E = moe.num_experts, k = moe.top_k, N = moe_routed_rows(d, spec);
+  const double N_e = d.moe_expert_rows > 0 ? d.moe_expert_rows : N;
   const double gated = spec.activation == Activation::swiglu ? 2 : 1;  // fc1's outputs per unit of width
   const double width = spec.expert_ffn(d), shared_rows = d.s * d.b / d.cp, shared = moe.shared_ffn_hidden / d.t;
   out.push_back({"ln2_input", e * x.region});
@@ -108,10 +111,11 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
     out.push_back({"router_scores", e * tokens * E});         // the score function's output, read by its backward
     out.push_back({"router_topk_index", i32 * tokens * k});   // the choice
     out.push_back({"router_topk_weight", e * tokens * k});    // the combine's weights
-    out.push_back({"moe_dispatch_plan", i32 * (E + 2 * tokens * k)});  // tokens_per_expert, row_slot, slot_row
-    out.push_back({"moe_permuted", e * N * d.h});             // fc1's input, grouped by expert
-    out.push_back({"moe_act_input", gated * e * N * width});  // fc1's output (moe_act's checkpoint input)
-    if (!rebuilt.moe_act) out.push_back({"moe_fc2_input", e * N * width});
+    // tokens_per_expert, row_slot, slot_row; under EP also the local experts' received rows
+    out.push_back({"moe_dispatch_plan", i32 * (E + 2 * tokens * k + (d.ep > 1 ? E / d.ep : 0))});
+    out.push_back({"moe_permuted", e * N_e * d.h});             // fc1's input, grouped by expert
+    out.push_back({"moe_act_input", gated * e * N_e * width});  // fc1's output (moe_act's checkpoint input)
+    if (!rebuilt.moe_act) out.push_back({"moe_fc2_input", e * N_e * width});
     out.push_back({"moe_fc2_output", e * N * d.h});           // the combine's backward reads it for d weight
     if (moe.shared_ffn_hidden > 0 && !rebuilt.shared_experts) {
       out.push_back({"shared_act_input", gated * e * shared_rows * shared});
