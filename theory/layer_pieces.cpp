@@ -68,6 +68,58 @@ void attention_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Pre
   if (spec.hidden_dropout > 0) out.push_back({"attn_residual_mask", m * x.region});
 }
 
+// Multi-latent attention (spec.mla; docs/theory.md "Multi-latent attention") in place of
+// attention_block, as Megatron-Core's MLASelfAttention with Transformer Engine's modules: the
+// down projections (h -> q_lora_rank, h -> kv_lora_rank + the RoPE part) are not split over t
+// and run on the norm region's s·b/(rC) rows; each latent norm is fused into its up
+// projection (column-parallel, a/t heads); the RoPE part of k is gathered over the sequence
+// under SP and expanded over the heads when k is concatenated.
+void mla_attention_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p,
+                         ByteCategories& out) {
+  const double e = p.elem, m = p.mask;
+  const RecomputeModules rebuilt = recomputed(c);
+  const MlaSpec& mla = spec.mla;
+  const double sb = d.s * d.b, r = c.sequence_parallel ? d.t : 1.0;
+  const double latent_rows = sb / (r * d.cp), head_rows = x.rows;  // s·b/(rC); a·s·b/(tC)
+  const double qk_width = mla.qk_head_dim + mla.qk_pos_emb_head_dim;  // each head's q and k
+  const bool q_latent = mla.q_lora_rank > 0;
+  out.push_back({"ln1_input", e * x.region});
+  // Norm 1's output is read by the kv down projection and by the q down projection (or, at
+  // q_lora_rank 0, the column-parallel q projection): one tensor, freed by layernorm.
+  if (!rebuilt.layernorm) out.push_back({"qkv_input", e * x.region});
+  // The latents: the fused norms' inputs, and mla_up_proj's checkpoint inputs, kept either way.
+  if (q_latent) out.push_back({"q_latent", e * latent_rows * mla.q_lora_rank});
+  out.push_back({"kv_latent", e * latent_rows * mla.kv_lora_rank});
+  if (!rebuilt.mla_up_proj) {  // the norms' outputs, the up projections' inputs
+    if (q_latent) out.push_back({"q_up_input", e * latent_rows * mla.q_lora_rank});
+    out.push_back({"kv_up_input", e * latent_rows * mla.kv_lora_rank});
+  } else {
+    // The checkpoint also keeps its third input, k's RoPE part before rotation: whole rows on
+    // every rank (gathered under SP before the checkpoint).
+    out.push_back({"k_pos_emb", e * sb * mla.qk_pos_emb_head_dim / d.cp});
+  }
+  // q and k (RoPE applied, k's RoPE part copied into every head) and v: core attention's
+  // inputs; mla_up_proj drops them once core attention has run and rebuilds them in backward.
+  if (!rebuilt.mla_up_proj) {
+    out.push_back({"q", e * head_rows * qk_width});
+    out.push_back({"k", e * head_rows * qk_width});
+  }
+  if (!rebuilt.core_attn) {  // the same a·s² tensors as attention_block's: they count heads, not widths
+    if (c.attention == Attention::fused) {
+      out.push_back({"attn_lse", 4.0 * x.rows});
+    } else {
+      out.push_back({"softmax_out", e * x.scores});
+      if (spec.attention_dropout > 0) {
+        out.push_back({"attn_dropout_mask", m * x.scores});
+        out.push_back({"attn_dropout_out", e * x.scores});
+      }
+    }
+  }
+  if (!rebuilt.mla_up_proj) out.push_back({"v", e * head_rows * mla.v_head_dim});
+  out.push_back({"proj_input", e * head_rows * mla.v_head_dim});  // a/t heads of v_head_dim
+  if (spec.hidden_dropout > 0) out.push_back({"attn_residual_mask", m * x.region});
+}
+
 // Norm 2, fc1, the activation, fc2, the residual dropout.
 void mlp_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, ByteCategories& out) {
   const double e = p.elem, m = p.mask;
@@ -133,7 +185,10 @@ ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, Lay
   const Extents x = extents_of(d, spec, c);
   if (c.recompute == Recompute::full) return {{"layer_input", p.elem * x.region}};
   ByteCategories out;
-  attention_block(x, spec, c, p, out);
+  if (spec.mla.enabled)
+    mla_attention_block(d, x, spec, c, p, out);
+  else
+    attention_block(x, spec, c, p, out);
   if (spec.moe.enabled())
     moe_block(d, x, spec, c, p, out);
   else
@@ -164,6 +219,12 @@ ByteCategories layer_extra_bytes_by_category(const Dims& d, const LayerSpec& spe
   const bool block_norms = !recomputed(c).layernorm;
   ByteCategories out;
   if (block_norms) out.push_back({"ln1_stats", per_row * rows});
+  // MLA's latent norms: one row per token on the norm region's rows; inside mla_up_proj's
+  // checkpoint they run without autograd in forward and keep nothing.
+  if (spec.mla.enabled && !recomputed(c).mla_up_proj) {
+    if (spec.mla.q_lora_rank > 0) out.push_back({"q_latent_norm_stats", per_row * rows});
+    out.push_back({"kv_latent_norm_stats", per_row * rows});
+  }
   if (spec.qk_layernorm) {
     out.push_back({"q_norm_stats", per_row * q_rows});
     out.push_back({"k_norm_stats", per_row * k_rows});
