@@ -87,17 +87,17 @@ void mla_attention_block(const Dims& d, const Extents& x, const LayerSpec& spec,
   // Norm 1's output is read by the kv down projection and by the q down projection (or, at
   // q_lora_rank 0, the column-parallel q projection): one tensor, freed by layernorm.
   if (!rebuilt.layernorm) out.push_back({"qkv_input", e * x.region});
-  // The latents: the fused norms' inputs, and mla_up_proj's checkpoint inputs, kept either way.
-  if (q_latent) out.push_back({"q_latent", e * latent_rows * mla.q_lora_rank});
-  out.push_back({"kv_latent", e * latent_rows * mla.kv_lora_rank});
-  if (!rebuilt.mla_up_proj) {  // the norms' outputs, the up projections' inputs
-    if (q_latent) out.push_back({"q_up_input", e * latent_rows * mla.q_lora_rank});
-    out.push_back({"kv_up_input", e * latent_rows * mla.kv_lora_rank});
-  } else {
-    // The checkpoint also keeps its third input, k's RoPE part before rotation: whole rows on
-    // every rank (gathered under SP before the checkpoint).
-    out.push_back({"k_pos_emb", e * sb * mla.qk_pos_emb_head_dim / d.cp});
+  // Each latent (the fused norm's input; mla_up_proj's checkpoint input) is kept either way;
+  // the norm's output (the up projection's input) unless mla_up_proj rebuilds it.
+  if (q_latent) {
+    out.push_back({"q_latent", e * latent_rows * mla.q_lora_rank});
+    if (!rebuilt.mla_up_proj) out.push_back({"q_up_input", e * latent_rows * mla.q_lora_rank});
   }
+  out.push_back({"kv_latent", e * latent_rows * mla.kv_lora_rank});
+  if (!rebuilt.mla_up_proj) out.push_back({"kv_up_input", e * latent_rows * mla.kv_lora_rank});
+  // mla_up_proj's checkpoint also keeps its third input, k's RoPE part before rotation: whole
+  // rows on every rank (gathered under SP before the checkpoint).
+  if (rebuilt.mla_up_proj) out.push_back({"k_pos_emb", e * sb * mla.qk_pos_emb_head_dim / d.cp});
   // q and k (RoPE applied, k's RoPE part copied into every head) and v: core attention's
   // inputs; mla_up_proj drops them once core attention has run and rebuilds them in backward.
   if (!rebuilt.mla_up_proj) {
