@@ -304,6 +304,234 @@ TEST(LayerPiecesTheory, AQwenThreeLikeCombinationByHand) {
   EXPECT_EQ(layer_bytes(d, spec, c), 16777216.0 + 3 * 8388608.0 + 3 * 2097152.0 + 75497472.0);
 }
 
+// ---------------------------------------------------------------- multi-latent attention
+
+namespace {
+
+// The attention side of a layer's categories: everything before norm 2.
+ByteCategories attention_part(const ByteCategories& categories) {
+  ByteCategories out;
+  for (const auto& entry : categories) {
+    if (entry.first == "ln2_input") break;
+    out.push_back(entry);
+  }
+  return out;
+}
+
+RecomputeModules only_mla_up_proj() {
+  RecomputeModules m{false, false, false};
+  m.mla_up_proj = true;
+  return m;
+}
+
+// A small MLA layer: the paper's (LayerNorm, dropout 0.1 on both) with L_q 24, L_kv 16,
+// d_qk 8 + d_r 4 = 12 per head of q and k, d_v 6; s 16, b 2, h 64, a 4, t 2. s·b = 32,
+// a/t·s·b = 64 head rows, a·s²·b/t = 1024.
+LayerSpec small_mla(double q_lora_rank = 24) {
+  LayerSpec spec = gpt_layer_spec();
+  spec.mla = {.enabled = true, .q_lora_rank = q_lora_rank, .kv_lora_rank = 16, .qk_head_dim = 8,
+              .qk_pos_emb_head_dim = 4, .v_head_dim = 6};
+  return spec;
+}
+const Dims kSmall{16, 2, 64, 4, 2};
+
+// DeepSeek-V3's attention: h 7168, a 128, L_q 1536, L_kv 512, d_qk 128 + d_r 64 = 192, d_v 128,
+// RMSNorm, no dropout (a dense MLP stands in for its MoE: only the attention side is checked).
+LayerSpec deepseek_v3_mla() {
+  LayerSpec spec = llama_layer_spec(0, 18432);
+  spec.mla = {.enabled = true, .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_head_dim = 128,
+              .qk_pos_emb_head_dim = 64, .v_head_dim = 128};
+  return spec;
+}
+
+}  // namespace
+
+TEST(MlaPiecesTheory, SmallShapeByHand) {
+  // No SP (r = 1), unfused, no recompute, 16-bit, 1-byte masks.
+  const ByteCategories none = layer_bytes_by_category(kSmall, small_mla(), LayerPolicy{});
+  EXPECT_EQ(attention_part(none), (ByteCategories{
+                                      {"ln1_input", 4096},          // 2 · 32 · 64
+                                      {"qkv_input", 4096},          // the same tensor size, norm 1's output
+                                      {"q_latent", 1536},           // 2 · 32 · 24
+                                      {"q_up_input", 1536},         // the q norm's output
+                                      {"kv_latent", 1024},          // 2 · 32 · 16
+                                      {"kv_up_input", 1024},        // the kv norm's output
+                                      {"q", 1536},                  // 2 · 64 · 12
+                                      {"k", 1536},                  // k's RoPE part copied into each head
+                                      {"softmax_out", 2048},        // 2 · 1024
+                                      {"attn_dropout_mask", 1024},  // 1 · 1024
+                                      {"attn_dropout_out", 2048},
+                                      {"v", 768},                   // 2 · 64 · 6
+                                      {"proj_input", 768},
+                                      {"attn_residual_mask", 2048}}));  // 1 · 32 · 64
+  // The MLP side is the dense layer's, untouched by MLA.
+  const ByteCategories dense = layer_bytes_by_category(kSmall, gpt_layer_spec(), LayerPolicy{});
+  EXPECT_EQ(ByteCategories(none.begin() + 14, none.end()), ByteCategories(dense.begin() + 10, dense.end()));
+  // SP (r = 2) halves the region rows and the latents (the down projections run on s·b/t rows);
+  // the heads are split over t either way.
+  const ByteCategories sp = layer_bytes_by_category(kSmall, small_mla(), policy(Recompute::none, true, Attention::unfused));
+  for (const char* name : {"ln1_input", "qkv_input", "q_latent", "q_up_input", "kv_latent", "kv_up_input",
+                           "attn_residual_mask"})
+    EXPECT_EQ(bytes_of(sp, name), bytes_of(none, name) / 2) << name;
+  for (const char* name : {"q", "k", "softmax_out", "attn_dropout_mask", "attn_dropout_out", "v", "proj_input"})
+    EXPECT_EQ(bytes_of(sp, name), bytes_of(none, name)) << name;
+  // The statistics: LayerNorm's 8 bytes a row, 32 rows (16 under SP), norm 1, the two latent norms, norm 2.
+  EXPECT_EQ(layer_extra_bytes_by_category(kSmall, small_mla(), LayerPolicy{}),
+            (ByteCategories{{"ln1_stats", 256}, {"q_latent_norm_stats", 256}, {"kv_latent_norm_stats", 256},
+                            {"ln2_stats", 256}}));
+  EXPECT_EQ(layer_extra_bytes(kSmall, small_mla(), policy(Recompute::none, true, Attention::unfused)), 4 * 128.0);
+}
+
+TEST(MlaPiecesTheory, FusedKeepsTheLogSumExpInPlaceOfTheScores) {
+  const ByteCategories unfused = layer_bytes_by_category(kSmall, small_mla(), LayerPolicy{});
+  const ByteCategories fused = layer_bytes_by_category(kSmall, small_mla(), policy(Recompute::none, false, Attention::fused));
+  ByteCategories expected = without(without(without(unfused, "softmax_out"), "attn_dropout_mask"), "attn_dropout_out");
+  expected.insert(expected.begin() + 8, {"attn_lse", 256});  // 4 bytes · a·s·b/t = 4 · 64, after k
+  EXPECT_EQ(fused, expected);
+}
+
+TEST(MlaPiecesTheory, EachRecomputeModule) {
+  const LayerSpec spec = small_mla();
+  for (Attention a : {Attention::unfused, Attention::fused}) {
+    for (bool sp : {false, true}) {
+      const ByteCategories kept = layer_bytes_by_category(kSmall, spec, policy(Recompute::none, sp, a));
+      // core_attn: the score tensors (unfused, 2048 + 1024 + 2048) or the lse (fused, 256).
+      ByteCategories no_scores = kept;
+      for (const char* name : {"softmax_out", "attn_dropout_mask", "attn_dropout_out", "attn_lse"})
+        no_scores = without(no_scores, name);
+      EXPECT_EQ(layer_bytes_by_category(kSmall, spec, selective(kCoreAttn, a, sp)), no_scores);
+      // layernorm: norm 1's output (and norm 2's), not the latent norms'.
+      EXPECT_EQ(layer_bytes_by_category(kSmall, spec, selective(kNorms, a, sp)),
+                without(without(kept, "qkv_input"), "fc1_input"));
+      EXPECT_EQ(names(layer_extra_bytes_by_category(kSmall, spec, selective(kNorms, a, sp))),
+                (std::vector<std::string>{"q_latent_norm_stats", "kv_latent_norm_stats"}));
+      // mla_up_proj: the norms' outputs and q, k, v go; k's RoPE part before rotation comes,
+      // 2 · s·b · d_r = 2 · 32 · 4 = 256 under SP too (whole rows: gathered before the checkpoint).
+      ByteCategories up = kept;
+      for (const char* name : {"q_up_input", "kv_up_input", "q", "k", "v"}) up = without(up, name);
+      up.insert(up.begin() + 4, {"k_pos_emb", 256});  // after kv_latent
+      EXPECT_EQ(layer_bytes_by_category(kSmall, spec, selective(only_mla_up_proj(), a, sp)), up);
+      EXPECT_EQ(names(layer_extra_bytes_by_category(kSmall, spec, selective(only_mla_up_proj(), a, sp))),
+                (std::vector<std::string>{"ln1_stats", "ln2_stats"}));
+    }
+  }
+  // All three attention modules together, unfused, no SP: ln1 4096 + latents 1536 + 1024 +
+  // k_pos_emb 256 + proj_input 768 + the residual mask 2048.
+  RecomputeModules all{true, false, true};
+  all.mla_up_proj = true;
+  EXPECT_EQ(attention_part(layer_bytes_by_category(kSmall, spec, selective(all))),
+            (ByteCategories{{"ln1_input", 4096}, {"q_latent", 1536}, {"kv_latent", 1024}, {"k_pos_emb", 256},
+                            {"proj_input", 768}, {"attn_residual_mask", 2048}}));
+  // On a dense layer mla_up_proj frees nothing; full keeps the layer input alone.
+  EXPECT_EQ(layer_bytes(kHand, gpt_layer_spec(), selective(only_mla_up_proj())),
+            layer_bytes(kHand, gpt_layer_spec(), selective({false, false, false})));
+  EXPECT_EQ(layer_bytes_by_category(kSmall, spec, policy(Recompute::full, false, Attention::unfused)),
+            (ByteCategories{{"layer_input", 4096}}));
+}
+
+TEST(MlaPiecesTheory, QDirectDropsTheQLatent) {
+  // q_lora_rank 0: q projected from norm 1's output (qkv_input, already kept): no q latent,
+  // no q norm output, no q norm statistics; q itself is unchanged.
+  for (RecomputeModules m : {RecomputeModules{false, false, false}, only_mla_up_proj()}) {
+    const LayerPolicy c = selective(m);
+    const ByteCategories with_latent = layer_bytes_by_category(kSmall, small_mla(), c);
+    const ByteCategories direct = layer_bytes_by_category(kSmall, small_mla(0), c);
+    EXPECT_EQ(direct, without(without(with_latent, "q_latent"), "q_up_input"));
+    EXPECT_EQ(layer_extra_bytes_by_category(kSmall, small_mla(0), c),
+              without(layer_extra_bytes_by_category(kSmall, small_mla(), c), "q_latent_norm_stats"));
+  }
+}
+
+TEST(MlaPiecesTheory, ContextParallelismHalvesEveryPiece) {
+  const Dims cp2{16, 2, 64, 4, 2, 2};
+  for (Attention a : {Attention::unfused, Attention::fused})
+    for (RecomputeModules m : {RecomputeModules{false, false, false}, only_mla_up_proj()}) {
+      const LayerPolicy c = selective(m, a, true);
+      ByteCategories halved = layer_bytes_by_category(kSmall, small_mla(), c);
+      for (auto& entry : halved) entry.second /= 2;
+      EXPECT_EQ(layer_bytes_by_category(cp2, small_mla(), c), halved);
+    }
+}
+
+// DeepSeek-V3 at s 4096, b 1: s·b·h = 29360128, s·b·a = 524288, a·s²·b = 2147483648; 16-bit.
+TEST(MlaPiecesTheory, DeepSeekV3AttentionByHand) {
+  const Dims t1{4096, 1, 7168, 128, 1};
+  EXPECT_EQ(attention_part(layer_bytes_by_category(t1, deepseek_v3_mla(), LayerPolicy{})),
+            (ByteCategories{{"ln1_input", 58720256},     // 2 · 4096 · 7168
+                            {"qkv_input", 58720256},
+                            {"q_latent", 12582912},      // 2 · 4096 · 1536
+                            {"q_up_input", 12582912},
+                            {"kv_latent", 4194304},      // 2 · 4096 · 512
+                            {"kv_up_input", 4194304},
+                            {"q", 201326592},            // 2 · 524288 · 192
+                            {"k", 201326592},
+                            {"softmax_out", 4294967296},  // 2 · 2147483648
+                            {"v", 134217728},            // 2 · 524288 · 128
+                            {"proj_input", 134217728}}));
+  // Fused: the fp32 lse, 4 · 524288, in place of the probabilities.
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(t1, deepseek_v3_mla(), policy(Recompute::none, false, Attention::fused)),
+                     "attn_lse"),
+            2097152.0);
+  // t 8 + SP, fused: every piece / 8 (region and latents by SP, heads by TP).
+  const Dims t8{4096, 1, 7168, 128, 8};
+  EXPECT_EQ(attention_part(layer_bytes_by_category(t8, deepseek_v3_mla(), policy(Recompute::none, true, Attention::fused))),
+            (ByteCategories{{"ln1_input", 7340032},    // 58720256 / 8
+                            {"qkv_input", 7340032},
+                            {"q_latent", 1572864},     // 12582912 / 8
+                            {"q_up_input", 1572864},
+                            {"kv_latent", 524288},     // 4194304 / 8
+                            {"kv_up_input", 524288},
+                            {"q", 25165824},           // 201326592 / 8
+                            {"k", 25165824},
+                            {"attn_lse", 262144},      // 2097152 / 8
+                            {"v", 16777216},           // 134217728 / 8
+                            {"proj_input", 16777216}}));
+  // With mla_up_proj (and core_attn): 7340032 · 2 + 1572864 + 524288 + k_pos_emb 2 · 4096 · 64
+  // (whole rows on every rank) + proj_input 16777216.
+  RecomputeModules m = only_mla_up_proj();
+  m.core_attn = true;
+  const ByteCategories up = attention_part(layer_bytes_by_category(t8, deepseek_v3_mla(), selective(m, Attention::fused, true)));
+  EXPECT_EQ(bytes_of(up, "k_pos_emb"), 524288.0);
+  double sum = 0;
+  for (const auto& [name, bytes] : up) sum += bytes;
+  EXPECT_EQ(sum, 2 * 7340032.0 + 1572864 + 524288 + 524288 + 16777216);
+  // RMSNorm rstd, 4 bytes a row on s·b/t = 512 rows: norm 1, both latent norms, norm 2.
+  EXPECT_EQ(layer_extra_bytes(t8, deepseek_v3_mla(), policy(Recompute::none, true, Attention::fused)), 4 * 4 * 512.0);
+}
+
+TEST(MlaPiecesTheory, CheckRefusesBadMlaOptions) {
+  const Dims d{1024, 1, 7168, 128, 8};
+  EXPECT_NO_THROW(check_layer_spec(d, deepseek_v3_mla()));
+  LayerSpec direct = deepseek_v3_mla();
+  direct.mla.q_lora_rank = 0;
+  EXPECT_NO_THROW(check_layer_spec(d, direct));
+  auto refusal = [&](void (*change)(MlaSpec&)) {
+    LayerSpec spec = deepseek_v3_mla();
+    change(spec.mla);
+    try {
+      check_layer_spec(d, spec);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal([](MlaSpec& m) { m.q_lora_rank = -1; }),
+            "q-lora-rank -1 must be a whole number >= 0 (0: q projected directly)");
+  EXPECT_EQ(refusal([](MlaSpec& m) { m.q_lora_rank = 1.5; }).rfind("q-lora-rank 1.5 ", 0), 0u);
+  EXPECT_EQ(refusal([](MlaSpec& m) { m.kv_lora_rank = 0; }), "kv-lora-rank 0 must be a whole number above 0");
+  EXPECT_EQ(refusal([](MlaSpec& m) { m.qk_head_dim = 0; }), "qk-head-dim 0 must be a whole number above 0");
+  EXPECT_EQ(refusal([](MlaSpec& m) { m.qk_pos_emb_head_dim = std::nan(""); }).rfind("qk-pos-emb-head-dim ", 0), 0u);
+  EXPECT_EQ(refusal([](MlaSpec& m) { m.v_head_dim = 64.5; }), "v-head-dim 64.5 must be a whole number above 0");
+  LayerSpec qk = deepseek_v3_mla();
+  qk.qk_layernorm = true;
+  EXPECT_THROW(check_layer_spec(d, qk), InvalidArgument);
+  EXPECT_THROW(check_layer_spec({1024, 1, 7168, 128, 3}, deepseek_v3_mla()), InvalidArgument);  // t 3 does not divide a 128
+  LayerSpec off = deepseek_v3_mla();  // the MLA options are read only when MLA is on
+  off.mla.enabled = false;
+  off.mla.kv_lora_rank = 0;
+  EXPECT_NO_THROW(check_layer_spec(d, off));
+}
+
 // ---------------------------------------------------------------- spec and names
 
 TEST(LayerSpecTheory, PresetsAndNames) {
@@ -351,6 +579,18 @@ TEST(LayerSpecTheory, RecomputeModulesParseAndName) {
   moe.moe_act = moe.shared_experts = true;
   EXPECT_EQ(parse_recompute_modules("shared_experts,moe_act"), moe);
   EXPECT_EQ(recompute_modules_name(parse_recompute_modules("moe,layernorm,moe_act")), "layernorm,moe_act,moe");
+  RecomputeModules mla{true, false, false};
+  mla.mla_up_proj = true;
+  EXPECT_EQ(parse_recompute_modules("mla_up_proj,core_attn"), mla);
+  EXPECT_EQ(recompute_modules_name(mla), "core_attn,mla_up_proj");
+  try {
+    parse_recompute_modules("mla_up_proj,mla_up_proj");
+    ADD_FAILURE() << "mla_up_proj twice accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "recompute module 'mla_up_proj' named twice (expected a comma-separated subset of core_attn, mlp, "
+              "layernorm, moe_act, moe, shared_experts, mla_up_proj)");
+  }
   for (const char* bad : {"", "mlp,", "core_attn,core_attn", "moe_experts", "MLP", "moe,moe"})
     EXPECT_THROW(parse_recompute_modules(bad), InvalidArgument) << bad;
   // The paper's names leave the modules at Megatron's default.

@@ -37,6 +37,21 @@ RecomputeModules recomputed(LayerPolicy c) {
   return c.recompute == Recompute::selective ? c.modules : RecomputeModules{false, false, false};
 }
 
+// What core attention keeps inside its own checkpoint (core_attn frees it): the fused
+// kernel's log-sum-exp, or the unfused softmax output and the attention dropout's pair.
+void core_attention_pieces(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, ByteCategories& out) {
+  if (recomputed(c).core_attn) return;
+  if (c.attention == Attention::fused) {
+    out.push_back({"attn_lse", 4.0 * x.rows});  // fp32 whatever the activation type
+    return;
+  }
+  out.push_back({"softmax_out", p.elem * x.scores});  // without dropout also ·V's input
+  if (spec.attention_dropout > 0) {
+    out.push_back({"attn_dropout_mask", p.mask * x.scores});
+    out.push_back({"attn_dropout_out", p.elem * x.scores});
+  }
+}
+
 // Norm 1, QKV, the optional q/k norms, core attention, the projection, the residual dropout.
 void attention_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, ByteCategories& out) {
   const double e = p.elem, m = p.mask;
@@ -52,19 +67,52 @@ void attention_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Pre
   // kernel, or as core_attn's checkpoint inputs alike.
   out.push_back({"q", e * x.heads});
   out.push_back({"k", e * x.groups});
-  if (!rebuilt.core_attn) {
-    if (c.attention == Attention::fused) {
-      out.push_back({"attn_lse", 4.0 * x.rows});  // fp32 whatever the activation type
-    } else {
-      out.push_back({"softmax_out", e * x.scores});  // without dropout also ·V's input
-      if (spec.attention_dropout > 0) {
-        out.push_back({"attn_dropout_mask", m * x.scores});
-        out.push_back({"attn_dropout_out", e * x.scores});
-      }
-    }
-  }
+  core_attention_pieces(x, spec, c, p, out);
   out.push_back({"v", e * x.groups});
   out.push_back({"proj_input", e * x.heads});  // the attention output, outside core_attn's checkpoint
+  if (spec.hidden_dropout > 0) out.push_back({"attn_residual_mask", m * x.region});
+}
+
+// Multi-latent attention (spec.mla; docs/theory.md "Multi-latent attention") in place of
+// attention_block, as Megatron-Core's MLASelfAttention with Transformer Engine's modules: the
+// down projections (h -> q_lora_rank, h -> kv_lora_rank + the RoPE part) are not split over t
+// and run on the norm region's s·b/(rC) rows; each latent norm is fused into its up
+// projection (column-parallel, a/t heads); the RoPE part of k is gathered over the sequence
+// under SP and expanded over the heads when k is concatenated.
+void mla_attention_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p,
+                         ByteCategories& out) {
+  const double e = p.elem, m = p.mask;
+  const RecomputeModules rebuilt = recomputed(c);
+  const MlaSpec& mla = spec.mla;
+  const double sb = d.s * d.b, r = c.sequence_parallel ? d.t : 1.0;
+  auto latent = [&](double width) { return e * sb * width / (r * d.cp); };   // s·b/(rC) rows of width
+  auto heads = [&](double width) { return e * sb * d.a * width / (d.t * d.cp); };  // a/t heads on s·b/C rows
+  const double qk_width = mla.qk_head_dim + mla.qk_pos_emb_head_dim;  // each head's q and k
+  const bool q_latent = mla.q_lora_rank > 0;
+  out.push_back({"ln1_input", e * x.region});
+  // Norm 1's output is read by the kv down projection and by the q down projection (or, at
+  // q_lora_rank 0, the column-parallel q projection): one tensor, freed by layernorm.
+  if (!rebuilt.layernorm) out.push_back({"qkv_input", e * x.region});
+  // Each latent (the fused norm's input; mla_up_proj's checkpoint input) is kept either way;
+  // the norm's output (the up projection's input) unless mla_up_proj rebuilds it.
+  if (q_latent) {
+    out.push_back({"q_latent", latent(mla.q_lora_rank)});
+    if (!rebuilt.mla_up_proj) out.push_back({"q_up_input", latent(mla.q_lora_rank)});
+  }
+  out.push_back({"kv_latent", latent(mla.kv_lora_rank)});
+  if (!rebuilt.mla_up_proj) out.push_back({"kv_up_input", latent(mla.kv_lora_rank)});
+  // mla_up_proj's checkpoint also keeps its third input, k's RoPE part before rotation: whole
+  // rows on every rank (gathered under SP before the checkpoint).
+  if (rebuilt.mla_up_proj) out.push_back({"k_pos_emb", e * sb * mla.qk_pos_emb_head_dim / d.cp});
+  // q and k (RoPE applied, k's RoPE part copied into every head) and v: core attention's
+  // inputs; mla_up_proj drops them once core attention has run and rebuilds them in backward.
+  if (!rebuilt.mla_up_proj) {
+    out.push_back({"q", heads(qk_width)});
+    out.push_back({"k", heads(qk_width)});
+  }
+  core_attention_pieces(x, spec, c, p, out);  // they count heads and rows, not head widths
+  if (!rebuilt.mla_up_proj) out.push_back({"v", heads(mla.v_head_dim)});
+  out.push_back({"proj_input", heads(mla.v_head_dim)});  // a/t heads of v_head_dim
   if (spec.hidden_dropout > 0) out.push_back({"attn_residual_mask", m * x.region});
 }
 
@@ -137,7 +185,10 @@ ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, Lay
   const Extents x = extents_of(d, spec, c);
   if (c.recompute == Recompute::full) return {{"layer_input", p.elem * x.region}};
   ByteCategories out;
-  attention_block(x, spec, c, p, out);
+  if (spec.mla.enabled)
+    mla_attention_block(d, x, spec, c, p, out);
+  else
+    attention_block(x, spec, c, p, out);
   if (spec.moe.enabled())
     moe_block(d, x, spec, c, p, out);
   else
@@ -168,6 +219,12 @@ ByteCategories layer_extra_bytes_by_category(const Dims& d, const LayerSpec& spe
   const bool block_norms = !recomputed(c).layernorm;
   ByteCategories out;
   if (block_norms) out.push_back({"ln1_stats", per_row * rows});
+  // MLA's latent norms: one row per token on the norm region's rows; inside mla_up_proj's
+  // checkpoint they run without autograd in forward and keep nothing.
+  if (spec.mla.enabled && !recomputed(c).mla_up_proj) {
+    if (spec.mla.q_lora_rank > 0) out.push_back({"q_latent_norm_stats", per_row * rows});
+    out.push_back({"kv_latent_norm_stats", per_row * rows});
+  }
   if (spec.qk_layernorm) {
     out.push_back({"q_norm_stats", per_row * q_rows});
     out.push_back({"k_norm_stats", per_row * k_rows});

@@ -49,6 +49,22 @@
 //   shared_act_input    the shared experts' fc1 output            γe·(sb/C)·F_s/t  unless moe, shared_experts
 //   shared_fc2_input    the shared experts' activation output     e·(sb/C)·F_s/t   unless moe, shared_experts
 //
+// A multi-latent attention layer (spec.mla, docs/theory.md "Multi-latent attention") keeps,
+// in place of qkv_input .. proj_input, with L_q = q_lora_rank, L_kv = kv_lora_rank, d_qk =
+// qk_head_dim + qk_pos_emb_head_dim (each head's q and k), d_r = qk_pos_emb_head_dim, d_v =
+// v_head_dim (the down projections are not split over t: their outputs are on sb/r rows):
+//   qkv_input           norm 1's output: both down projections' input  e·sbh/r     unless layernorm
+//   q_latent            the q down projection's output (q norm's input) e·sb·L_q/r  L_q > 0
+//   q_up_input          the q norm's output (q up projection's input)   e·sb·L_q/r  L_q > 0, unless mla_up_proj
+//   kv_latent           the kv down projection's first L_kv columns     e·sb·L_kv/r
+//   kv_up_input         the kv norm's output (kv up projection's input) e·sb·L_kv/r unless mla_up_proj
+//   k_pos_emb           k's RoPE part before rotation, whole rows       e·sb·d_r    mla_up_proj only
+//   q, k                core attention's inputs (k's RoPE part in each head) e·sb·a·d_qk/t each, unless mla_up_proj
+//   v                   core attention's input                        e·sb·a·d_v/t  unless mla_up_proj
+//   proj_input          the attention output                          e·sb·a·d_v/t
+// with ln1_input, attn_lse / softmax_out / the attention dropout's pair and attn_residual_mask
+// as above (all / C under context parallelism). The latent norms' statistics are extras.
+//
 // Biases (add_bias_linear, add_qkv_bias), RoPE and rotary_percent keep nothing: a bias's
 // gradient is a sum of the output's gradient, and RoPE is a fixed rotation whose backward is
 // the inverse rotation. The head size d changes only the head tensors: the a·s² tensors and
@@ -76,9 +92,10 @@ double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precisio
 double moe_routed_rows(const Dims& d, const LayerSpec& spec);
 
 // Outside the count, as the paper leaves LayerNorm's statistics out: each norm's fp32 row
-// statistics (LayerNorm mean and rstd, RMSNorm rstd) — "ln1_stats", "q_norm_stats",
-// "k_norm_stats", "ln2_stats". None under full recompute, and none for the two block norms
-// under the layernorm module (they run without autograd in forward).
+// statistics (LayerNorm mean and rstd, RMSNorm rstd) — "ln1_stats", MLA's
+// "q_latent_norm_stats" and "kv_latent_norm_stats" (sb/r rows each; none under mla_up_proj),
+// "q_norm_stats", "k_norm_stats", "ln2_stats". None under full recompute, and none for the
+// two block norms under the layernorm module (they run without autograd in forward).
 ByteCategories layer_extra_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c);
 double layer_extra_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c);
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "runtime/error.hpp"  // InvalidArgument: header only
 #include "theory/model_table.hpp"
@@ -60,6 +61,22 @@ void check_layer_spec(const Dims& d, const LayerSpec& spec) {
   require(spec.hidden_dropout >= 0 && spec.hidden_dropout < 1, "hidden-dropout must lie in [0, 1)");
   require(spec.rotary_percent > 0 && spec.rotary_percent <= 1, "rotary-percent must lie in (0, 1]");
   if (spec.moe.enabled()) check_moe_spec(spec.moe);
+  if (spec.mla.enabled) check_mla_spec(spec);
+}
+
+void check_mla_spec(const LayerSpec& spec) {
+  auto whole = [](double v) { return std::isfinite(v) && std::floor(v) == v; };
+  const MlaSpec& m = spec.mla;
+  require(whole(m.q_lora_rank) && m.q_lora_rank >= 0, "q-lora-rank " + number(m.q_lora_rank) +
+                                                          " must be a whole number >= 0 (0: q projected directly)");
+  require(whole(m.kv_lora_rank) && m.kv_lora_rank > 0, "kv-lora-rank " + number(m.kv_lora_rank) + " must be a whole number above 0");
+  const std::pair<double, const char*> dims[] = {
+      {m.qk_head_dim, "qk-head-dim"}, {m.qk_pos_emb_head_dim, "qk-pos-emb-head-dim"}, {m.v_head_dim, "v-head-dim"}};
+  for (const auto& [value, flag] : dims)
+    require(whole(value) && value > 0, std::string(flag) + " " + number(value) + " must be a whole number above 0");
+  // MLA's own norms are the two latent norms; a per-head q/k norm has no place in it.
+  require(!spec.qk_layernorm, "qk-layernorm (a norm over each head of q and k) does not apply to multi-latent attention, "
+                              "whose q and kv latent norms are always on");
 }
 
 void check_moe_spec(const MoeSpec& m) {

@@ -100,10 +100,14 @@ LayerSpec preset_layer_spec(const ModelRow& row);
 
 // One line (InvalidArgument) naming the option when the spec cannot be built at this shape:
 // g must divide a, t must divide a and g, epsilon > 0, dropouts in [0, 1), rotary_percent in
-// (0, 1], F >= 0, kv_channels a whole number >= 0.
+// (0, 1], F >= 0, kv_channels a whole number >= 0; with MoE or MLA, their rules below.
 void check_layer_spec(const Dims& d, const LayerSpec& spec);
 // The MoE options alone (check_layer_spec calls it when moe.num_experts > 0).
 void check_moe_spec(const MoeSpec& m);
+// The MLA options (check_layer_spec calls it when mla.enabled): the ranks whole numbers,
+// q_lora_rank >= 0 and kv_lora_rank > 0, the three head dims whole and above 0, and no
+// qk_layernorm (MLA's norms are its latent norms). t divides a is the spec's own rule.
+void check_mla_spec(const LayerSpec& spec);
 // Throws InvalidArgument(what) unless ok: the one-line refusal the spec and the step checks share.
 void require(bool ok, const std::string& what);
 

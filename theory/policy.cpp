@@ -82,7 +82,7 @@ CpRule context_parallel_rule(double seq, double heads, double groups, int t, int
 RecomputeModules parse_recompute_modules(const std::string& list) {
   RecomputeModules out{false, false, false};
   const std::string expected =
-      " (expected a comma-separated subset of core_attn, mlp, layernorm, moe_act, moe, shared_experts)";
+      " (expected a comma-separated subset of core_attn, mlp, layernorm, moe_act, moe, shared_experts, mla_up_proj)";
   size_t begin = 0;
   while (true) {
     const size_t comma = list.find(',', begin);
@@ -93,6 +93,7 @@ RecomputeModules parse_recompute_modules(const std::string& list) {
                  : word == "moe_act" ? &out.moe_act
                  : word == "moe" ? &out.moe
                  : word == "shared_experts" ? &out.shared_experts
+                 : word == "mla_up_proj" ? &out.mla_up_proj
                                        : nullptr;
     if (flag == nullptr) throw InvalidArgument("unknown recompute module '" + word + "'" + expected);
     if (*flag) throw InvalidArgument("recompute module '" + word + "' named twice" + expected);
@@ -106,7 +107,8 @@ std::string recompute_modules_name(RecomputeModules m) {
   std::string out;
   const std::pair<bool, const char*> words[] = {{m.core_attn, "core_attn"}, {m.mlp, "mlp"},
                                                 {m.layernorm, "layernorm"}, {m.moe_act, "moe_act"},
-                                                {m.moe, "moe"}, {m.shared_experts, "shared_experts"}};
+                                                {m.moe, "moe"}, {m.shared_experts, "shared_experts"},
+                                                {m.mla_up_proj, "mla_up_proj"}};
   for (const auto& [on, word] : words) {
     if (!on) continue;
     if (!out.empty()) out += ',';

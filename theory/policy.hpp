@@ -25,6 +25,9 @@ struct RecomputeModules {
   bool moe_act = false;         // the experts' activation output (fc2's input), rebuilt from fc1's output
   bool moe = false;             // the whole MoE block (router, dispatch, experts, shared experts) from its input
   bool shared_experts = false;  // the shared experts' MLP from its input
+  // Multi-latent attention (theory::MlaSpec): the latent norms, up projections and RoPE from
+  // the latents, q, k and v dropped once core attention has run; frees nothing elsewhere.
+  bool mla_up_proj = false;
   bool operator==(const RecomputeModules&) const = default;
 };
 
@@ -79,7 +82,7 @@ CpCommType parse_cp_comm_type(const std::string& name);  // throws InvalidArgume
 enum class CpRule { ok, chunks, sp_rows, p2p_needs_fused, a2a_heads };
 CpRule context_parallel_rule(double seq, double heads, double groups, int t, int cp, const LayerPolicy& p);
 // Megatron's spelling: a comma-separated subset of core_attn, mlp, layernorm, moe_act, moe,
-// shared_experts, each at most once, at least one ("core_attn,mlp"); throws InvalidArgument
+// shared_experts, mla_up_proj, each at most once, at least one ("core_attn,mlp"); throws InvalidArgument
 // naming the bad word.
 RecomputeModules parse_recompute_modules(const std::string& list);
 std::string recompute_modules_name(RecomputeModules m);  // the canonical list, e.g. "core_attn,mlp"
