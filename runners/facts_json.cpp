@@ -58,7 +58,8 @@ Json arch_specs() {
 Json spec_options() {
   using namespace theory;
   Json names = Json::array();
-  const RecomputeModules all{true, true, true};
+  RecomputeModules all{true, true, true};
+  all.moe_act = all.moe = all.shared_experts = all.mla_up_proj = true;
   for (std::string list = recompute_modules_name(all); !list.empty();) {
     const size_t comma = list.find(',');
     names.push_back(list.substr(0, comma));
