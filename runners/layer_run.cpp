@@ -95,7 +95,7 @@ struct Groups {
 Groups make_groups(const LayerRunOptions& o, Backend& be, int world) {
   Groups g;
   if (o.ep > 1) {  // the whole world is the expert-parallel group; each rank its own TP group of 1
-    g.ep = make_world_communicator(be);
+    g.ep = o.emulate_ep ? make_backend_emulated_communicator(be, o.ep) : make_world_communicator(be);
     g.tp = make_backend_local_communicator(be);
     return g;
   }

@@ -62,7 +62,7 @@ struct Args {
   std::string cp = "1", cp_comm_type = "p2p";
   std::string moe_tokens_per_expert;  // meta's routing of an MoE layer
   std::string ep = "1";
-  bool emulate_cp = false;
+  bool emulate_cp = false, emulate_ep = false;
   bool emulate_tp = false, print_header = false, print_schema = false, list_presets = false, json = false;
 };
 
@@ -150,6 +150,9 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
         "an MoE layer's experts over this many ranks (--tp 1, under mpirun -np ep): each holds num-experts / ep "
         "experts and its own micro-batch; the tokens travel by all-to-all",
         true);
+  app.add_flag("--emulate-ep", a.emulate_ep,
+               "one process plays rank 0 of --expert-model-parallel-size ranks, every rank routing as it does; "
+               "communication modeled");
   value("--config", a.configs, "comma-separated: " + paper_configs_option() + "[," + extra_configs_option() + "]", true);
   value("--attention", a.attention,
         "unfused (the paper's) | fused (FlashAttention-style: no probabilities or masks stored)", true);
@@ -222,6 +225,7 @@ void take_run_values(const Args& a, const GivenOptions& given, LayerRunOptions& 
   o.cp = static_cast<int>(parse_int_option("--context-parallel-size", a.cp, 1, kMaxInt));
   o.emulate_cp = a.emulate_cp;
   o.ep = static_cast<int>(parse_int_option("--expert-model-parallel-size", a.ep, 1, kMaxInt));
+  o.emulate_ep = a.emulate_ep;
   o.cp_comm_type = a.cp_comm_type;
   (void)parse_cp_comm_type(o.cp_comm_type);  // refused now, with the option's name
   o.layers = static_cast<int>(parse_int_option("--layers", a.layers, 1, kMaxLayers));
@@ -472,10 +476,11 @@ void check_kernel_report_options(const LayerRunOptions& o) {
 
 // What the layer and the backend allow, after the layer's own checks.
 void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int world) {
-  if (o.ep > 1 && (world != o.ep || o.tp != 1 || o.cp != 1))
+  if (o.ep > 1 && (world != (o.emulate_ep ? 1 : o.ep) || o.tp != 1 || o.cp != 1))
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " runs under mpirun -np " +
-                          std::to_string(o.ep) + " with --tp 1 and --cp 1 for now (the MPI world has " +
-                          std::to_string(world) + ")");
+                          std::to_string(o.ep) + " (or --emulate-ep on one process) with --tp 1 and --cp 1 for now " +
+                          "(the MPI world has " + std::to_string(world) + ")");
+  if (o.emulate_ep && o.ep == 1) throw InvalidArgument("--emulate-ep needs --expert-model-parallel-size > 1");
   if (!o.moe_tokens_per_expert.empty()) {
     if (o.backend != "meta")
       throw InvalidArgument("--moe-tokens-per-expert is meta's: cpu and cuda route the tokens themselves");

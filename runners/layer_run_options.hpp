@@ -26,6 +26,7 @@ struct LayerRunOptions {
   bool emulate_cp = false;  // one process plays rank 0 of the C context-parallel ranks
   std::string cp_comm_type = "p2p";
   int ep = 1;               // --expert-model-parallel-size: an MoE layer's experts over ep ranks (the MPI world)
+  bool emulate_ep = false;  // one process plays rank 0 of the ep ranks
   uint64_t seed = 1234;
   double link_gbps = 450.0;
   uint64_t memory_limit = 0;  // 0: none

@@ -21,8 +21,8 @@ const std::vector<Column>& result_columns() {
       {"seq", "tokens", "s, the sequence length"},
       {"batch", "sequences", "b, the microbatch"},
       {"tp", "ranks", "t, the tensor-parallel size"},
-      {"emulated", "", "1: `--emulate-tp`, one process played rank 0 of t (collectives replaced by local copies, "
-                       "communication time modeled); 0: a real group of t ranks"},
+      {"emulated", "", "1: `--emulate-tp` (or `--emulate-cp`, `--emulate-ep`), one process played rank 0 of its "
+                       "group (collectives replaced by local copies, communication time modeled); 0: real groups"},
       {"config", "", "`baseline` (tensor parallelism), `sp`, `full`, `selective`, `selective+sp` or `full+sp`"},
       {"attention", "",
        "`unfused` (the paper's core attention) or `fused` (FlashAttention-style: no a·s² tensors stored, an fp32 "

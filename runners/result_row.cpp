@@ -68,7 +68,7 @@ void set_run_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
   row.set("seq", std::to_string(d.s));
   row.set("batch", std::to_string(d.b));
   row.set("tp", std::to_string(run.options.tp));
-  row.set("emulated", run.options.emulate_tp || run.options.emulate_cp ? "1" : "0");
+  row.set("emulated", run.options.emulate_tp || run.options.emulate_cp || run.options.emulate_ep ? "1" : "0");
   row.set("cp", std::to_string(m.spec.cp()));
   row.set("cp_comm_type", m.spec.cp() > 1 ? cp_comm_type_name(m.spec.policy.cp_comm) : "");
   row.set("config", config_name(m.spec.policy));
