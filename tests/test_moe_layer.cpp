@@ -189,6 +189,31 @@ TEST(MoeLayer, RecomputeModulesChangeNoComputedValue) {
   }
 }
 
+TEST(MoeLayer, EmulatedExpertParallelRankKeepsTheBalancedPieces) {
+  // One process as rank 0 of ep (layer_run --emulate-ep): every rank routes as it does, so with
+  // balanced routing its experts receive T·k rows, and it keeps the pieces at td.ep = ep.
+  auto meta = make_meta_backend();
+  LayerSpec spec = moe_cases()[2].spec;  // 8 experts, shared
+  spec.attention_dropout = spec.hidden_dropout = 0;
+  for (int ep : {2, 4, 8}) {
+    auto tp = make_local_communicator();
+    auto group = make_emulated_communicator(ep);
+    ExperimentSpec run;
+    run.dims = moe_dims(spec);
+    run.policy = parse_config("selective");
+    run.warmup = 0;
+    run.iters = 1;
+    run.ep_group = group.get();
+    const ExperimentResult r = run_experiment(*meta, *tp, run);
+    ASSERT_EQ(r.status, "ok") << r.message;
+    theory::Dims td = theory_dims(run.dims, 1);
+    td.ep = ep;
+    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec, run.policy)) << ep;
+    EXPECT_EQ(r.moe.expert_rows, 48) << ep;  // T·k = 24·2, from the ep ranks together
+    EXPECT_GT(r.comm_bytes_ep, 0.0) << ep;
+  }
+}
+
 TEST(MoeLayer, ModulesFreeWhatMegatronCoresFree) {
   auto meta = make_meta_backend();
   LayerSpec spec = moe_cases()[2].spec;  // shared experts
