@@ -1,0 +1,168 @@
+"""The MoE layer's `layer_run --dump` against the float64 NumPy layer (tools/numpy_layer.py with
+tools/numpy_moe.py), routing decision included: softmax and sigmoid routers, shared experts,
+dropless and capacity dropping, every recompute module an MoE layer reads; one rank, under
+`mpirun -np 2 --tp 2` with sequence parallelism, and with expert parallelism 2. Recompute must
+change no value, and meta given the cpu's histogram keeps the cpu's bytes.
+
+Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXEC at mpirun),
+with Debian's python3 (numpy).
+"""
+import csv
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+from process_group import run_in_group  # noqa: E402
+
+LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build", "runners", "layer_run"))
+MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
+
+try:
+    import numpy as np
+    import numpy_layer
+except ImportError:
+    np = numpy_layer = None
+
+# A small llama-family layer (h 32, a 4, g 2) with 8 experts of width 12: a fraction of a second.
+SHAPE = ["--dtype", "fp32", "--seq", "8", "--hidden", "32", "--heads", "4", "--batch", "2", "--warmup", "0",
+         "--iters", "1", "--arch", "llama", "--num-query-groups", "2", "--ffn-hidden-size", "24"]
+MOE = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "12"]
+RTOL = 1e-4
+# name: (flags, what the combination turns on)
+COMBOS = {
+    "softmax": MOE,
+    "pre_softmax_shared_dropout": MOE + ["--moe-router-pre-softmax", "--moe-shared-expert-intermediate-size", "16",
+                                         "--hidden-dropout", "0.1"],
+    "sigmoid_groups_bias": MOE + ["--moe-router-score-function", "sigmoid", "--moe-router-num-groups", "4",
+                                  "--moe-router-group-topk", "2", "--moe-router-enable-expert-bias",
+                                  "--moe-router-topk-scaling-factor", "2.5", "--moe-shared-expert-intermediate-size",
+                                  "8"],
+    "capacity": MOE + ["--moe-expert-capacity-factor", "0.5"],
+}
+CONFIGS = ["baseline", "selective", "full"]
+MODULES = ["core_attn", "core_attn,moe_act", "moe", "layernorm,shared_experts", "moe_act,moe,shared_experts"]
+
+
+def tensors(folder):
+    return sorted(n for n in os.listdir(folder) if n.endswith(".npy"))
+
+
+@unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
+class MoeDumpTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_moe_dumps_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def layer_run(self, name, args, np_ranks=None, dump=True, backend="cpu"):
+        folder, out = os.path.join(self.tmp, name), os.path.join(self.tmp, name + ".csv")
+        cmd = [LAYER_RUN, "--backend", backend, *args, "--csv", out] + (["--dump", folder] if dump else [])
+        if np_ranks:
+            cmd = [MPIEXEC, "-np", str(np_ranks), *cmd]
+        p = run_in_group(self, cmd, 300, "layer_run")
+        self.assertEqual(p.returncode, 0, "%s\n%s%s" % (" ".join(cmd), p.stdout, p.stderr))
+        with open(out, newline="") as f:
+            return folder, list(csv.DictReader(f))
+
+    def assert_matches_numpy(self, folder, routing=True):
+        results = numpy_layer.check(folder, rtol=RTOL)
+        names = [r[0] for r in results]
+        for name in ["y", "dx", "grad.router.weight", "grad.experts.fc1.weight", "moe.tokens_per_expert"]:
+            self.assertIn(name, names)
+        if routing:
+            self.assertIn("moe.topk_index", names)
+        for name, err, scale, ok in results:
+            self.assertTrue(ok, "%s: %s max|err| %.3e vs max|ref| %.3e" % (folder, name, err, scale))
+
+    def assert_same_tensors(self, folder, reference):
+        common = sorted(set(tensors(folder)) & set(tensors(reference)))
+        self.assertIn("dx.npy", common)
+        for name in common:
+            a, b = np.load(os.path.join(folder, name)), np.load(os.path.join(reference, name))
+            self.assertTrue(np.array_equal(a, b), "%s differs from %s" % (name, reference))
+
+    def test_one_rank_matches_numpy_and_recompute_changes_no_value(self):
+        for combo, flags in COMBOS.items():
+            for modules in MODULES:
+                name = combo + "_" + modules.replace(",", "_")
+                dump, rows = self.layer_run(name, SHAPE + flags + ["--config", ",".join(CONFIGS),
+                                                                   "--recompute-modules", modules])
+                self.assertEqual([r["status"] for r in rows], ["ok"] * len(CONFIGS))
+                for r in rows:
+                    self.assertEqual(r["num_experts"], "8")
+                    self.assertEqual(r["moe_routing"], "measured")
+                    self.assertEqual(r["act_bytes"], r["act_bytes_formula"], (name, r["config"]))
+                    if combo == "capacity":  # ceil(16·2/8 · 0.5) = 2 rows per expert of 32 pairs
+                        self.assertEqual(int(r["dropped_tokens"]), 32 - int(r["moe_routed_rows"]))
+                        self.assertLessEqual(int(r["tokens_per_expert_max"]), 2)
+                for config in CONFIGS:
+                    with self.subTest(combo=combo, modules=modules, config=config):
+                        folder = os.path.join(dump, config)
+                        kept = config == "baseline" or (config == "selective" and "moe" not in modules.split(","))
+                        self.assert_matches_numpy(folder, routing=kept)
+                        self.assert_same_tensors(folder, os.path.join(dump, CONFIGS[0]))
+
+    def test_meta_given_the_cpu_histogram_keeps_the_cpu_bytes(self):
+        for combo, flags in COMBOS.items():
+            args = SHAPE + flags + ["--config", "selective", "--recompute-modules", "moe_act"]
+            dump, cpu = self.layer_run("cpu_" + combo, args)
+            counts = np.load(os.path.join(dump, "moe.tokens_per_expert.npy"))  # one configuration: the folder
+            given = ",".join(str(int(c)) for c in counts)
+            _, meta = self.layer_run("meta_" + combo, args + ["--moe-tokens-per-expert", given], dump=False,
+                                     backend="meta")
+            for column in ["act_bytes", "act_extra_bytes", "moe_routed_rows", "tokens_per_expert_max",
+                           "dropped_tokens"]:
+                self.assertEqual(meta[0][column], cpu[0][column], (combo, column))
+            self.assertEqual((cpu[0]["moe_routing"], meta[0]["moe_routing"]), ("measured", "given"))
+
+    @unittest.skipUnless(MPIEXEC, "mpirun missing")
+    def test_two_ranks_tensor_and_sequence_parallel_match_numpy(self):
+        for combo in ["softmax", "pre_softmax_shared_dropout"]:
+            dump, rows = self.layer_run("tp2_" + combo, SHAPE + COMBOS[combo] + [
+                "--tp", "2", "--config", "sp,selective+sp", "--recompute-modules", "moe_act,shared_experts"],
+                np_ranks=2)
+            self.assertEqual([r["status"] for r in rows], ["ok", "ok"])
+            for config in ["sp", "selective+sp"]:
+                with self.subTest(combo=combo, config=config):
+                    folder = os.path.join(dump, config)
+                    with open(os.path.join(folder, "layer.json")) as f:
+                        self.assertEqual(json.load(f)["tp"], 2)
+                    self.assert_matches_numpy(folder)
+
+    @unittest.skipUnless(MPIEXEC, "mpirun missing")
+    def test_expert_parallel_ranks_match_numpy_on_the_whole_batch(self):
+        for combo in ["softmax", "sigmoid_groups_bias"]:
+            dump, rows = self.layer_run("ep2_" + combo, SHAPE + COMBOS[combo] + [
+                "--expert-model-parallel-size", "2", "--config", "baseline,selective",
+                "--recompute-modules", "moe"], np_ranks=2)
+            for r in rows:
+                self.assertEqual((r["status"], r["ep"]), ("ok", "2"), r["message"])
+                self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+            with open(os.path.join(dump, "baseline", "layer.json")) as f:
+                self.assertEqual(json.load(f)["batch"], 4)  # the two ranks' micro-batches
+            self.assert_matches_numpy(os.path.join(dump, "baseline"))
+            self.assert_matches_numpy(os.path.join(dump, "selective"), routing=False)
+
+    def test_the_check_is_not_blind(self):
+        dump, _ = self.layer_run("blind", SHAPE + COMBOS["softmax"] + ["--config", "baseline"])
+        # another routing decision than the layer's: the exact comparison of the indices fails
+        index = np.load(os.path.join(dump, "moe.topk_index.npy"))
+        np.save(os.path.join(dump, "moe.topk_index.npy"), index[::-1].copy())
+        failed = [r[0] for r in numpy_layer.check(dump, rtol=RTOL) if not r[3]]
+        self.assertEqual(failed, ["moe.topk_index"])
+        # one expert's weight gradient off by a little
+        grad = np.load(os.path.join(dump, "grad.experts.fc2.weight.npy"))
+        grad[3] *= 1.01
+        np.save(os.path.join(dump, "grad.experts.fc2.weight.npy"), grad)
+        self.assertIn("grad.experts.fc2.weight", [r[0] for r in numpy_layer.check(dump, rtol=RTOL) if not r[3]])
+
+
+if __name__ == "__main__":
+    unittest.main()
