@@ -34,6 +34,7 @@ import longcontext  # noqa: E402
 import longseq  # noqa: E402
 import memory_vs_predicted  # noqa: E402
 import recompute_modules  # noqa: E402
+import moe_modules  # noqa: E402
 import seqlen  # noqa: E402
 import table2  # noqa: E402
 import table4  # noqa: E402
@@ -52,6 +53,7 @@ PLOTS = [
     ("Long context: context parallelism up to 1M tokens", longcontext),
     ("The llama family: bytes by category, GQA vs MHA", llama),
     ("Recompute modules: bytes by category, unfused and fused", recompute_modules),
+    ("MoE recompute modules: bytes by category of the MoE presets", moe_modules),
 ]
 
 

@@ -27,13 +27,26 @@ GROUPS = [
     ("residual dropout masks", ("attn_residual_mask", "mlp_residual_mask"), "#bcbd22"),
     ("activation input (GeLU, SwiGLU): mlp", ("gelu_input", "swiglu_input", "squared_relu_input"), "#ff7f0e"),
     ("fc2 input: mlp", ("fc2_input",), "#2ca02c"),
+    # an MoE layer (plots/moe_modules.py): the router's, the experts' and the shared experts' tensors
+    ("MoE input (norm 2's output): layernorm", ("moe_input",), "#dbdb8d"),
+    ("router scores, top-k, dispatch plan: moe", ("router_scores", "router_topk_index", "router_topk_weight",
+                                                  "moe_dispatch_plan"), "#393b79"),
+    ("experts' fc1 input and output: moe", ("moe_permuted", "moe_act_input"), "#ff9896"),
+    ("experts' fc2 input: moe_act", ("moe_fc2_input",), "#98df8a"),
+    ("experts' fc2 output (the combine's): moe", ("moe_fc2_output",), "#c5b0d5"),
+    ("shared experts: shared_experts", ("shared_act_input", "shared_fc2_input"), "#f7b6d2"),
+    # latent attention: the latents and their norms' outputs
+    ("latents (q, kv), k's RoPE part", ("q_latent", "kv_latent", "k_pos_emb"), "#aec7e8"),
+    ("latent norms' outputs: mla_up_proj", ("q_up_input", "kv_up_input"), "#ffbb78"),
     ("full: layer input", ("layer_input",), "#8c564b"),
 ]
 GROUPED = {c for _, members, _ in GROUPS for c in members}
-SHORT = {"core_attn": "attn", "mlp": "mlp", "layernorm": "norm"}
+SHORT = {"core_attn": "attn", "mlp": "mlp", "layernorm": "norm", "moe_act": "act", "moe": "moe",
+         "shared_experts": "shared", "mla_up_proj": "mla"}
 MARKERS = {"meta": ("D", "white"), "cpu": ("s", "white"), "cuda": ("x", "black")}
 # The columns that say which layer a row is (with the two dropouts, which the gpt family leaves free).
 LAYER_COLUMNS = ("arch", "hidden", "heads", "kv_heads", "ffn_hidden", "seq", "batch", "tp", "dtype")
+MOE_COLUMNS = ("num_experts", "top_k", "moe_ffn_hidden")  # in an MoE table's rows, and layer_run's
 NEEDED = ("model",) + LAYER_COLUMNS + ("attention_dropout", "hidden_dropout", "attention", "recompute",
                                        "recompute_modules", "category", "bytes")
 
@@ -51,7 +64,7 @@ def read_bars(rows):
     """{model: (layer, {(attention, bar): {category: bytes}}, [bar names in order])}."""
     out = {}
     for r in rows:
-        layer = {c: r[c] for c in LAYER_COLUMNS + ("attention_dropout", "hidden_dropout")}
+        layer = {c: r[c] for c in LAYER_COLUMNS + ("attention_dropout", "hidden_dropout") + MOE_COLUMNS if c in r}
         layer["kv_channels"] = layer_value(r, "kv_channels")  # the formula tables' heads are h/a
         _, bars, order = out.setdefault(r["model"], (layer, {}, []))
         name = bar_name(r["recompute"], r["recompute_modules"])
@@ -77,6 +90,8 @@ def layer_value(r, column):
 def same_layer(r, layer):
     """Whether a layer_run row ran this layer (older rows have one dropout column for both)."""
     if any(layer_value(r, c) != layer[c] for c in LAYER_COLUMNS + ("kv_channels",)):
+        return False
+    if any((r.get(c) or "") != layer[c] for c in MOE_COLUMNS if c in layer):
         return False
     for c in ("attention_dropout", "hidden_dropout"):
         if num(r.get(c) or r.get("dropout")) != num(layer[c]):
@@ -137,11 +152,13 @@ def draw_panel(ax, bars, order, attention, measured):
 
 def describe(model, layer):
     g = f", g={layer['kv_heads']}" if layer["kv_heads"] != layer["heads"] else ""
-    return (f"{model} layer (h={layer['hidden']}, a={layer['heads']}{g}, F={layer['ffn_hidden']}), "
+    mlp = (f"E={layer['num_experts']}, k={layer['top_k']}, F_e={layer['moe_ffn_hidden']}" if "num_experts" in layer
+           else f"F={layer['ffn_hidden']}")
+    return (f"{model} layer (h={layer['hidden']}, a={layer['heads']}{g}, {mlp}), "
             f"s={layer['seq']}, b={layer['batch']}, t={layer['tp']}, SP, {layer['dtype']}")
 
 
-def markdown(models, measured_of):
+def markdown(models, measured_of, table=TABLE, what="--recompute-modules set"):
     header = ["model", "attention", "recompute", "formula (MiB)", "measured (MiB)", "freed vs none (MiB)",
               "categories (MiB)"]
     table = []
@@ -158,8 +175,8 @@ def markdown(models, measured_of):
                               ", ".join(f"{b} {v / MIB:.3f}" for b, v in sorted(seen.items())),
                               f"{(none - total) / MIB:.3f}",
                               ", ".join(f"{c} {b / MIB:.3f}" for c, b in cats.items())])
-    return ("# Bytes by category for each --recompute-modules set (with SP)\n\n"
-            "Per layer and tensor-parallel rank. formula: `theory`'s recompute_modules.csv (the categories "
+    return (f"# Bytes by category for each {what} (with SP)\n\n"
+            f"Per layer and tensor-parallel rank. formula: `theory`'s {table} (the categories "
             "sum to the total; layer_run's meta backend measures every bar to the byte, as tests/test_plots.py "
             "checks); measured: layer_run's act_bytes for the same layer and module set, per backend, where the "
             "results have such rows (selective rows only from CSVs with recompute_modules: before the modules, "
@@ -168,7 +185,7 @@ def markdown(models, measured_of):
             common.markdown_table(header, table))
 
 
-def draw(models, measured_of):
+def draw(models, measured_of, short_names="attn = core_attn, norm = layernorm"):
     """One row of panels per model (its layer above), one panel per attention, one legend."""
     common.style()
     fig = common.plt.figure(figsize=(5.2, 2.3 * len(models)), constrained_layout=True)
@@ -184,24 +201,29 @@ def draw(models, measured_of):
     labels += [label for label in handles if label not in labels]  # unnamed categories, then measured points
     fig.legend([handles[label] for label in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0), ncol=3,
                fontsize=4.5)
-    fig.suptitle("Bytes kept for backward by --recompute-modules set (attn = core_attn, norm = layernorm); "
-                 "bars: formula", fontsize=6)
+    fig.suptitle(f"Bytes kept for backward by --recompute-modules set ({short_names}); bars: formula", fontsize=6)
     return fig
 
 
-def make(ctx):
-    rows = ctx.theory.table(TABLE)
+def make_for(ctx, table, stem, what, short_names):
+    """The figure and its markdown table from `theory`'s `table`, as `stem`.png / `stem`.md."""
+    rows = ctx.theory.table(table)
     if not rows:
-        raise Skip(f"{TABLE} has no rows")
+        raise Skip(f"{table} has no rows")
     missing = [c for c in NEEDED if c not in rows[0]]
     if missing:
-        raise Skip(f"{TABLE} has no column {', '.join(missing)} (written by an older `theory`?)")
+        raise Skip(f"{table} has no column {', '.join(missing)} (written by an older `theory`?)")
     models = read_bars(rows)
     measured_of = {model: measured_bars(ctx, layer) for model, (layer, _, _) in models.items()}
-    fig = draw(models, measured_of)
-    out = [common.save(fig, ctx.out_dir, "recompute_modules_bytes")]
-    out.append(common.write_text(ctx.out_dir, "recompute_modules_bytes.md", markdown(models, measured_of)))
+    fig = draw(models, measured_of, short_names)
+    out = [common.save(fig, ctx.out_dir, stem)]
+    out.append(common.write_text(ctx.out_dir, stem + ".md", markdown(models, measured_of, table, what)))
     return out
+
+
+def make(ctx):
+    return make_for(ctx, TABLE, "recompute_modules_bytes", "--recompute-modules set",
+                    "attn = core_attn, norm = layernorm")
 
 
 if __name__ == "__main__":

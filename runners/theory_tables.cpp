@@ -331,6 +331,7 @@ std::vector<std::pair<std::string, Table>> all_tables(const TableSettings& s, co
       {"llama_table2_categories.csv", llama_table2_categories()},
       {"llama_seqlen.csv", llama_seqlen()},
       {"recompute_modules.csv", recompute_modules_categories()},
+      {"moe_modules.csv", moe_modules_categories()},
   };
 }
 

@@ -90,6 +90,9 @@ theory::LlamaDims llama_dims(const theory::TransformerModel& m, double s, double
 // Bytes by category for every --recompute-modules set (and none, and full) with SP, unfused
 // and fused, for the 22B layer and llama3-8b's at t = 8.
 Table recompute_modules_categories();
+// The same for the MoE presets (mixtral-8x7b, qwen3-30b-a3b, deepseek-v3) at t = 2 with SP, over
+// the module sets an MoE layer reads (moe_act, moe, shared_experts, mla_up_proj).
+Table moe_modules_categories();
 
 // ---- everything `theory --out` writes ----
 
