@@ -629,15 +629,24 @@ void attention_fwd(DType dt, const void* q, const void* k, const void* v, float 
   attention_fwd_tensor_core(dt, q, k, v, scale, spec, out, lse, shape, stream);
 }
 
+int64_t attention_bwd_workspace_floats(DType dt, const AttentionShape& shape) {
+  const int64_t rows = shape.B * shape.S;  // delta; bf16 and fp16 add the fp32 dQ accumulator
+  return dt == DType::fp32 ? rows : rows + rows * shape.D;
+}
+
 void attention_bwd(DType dt, const void* q, const void* k, const void* v, const void* out, const void* dout,
-                   const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* delta,
-                   const AttentionShape& shape, cudaStream_t stream) {
+                   const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv,
+                   float* workspace, const AttentionShape& shape, cudaStream_t stream) {
   check_shape(shape, "attention_bwd");
   if (shape.B == 0 || shape.S == 0) return;
-  ACTBENCH_DISPATCH_FLOAT(dt, "attention_bwd", T,
-                          bwd<T>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                                 static_cast<const T*>(out), static_cast<const T*>(dout), lse, scale, spec,
-                                 static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), delta, shape, stream));
+  if (dt == DType::fp32) {
+    bwd<float>(static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
+               static_cast<const float*>(out), static_cast<const float*>(dout), lse, scale, spec,
+               static_cast<float*>(dq), static_cast<float*>(dk), static_cast<float*>(dv), workspace, shape, stream);
+    return;
+  }
+  // bf16 and fp16: tensor cores (attention_tc.cu); it refuses any other dtype.
+  attention_bwd_tensor_core(dt, q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream);
 }
 
 }  // namespace actbench::cuda
