@@ -247,15 +247,18 @@ class CudaSimTest(unittest.TestCase):
     @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
     def test_dropout_and_bf16_match_the_cpu_backend(self):
         # Dropout masks come from the same Philox stream on both backends; bf16 rounds alike.
-        for dtype, dropout, rtol in [("fp32", "0.1", 1e-4), ("bf16", "0.1", 3e-2)]:
-            with self.subTest(dtype):
+        # bf16 with fused attention runs the tensor-core forward and backward (attention_tc.cu).
+        for dtype, dropout, rtol, attention in [("fp32", "0.1", 1e-4, "unfused"), ("bf16", "0.1", 3e-2, "unfused"),
+                                                ("bf16", "0.1", 3e-2, "fused")]:
+            name = dtype + attention
+            with self.subTest(name):
                 common = ["--model", "tiny", "--config", "selective+sp,full", "--dropout", dropout, "--dtype", dtype,
-                          "--seq", "24", "--batch", "2"]
-                self.layer_run("c" + dtype, "--backend", "cuda", *common, "--dump", self.dump_dir("c" + dtype))
-                self.layer_run("p" + dtype, "--backend", "cpu", *common, "--dump", self.dump_dir("p" + dtype))
+                          "--attention", attention, "--seq", "24", "--batch", "2"]
+                self.layer_run("c" + name, "--backend", "cuda", *common, "--dump", self.dump_dir("c" + name))
+                self.layer_run("p" + name, "--backend", "cpu", *common, "--dump", self.dump_dir("p" + name))
                 for config in ["selective+sp", "full"]:
-                    self.assert_dumps_match(os.path.join(self.dump_dir("c" + dtype), config),
-                                            os.path.join(self.dump_dir("p" + dtype), config), rtol)
+                    self.assert_dumps_match(os.path.join(self.dump_dir("c" + name), config),
+                                            os.path.join(self.dump_dir("p" + name), config), rtol)
 
     @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
     def test_fused_attention_and_the_llama_layer(self):
