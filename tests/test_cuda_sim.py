@@ -359,12 +359,13 @@ class CudaSimTest(unittest.TestCase):
         self.assertFalse(os.path.exists(out))
 
     def test_launch_limits_of_the_simulated_device_are_the_drivers(self):
-        # Fused attention at head size 128 needs more shared memory than an sm_86 block may
-        # opt into (99 KiB): refused as the driver refuses it, one line naming the call site.
+        # fp32 fused attention at head size 128 (the CUDA-core kernels; bf16's tensor-core ones
+        # fit) needs more shared memory than an sm_86 block may opt into (99 KiB): refused as
+        # the driver refuses it, one line naming the call site.
         out = os.path.join(self.tmp, "sm86.csv")
         env = dict(os.environ, CUDASIM_DEVICE="sm86")
         r = subprocess.run([LAYER_RUN, "--backend", "cuda", "--attention", "fused", "--hidden", "256", "--heads", "2",
-                            "--seq", "16", "--batch", "1", "--config", "baseline", "--csv", out],
+                            "--seq", "16", "--batch", "1", "--dtype", "fp32", "--config", "baseline", "--csv", out],
                            capture_output=True, text=True, timeout=300, env=env)
         self.assertNotEqual(r.returncode, 0)
         errors = [l for l in r.stderr.splitlines() if "failure" in l]
@@ -375,7 +376,7 @@ class CudaSimTest(unittest.TestCase):
         self.assertIn("cuda-sim (sm86 limits)", r.stderr)
         # The same run within the H100's limits is fine.
         r = subprocess.run([LAYER_RUN, "--backend", "cuda", "--attention", "fused", "--hidden", "256", "--heads", "2",
-                            "--seq", "16", "--batch", "1", "--config", "baseline", "--csv", out],
+                            "--seq", "16", "--batch", "1", "--dtype", "fp32", "--config", "baseline", "--csv", out],
                            capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(read_rows(out)[0]["device"], "cuda-sim (h100 limits)")
