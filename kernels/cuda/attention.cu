@@ -13,11 +13,12 @@
 //   forward   fp32 only (bf16 and fp16 run on tensor cores, attention_tc.cu): one block per
 //             (64 query rows, head): the visible key tiles of 64, online softmax (running
 //             max and sum per row, fp32), writes out and lse = m + log(l).
-//   backward  delta_i = rowsum(dO o O) (one warp per row); dK, dV: one block per (64 keys,
-//             head) looping over the query tiles of 32 that see them, accumulating in
-//             registers; dQ: a separate pass, one block per (64 query rows, head) looping over
-//             the visible key tiles of 32. No atomics: results are deterministic. A row whose
-//             lse is -inf saw nothing and contributes nothing.
+//   backward  fp32 only (bf16 and fp16: attention_tc.cu, which recomputes S once and adds
+//             dQ with atomics). delta_i = rowsum(dO o O) (one warp per row); dK, dV: one
+//             block per (64 keys, head) looping over the query tiles of 32 that see them,
+//             accumulating in registers; dQ: a separate pass, one block per (64 query rows,
+//             head) looping over the visible key tiles of 32. No atomics: results are
+//             deterministic. A row whose lse is -inf saw nothing and contributes nothing.
 //
 // Dropout: element (i, j) of head b is kept iff philox_word at the canonical index of the
 // local element (b*T + qpos(i))*T + kpos(j) is >= the threshold (DropoutSpec::keep),

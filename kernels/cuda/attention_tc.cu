@@ -1,9 +1,9 @@
-// The fused attention forward of bf16 and fp16 on tensor cores (mma.sync m16n8k16 and
-// ldmatrix, kernels/cuda/mma.cuh), FlashAttention-2's structure; attention.cu keeps fp32 and
-// the backward. The contract is attention_fwd's (cuda_ops.hpp): q, out [B, S, D], k, v
-// [B / group, Sk, D], lse [B, S] fp32 = m + log(l) in natural log; rows placed in T positions
-// (AttentionRows), key j visible from query i when kpos(j) <= qpos(i); a row that sees no key
-// gets out 0 and lse -inf.
+// The fused attention forward and backward of bf16 and fp16 on tensor cores (mma.sync
+// m16n8k16 and ldmatrix, kernels/cuda/mma.cuh), FlashAttention-2's structure; attention.cu
+// keeps fp32. The backward is described at its kernels below. The forward's contract is
+// attention_fwd's (cuda_ops.hpp): q, out [B, S, D], k, v [B / group, Sk, D], lse [B, S] fp32 =
+// m + log(l) in natural log; rows placed in T positions (AttentionRows), key j visible from
+// query i when kpos(j) <= qpos(i); a row that sees no key gets out 0 and lse -inf.
 //
 // Work split. One block of 4 warps per (head, 64 query rows); each warp owns 16 query rows
 // end to end (its S, P and O never leave its registers), so the only block-wide traffic is
