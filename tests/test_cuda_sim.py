@@ -247,15 +247,18 @@ class CudaSimTest(unittest.TestCase):
     @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
     def test_dropout_and_bf16_match_the_cpu_backend(self):
         # Dropout masks come from the same Philox stream on both backends; bf16 rounds alike.
-        for dtype, dropout, rtol in [("fp32", "0.1", 1e-4), ("bf16", "0.1", 3e-2)]:
-            with self.subTest(dtype):
+        # bf16 with fused attention runs the tensor-core forward and backward (attention_tc.cu).
+        for dtype, dropout, rtol, attention in [("fp32", "0.1", 1e-4, "unfused"), ("bf16", "0.1", 3e-2, "unfused"),
+                                                ("bf16", "0.1", 3e-2, "fused")]:
+            name = dtype + attention
+            with self.subTest(name):
                 common = ["--model", "tiny", "--config", "selective+sp,full", "--dropout", dropout, "--dtype", dtype,
-                          "--seq", "24", "--batch", "2"]
-                self.layer_run("c" + dtype, "--backend", "cuda", *common, "--dump", self.dump_dir("c" + dtype))
-                self.layer_run("p" + dtype, "--backend", "cpu", *common, "--dump", self.dump_dir("p" + dtype))
+                          "--attention", attention, "--seq", "24", "--batch", "2"]
+                self.layer_run("c" + name, "--backend", "cuda", *common, "--dump", self.dump_dir("c" + name))
+                self.layer_run("p" + name, "--backend", "cpu", *common, "--dump", self.dump_dir("p" + name))
                 for config in ["selective+sp", "full"]:
-                    self.assert_dumps_match(os.path.join(self.dump_dir("c" + dtype), config),
-                                            os.path.join(self.dump_dir("p" + dtype), config), rtol)
+                    self.assert_dumps_match(os.path.join(self.dump_dir("c" + name), config),
+                                            os.path.join(self.dump_dir("p" + name), config), rtol)
 
     @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
     def test_fused_attention_and_the_llama_layer(self):
@@ -356,12 +359,13 @@ class CudaSimTest(unittest.TestCase):
         self.assertFalse(os.path.exists(out))
 
     def test_launch_limits_of_the_simulated_device_are_the_drivers(self):
-        # Fused attention at head size 128 needs more shared memory than an sm_86 block may
-        # opt into (99 KiB): refused as the driver refuses it, one line naming the call site.
+        # fp32 fused attention at head size 128 (the CUDA-core kernels; bf16's tensor-core ones
+        # fit) needs more shared memory than an sm_86 block may opt into (99 KiB): refused as
+        # the driver refuses it, one line naming the call site.
         out = os.path.join(self.tmp, "sm86.csv")
         env = dict(os.environ, CUDASIM_DEVICE="sm86")
         r = subprocess.run([LAYER_RUN, "--backend", "cuda", "--attention", "fused", "--hidden", "256", "--heads", "2",
-                            "--seq", "16", "--batch", "1", "--config", "baseline", "--csv", out],
+                            "--seq", "16", "--batch", "1", "--dtype", "fp32", "--config", "baseline", "--csv", out],
                            capture_output=True, text=True, timeout=300, env=env)
         self.assertNotEqual(r.returncode, 0)
         errors = [l for l in r.stderr.splitlines() if "failure" in l]
@@ -372,7 +376,7 @@ class CudaSimTest(unittest.TestCase):
         self.assertIn("cuda-sim (sm86 limits)", r.stderr)
         # The same run within the H100's limits is fine.
         r = subprocess.run([LAYER_RUN, "--backend", "cuda", "--attention", "fused", "--hidden", "256", "--heads", "2",
-                            "--seq", "16", "--batch", "1", "--config", "baseline", "--csv", out],
+                            "--seq", "16", "--batch", "1", "--dtype", "fp32", "--config", "baseline", "--csv", out],
                            capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(read_rows(out)[0]["device"], "cuda-sim (h100 limits)")

@@ -13,11 +13,12 @@
 //   forward   fp32 only (bf16 and fp16 run on tensor cores, attention_tc.cu): one block per
 //             (64 query rows, head): the visible key tiles of 64, online softmax (running
 //             max and sum per row, fp32), writes out and lse = m + log(l).
-//   backward  delta_i = rowsum(dO o O) (one warp per row); dK, dV: one block per (64 keys,
-//             head) looping over the query tiles of 32 that see them, accumulating in
-//             registers; dQ: a separate pass, one block per (64 query rows, head) looping over
-//             the visible key tiles of 32. No atomics: results are deterministic. A row whose
-//             lse is -inf saw nothing and contributes nothing.
+//   backward  fp32 only (bf16 and fp16: attention_tc.cu, which recomputes S once and adds
+//             dQ with atomics). delta_i = rowsum(dO o O) (one warp per row); dK, dV: one
+//             block per (64 keys, head) looping over the query tiles of 32 that see them,
+//             accumulating in registers; dQ: a separate pass, one block per (64 query rows,
+//             head) looping over the visible key tiles of 32. No atomics: results are
+//             deterministic. A row whose lse is -inf saw nothing and contributes nothing.
 //
 // Dropout: element (i, j) of head b is kept iff philox_word at the canonical index of the
 // local element (b*T + qpos(i))*T + kpos(j) is >= the threshold (DropoutSpec::keep),
@@ -629,15 +630,24 @@ void attention_fwd(DType dt, const void* q, const void* k, const void* v, float 
   attention_fwd_tensor_core(dt, q, k, v, scale, spec, out, lse, shape, stream);
 }
 
+int64_t attention_bwd_workspace_floats(DType dt, const AttentionShape& shape) {
+  const int64_t rows = shape.B * shape.S;  // delta; bf16 and fp16 add the fp32 dQ accumulator
+  return dt == DType::fp32 ? rows : rows + rows * shape.D;
+}
+
 void attention_bwd(DType dt, const void* q, const void* k, const void* v, const void* out, const void* dout,
-                   const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* delta,
-                   const AttentionShape& shape, cudaStream_t stream) {
+                   const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv,
+                   float* workspace, const AttentionShape& shape, cudaStream_t stream) {
   check_shape(shape, "attention_bwd");
   if (shape.B == 0 || shape.S == 0) return;
-  ACTBENCH_DISPATCH_FLOAT(dt, "attention_bwd", T,
-                          bwd<T>(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                                 static_cast<const T*>(out), static_cast<const T*>(dout), lse, scale, spec,
-                                 static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), delta, shape, stream));
+  if (dt == DType::fp32) {
+    bwd<float>(static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
+               static_cast<const float*>(out), static_cast<const float*>(dout), lse, scale, spec,
+               static_cast<float*>(dq), static_cast<float*>(dk), static_cast<float*>(dv), workspace, shape, stream);
+    return;
+  }
+  // bf16 and fp16: tensor cores (attention_tc.cu); it refuses any other dtype.
+  attention_bwd_tensor_core(dt, q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream);
 }
 
 }  // namespace actbench::cuda

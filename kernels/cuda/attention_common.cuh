@@ -100,10 +100,14 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 namespace actbench::cuda {
 
-// attention_tc.cu: the tensor-core forward of bf16 and fp16 (attention_fwd's contract,
-// cuda_ops.hpp); shape already checked.
+// attention_tc.cu: the tensor-core forward and backward of bf16 and fp16 (attention_fwd's and
+// attention_bwd's contracts, cuda_ops.hpp); shape already checked.
 void attention_fwd_tensor_core(DType dt, const void* q, const void* k, const void* v, float scale,
                                const DropoutSpec& spec, void* out, float* lse, const AttentionShape& shape,
+                               cudaStream_t stream);
+void attention_bwd_tensor_core(DType dt, const void* q, const void* k, const void* v, const void* out,
+                               const void* dout, const float* lse, float scale, const DropoutSpec& spec, void* dq,
+                               void* dk, void* dv, float* workspace, const AttentionShape& shape,
                                cudaStream_t stream);
 
 }  // namespace actbench::cuda

@@ -1,9 +1,9 @@
-// The fused attention forward of bf16 and fp16 on tensor cores (mma.sync m16n8k16 and
-// ldmatrix, kernels/cuda/mma.cuh), FlashAttention-2's structure; attention.cu keeps fp32 and
-// the backward. The contract is attention_fwd's (cuda_ops.hpp): q, out [B, S, D], k, v
-// [B / group, Sk, D], lse [B, S] fp32 = m + log(l) in natural log; rows placed in T positions
-// (AttentionRows), key j visible from query i when kpos(j) <= qpos(i); a row that sees no key
-// gets out 0 and lse -inf.
+// The fused attention forward and backward of bf16 and fp16 on tensor cores (mma.sync
+// m16n8k16 and ldmatrix, kernels/cuda/mma.cuh), FlashAttention-2's structure; attention.cu
+// keeps fp32. The backward is described at its kernels below. The forward's contract is
+// attention_fwd's (cuda_ops.hpp): q, out [B, S, D], k, v [B / group, Sk, D], lse [B, S] fp32 =
+// m + log(l) in natural log; rows placed in T positions (AttentionRows), key j visible from
+// query i when kpos(j) <= qpos(i); a row that sees no key gets out 0 and lse -inf.
 //
 // Work split. One block of 4 warps per (head, 64 query rows); each warp owns 16 query rows
 // end to end (its S, P and O never leave its registers), so the only block-wide traffic is
@@ -487,6 +487,382 @@ void launch_for_head_dim(const void* q, const void* k, const void* v, float scal
   }
 }
 
+// ---- backward --------------------------------------------------------------------------------
+// FlashAttention-2's backward: delta = rowsum(dO∘O) and a zeroed fp32 dQ accumulator first
+// (attention_bwd_prep_kernel), then one block per (key/value head, 64 keys) that loads K and V
+// once and loops over the query tiles that see them, of each query head of its GQA group:
+//   Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2(e) − lse·log2(e))   (the one recomputation of S)
+//   dPᵀ = V·dOᵀ
+//   dV += (P∘keep/(1−p))ᵀ·dO                    dropout by the forward's Philox words
+//   dSᵀ = Pᵀ∘(dPᵀ·keep/(1−p) − delta)
+//   dK += dSᵀ·Q                                 (scale applied once, at the store)
+//   dQ += dS·K                                  fp32 atomicAdd into the accumulator
+// and last attention_dq_convert_kernel writes dQ = scale·acc in T. Each warp owns 16 keys end
+// to end (their dK and dV accumulate in its registers across the whole loop), as each warp of
+// the forward owns 16 query rows: Sᵀ and dPᵀ are in the mma's C layout with keys as rows, so
+// Pᵀ and dSᵀ are directly the A fragments of dV's and dK's mma (the forward's P trick), with
+// dO's and Q's B fragments by ldmatrix.trans. dQ needs dS summed over the block's 64 keys:
+// each warp stores its dSᵀ (in T) to shared memory, and after a barrier every warp computes
+// a slice of the tile's dQ (16 rows × kD / (kWarps / (rows / 16)) columns) from it by
+// ldmatrix.trans, adding it to the accumulator with one atomic per element. The atomics make
+// dQ's fp32 sum order (and so its last bits) depend on the blocks' timing.
+// Query tiles of 64 rows for kD = 64 and 32 for 96 and 128: a lane's dK and dV take kD fp32
+// registers, which leaves room for 16 (not 32) of Sᵀ's and dPᵀ's columns per lane.
+// Shared memory: K, V [64][kD], Q, dO [rows][kD] (swizzled as in the forward), dSᵀ
+// [64][64] (rows of 128 bytes, Swizzle<64>), and per query row lse·log2(e), delta and the
+// position: 41, 44.5 and 56.5 KiB for kD = 64, 96, 128. No pipelining yet: the query tile's
+// loads are waited for at a barrier.
+
+template <int kD>
+constexpr int kBwdRows = kD <= 64 ? 64 : 32;
+constexpr int kBwdKeys = kWarps * kWarpRows;  // keys per block, 16 per warp
+constexpr int kDsCols = 64;                   // the dSᵀ tile's row length (queries), for every kD
+
+template <int kD>
+constexpr size_t tc_bwd_smem_bytes() {
+  return sizeof(uint16_t) * (2 * kBwdKeys * kD + 2 * kBwdRows<kD> * kD + kBwdKeys * kDsCols) +
+         (2 * sizeof(float) + sizeof(int64_t)) * kBwdRows<kD>;
+}
+
+template <class T>
+__device__ __forceinline__ float float_of(uint16_t b);
+template <>
+__device__ __forceinline__ float float_of<__nv_bfloat16>(uint16_t b) {
+  return __bfloat162float(__ushort_as_bfloat16(b));
+}
+template <>
+__device__ __forceinline__ float float_of<__half>(uint16_t b) {
+  return __half2float(__ushort_as_half(b));
+}
+
+// delta_i = rowsum(dO∘O) in fp32, one warp per row; the row's dQ accumulator zeroed.
+template <class T>
+__global__ void attention_bwd_prep_kernel(const uint16_t* __restrict__ out, const uint16_t* __restrict__ dout,
+                                          float* __restrict__ delta, float* __restrict__ dq_acc, int64_t rows,
+                                          int D) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t warps = grid_threads() >> 5;
+  for (int64_t r = global_thread() >> 5; r < rows; r += warps) {
+    float s = 0.f;
+    for (int d = lane; d < D; d += 32) {
+      s = fmaf(float_of<T>(out[r * D + d]), float_of<T>(dout[r * D + d]), s);
+      dq_acc[r * D + d] = 0.f;
+    }
+    s = warp_sum(s);
+    if (lane == 0) delta[r] = s;
+  }
+}
+
+template <class T>
+__global__ void attention_dq_convert_kernel(const float* __restrict__ dq_acc, float scale, uint16_t* __restrict__ dq,
+                                            int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) dq[i] = bits_of<T>(scale * dq_acc[i]);
+}
+
+// The lane's scores of Sᵀ (keys as rows): bit nb·4 + i stands for s[nb][i], key row
+// g + 8·(i / 2) of the warp, query column nb·8 + 2t + i % 2 of the tile. kpos: the lane's two
+// keys' positions; qpos: the tile's query positions (-1: padding, or a row that saw no key).
+template <int kRows>
+__device__ __forceinline__ uint32_t visible_bits_t(const int64_t* qpos, int t, int64_t kpos0, int64_t kpos1) {
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int e = 0; e < kRows / 2; ++e)
+    if (((e & 2) ? kpos1 : kpos0) <= qpos[(e / 4) * 8 + 2 * t + e % 2]) bits |= 1u << e;
+  return bits;
+}
+
+// Which visible scores dropout keeps, pair by pair: a pair is one key and two neighbouring
+// queries (T apart in the canonical index, so usually two Philox calls).
+template <int kRows>
+__device__ __forceinline__ uint32_t kept_bits_t(const AttnDropout& dr, const AttnPlace& pl, int64_t bh, int t,
+                                                int64_t kpos0, int64_t kpos1, const int64_t* qpos, uint32_t visible,
+                                                int64_t offset) {
+  uint32_t bits = 0;
+#pragma unroll 1
+  for (int pair = 0; pair < kRows / 4; ++pair) {
+    const uint32_t both = (visible >> (2 * pair)) & 3u;
+    if (both == 0) continue;
+    const int64_t kp = pair % 2 ? kpos1 : kpos0;  // a real key: one of the pair is visible
+    const int col = (pair / 2) * 8 + 2 * t;
+    // A padding neighbour (no position): 0 stands in, its bit is cleared below.
+    const int64_t qa = qpos[col] < 0 ? 0 : qpos[col], qb = qpos[col + 1] < 0 ? 0 : qpos[col + 1];
+    bool keep_a, keep_b;
+    dr.keep_pair(dr.canonical(bh, qa, kp, pl.T, offset), dr.canonical(bh, qb, kp, pl.T, offset), keep_a, keep_b);
+    bits |= (((keep_a ? 1u : 0u) | (keep_b ? 2u : 0u)) & both) << (2 * pair);
+  }
+  return bits;
+}
+
+// This lane's fp32 accumulators of 16 key rows (g, g + 8 of the warp's) as T: scaled, rows
+// past Sk and columns past D not stored.
+template <class T, int kDimBlocks>
+__device__ __forceinline__ void store_key_rows(uint16_t* m, int64_t w0, int64_t Sk, int D, bool vec, int g, int t,
+                                               float mul, const float (&acc)[kDimBlocks][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t j = w0 + g + 8 * h;
+    if (j >= Sk) continue;
+#pragma unroll
+    for (int nd = 0; nd < kDimBlocks; ++nd) {
+      const int d = nd * 8 + 2 * t;
+      if (d >= D) continue;
+      uint16_t* dst = m + j * D + d;
+      if (vec) {
+        *reinterpret_cast<uint32_t*>(dst) = pack_pair<T>(mul * acc[nd][2 * h], mul * acc[nd][2 * h + 1]);
+      } else {
+        dst[0] = bits_of<T>(mul * acc[nd][2 * h]);
+        if (d + 1 < D) dst[1] = bits_of<T>(mul * acc[nd][2 * h + 1]);
+      }
+    }
+  }
+}
+
+template <class T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    attention_bwd_tc_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
+                            const uint16_t* __restrict__ v, const uint16_t* __restrict__ dout,
+                            const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq_acc,
+                            uint16_t* __restrict__ dk, uint16_t* __restrict__ dv, AttnPlace pl, int D, bool vec,
+                            float scale, float scale_log2, AttnDropout dr, int64_t group) {
+  constexpr int kRows = kBwdRows<kD>;
+  constexpr int kSteps = kD / 16, kDimBlocks = kD / 8, kQueryBlocks = kRows / 8;
+  // dQ of a query tile: kRowBlocks blocks of 16 rows × kSplits column slices, one per warp.
+  constexpr int kRowBlocks = kRows / 16, kSplits = kWarps / kRowBlocks, kDqBlocks = kDimBlocks / kSplits;
+  static_assert(kRowBlocks * kSplits == kWarps && kDqBlocks % 2 == 0, "whole dQ slices per warp");
+  static_assert(kRows <= kDsCols && kRows / 2 <= 32, "dSᵀ fits its rows; a lane's scores fit a 32-bit mask");
+  using Sw = Swizzle<kD>;
+  using SwS = Swizzle<kDsCols>;
+  extern __shared__ uint4 tc_smem[];
+  uint16_t* sK = reinterpret_cast<uint16_t*>(tc_smem);  // [kBwdKeys][kD]
+  uint16_t* sV = sK + kBwdKeys * kD;                     // [kBwdKeys][kD]
+  uint16_t* sQ = sV + kBwdKeys * kD;                     // [kRows][kD]
+  uint16_t* sdO = sQ + kRows * kD;                       // [kRows][kD]
+  uint16_t* sdS = sdO + kRows * kD;                      // [kBwdKeys][kDsCols]: dSᵀ, queries [0, kRows)
+  int64_t* sQpos = reinterpret_cast<int64_t*>(sdS + kBwdKeys * kDsCols);  // [kRows]
+  float* sLse = reinterpret_cast<float*>(sQpos + kRows);                   // [kRows]: lse·log2(e)
+  float* sDelta = sLse + kRows;                                            // [kRows]
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t S = pl.S, Sk = pl.Sk, kvh = blockIdx.x;
+  const int64_t kv_base = kvh * Sk * D;
+  const int64_t n_kb = (Sk + kBwdKeys - 1) / kBwdKeys, n_qt = (S + kRows - 1) / kRows;
+  const float drop_scale = dr.on ? dr.scale : 1.f;
+  // ldmatrix row offsets as in the forward: b_off for B fragments of rows used as columns
+  // (Q, dO: non-transposed), t_off for B fragments of [k][n] rows (Q, dO, K: .trans).
+  int b_off[kSteps], t_off[kDimBlocks / 2];
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+    b_off[kk] = ((lane / 16) * 8 + lane % 8) * kD + Sw::chunk(lane % 8, 2 * kk + (lane / 8) % 2) * 8;
+#pragma unroll
+  for (int c2 = 0; c2 < kDimBlocks / 2; ++c2)
+    t_off[c2] = (((lane / 8) % 2) * 8 + lane % 8) * kD + Sw::chunk(lane % 8, 2 * c2 + lane / 16) * 8;
+
+  for (int64_t kb = blockIdx.y; kb < n_kb; kb += gridDim.y) {  // the first key tiles have the most rows
+    const int64_t j0 = kb * kBwdKeys, key_end = min64(j0 + kBwdKeys, Sk);
+    const int64_t k_first = attention_tiles::first_position(pl.keys, j0, key_end);
+    const int64_t qt0 = attention_tiles::first_seeing_query(pl.queries, S, k_first) / kRows;
+    // This warp's 16 keys; w_last: their last position when all 16 are keys (a query tile
+    // wholly at or after it needs no mask).
+    const int64_t w0 = j0 + warp * kWarpRows, w1 = min64(w0 + kWarpRows, Sk);
+    const int64_t kpos0 = pl.key(w0 + g), kpos1 = pl.key(w0 + g + 8);
+    const int64_t w_last = w1 - w0 == kWarpRows ? attention_tiles::last_position(pl.keys, w0, w1) : INT64_MAX;
+
+    __syncthreads();  // the previous key tile is done with shared memory
+    {
+      TileShare<kBwdKeys, kD> share;
+      load_share(k + kv_base, j0, Sk, D, vec, share);
+      store_share(sK, share);
+      load_share(v + kv_base, j0, Sk, D, vec, share);
+      store_share(sV, share);
+    }
+    float dk_acc[kDimBlocks][4], dv_acc[kDimBlocks][4];
+#pragma unroll
+    for (int nd = 0; nd < kDimBlocks; ++nd)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dk_acc[nd][i] = dv_acc[nd][i] = 0.f;
+
+    // Every query tile that sees the keys, of each query head of the group in turn.
+    for (int64_t bh = kvh * group; bh < (kvh + 1) * group; ++bh) {
+      const int64_t base = bh * S * D, drop_offset = dr.head_offset(bh, pl.T);
+      for (int64_t qt = qt0; qt < n_qt; ++qt) {
+        const int64_t i0 = qt * kRows, i1 = min64(i0 + kRows, S);
+        if (!attention_tiles::tile_visible(pl.queries, i0, i1, pl.keys, j0, key_end)) continue;
+        __syncthreads();  // the previous query tile is done with sQ, sdO, sdS and the rows
+        {
+          TileShare<kRows, kD> share;
+          load_share(q + base, i0, S, D, vec, share);
+          store_share(sQ, share);
+          load_share(dout + base, i0, S, D, vec, share);
+          store_share(sdO, share);
+        }
+        for (int r = static_cast<int>(threadIdx.x); r < kRows; r += kThreads) {
+          const int64_t i = i0 + r;
+          const float l = i < S ? lse[bh * S + i] : -INFINITY;
+          sQpos[r] = l == -INFINITY ? -1 : pl.query(i);  // a row that saw no key: none visible
+          sLse[r] = l == -INFINITY ? 0.f : l * kLog2e;
+          sDelta[r] = i < S ? delta[bh * S + i] : 0.f;
+        }
+        __syncthreads();
+
+        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: the warp's 16 keys' K and V rows are the A fragments
+        // (ldmatrix), Q's and dO's rows the B columns (as K's in the forward's S = Q·Kᵀ).
+        float s[kQueryBlocks][4], dp[kQueryBlocks][4];
+#pragma unroll
+        for (int nb = 0; nb < kQueryBlocks; ++nb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[nb][i] = dp[nb][i] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+          uint32_t kf[4], vf[4];
+          ldmatrix(kf, sK + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+          ldmatrix(vf, sV + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+#pragma unroll
+          for (int nb = 0; nb < kQueryBlocks; nb += 2) {
+            uint32_t qf[4], of[4];
+            ldmatrix(qf, sQ + nb * 8 * kD + b_off[kk]);
+            ldmatrix(of, sdO + nb * 8 * kD + b_off[kk]);
+            const uint32_t q0[2] = {qf[0], qf[1]}, q1[2] = {qf[2], qf[3]}, o0[2] = {of[0], of[1]},
+                           o1[2] = {of[2], of[3]};
+            mma<T>(s[nb], kf, q0);
+            mma<T>(s[nb + 1], kf, q1);
+            mma<T>(dp[nb], vf, o0);
+            mma<T>(dp[nb + 1], vf, o1);
+          }
+        }
+
+        // P from the saved lse; masked where some query of the tile does not see some key of
+        // the warp (the diagonal, padding, a placed run's edge). s becomes P∘keep/(1−p) (dV's
+        // A), dp becomes dS (dK's A and, through shared memory, dQ's).
+        const bool full = i1 - i0 == kRows && w_last <= attention_tiles::first_position(pl.queries, i0, i1);
+        const uint32_t seen = full ? ~0u : visible_bits_t<kRows>(sQpos, t, kpos0, kpos1);
+        const uint32_t kept = dr.on ? kept_bits_t<kRows>(dr, pl, bh, t, kpos0, kpos1, sQpos, seen, drop_offset) : seen;
+#pragma unroll
+        for (int nb = 0; nb < kQueryBlocks; ++nb)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = nb * 8 + 2 * t + i % 2, bit = nb * 4 + i;
+            const float p = (seen >> bit) & 1u ? exp2f(s[nb][i] * scale_log2 - sLse[col]) : 0.f;
+            const float mult = (kept >> bit) & 1u ? drop_scale : 0.f;
+            s[nb][i] = p * mult;
+            dp[nb][i] = p * (dp[nb][i] * mult - sDelta[col]);
+          }
+
+        // dV += (P∘keep/(1−p))ᵀ·dO and dK += dSᵀ·Q, 16 queries a step; dSᵀ to shared memory.
+#pragma unroll
+        for (int kk2 = 0; kk2 < kRows / 16; ++kk2) {
+          const uint32_t pf[4] = {pack_pair<T>(s[2 * kk2][0], s[2 * kk2][1]), pack_pair<T>(s[2 * kk2][2], s[2 * kk2][3]),
+                                  pack_pair<T>(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]),
+                                  pack_pair<T>(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3])};
+          const uint32_t sf[4] = {pack_pair<T>(dp[2 * kk2][0], dp[2 * kk2][1]),
+                                  pack_pair<T>(dp[2 * kk2][2], dp[2 * kk2][3]),
+                                  pack_pair<T>(dp[2 * kk2 + 1][0], dp[2 * kk2 + 1][1]),
+                                  pack_pair<T>(dp[2 * kk2 + 1][2], dp[2 * kk2 + 1][3])};
+#pragma unroll
+          for (int nd = 0; nd < kDimBlocks; nd += 2) {
+            uint32_t of[4], qf[4];
+            ldmatrix_trans(of, sdO + kk2 * 16 * kD + t_off[nd / 2]);
+            ldmatrix_trans(qf, sQ + kk2 * 16 * kD + t_off[nd / 2]);
+            const uint32_t o0[2] = {of[0], of[1]}, o1[2] = {of[2], of[3]}, q0[2] = {qf[0], qf[1]},
+                           q1[2] = {qf[2], qf[3]};
+            mma<T>(dv_acc[nd], pf, o0);
+            mma<T>(dv_acc[nd + 1], pf, o1);
+            mma<T>(dk_acc[nd], sf, q0);
+            mma<T>(dk_acc[nd + 1], sf, q1);
+          }
+          // sf[0], sf[1]: rows g, g + 8, queries of block 2kk2; sf[2], sf[3] of block 2kk2 + 1.
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int row = warp * kWarpRows + g + 8 * (r % 2);
+            *reinterpret_cast<uint32_t*>(sdS + SwS::at(row, 2 * kk2 + r / 2) + 2 * t) = sf[r];
+          }
+        }
+        __syncthreads();  // sdS holds the block's dSᵀ
+
+        // dQ += dS·K: this warp's 16 rows × kDqBlocks column blocks, over the block's 64 keys
+        // (16 a step): dS's A fragments by ldmatrix.trans of dSᵀ, K's B fragments by
+        // ldmatrix.trans (keys are the k of this product).
+        const int rb = warp % kRowBlocks, nd0 = (warp / kRowBlocks) * kDqBlocks;
+        float dq[kDqBlocks][4];
+#pragma unroll
+        for (int n = 0; n < kDqBlocks; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
+          uint32_t af[4];
+          ldmatrix_trans(af, sdS + SwS::at(kk * 16 + (lane / 16) * 8 + lane % 8, 2 * rb + (lane / 8) % 2));
+#pragma unroll
+          for (int n = 0; n < kDqBlocks; n += 2) {
+            uint32_t kf[4];
+            ldmatrix_trans(kf, sK + kk * 16 * kD + t_off[(nd0 + n) / 2]);
+            const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
+            mma<T>(dq[n], af, b0);
+            mma<T>(dq[n + 1], af, b1);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t i = i0 + rb * 16 + g + 8 * h;
+          if (i >= S) continue;
+#pragma unroll
+          for (int n = 0; n < kDqBlocks; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int d = (nd0 + n) * 8 + 2 * t + e;
+              if (d < D) atomicAdd(dq_acc + base + i * D + d, dq[n][2 * h + e]);
+            }
+        }
+      }
+    }
+    store_key_rows<T>(dk + kv_base, w0, Sk, D, vec, g, t, scale, dk_acc);
+    store_key_rows<T>(dv + kv_base, w0, Sk, D, vec, g, t, 1.f, dv_acc);
+  }
+}
+
+template <class T, int kD>
+void launch_bwd(const void* q, const void* k, const void* v, const void* out, const void* dout, const float* lse,
+                float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* workspace,
+                const AttentionShape& shape, cudaStream_t stream) {
+  const AttnPlace pl = make_place(shape);
+  const AttnDropout dr = make_dropout(spec, pl.T);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = shape.D % 8 == 0 && aligned(q) && aligned(k) && aligned(v) && aligned(dout) && aligned(dk) &&
+                   aligned(dv);
+  const int64_t B = shape.B, S = shape.S, Sk = shape.Sk, rows = B * S;
+  const int D = static_cast<int>(shape.D);
+  float* delta = workspace;
+  float* dq_acc = workspace + rows;  // attention_bwd_workspace_floats
+  attention_bwd_prep_kernel<T><<<elementwise_blocks(rows * 32), kElementwiseThreads, 0, stream>>>(
+      static_cast<const uint16_t*>(out), static_cast<const uint16_t*>(dout), delta, dq_acc, rows, D);
+  CUDA_CHECK_LAUNCH();
+  if (Sk > 0) {
+    const int64_t kv_heads = B / shape.group, n_kb = (Sk + kBwdKeys - 1) / kBwdKeys;
+    if (kv_heads > INT_MAX)
+      throw InvalidArgument("attention_bwd: " + std::to_string(kv_heads) + " heads is more than one launch takes");
+    // x: key/value heads (every head's first, longest key tile first), y: key tiles.
+    const dim3 grid(static_cast<unsigned>(kv_heads), static_cast<unsigned>(n_kb < 65535 ? n_kb : 65535));
+    constexpr size_t smem = tc_bwd_smem_bytes<kD>();
+    allow_smem(attention_bwd_tc_kernel<T, kD>, smem);
+    attention_bwd_tc_kernel<T, kD><<<grid, kThreads, smem, stream>>>(
+        static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v),
+        static_cast<const uint16_t*>(dout), lse, delta, dq_acc, static_cast<uint16_t*>(dk),
+        static_cast<uint16_t*>(dv), pl, D, vec, scale, scale * kLog2e, dr, shape.group);
+    CUDA_CHECK_LAUNCH();
+  }
+  attention_dq_convert_kernel<T><<<elementwise_blocks(rows * D), kElementwiseThreads, 0, stream>>>(
+      dq_acc, scale, static_cast<uint16_t*>(dq), rows * D);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void launch_bwd_for_head_dim(const void* q, const void* k, const void* v, const void* out, const void* dout,
+                             const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv,
+                             float* workspace, const AttentionShape& shape, cudaStream_t stream) {
+  switch (tc_head_dim(shape.D)) {
+    case 64: launch_bwd<T, 64>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream); break;
+    case 96: launch_bwd<T, 96>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream); break;
+    default: launch_bwd<T, 128>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream); break;
+  }
+}
+
 }  // namespace
 
 void attention_fwd_tensor_core(DType dt, const void* q, const void* k, const void* v, float scale,
@@ -498,6 +874,23 @@ void attention_fwd_tensor_core(DType dt, const void* q, const void* k, const voi
     launch_for_head_dim<__half>(q, k, v, scale, spec, out, lse, shape, stream);
   else
     throw InvalidArgument(std::string("attention_fwd: the tensor-core kernel takes bf16 or fp16, not ") +
+                          dtype_name(dt));
+}
+
+}  // namespace actbench::cuda
+
+namespace actbench::cuda {
+
+void attention_bwd_tensor_core(DType dt, const void* q, const void* k, const void* v, const void* out,
+                               const void* dout, const float* lse, float scale, const DropoutSpec& spec, void* dq,
+                               void* dk, void* dv, float* workspace, const AttentionShape& shape,
+                               cudaStream_t stream) {
+  if (dt == DType::bf16)
+    launch_bwd_for_head_dim<__nv_bfloat16>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream);
+  else if (dt == DType::fp16)
+    launch_bwd_for_head_dim<__half>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream);
+  else
+    throw InvalidArgument(std::string("attention_bwd: the tensor-core kernel takes bf16 or fp16, not ") +
                           dtype_name(dt));
 }
 

@@ -324,11 +324,12 @@ class CudaBackend final : public Backend {
       throw InvalidArgument(std::string(op) + ": head dim " + std::to_string(shape.D) + " is larger than " +
                             std::to_string(cuda::kAttentionMaxHeadDim) + ", the most the cuda kernels support");
     if (shape.B * shape.S == 0) return;
-    // delta_i = rowsum(dO o O): fp32 scratch from the caching allocator, back to the cache on
-    // return (its next user is ordered after these kernels on stream_).
-    Tensor delta = empty({shape.B * shape.S}, DType::fp32);
+    // delta_i = rowsum(dO o O) and, for bf16 and fp16, the fp32 dQ accumulator: scratch from
+    // the caching allocator, back to the cache on return (its next user is ordered after these
+    // kernels on stream_).
+    Tensor workspace = empty({cuda::attention_bwd_workspace_floats(dt, shape)}, DType::fp32);
     cuda::attention_bwd(dt, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data_as<float>(), scale, spec,
-                        dq.data(), dk.data(), dv.data(), delta.data_as<float>(), shape, stream_);
+                        dq.data(), dk.data(), dv.data(), workspace.data_as<float>(), shape, stream_);
   }
   void attention_merge_impl(const Tensor& out, const Tensor& lse, const Tensor& out_part,
                             const Tensor& lse_part) override {

@@ -42,7 +42,8 @@ void dropout_bwd(DType dt, const void* dy, const uint8_t* mask, float scale, voi
 // is visible from query i when keys.at(j) <= queries.at(i), and dropout keeps element (b, i, j)
 // iff spec.keep((b*T + queries.at(i))*T + keys.at(j)), regenerated in every kernel. A row that
 // sees no key gets out 0 and lse -inf, and contributes nothing in backward. attention_bwd
-// needs an fp32 workspace `delta` of B*S floats. Grouped-query attention: query batch i reads
+// needs an fp32 workspace of attention_bwd_workspace_floats(dt, shape) floats: delta [B*S],
+// and for bf16 and fp16 the dQ accumulator [B*S*D]. Grouped-query attention: query batch i reads
 // key/value batch i / group, and dk, dv sum over the group's query batches.
 constexpr int64_t kAttentionMaxHeadDim = 128;
 struct AttentionShape {
@@ -52,8 +53,9 @@ struct AttentionShape {
 void attention_fwd(DType dt, const void* q, const void* k, const void* v, float scale, const DropoutSpec& spec,
                    void* out, float* lse, const AttentionShape& shape, cudaStream_t stream);
 void attention_bwd(DType dt, const void* q, const void* k, const void* v, const void* out, const void* dout,
-                   const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv, float* delta,
-                   const AttentionShape& shape, cudaStream_t stream);
+                   const float* lse, float scale, const DropoutSpec& spec, void* dq, void* dk, void* dv,
+                   float* workspace, const AttentionShape& shape, cudaStream_t stream);
+int64_t attention_bwd_workspace_floats(DType dt, const AttentionShape& shape);
 // out, out_part [rows, D], lse, lse_part [rows] fp32: out and lse become those of both parts
 // (Backend::attention_merge); fp32 math.
 void attention_merge(DType dt, void* out, float* lse, const void* out_part, const float* lse_part, int64_t rows,

@@ -139,6 +139,9 @@ void race_begin_block();
 // Drops the shadow of [lo, hi) (a freed buffer with its canaries): 64 bytes of shadow per byte
 // touched would otherwise outlive every buffer of a long run.
 void race_forget(uintptr_t lo, uintptr_t hi);
+// An atomic read-modify-write of [a, a + n) at pc (atomic_add_f32): checked against the plain
+// accesses of other threads like a write, never against other atomics.
+void race_atomic(uintptr_t a, size_t n, const void* pc);
 // cudasim::set_race_checks.
 bool race_set_checks(bool on);
 

@@ -28,8 +28,8 @@ struct Access {
   uint32_t block = 0;
   uint32_t bar = 0, wsync = 0;
   uint16_t thread = 0;
-  uint8_t multi = 0;  // reads: more than one unordered reader
-  uint8_t pad = 0;
+  uint8_t multi = 0;   // reads: more than one unordered reader
+  uint8_t atomic = 0;  // writes: an atomic read-modify-write (atomics do not race each other)
   const void* pc = nullptr;
 };
 struct Cell {
@@ -81,7 +81,7 @@ bool ordered(const Access& prev, const Access& now) {
   return !prev.multi && prev.thread / 32 == now.thread / 32 && prev.wsync < now.wsync;
 }
 
-void access(uintptr_t a, size_t n, bool write, const void* pc) {
+void access(uintptr_t a, size_t n, bool write, const void* pc, bool atomic = false) {
   Thread* t = current_thread();
   if (!t) return;
   // Which memory: shared (static section or dynamic), device buffer, or out of bounds of one.
@@ -114,6 +114,7 @@ void access(uintptr_t a, size_t n, bool write, const void* pc) {
   now.bar = running.bar_epoch;
   now.wsync = warps[t->warp].sync_epoch;
   now.pc = pc;
+  now.atomic = atomic ? 1 : 0;
   // Built only for a report: an access that finds nothing wrong costs no string.
   const auto header = [] {
     return std::string(running.kernel) + " launched at " + running.file + ":" + std::to_string(running.line) +
@@ -126,7 +127,7 @@ void access(uintptr_t a, size_t n, bool write, const void* pc) {
       if (c->r.launch != now.launch || c->r.block != now.block) c->r = Access{};
     }
     if (write) {
-      if (c->w.launch && !ordered(c->w, now)) {
+      if (c->w.launch && !(atomic && c->w.atomic) && !ordered(c->w, now)) {
         report(kRace, pc, "write-write race in " + header() + " on " + describe_address(a + i) + ":\n  write by thread " +
                               thread_name(*t) + " at " + symbolize(pc) + "\n  write by " + who(c->w) +
                               "\n  with no barrier between");
@@ -176,6 +177,7 @@ void race_begin_launch() {
 }
 void race_begin_block() {}
 
+
 // CUDASIM_RACE_CHECKS=0: counting without checking (set_race_checks).
 bool& race_checks() {
   static bool on = [] {
@@ -185,6 +187,10 @@ bool& race_checks() {
   return on;
 }
 bool race_set_checks(bool on) { return race_checks() = on; }
+
+void race_atomic(uintptr_t a, size_t n, const void* pc) {
+  if (race_checks()) access(a, n, true, pc, true);
+}
 
 void race_forget(uintptr_t lo, uintptr_t hi) {
   g_last_page = ~uintptr_t{0};  // the cached page may be erased

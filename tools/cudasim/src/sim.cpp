@@ -643,6 +643,17 @@ bool run_block(uint64_t linear) {
 
 namespace detail {
 
+float atomic_add_f32(float* p, float v, const void* pc) {
+#if defined(CUDASIM_RACE)
+  internal::race_atomic(reinterpret_cast<uintptr_t>(p), sizeof(float), pc);
+#else
+  (void)pc;
+#endif
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
+
 void syncthreads(const char* file, int line) {
   Thread* t = current_thread();
   t->state = State::barrier;

@@ -259,6 +259,25 @@ TEST_F(Core, PlantedRemovedBarrierAfterA16ByteTileLoad) {
   EXPECT_TRUE(race || wrong) << "the removed barrier shows (NaN from unwritten shared memory)";
 }
 
+// atomicAdd on a float in global memory: the sum over 5 blocks is exact (small integers) and no
+// race is reported; the same sum with a plain += is a race between the blocks.
+TEST_F(Core, PlantedPlainAddInsteadOfAtomicAdd) {
+  const int n = 300;
+  Dev<float> d_in(iota_values(n)), d_out(std::vector<float>{0.f});
+  ASSERT_EQ(atomic_sum(d_out.p, d_in.p, n, 0), cudaSuccess) << cudasim::reports_text();
+  EXPECT_FALSE(reported("race")) << cudasim::reports_text();
+  double sum = 0;
+  for (float v : iota_values(n)) sum += v;
+  EXPECT_EQ(d_out.get()[0], static_cast<float>(sum));
+  const cudaError_t e = atomic_sum(d_out.p, d_in.p, n, 1);
+  std::string text;
+  const bool race = reported("race", &text);
+  if (cudasim::race_checker_enabled()) {
+    EXPECT_TRUE(race) << "the race checker sees the plain read-modify-write: " << text;
+    EXPECT_EQ(e, cudaErrorLaunchFailure);
+  }
+}
+
 TEST_F(Core, PlantedRemovedFirstBarrierOfABlockReduction) {
   const int rows = 5, cols = 1000;
   const std::vector<float> in = iota_values(rows * cols);

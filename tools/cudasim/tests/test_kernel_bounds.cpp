@@ -271,6 +271,36 @@ TEST_F(KernelBounds, AttentionFwdTensorCores) {
   }
 }
 
+// The bf16 backward's main kernel at the same head sizes, two heads of a 256-token causal
+// attention: its shared-memory accesses (ldmatrix of K, V, Q, dO and dSᵀ, plain and
+// transposed, the tile stores and the stores of dSᵀ) must have no bank conflict either. Its
+// traffic is not bounded here: dQ's atomics are not counted.
+TEST_F(KernelBounds, AttentionBwdTensorCores) {
+  constexpr int64_t kHeadsCut = 2, kSeqCut = 256;
+  for (int64_t d : {int64_t{64}, kHeadDim, kLlamaHeadDim}) {
+    const std::string op = "attention bwd (tensor cores, d = " + std::to_string(d) + ")";
+    const uint64_t n = uint64_t(kHeadsCut) * kSeqCut * d;
+    const cuda::AttentionShape shape{kHeadsCut, kSeqCut, kSeqCut, d, 1, {}};
+    Dev q(n * kBf16), k(n * kBf16), v(n * kBf16), out(n * kBf16), dout(n * kBf16), dq(n * kBf16), dk(n * kBf16),
+        dv(n * kBf16), lse(kHeadsCut * kSeqCut * 4),
+        workspace(static_cast<size_t>(cuda::attention_bwd_workspace_floats(DType::bf16, shape)) * 4);
+    cudasim::take_counted_launches();
+    cuda::attention_bwd(DType::bf16, q.p, k.p, v.p, out.p, dout.p, lse.as<float>(), 0.1f, probs_spec(0.f), dq.p,
+                        dk.p, dv.p, workspace.as<float>(), shape, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudasim::reports_text();
+    const std::vector<LaunchCounts> launches = cudasim::take_counted_launches();
+    const LaunchCounts* main = nullptr;
+    for (const LaunchCounts& l : launches)
+      if ((l.function.empty() ? l.kernel : l.function).find("attention_bwd_tc_kernel") != std::string::npos) main = &l;
+    ASSERT_NE(main, nullptr) << op << ": no launch of the main kernel\n" << describe(launches);
+    const auto& c = main->total;
+    EXPECT_GT(c.shared_ld_requests, 0u) << op;
+    EXPECT_EQ(c.shared_ld_bank_conflicts + c.shared_st_bank_conflicts, 0u)
+        << op << ": shared wavefronts: loads " << c.shared_ld_wavefronts << ", stores " << c.shared_st_wavefronts
+        << "\n" << describe(launches);
+  }
+}
+
 // ---- context parallelism: sequence chunks, merged partial attentions ---------------------------
 
 // One sequence chunk of k heads [b*a/t, c, d] (c = s/4: C = 2 ranks, 2C chunks) moved into

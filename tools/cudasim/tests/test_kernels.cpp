@@ -760,9 +760,9 @@ class SimAttention : public SimKernels {
     Both lse_ref = with_values(row_shape, DType::fp32, cpu_values(lse.c));
     Both dout = random(shape, dt());
     Both dq = output(shape, dt()), dk = output(kv_shape, dt()), dv = output(kv_shape, dt());
-    DeviceBuffer delta(static_cast<size_t>(B * S) * sizeof(float));
+    DeviceBuffer workspace(static_cast<size_t>(cuda::attention_bwd_workspace_floats(dt(), dims)) * sizeof(float));
     cuda::attention_bwd(dt(), q.dev(), k.dev(), v.dev(), out_ref.dev(), dout.dev(), lse_ref.devf(), scale, spec,
-                        dq.dev(), dk.dev(), dv.dev(), delta.as<float>(), dims, nullptr);
+                        dq.dev(), dk.dev(), dv.dev(), workspace.as<float>(), dims, nullptr);
     cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c, rows);
     expect_close(dq, tol, "attention_bwd dq " + what);
     expect_close(dk, tol, "attention_bwd dk " + what);
@@ -869,9 +869,9 @@ class SimAttentionTensorCore : public SimAttention {
     if (!backward) return;
     Both dout = random(shape, dt());
     Both dq = output(shape, dt()), dk = output(kv_shape, dt()), dv = output(kv_shape, dt());
-    DeviceBuffer delta(static_cast<size_t>(B * S) * sizeof(float));
+    DeviceBuffer workspace(static_cast<size_t>(cuda::attention_bwd_workspace_floats(dt(), dims)) * sizeof(float));
     cuda::attention_bwd(dt(), q.dev(), k.dev(), v.dev(), out.dev(), dout.dev(), lse.devf(), scale, spec, dq.dev(),
-                        dk.dev(), dv.dev(), delta.as<float>(), dims, nullptr);
+                        dk.dev(), dv.dev(), workspace.as<float>(), dims, nullptr);
     cpu_->attention_bwd(q.c, k.c, v.c, out.c, dout.c, lse.c, scale, spec, dq.c, dk.c, dv.c, c.rows);
     expect_close(dq, bwd_tol, "attention_bwd dq " + what);
     expect_close(dk, bwd_tol, "attention_bwd dk " + what);
@@ -884,17 +884,28 @@ class SimAttentionTensorCore : public SimAttention {
       for (int64_t group : {1, 2, 4})
         for (float p : {0.f, 0.1f}) check_tc({4, S, D, group, p}, false);
   }
+  // The tensor-core backward for head size D: S around its query tiles (32 or 64 rows) and key
+  // tiles (64), GQA groups 1, 2, 4 (dK and dV summed over the group), dropout off and on.
+  void sweep_backward(int64_t D) {
+    for (int64_t S : {1, 33, 70})
+      for (int64_t group : {1, 2, 4})
+        for (float p : {0.f, 0.1f}) check_tc({4, S, D, group, p}, true);
+  }
 };
 
 TEST_P(SimAttentionTensorCore, HeadDim64) { sweep(64); }
+TEST_P(SimAttentionTensorCore, BackwardHeadDim64) { sweep_backward(64); }
+TEST_P(SimAttentionTensorCore, BackwardHeadDim96) { sweep_backward(96); }
+TEST_P(SimAttentionTensorCore, BackwardHeadDim128) { sweep_backward(128); }
 TEST_P(SimAttentionTensorCore, HeadDim96) { sweep(96); }
 TEST_P(SimAttentionTensorCore, HeadDim128) { sweep(128); }
 
 // Head sizes that are not a multiple of 8 (element loads and stores instead of 16-byte ones)
-// and below 64 (zero padding): 45 runs in the 64 instantiation, 100 in the 128 one.
+// and below 64 (zero padding): 45 runs in the 64 instantiation, 100 in the 128 one; forward
+// and backward.
 TEST_P(SimAttentionTensorCore, HeadDimsOfElementAccess) {
   for (int64_t D : {45, 100})
-    for (float p : {0.f, 0.1f}) check_tc({2, 70, D, 1, p}, false);
+    for (float p : {0.f, 0.1f}) check_tc({2, 70, D, 1, p}, true);
 }
 
 // The backward reading the tensor-core forward's out and lse, each head size, ragged tiles.
@@ -906,16 +917,16 @@ TEST_P(SimAttentionTensorCore, BackwardFromItsForward) {
 
 // Context parallelism (C = 2 ranks, chunks of c = 45 rows, T = 180): rank 1's queries against
 // rank 0's keys (a gap of key tiles), rank 0's against all keys (Sk = 4c != S) and against one
-// chunk (Sk = c), rank 0's first chunk against rank 1's keys (rows that see no key); D = 96
-// and 128, dropout indexed in [T, T], the backward from this forward.
+// chunk (Sk = c), rank 0's first chunk against rank 1's keys (rows that see no key); D = 64,
+// 96 and 128, dropout indexed in [T, T], the backward from this forward.
 TEST_P(SimAttentionTensorCore, ContextParallelRows) {
   const int64_t c = 45, C = 2, T = 2 * C * c, S = 2 * c;
   const SeqPositions rank0 = rank_positions(c, C, 0), rank1 = rank_positions(c, C, 1);
-  for (int64_t D : {96, 128})
+  for (int64_t D : {64, 96, 128})
     for (float p : {0.f, 0.1f}) {
       check_tc({2, S, D, 2, p, AttentionRows{rank1, rank0, T}, S, "rank 1 rank 0's keys"}, true);
-      check_tc({2, S, D, 1, p, AttentionRows{rank0, SeqPositions{}, T}, T, "rank 0 all keys"}, false);
-      check_tc({2, S, D, 1, p, AttentionRows{rank0, SeqPositions::run(2 * c), T}, c, "rank 0 chunk 2's keys"}, false);
+      check_tc({2, S, D, 1, p, AttentionRows{rank0, SeqPositions{}, T}, T, "rank 0 all keys"}, true);
+      check_tc({2, S, D, 1, p, AttentionRows{rank0, SeqPositions::run(2 * c), T}, c, "rank 0 chunk 2's keys"}, true);
       check_tc({2, S, D, 2, p, AttentionRows{rank0, rank1, T}, S, "rank 0 rank 1's keys"}, true);
     }
 }

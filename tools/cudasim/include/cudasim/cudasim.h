@@ -97,6 +97,11 @@ inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32, co
       ::cudasim::detail::WarpOp::shfl_xor, mask, ::cudasim::detail::to_bits(var), lane_mask, width, file, line));
 }
 
+// Inlined always, so that the return address atomic_add_f32 takes is the kernel's call site.
+__attribute__((always_inline)) inline float atomicAdd(float* address, float val) {
+  return ::cudasim::detail::atomic_add_f32(address, val, __builtin_return_address(0));
+}
+
 // Device math that has no host namesake.
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }

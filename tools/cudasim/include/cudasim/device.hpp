@@ -53,6 +53,10 @@ void mma_m16n8k16(MmaInput in, const uint32_t (&a)[4], const uint32_t (&b)[2], c
 // hands the rows' words to the lanes that hold them (every lane of the warp, one call site).
 bool ldmatrix_supplies_row(int matrices, const void* row, const char* file, int line);
 void ldmatrix_exchange(int matrices, bool trans, const uint32_t (&row)[4], uint32_t* r, const char* file, int line);
+// atomicAdd on a float: the read-modify-write as one step (simulated threads run one at a
+// time), which the race checker sees as an atomic access at `pc` (the kernel's call site):
+// atomics of any threads of a launch do not race with each other, but do with plain accesses.
+float atomic_add_f32(float* p, float v, const void* pc);
 void syncthreads(const char* file, int line);
 int syncthreads_count(int pred, const char* file, int line);
 

@@ -81,8 +81,26 @@ __global__ void unwritten_shared_kernel(float* out) {
   out[threadIdx.x] = slot[63 - threadIdx.x];
 }
 
+// Every thread of every block adds its element into out[0]; bug 1: a plain += instead of the
+// atomic (a race between the blocks).
+template <int kBug>
+__global__ void atomic_sum_kernel(float* out, const float* in, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (kBug == 1)
+    out[0] += in[i];
+  else
+    atomicAdd(out, in[i]);
+}
+
 }  // namespace
 
+cudaError_t atomic_sum(float* out, const float* in, int n, int bug) {
+  const unsigned blocks = static_cast<unsigned>((n + 63) / 64);
+  if (bug) atomic_sum_kernel<1><<<blocks, 64>>>(out, in, n);
+  else atomic_sum_kernel<0><<<blocks, 64>>>(out, in, n);
+  return cudaGetLastError();
+}
 cudaError_t tile_reverse(float* out, const float* in, int n, int bug) {
   const unsigned blocks = static_cast<unsigned>((n + kTile - 1) / kTile);
   if (bug) tile_reverse_kernel<1><<<blocks, kTile>>>(out, in, n);

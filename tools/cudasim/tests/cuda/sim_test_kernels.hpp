@@ -42,6 +42,9 @@ cudaError_t warp_sums(float* out, const float* in, int n, int bug);
 cudaError_t barrier_in_loop(float* out, int bug);
 // Reads a shared scratch slot that no thread wrote; bug 0 writes it first.
 cudaError_t unwritten_shared(float* out, int bug);
+// out[0] += the n elements of in, one atomicAdd per thread over several blocks; bug 1: a plain
+// += (out[0] must be 0 before).
+cudaError_t atomic_sum(float* out, const float* in, int n, int bug);
 
 }  // namespace cudasim_tests
 
