@@ -53,7 +53,9 @@ namespace {
 // attention dropout) is refused rather than tabled as llama.
 void require_llama_layer(const TransformerModel& m, const std::string& hf_config) {
   const LayerSpec& s = m.layer;
-  const std::string other = s.qk_layernorm            ? "q/k RMSNorm (model_type qwen3)"
+  const std::string other = s.moe.enabled()           ? "a mixture of experts"
+                            : s.mla.enabled           ? "multi-latent attention"
+                            : s.qk_layernorm          ? "q/k RMSNorm (model_type qwen3)"
                             : s.add_qkv_bias          ? "QKV biases (model_type qwen2)"
                             : s.add_bias_linear       ? "biases (attention_bias, mlp_bias)"
                             : s.kv_channels > 0       ? "a head_dim other than hidden_size / num_attention_heads"
@@ -61,7 +63,7 @@ void require_llama_layer(const TransformerModel& m, const std::string& hf_config
                                                       : "";
   if (!other.empty())
     throw InvalidArgument("--hf-config " + hf_config + " (" + m.name + "): llama-table does not yet model " + other +
-                          "; theory plan and theory memory do");
+                          (s.moe.enabled() || s.mla.enabled ? "; theory memory does" : "; theory plan and theory memory do"));
 }
 
 // A model from --model (a llama preset or a paper GPT model) or --hf-config (one of them is
@@ -134,6 +136,12 @@ int run_plan_search(const TheoryOptions& a) {
                            static_cast<int64_t>(kMaxGlobalBatch)));
     }
   }
+  // The search's FLOPs and layer bytes are the dense layer's: an MoE or MLA model would be
+  // planned as a dense one.
+  if (r.model.layer.moe.enabled() || r.model.layer.mla.enabled)
+    throw InvalidArgument(r.model.name + ": theory plan does not yet model " +
+                          (r.model.layer.moe.enabled() ? "a mixture of experts" : "multi-latent attention") +
+                          "; theory memory does");
   r.distributed_optimizer = a.distributed_optimizer;
   r.attention = parse_attention(a.attention);
   r.headroom_bytes = static_cast<double>(a.headroom);

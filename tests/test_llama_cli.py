@@ -61,9 +61,10 @@ HF_READ = {
 HF_REFUSED = {
     "Mistral-7B-v0.1": '"sliding_window" is 4096',
     "gemma-2b": '"hidden_activation" is "gelu_pytorch_tanh"',
-    "Qwen3-30B-A3B": '"num_experts" is 128',
-    "Mixtral-8x7B-v0.1": '"num_local_experts" is 8',
 }
+# Mixtures of experts are read, but llama-table and plan tabulate dense layers alone.
+HF_EXPERTS = {"Qwen3-30B-A3B": "qwen3_moe:Qwen3-30B-A3B", "Mixtral-8x7B-v0.1": "mixtral:Mixtral-8x7B-v0.1",
+              "DeepSeek-V3": "deepseek_v3:DeepSeek-V3"}
 
 
 def hf_fixture(model):
@@ -371,6 +372,18 @@ class LlamaCliTest(unittest.TestCase):
                 self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
                 self.assertTrue(r.stderr.startswith("theory: error: --hf-config " + path + ": "), r.stderr)
                 self.assertIn(words, r.stderr)
+
+    def test_hf_config_experts_are_read_but_not_tabled_as_llama(self):
+        for model, name in HF_EXPERTS.items():
+            path = hf_fixture(model)
+            with self.subTest(model):
+                for command in (["llama-table"], ["plan", "--gpus", "64", "--global-batch", "64"]):
+                    r = subprocess.run([THEORY, *command, "--hf-config", path], capture_output=True, text=True,
+                                       timeout=20)
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                    self.assertIn("does not yet model", r.stderr)
+                    self.assertIn("theory memory does", r.stderr)
 
     def test_hf_config_defines_the_layer_that_arch_would_replace(self):
         # --arch may restate the config's family, never replace its layer
