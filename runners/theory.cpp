@@ -311,10 +311,19 @@ std::string run_text(const MegatronRun& r) {
   if (m.layer.add_bias_linear) options += " +biases";
   else if (m.layer.add_qkv_bias) options += " +qkv-bias";
   if (m.layer.attention_dropout > 0 || m.layer.hidden_dropout > 0) options += " +dropout";
+  if (m.layer.moe.enabled()) {
+    const MoeSpec& e = m.layer.moe;
+    char moe[200];
+    std::snprintf(moe, sizeof moe, " +experts E=%g k=%g F_e=%g shared=%g (%d of %g layers, ep=%d etp=%d)",
+                  e.num_experts, e.top_k, m.layer.expert_ffn(d), e.shared_ffn_hidden, m.moe_layer_count(), m.L,
+                  c.layout.ep, c.layout.expert_tp());
+    options += moe;
+  }
+  if (m.layer.mla.enabled) options += " +mla";
   const std::string cp_text = c.layout.cp > 1 ? " cp=" + std::to_string(c.layout.cp) + " (" +
                                                     cp_comm_type_name(c.policy.cp_comm) + ")"
                                               : "";
-  char text[760];
+  char text[960];
   std::snprintf(text, sizeof text,
                 "%s: L=%g h=%g a=%g g=%g d=%g F=%g %s %s%s, vocab %g (padded %g), %s embeddings%s\n"
                 "%d GPUs: t=%d p=%d vp=%d dp=%d%s%s, s=%.0f b=%g, %g micro-batches per step, %s%s%s, %s attention, "
