@@ -319,7 +319,13 @@ std::string run_text(const MegatronRun& r) {
                   c.layout.ep, c.layout.expert_tp());
     options += moe;
   }
-  if (m.layer.mla.enabled) options += " +mla";
+  if (m.layer.mla.enabled) {
+    const MlaSpec& l = m.layer.mla;
+    char mla[160];
+    std::snprintf(mla, sizeof mla, " +mla (q_lora %g, kv_lora %g, q/k heads %g+%g, v heads %g)", l.q_lora_rank,
+                  l.kv_lora_rank, l.qk_head_dim, l.qk_pos_emb_head_dim, l.v_head_dim);
+    options += mla;
+  }
   const std::string cp_text = c.layout.cp > 1 ? " cp=" + std::to_string(c.layout.cp) + " (" +
                                                     cp_comm_type_name(c.policy.cp_comm) + ")"
                                               : "";

@@ -12,6 +12,7 @@
 
 #include "runners/hf_config.hpp"
 #include "runtime/error.hpp"
+#include "theory/model_table.hpp"
 
 using namespace actbench;
 using json = nlohmann::json;
@@ -357,4 +358,25 @@ TEST(HfConfigExperts, EachExpertKeyHasItsTypeAndBounds) {
   refused_edit("DeepSeek-V3", {{"qk_rope_head_dim", 0}}, {"\"qk_rope_head_dim\" must be in 1.."});
   refused_edit("DeepSeek-V3", {{"q_lora_rank", -5}}, {"\"q_lora_rank\" must be an integer in 0.."});
   refused_edit("DeepSeek-V3", {{"n_shared_experts", 1.5}}, {"\"n_shared_experts\""});
+}
+
+// The MoE presets (theory/model_table.cpp, typed in from the published numbers) are the models
+// their published configs describe: shape, layer spec, experts, dense layers.
+TEST(HfConfigExperts, ThePresetsAreTheirPublishedConfigs) {
+  const std::pair<const char*, const char*> presets[] = {
+      {"mixtral-8x7b", "Mixtral-8x7B-v0.1"}, {"qwen3-30b-a3b", "Qwen3-30B-A3B"}, {"deepseek-v3", "DeepSeek-V3"}};
+  for (const auto& [name, folder] : presets) {
+    SCOPED_TRACE(name);
+    const theory::ModelRow* row = nullptr;
+    for (const theory::ModelRow& r : theory::model_table())
+      if (r.name == name) row = &r;
+    ASSERT_NE(row, nullptr);
+    const theory::TransformerModel preset = theory::preset_model(*row), config = read(folder);
+    EXPECT_EQ((std::vector<double>{preset.h, preset.a, preset.L, preset.vocab}),
+              (std::vector<double>{config.h, config.a, config.L, config.vocab}));
+    EXPECT_EQ(preset.tied_embeddings, config.tied_embeddings);
+    EXPECT_FALSE(preset.learned_positions);
+    EXPECT_EQ(preset.layer, config.layer);
+    EXPECT_EQ(preset.moe_layers, config.moe_layers);
+  }
 }

@@ -18,9 +18,11 @@ TransformerModel preset_model(const ModelRow& row) {
   m.L = row.layers;
   m.vocab = double(row.vocab);
   m.seq = double(row.seq);
-  m.learned_positions = row.arch != "llama";
+  m.learned_positions = row.arch == "gpt";
   m.tied_embeddings = row.tied_embeddings;
   m.layer = preset_layer_spec(row);
+  for (int i = 0; i < row.moe.first_dense; ++i) m.moe_layers.push_back(false);
+  if (!m.moe_layers.empty()) m.moe_layers.resize(row.layers, true);
   return m;
 }
 

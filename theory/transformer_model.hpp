@@ -44,7 +44,8 @@ std::vector<bool> moe_layer_pattern(const std::string& freq, int layers, const s
 
 struct ModelRow;
 // A preset (model_table.hpp) as Megatron builds it: the paper's GPT models with learned
-// positions and the output layer tied to the embedding, the llama family untied with RoPE.
+// positions and the output layer tied to the embedding, the llama family and the mixtures of
+// experts untied with RoPE (DeepSeek-V3's first 3 layers dense).
 TransformerModel preset_model(const ModelRow& row);
 
 // The embedding's rows on all tensor-parallel ranks together: vocab rounded up to a multiple of
