@@ -305,6 +305,31 @@ class LlamaCliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual([(row["hidden"], row["tp"]) for row in self.rows()], [("64", "2")])
 
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_ranks_compare_the_experts_an_hf_config_says(self):
+        folders = [os.path.join(self.tmp, "moe%d" % i) for i in range(2)]
+        for folder in folders:
+            os.makedirs(folder)
+        with open(hf_fixture("Qwen3-30B-A3B")) as f:
+            small = dict(json.load(f), hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, num_hidden_layers=2)
+
+        def write(folder, **changes):
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(dict(small, **changes), f)
+
+        args = ["--backend", "meta", "--hf-config", "config.json", "--tp", "2", "--config", "sp", "--seq", "16",
+                "--csv", self.csv]
+        for key, other in [("num_experts_per_tok", 1), ("norm_topk_prob", False), ("mlp_only_layers", [1])]:
+            with self.subTest(key):
+                write(folders[0])
+                write(folders[1], **{key: other})
+                self.assert_refused(self.run_mpi_in_folders(args, folders), key, "--hf-config")
+        write(folders[1])
+        r = self.run_mpi_in_folders(args, folders)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([(row["num_experts"], row["top_k"], row["tp"]) for row in self.rows()], [("4", "2", "2")])
+
     def test_meta_presets_equal_the_closed_forms(self):
         shapes = {"llama3-8b": (4096, 32, 8, 14336, 1), "llama3-70b": (8192, 64, 8, 28672, 8),
                   "llama3-405b": (16384, 128, 8, 53248, 8)}
