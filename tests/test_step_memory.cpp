@@ -580,6 +580,14 @@ TEST(StepMemoryMoe, TheDistributedOptimizerShardsExpertsOverTheExpertDataParalle
   // without the distributed optimizer nothing is sharded
   c.distributed_optimizer = false;
   EXPECT_EQ(step_memory(m, c)[0].optimizer_bytes, 12 * (dense + experts));
+  // The last layer's backward (MoE) holds, beside the output's gradient (2 bytes x 256 rows / 2
+  // x 64), its experts' activation gradients over 128 tokens x k 2 rows, 2·32 wide, and the
+  // shared expert's over 256 rows, 2·64 / 2 wide; fused attention's (dO, dq, dk, dv: 12 heads
+  // of 16 over 2 ranks, fp32 row sums) are fewer.
+  c.policy.attention = Attention::fused;
+  const StageMemory fused = step_memory(m, c)[0];
+  ASSERT_EQ(fused.peak_at, "backward mb 0 chunk 0");
+  EXPECT_EQ(fused.grad_working_set_bytes, 2.0 * 256 * 64 / 2 + 2.0 * (128 * 2 * 2 * 32 + 256 * 2 * 64 / 2));
 }
 
 TEST(StepMemoryMoe, MegatronsExpertLayoutRules) {
@@ -678,6 +686,15 @@ TEST(MegatronArgs, MixtureOfExpertsAndLatentAttentionFlags) {
   // --moe-layer-freq N: every N-th layer from layer 0
   EXPECT_EQ(megatron_run(flags_of(base + "--num-experts 4 --moe-layer-freq 2"), std::nullopt, 0).model.moe_layers,
             (std::vector<bool>{true, false}));
+  // a pattern is one 0/1 entry per layer, lists joined with + and repeated with *
+  for (const char* bad : {"[2]*2", "[1]*", "[1,0", "x", "0", "[1]*2+", "[1]+[1]+[1]", "[0]*9999999"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(moe_layer_pattern(bad, 2, "--moe-layer-freq"), InvalidArgument);
+  }
+  EXPECT_EQ(moe_layer_pattern("([1]*1 + [0])", 2, "--moe-layer-freq"), (std::vector<bool>{true, false}));
+  EXPECT_EQ(moe_layer_pattern("[0,1,1]", 3, "--moe-layer-freq"), (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(moe_layer_pattern("3", 7, "--moe-layer-freq"),
+            (std::vector<bool>{true, false, false, true, false, false, true}));
   // MoE flags without experts change nothing (Megatron ignores them), once their values are checked
   EXPECT_FALSE(megatron_run(flags_of(base + "--moe-router-topk 4"), std::nullopt, 0).model.layer.moe.enabled());
 }

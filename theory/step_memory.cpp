@@ -240,7 +240,12 @@ ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c,
   const double e = c.precision.activation, sb = d.s * d.b / d.cp, t = d.t;  // the rank's rows
   const double r = c.policy.sequence_parallel ? t : 1.0, F = spec.ffn(d), head = spec.head_dim(d);
   const double act_width = spec.activation == Activation::swiglu ? 2 : 1;
-  const double mlp = e * act_width * sb * F / t;
+  // An MoE layer's: its experts' activation gradients over the rank's s·b/(r·C) tokens routed to
+  // k experts each (balanced; etp splits the width and gathers the rows, so their product
+  // stays), beside the shared experts' over all rows.
+  const double mlp = spec.moe.enabled()
+                         ? e * act_width * (sb / r * spec.moe.top_k * spec.expert_ffn(d) + sb * spec.moe.shared_ffn_hidden / t)
+                         : e * act_width * sb * F / t;
   // Fused: dO, dq, dk, dv and the fp32 row sums. Unfused: the probabilities' gradient beside
   // the scores' (without dropout), or beside the dropout output's once that output is freed
   // (the rank's query rows against all s keys); with C > 1 the exchange's buffers besides.
