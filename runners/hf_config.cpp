@@ -410,8 +410,10 @@ void read_experts(const ConfigKeys& keys, const Family& f, theory::TransformerMo
   } else {
     e.ffn_hidden = static_cast<double>(keys.integer("moe_intermediate_size", kMaxModelWidth));
   }
-  if (f.shared_expert)
+  if (f.shared_expert) {  // required, like the other widths (0: none)
+    if (!keys.has("shared_expert_intermediate_size")) keys.fail("shared_expert_intermediate_size", "is missing");
     e.shared_ffn_hidden = static_cast<double>(keys.count("shared_expert_intermediate_size", kMaxModelWidth, 0));
+  }
   if (f.experts == Experts::qwen) m.moe_layers = qwen_moe_layers(keys, layers);
   if (f.experts == Experts::deepseek) {
     // n_shared_experts experts of moe_intermediate_size each: one MLP of their summed width.

@@ -346,6 +346,8 @@ TEST(HfConfigExperts, EachExpertKeyHasItsTypeAndBounds) {
   refused_edit("Qwen3-30B-A3B", {{"mlp_only_layers", json::array({48})}}, {"\"mlp_only_layers\" must hold integers in 0..47"});
   refused_edit("Qwen3-30B-A3B", {{"mlp_only_layers", 3}}, {"\"mlp_only_layers\" must be a list"});
   refused_edit("Qwen1.5-MoE-A2.7B", {{"shared_expert_intermediate_size", "5632"}}, {"\"shared_expert_intermediate_size\""});
+  refused_edit("Qwen1.5-MoE-A2.7B", {{"shared_expert_intermediate_size", nullptr}},
+               {"\"shared_expert_intermediate_size\" is missing"});
   refused_edit("DeepSeek-V3", {{"scoring_func", "relu"}}, {"\"scoring_func\" is \"relu\""});
   refused_edit("DeepSeek-V3", {{"topk_method", "greedy"}}, {"\"topk_method\" is \"greedy\"", "noaux_tc"});
   refused_edit("DeepSeek-V3", {{"n_group", 7}}, {"\"n_group\" must divide"});
