@@ -42,6 +42,7 @@ Json presets() {
                     {"rope_theta", r.rope_theta}, {"tp", r.tp}, {"layers", r.layers}, {"pipeline", r.pipeline},
                     {"chunks", r.chunks}, {"global_batch", r.global_batch}, {"vocab", r.vocab},
                     {"tied_embeddings", r.tied_embeddings}, {"paper", r.paper},
+                    {"num_experts", r.moe.experts}, {"latent_attention", r.mla.kv_lora_rank > 0},
                     {"spec", spec_json(find_preset(r.name).dims.spec)}});
   return list;
 }

@@ -1,7 +1,9 @@
 #include "runners/hf_config.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.hpp"
@@ -12,6 +14,9 @@ namespace {
 
 using json = nlohmann::json;
 
+// Where a family's experts come from (kNone: a dense family).
+enum class Experts { none, mixtral, qwen, deepseek };
+
 // What one family's transformers model builds where its config.json has no key for it.
 struct Family {
   const char* type;        // model_type
@@ -20,22 +25,30 @@ struct Family {
   bool qkv_bias;           // q, k and v always carry biases, o_proj and the MLP never (Qwen2)
   bool qk_norm;            // an RMSNorm over each head of q and of k, before RoPE (Qwen3)
   bool window_switch;      // "sliding_window" is in effect only with "use_sliding_window": true
+  Experts experts = Experts::none;
+  bool shared_expert = false;  // qwen: shared_expert_intermediate_size (Qwen2-MoE's, not Qwen3-MoE's)
+  bool norm_topk = false;      // norm_topk_prob when absent
 };
 
 // transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config default
 // tie_word_embeddings to false, GemmaConfig to true (save_pretrained writes the key only where
 // it differs from PretrainedConfig's true, so a Gemma config usually lacks it); GemmaConfig's
-// activation defaults to gelu_pytorch_tanh, the others' to silu. Mistral applies its
-// sliding_window whenever it is set; Qwen2 and Qwen3 only under use_sliding_window.
+// activation defaults to gelu_pytorch_tanh, the others' to silu. Mistral and Mixtral apply
+// their sliding_window whenever it is set; the Qwen families only under use_sliding_window.
+// Qwen2MoeConfig and Qwen3MoeConfig default norm_topk_prob to false, DeepseekV3Config to true.
 const Family kFamilies[] = {
     {"llama", false, "silu", false, false, false},  {"mistral", false, "silu", false, false, false},
     {"qwen2", false, "silu", true, false, true},    {"qwen3", false, "silu", false, true, true},
     {"gemma", true, "gelu_pytorch_tanh", false, false, false},
+    {"mixtral", false, "silu", false, false, false, Experts::mixtral},
+    {"qwen2_moe", false, "silu", true, false, true, Experts::qwen, true},
+    {"qwen3_moe", false, "silu", false, true, true, Experts::qwen},
+    {"deepseek_v3", false, "silu", false, false, false, Experts::deepseek, false, true},
 };
 
-// Keys of a layer the dense spec cannot express, in any family (read before model_type, so
-// that an MoE model is refused for its experts): set unless absent, null or 0.
-const std::pair<const char*, const char*> kRefusedKeys[] = {
+// Keys of experts and of latent attention: refused in a family that does not build them (set
+// unless absent, null or 0).
+const std::pair<const char*, const char*> kExpertKeys[] = {
     {"num_local_experts", "a mixture of experts"},
     {"num_experts", "a mixture of experts"},
     {"n_routed_experts", "a mixture of experts"},
@@ -43,8 +56,13 @@ const std::pair<const char*, const char*> kRefusedKeys[] = {
     {"moe_intermediate_size", "a mixture of experts"},
     {"n_shared_experts", "a mixture of experts"},
     {"shared_expert_intermediate_size", "a mixture of experts"},
+};
+const std::pair<const char*, const char*> kLatentKeys[] = {
     {"kv_lora_rank", "multi-head latent attention"},
     {"q_lora_rank", "multi-head latent attention"},
+};
+// Keys of a layer the spec cannot express, in any family.
+const std::pair<const char*, const char*> kRefusedKeys[] = {
     {"attn_logit_softcapping", "tanh soft-capping of the attention scores"},
     {"final_logit_softcapping", "tanh soft-capping of the output logits"},
     {"sliding_window_pattern", "local attention in some layers"},
@@ -94,6 +112,29 @@ class ConfigKeys {
     if (!v->is_number_unsigned() || v->get<uint64_t>() < 1 || v->get<uint64_t>() > static_cast<uint64_t>(max))
       fail(key, "must be in 1.." + std::to_string(max) + ", got " + shown(key));
     return v->get<int64_t>();
+  }
+
+  // A whole number in 0..max; `fallback` when absent.
+  int64_t count(const char* key, int64_t max, int64_t fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_number_unsigned() || v->get<uint64_t>() > static_cast<uint64_t>(max))
+      fail(key, "must be an integer in 0.." + std::to_string(max) + ", got " + shown(key));
+    return v->get<int64_t>();
+  }
+
+  // A list of whole numbers in 0..max (empty when absent).
+  std::vector<int64_t> counts(const char* key, int64_t max) const {
+    const json* v = find(key);
+    std::vector<int64_t> out;
+    if (!v) return out;
+    if (!v->is_array()) fail(key, "must be a list, got " + shown(key));
+    for (const json& x : *v) {
+      if (!x.is_number_unsigned() || x.get<uint64_t>() > static_cast<uint64_t>(max))
+        fail(key, "must hold integers in 0.." + std::to_string(max) + ", got " + printable(x.dump()));
+      out.push_back(x.get<int64_t>());
+    }
+    return out;
   }
 
   // A number in [min, max]; `fallback` when absent.
@@ -164,11 +205,19 @@ json parse_json(const std::string& path) {
   }
 }
 
-// Experts, latent attention, soft-capping: refused whatever the family.
-void refuse_other_layers(const ConfigKeys& keys) {
-  for (const auto& [key, what] : kRefusedKeys)
+// Experts and latent attention outside the families that build them, soft-capping anywhere.
+template <size_t N>
+void refuse_keys(const ConfigKeys& keys, const std::pair<const char*, const char*> (&list)[N], const std::string& why) {
+  for (const auto& [key, what] : list)
     if (const json* v = keys.find(key); v && !(v->is_number() && v->get<double>() == 0))
-      keys.fail(key, "is " + keys.shown(key) + ": " + what + ", which the dense layer spec does not express");
+      keys.fail(key, "is " + keys.shown(key) + ": " + what + why);
+}
+
+void refuse_other_layers(const ConfigKeys& keys, const Family& f) {
+  const std::string family = std::string(", which a ") + f.type + " model does not build";
+  if (f.experts == Experts::none) refuse_keys(keys, kExpertKeys, family);
+  if (f.experts != Experts::deepseek) refuse_keys(keys, kLatentKeys, family);
+  refuse_keys(keys, kRefusedKeys, ", which the layer spec does not express");
 }
 
 // model_type: one of the families read (it also names the model in the CSV's model column).
@@ -180,7 +229,7 @@ const Family& family_of(const ConfigKeys& keys) {
   std::string read;
   for (const Family& f : kFamilies) read += std::string(read.empty() ? "" : ", ") + f.type;
   keys.fail(key, (keys.has(key) ? "is " + keys.shown(key) : std::string("is missing")) +
-                     ": --hf-config reads the dense families " + read);
+                     ": --hf-config reads the families " + read);
 }
 
 // "model_type:folder" (or "model_type:file" for a file with no folder).
@@ -277,7 +326,8 @@ theory::LayerSpec read_layer(const ConfigKeys& keys, const Family& f, const theo
   theory::LayerSpec s = theory::llama_layer_spec(static_cast<double>(g), ffn, theta, eps);  // RMSNorm, RoPE, SwiGLU
   keys.object("rope_scaling");  // Llama 3.1's, YaRN, linear: it changes no byte, so any kind is read
   s.rotary_percent = rope_key_holder(keys, "partial_rotary_factor").fraction("partial_rotary_factor", 1.0);
-  s.kv_channels = kv_channels(keys, h, a);
+  // Latent attention's heads are its own keys' widths (read_latent_attention), not head_dim.
+  if (f.experts != Experts::deepseek) s.kv_channels = kv_channels(keys, h, a);
   s.qk_layernorm = f.qk_norm;
   s.attention_dropout = keys.probability("attention_dropout");
   s.hidden_dropout = 0;
@@ -285,6 +335,106 @@ theory::LayerSpec read_layer(const ConfigKeys& keys, const Family& f, const theo
   check_activation(keys, f);
   refuse_sliding_windows(keys, f);
   return s;
+}
+
+// "every layer" (the canonical empty list) when no layer is dense.
+std::vector<bool> moe_pattern(std::vector<bool> moe) {
+  for (bool b : moe)
+    if (!b) return moe;
+  return {};
+}
+
+// Qwen2-MoE and Qwen3-MoE: layer i is MoE unless it is in mlp_only_layers, and when
+// decoder_sparse_step divides i + 1.
+std::vector<bool> qwen_moe_layers(const ConfigKeys& keys, int layers) {
+  const int64_t step = keys.integer("decoder_sparse_step", layers, 1);
+  std::vector<bool> moe(layers);
+  for (int i = 0; i < layers; ++i) moe[i] = (i + 1) % step == 0;
+  for (int64_t i : keys.counts("mlp_only_layers", layers - 1)) moe[i] = false;
+  return moe_pattern(moe);
+}
+
+// DeepSeek-V3: the first first_k_dense_replace layers dense, then every moe_layer_freq-th MoE.
+std::vector<bool> deepseek_moe_layers(const ConfigKeys& keys, int layers) {
+  const int64_t dense = keys.count("first_k_dense_replace", layers, 3);
+  const int64_t freq = keys.integer("moe_layer_freq", layers, 1);
+  std::vector<bool> moe(layers);
+  for (int i = 0; i < layers; ++i) moe[i] = i >= dense && i % freq == 0;
+  return moe_pattern(moe);
+}
+
+// DeepSeek-V3's router: sigmoid or softmax scores, routed_scaling_factor, device-limited
+// groups, and topk_method noaux_tc's score bias (e_score_correction_bias).
+void read_deepseek_router(const ConfigKeys& keys, theory::MoeSpec& e) {
+  const std::string score = keys.text("scoring_func", "sigmoid");
+  if (score != "sigmoid" && score != "softmax")
+    keys.fail("scoring_func", "is \"" + printable(score) + "\": the router scores with softmax or sigmoid");
+  e.score = theory::parse_moe_score(score);
+  e.scaling = keys.real("routed_scaling_factor", 1e-6, 1e6, 2.5);
+  e.num_groups = static_cast<double>(keys.integer("n_group", static_cast<int64_t>(e.num_experts), 8));
+  e.group_top_k = static_cast<double>(keys.integer("topk_group", static_cast<int64_t>(e.num_groups), 4));
+  if (std::fmod(e.num_experts, e.num_groups) != 0) keys.fail("n_group", "must divide n_routed_experts");
+  if (e.group_top_k * (e.num_experts / e.num_groups) < e.top_k)
+    keys.fail("topk_group", "leaves fewer experts than num_experts_per_tok in the chosen groups");
+  const std::string method = keys.text("topk_method", "noaux_tc");
+  if (method != "noaux_tc")
+    keys.fail("topk_method", "is \"" + printable(method) + "\": deepseek_v3 routes with noaux_tc (a score bias)");
+  e.expert_bias = true;
+}
+
+// The weights of the chosen experts: normalised or not (norm_topk_prob; Mixtral always).
+void read_topk_normalisation(const ConfigKeys& keys, const Family& f, theory::MoeSpec& e) {
+  const bool normalise = f.experts == Experts::mixtral || keys.boolean("norm_topk_prob", f.norm_topk);
+  if (e.score == theory::MoeScore::softmax) {
+    e.pre_softmax = !normalise;  // softmax over all experts, then top-k, not normalised
+  } else if (!normalise && e.top_k > 1) {
+    keys.fail("norm_topk_prob", "is false with sigmoid scores: the layer spec's sigmoid router normalises the top-k "
+                                "weights (as Megatron-Core does)");
+  }
+}
+
+// The experts of a mixtral, qwen2_moe, qwen3_moe or deepseek_v3 model, and which layers have them.
+void read_experts(const ConfigKeys& keys, const Family& f, theory::TransformerModel& m) {
+  theory::MoeSpec& e = m.layer.moe;
+  const int layers = static_cast<int>(m.L);
+  const char* count_key = f.experts == Experts::mixtral ? "num_local_experts"
+                          : f.experts == Experts::qwen  ? "num_experts"
+                                                        : "n_routed_experts";
+  e.num_experts = static_cast<double>(keys.integer(count_key, kMaxExperts));
+  e.top_k = static_cast<double>(keys.integer("num_experts_per_tok", static_cast<int64_t>(e.num_experts)));
+  if (f.experts == Experts::mixtral) {
+    e.ffn_hidden = m.layer.ffn_hidden;  // Mixtral's intermediate_size is each expert's width
+    if (keys.real("router_jitter_noise", 0, 1e6, 0) > 0)
+      keys.fail("router_jitter_noise", "is " + keys.shown("router_jitter_noise") +
+                                           ": random noise on the router's input, which the layer spec does not express");
+  } else {
+    e.ffn_hidden = static_cast<double>(keys.integer("moe_intermediate_size", kMaxModelWidth));
+  }
+  if (f.shared_expert) {  // required, like the other widths (0: none)
+    if (!keys.has("shared_expert_intermediate_size")) keys.fail("shared_expert_intermediate_size", "is missing");
+    e.shared_ffn_hidden = static_cast<double>(keys.count("shared_expert_intermediate_size", kMaxModelWidth, 0));
+  }
+  if (f.experts == Experts::qwen) m.moe_layers = qwen_moe_layers(keys, layers);
+  if (f.experts == Experts::deepseek) {
+    // n_shared_experts experts of moe_intermediate_size each: one MLP of their summed width.
+    e.shared_ffn_hidden = e.ffn_hidden * static_cast<double>(keys.count("n_shared_experts", 64, 1));
+    read_deepseek_router(keys, e);
+    m.moe_layers = deepseek_moe_layers(keys, layers);
+  }
+  read_topk_normalisation(keys, f, e);
+}
+
+// DeepSeek's multi-head latent attention: q through a latent of q_lora_rank (null: from h
+// directly), k and v from one of kv_lora_rank, heads of qk_nope_head_dim + qk_rope_head_dim
+// for q and k and v_head_dim for v.
+void read_latent_attention(const ConfigKeys& keys, theory::LayerSpec& s) {
+  theory::MlaSpec& a = s.mla;
+  a.enabled = true;
+  a.q_lora_rank = static_cast<double>(keys.count("q_lora_rank", kMaxModelWidth, 0));
+  a.kv_lora_rank = static_cast<double>(keys.integer("kv_lora_rank", kMaxModelWidth));
+  a.qk_head_dim = static_cast<double>(keys.integer("qk_nope_head_dim", kMaxModelWidth));
+  a.qk_pos_emb_head_dim = static_cast<double>(keys.integer("qk_rope_head_dim", kMaxModelWidth));
+  a.v_head_dim = static_cast<double>(keys.integer("v_head_dim", kMaxModelWidth));
 }
 
 }  // namespace
@@ -297,12 +447,14 @@ std::string real_range_text(double min, double max) {
 
 HfModelConfig read_hf_config(const std::string& path) {
   const ConfigKeys keys(path, parse_json(path));
-  refuse_other_layers(keys);
   const Family& family = family_of(keys);
+  refuse_other_layers(keys, family);
   HfModelConfig c;
   c.model.name = model_name(family, path);
   read_shape(keys, family, c.model);
   c.model.layer = read_layer(keys, family, c.model);
+  if (family.experts != Experts::none) read_experts(keys, family, c.model);
+  if (family.experts == Experts::deepseek) read_latent_attention(keys, c.model.layer);
   return c;
 }
 

@@ -1,10 +1,12 @@
 #pragma once
-// A Hugging Face config.json of a dense decoder model, read with nlohmann::json into the
-// whole-model type (theory/transformer_model.hpp). The families read are llama, mistral,
-// qwen2 (Qwen2 and Qwen2.5), qwen3 (dense) and gemma, each as transformers builds it; what the
-// layer spec (theory/layer_spec.hpp) cannot express is one clear error (InvalidArgument)
-// naming the key: another activation than SiLU, experts, latent attention, a sliding window in
-// effect, logit soft-capping, biases on some linears but not others, another model_type.
+// A Hugging Face config.json of a decoder model, read with nlohmann::json into the whole-model
+// type (theory/transformer_model.hpp). The families read are llama, mistral, qwen2 (Qwen2 and
+// Qwen2.5), qwen3 (dense) and gemma, and the mixtures of experts mixtral, qwen2_moe, qwen3_moe
+// and deepseek_v3 (with its latent attention and first dense layers), each as transformers
+// builds it; what the layer spec (theory/layer_spec.hpp) cannot express is one clear error
+// (InvalidArgument) naming the key: another activation than SiLU, experts or latent attention
+// in a family without them, router noise, a sliding window in effect, logit soft-capping,
+// biases on some linears but not others, another model_type.
 // Every key the reader uses is checked like a flag: its JSON type and the bounds below.
 #include <cstdint>
 #include <limits>
@@ -19,6 +21,7 @@ namespace actbench {
 // lies far beyond any published model and far below where a count stops fitting 64 bits or a
 // loop over it stops ending; outside them a value is a mistake, not a model.
 constexpr int64_t kMaxModelWidth = int64_t{1} << 20;      // hidden_size, intermediate_size, heads, head_dim
+constexpr int64_t kMaxExperts = int64_t{1} << 16;        // num_experts, n_routed_experts, num_local_experts
 constexpr int64_t kMaxModelLayers = kMaxLayers;           // num_hidden_layers (run_args.hpp)
 constexpr int64_t kMaxVocab = int64_t{1} << 24;           // vocab_size
 constexpr int64_t kMaxPositions = int64_t{1} << 24;       // max_position_embeddings

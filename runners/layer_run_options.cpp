@@ -57,6 +57,9 @@ struct Args {
       rotary_percent, rotary_base, attention_dropout, hidden_dropout;
   bool qk_layernorm = false, swiglu = false, squared_relu = false, disable_bias_linear = false, add_qkv_bias = false,
        group_query_attention = false;
+  std::string num_experts, moe_topk, moe_ffn_hidden, moe_shared_ffn_hidden, moe_score, moe_scaling, moe_num_groups,
+      moe_group_topk, moe_capacity_factor, q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim;
+  bool moe_pre_softmax = false, moe_expert_bias = false, multi_latent_attention = false;
   std::string recompute_granularity, recompute_modules, recompute_method, recompute_num_layers;
   bool recompute_activations = false, sequence_parallel = false;
   std::string cp = "1", cp_comm_type = "p2p";
@@ -92,6 +95,24 @@ void declare_spec_options(CLI::App& app, Args& a, const std::function<void(const
   value("--rotary-base,--rope-theta", a.rotary_base, "RoPE's base theta (default 10000, the preset's or the config's)");
   value("--attention-dropout", a.attention_dropout, "dropout on the attention probabilities (default: --dropout)");
   value("--hidden-dropout", a.hidden_dropout, "dropout on each block's output (default: --dropout)");
+  value("--num-experts", a.num_experts, "E: a mixture of experts in place of the MLP (docs/moe.md)");
+  value("--moe-router-topk", a.moe_topk, "k, the experts each token is routed to (default 2)");
+  value("--moe-ffn-hidden-size", a.moe_ffn_hidden, "each expert's width (default: the MLP's)");
+  value("--moe-shared-expert-intermediate-size", a.moe_shared_ffn_hidden, "the shared experts' width (default: none)");
+  value("--moe-router-score-function", a.moe_score, "softmax | sigmoid");
+  app.add_flag("--moe-router-pre-softmax", a.moe_pre_softmax, "softmax over all experts, then top-k, not normalised");
+  value("--moe-router-topk-scaling-factor", a.moe_scaling, "the routing weights' factor (default 1)");
+  value("--moe-router-num-groups", a.moe_num_groups, "device-limited routing: groups of experts");
+  value("--moe-router-group-topk", a.moe_group_topk, "the groups each token may use");
+  app.add_flag("--moe-router-enable-expert-bias", a.moe_expert_bias, "the aux-loss-free score bias (DeepSeek-V3)");
+  value("--moe-expert-capacity-factor", a.moe_capacity_factor, "drop tokens beyond this capacity (default: dropless)");
+  app.add_flag("--multi-latent-attention", a.multi_latent_attention,
+               "multi-latent attention (DeepSeek-V2/V3); not built in the layers yet: refused");
+  value("--q-lora-rank", a.q_lora_rank, "with --multi-latent-attention: q's latent width (default: none)");
+  value("--kv-lora-rank", a.kv_lora_rank, "with --multi-latent-attention: k and v's latent width (default 32)");
+  value("--qk-head-dim", a.qk_head_dim, "with --multi-latent-attention: q and k's head width without RoPE (128)");
+  value("--qk-pos-emb-head-dim", a.qk_pos_emb_head_dim, "with --multi-latent-attention: their RoPE part (64)");
+  value("--v-head-dim", a.v_head_dim, "with --multi-latent-attention: v's head width (128)");
   value("--recompute-granularity", a.recompute_granularity,
         "full | selective: with --sequence-parallel, the one configuration to run (instead of --config)");
   app.add_flag("--recompute-activations", a.recompute_activations, "--recompute-granularity selective");
@@ -282,6 +303,7 @@ float parse_probability(const std::string& option, const std::string& text) {
 }
 
 void take_query_groups(const Args& a, const GivenOptions& given, LayerSpecEdits& e);
+void take_moe_values(const Args& a, const GivenOptions& given, LayerSpecEdits& e);
 
 // The spec's flags (--arch, --hf-config and the edits on top of them).
 void take_spec_values(const Args& a, const GivenOptions& given, LayerRunOptions& o) {
@@ -312,7 +334,34 @@ void take_spec_values(const Args& a, const GivenOptions& given, LayerRunOptions&
   if (has("--dropout")) e.attention_dropout = e.hidden_dropout = parse_probability("--dropout", a.dropout);
   if (has("--attention-dropout")) e.attention_dropout = parse_probability("--attention-dropout", a.attention_dropout);
   if (has("--hidden-dropout")) e.hidden_dropout = parse_probability("--hidden-dropout", a.hidden_dropout);
+  take_moe_values(a, given, e);
   if (has("--hf-config")) take_hf_config(given, o);
+}
+
+// Megatron's MoE and MLA flags, each bounded as --hf-config's keys are.
+void take_moe_values(const Args& a, const GivenOptions& given, LayerSpecEdits& e) {
+  auto count = [&](const char* name, const std::string& text, int64_t min, int64_t max, std::optional<int64_t>& field) {
+    if (is_given(given, name)) field = parse_int_option(name, text, min, max);
+  };
+  count("--num-experts", a.num_experts, 0, kMaxExperts, e.num_experts);
+  count("--moe-router-topk", a.moe_topk, 1, kMaxExperts, e.moe_topk);
+  count("--moe-ffn-hidden-size", a.moe_ffn_hidden, 1, kMaxModelWidth, e.moe_ffn_hidden);
+  count("--moe-shared-expert-intermediate-size", a.moe_shared_ffn_hidden, 1, kMaxModelWidth, e.moe_shared_ffn_hidden);
+  count("--moe-router-num-groups", a.moe_num_groups, 1, kMaxExperts, e.moe_num_groups);
+  count("--moe-router-group-topk", a.moe_group_topk, 1, kMaxExperts, e.moe_group_topk);
+  if (is_given(given, "--moe-router-score-function")) e.moe_score = theory::parse_moe_score(a.moe_score);
+  if (is_given(given, "--moe-router-topk-scaling-factor"))
+    e.moe_scaling = parse_bounded_real("--moe-router-topk-scaling-factor", a.moe_scaling, 1e-6, 1e6);
+  if (is_given(given, "--moe-expert-capacity-factor"))
+    e.moe_capacity_factor = parse_bounded_real("--moe-expert-capacity-factor", a.moe_capacity_factor, 1e-6, 1e6);
+  e.moe_pre_softmax = a.moe_pre_softmax;
+  e.moe_expert_bias = a.moe_expert_bias;
+  e.multi_latent_attention = a.multi_latent_attention;
+  count("--q-lora-rank", a.q_lora_rank, 1, kMaxModelWidth, e.q_lora_rank);
+  count("--kv-lora-rank", a.kv_lora_rank, 1, kMaxModelWidth, e.kv_lora_rank);
+  count("--qk-head-dim", a.qk_head_dim, 1, kMaxModelWidth, e.qk_head_dim);
+  count("--qk-pos-emb-head-dim", a.qk_pos_emb_head_dim, 1, kMaxModelWidth, e.qk_pos_emb_head_dim);
+  count("--v-head-dim", a.v_head_dim, 1, kMaxModelWidth, e.v_head_dim);
 }
 
 // Grouped-query attention, as Megatron-LM spells it (--group-query-attention --num-query-groups
@@ -481,6 +530,9 @@ void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int worl
                           std::to_string(o.ep) + " (or --emulate-ep on one process) with --tp 1 and --cp 1 for now " +
                           "(the MPI world has " + std::to_string(world) + ")");
   if (o.emulate_ep && o.ep == 1) throw InvalidArgument("--emulate-ep needs --expert-model-parallel-size > 1");
+  if (dims.spec.mla.enabled)
+    throw InvalidArgument("multi-latent attention is not built in the layers yet (--multi-latent-attention, or a "
+                          "deepseek_v3 --hf-config); theory memory counts its parameters");
   if (!o.moe_tokens_per_expert.empty()) {
     if (o.backend != "meta")
       throw InvalidArgument("--moe-tokens-per-expert is meta's: cpu and cuda route the tokens themselves");

@@ -56,6 +56,28 @@ const std::vector<Flag>& flag_table() {
       {"vocab-size", Kind::value, Use::read},
       {"tokenizer-type", Kind::value, Use::read},
       {"make-vocab-size-divisible-by", Kind::value, Use::read},
+      // mixture of experts (docs/moe.md)
+      {"num-experts", Kind::value, Use::read},
+      {"moe-router-topk", Kind::value, Use::read},
+      {"moe-ffn-hidden-size", Kind::value, Use::read},
+      {"moe-shared-expert-intermediate-size", Kind::value, Use::read},
+      {"moe-router-score-function", Kind::value, Use::read},
+      {"moe-router-pre-softmax", Kind::on_off, Use::read},
+      {"moe-router-topk-scaling-factor", Kind::value, Use::read},
+      {"moe-router-num-groups", Kind::value, Use::read},
+      {"moe-router-group-topk", Kind::value, Use::read},
+      {"moe-router-enable-expert-bias", Kind::on_off, Use::read},
+      {"moe-expert-capacity-factor", Kind::value, Use::read},
+      {"moe-layer-freq", Kind::value, Use::read},
+      {"moe-grouped-gemm", Kind::on_off, Use::read},
+      {"moe-token-dispatcher-type", Kind::value, Use::read},
+      // multi-latent attention
+      {"multi-latent-attention", Kind::on_off, Use::read},
+      {"q-lora-rank", Kind::value, Use::read},
+      {"kv-lora-rank", Kind::value, Use::read},
+      {"qk-head-dim", Kind::value, Use::read},
+      {"qk-pos-emb-head-dim", Kind::value, Use::read},
+      {"v-head-dim", Kind::value, Use::read},
       // layout and batch
       {"tensor-model-parallel-size", Kind::value, Use::read},
       {"pipeline-model-parallel-size", Kind::value, Use::read},
@@ -67,6 +89,8 @@ const std::vector<Flag>& flag_table() {
       {"account-for-loss-in-pipeline-split", Kind::on_off, Use::read},
       {"sequence-parallel", Kind::on_off, Use::read},
       {"context-parallel-size", Kind::value, Use::read},
+      {"expert-model-parallel-size", Kind::value, Use::read},
+      {"expert-tensor-parallel-size", Kind::value, Use::read},
       {"cp-comm-type", Kind::list, Use::read},
       {"world-size", Kind::value, Use::read},
       {"seq-length", Kind::value, Use::read},
@@ -96,9 +120,11 @@ const std::vector<Flag>& flag_table() {
       {"attention-backend", Kind::value, Use::read},
       {"use-flash-attn", Kind::on_off, Use::read},
       // what the model cannot express
-      {"num-experts", Kind::value, Use::refuse, "a mixture-of-experts layer"},
-      {"expert-model-parallel-size", Kind::value, Use::refuse, "expert parallelism"},
-      {"multi-latent-attention", Kind::on_off, Use::refuse, "multi-latent attention"},
+      {"moe-pad-expert-input-to-capacity", Kind::on_off, Use::refuse, "padding each expert's tokens to its capacity"},
+      {"moe-router-dtype", Kind::value, Use::refuse, "a router in another precision than the activations'"},
+      {"moe-permute-fusion", Kind::on_off, Use::refuse, "Transformer Engine's fused permutation (what it keeps)"},
+      {"moe-layer-recompute", Kind::on_off, Use::refuse, "the old MoE recompute (give --recompute-modules moe)"},
+      {"moe-extended-tp", Kind::on_off, Use::refuse, "extended tensor parallelism of the experts"},
       {"hierarchical-context-parallel-sizes", Kind::list, Use::refuse,
        "hierarchical context parallelism (--cp-comm-type a2a+p2p)"},
       {"pipeline-model-parallel-layout", Kind::value, Use::refuse,
@@ -259,8 +285,8 @@ void refuse_what_is_not_modelled(const MegatronFlags& flags) {
   for (const Flag& f : flag_table()) {
     if (f.use != Use::refuse || !flags.has(f.name)) continue;
     const std::string& v = flags.values.at(f.name);
-    // A size of 1 (or 0 experts) is the plain dense layer.
-    if (f.kind == Kind::value && (v == "1" || (std::string(f.name) == "num-experts" && v == "0"))) continue;
+    // A size of 1 is the plain layout.
+    if (f.kind == Kind::value && v == "1") continue;
     throw InvalidArgument("--" + std::string(f.name) + " " + printable(v) + ": " + f.why +
                           " is not modelled by theory memory");
   }
@@ -290,6 +316,55 @@ theory::TransformerModel model_from_flags(const Values& v) {
   m.learned_positions = true;  // Megatron's default position embedding: learned_absolute
   m.layer = theory::gpt_layer_spec();
   return m;
+}
+
+// Megatron's MoE flags as edits of the layer's experts (a base model's, or none); without
+// experts (--num-experts absent or 0) Megatron ignores them, as here once checked.
+void apply_moe_flags(const Values& v, theory::TransformerModel& m) {
+  theory::MoeSpec& e = m.layer.moe;
+  if (v.has("num-experts")) e.num_experts = static_cast<double>(v.integer("num-experts", 0, kMaxExperts, 0));
+  if (!e.enabled()) {
+    e = {};
+    m.moe_layers.clear();
+    return;
+  }
+  e.top_k = static_cast<double>(v.integer("moe-router-topk", 1, kMaxExperts, static_cast<int64_t>(e.top_k)));
+  auto width = [&](const char* flag, double fallback) {
+    return static_cast<double>(v.integer(flag, 1, kMaxModelWidth, static_cast<int64_t>(fallback)));
+  };
+  e.ffn_hidden = width("moe-ffn-hidden-size", e.ffn_hidden);
+  e.shared_ffn_hidden = width("moe-shared-expert-intermediate-size", e.shared_ffn_hidden);
+  if (v.has("moe-router-score-function")) e.score = theory::parse_moe_score(v.text("moe-router-score-function"));
+  if (v.on("moe-router-pre-softmax")) e.pre_softmax = true;
+  e.scaling = v.real("moe-router-topk-scaling-factor", 1e-6, 1e6, e.scaling);
+  e.num_groups = static_cast<double>(v.integer("moe-router-num-groups", 1, kMaxExperts, static_cast<int64_t>(e.num_groups)));
+  e.group_top_k = static_cast<double>(v.integer("moe-router-group-topk", 1, kMaxExperts, static_cast<int64_t>(e.group_top_k)));
+  if (v.on("moe-router-enable-expert-bias")) e.expert_bias = true;
+  e.capacity_factor = v.real("moe-expert-capacity-factor", 1e-6, 1e6, e.capacity_factor);
+  if (v.has("moe-layer-freq"))
+    m.moe_layers = theory::moe_layer_pattern(v.text("moe-layer-freq"), static_cast<int>(m.L), "--moe-layer-freq");
+  theory::check_moe_spec(e);
+}
+
+// --multi-latent-attention with Megatron-LM's defaults (q from h directly, kv_lora_rank 32,
+// heads of 128 + 64 for q and k, 128 for v), or the base model's latent attention, each edited
+// by the rank and head flags given.
+void apply_mla_flags(const Values& v, theory::LayerSpec& s) {
+  theory::MlaSpec& a = s.mla;
+  if (v.on("multi-latent-attention") && !a.enabled) {
+    a = {};
+    a.enabled = true;
+    a.kv_lora_rank = 32;
+  }
+  if (!a.enabled) return;
+  auto width = [&](const char* flag, double fallback) {
+    return static_cast<double>(v.integer(flag, 1, kMaxModelWidth, static_cast<int64_t>(fallback)));
+  };
+  a.q_lora_rank = width("q-lora-rank", a.q_lora_rank);
+  a.kv_lora_rank = width("kv-lora-rank", a.kv_lora_rank);
+  a.qk_head_dim = width("qk-head-dim", a.qk_head_dim);
+  a.qk_pos_emb_head_dim = width("qk-pos-emb-head-dim", a.qk_pos_emb_head_dim);
+  a.v_head_dim = width("v-head-dim", a.v_head_dim);
 }
 
 // The layer flags as edits of the model's spec.
@@ -331,6 +406,8 @@ void apply_layer_flags(const Values& v, theory::TransformerModel& m) {
   if (v.has("seq-length")) m.seq = static_cast<double>(v.integer("seq-length", 1, kMaxPositions, 0));
   if (v.has("max-position-embeddings"))
     m.max_positions = static_cast<double>(v.integer("max-position-embeddings", 1, kMaxPositions, 0));
+  apply_moe_flags(v, m);
+  apply_mla_flags(v, s);
 }
 
 double dtype_bytes(const std::string& flag, const std::string& name) {
@@ -420,6 +497,8 @@ theory::StepLayout layout_of(const Values& v) {
   l.t = static_cast<int>(v.integer("tensor-model-parallel-size", 1, max, 1));
   l.p = static_cast<int>(v.integer("pipeline-model-parallel-size", 1, max, 1));
   l.cp = static_cast<int>(v.integer("context-parallel-size", 1, max, 1));
+  l.ep = static_cast<int>(v.integer("expert-model-parallel-size", 1, max, 1));
+  l.etp = static_cast<int>(v.integer("expert-tensor-parallel-size", 1, max, l.t));  // Megatron: t when absent
   if (v.has("num-layers-per-virtual-pipeline-stage") && v.has("num-virtual-stages-per-pipeline-rank"))
     throw InvalidArgument("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank: give one");
   l.vp = static_cast<int>(v.integer("num-virtual-stages-per-pipeline-rank", 1, max, 1));
@@ -462,6 +541,20 @@ void check_conditional_values(const Values& v) {
   if (v.has("sgd-momentum")) v.real("sgd-momentum", 0, 1e6, 0);
   for (const char* flag : {"main-params-dtype", "main-grads-dtype", "exp-avg-dtype", "exp-avg-sq-dtype"})
     if (v.has(flag)) dtype_bytes(flag, v.text(flag));
+  // the MoE and latent-attention values, read only with experts / --multi-latent-attention
+  for (const char* flag : {"moe-router-topk", "moe-router-num-groups", "moe-router-group-topk"})
+    if (v.has(flag)) v.integer(flag, 1, kMaxExperts, 1);
+  for (const char* flag : {"moe-ffn-hidden-size", "moe-shared-expert-intermediate-size", "q-lora-rank", "kv-lora-rank",
+                           "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim"})
+    if (v.has(flag)) v.integer(flag, 1, kMaxModelWidth, 1);
+  if (v.has("moe-router-score-function")) theory::parse_moe_score(v.text("moe-router-score-function"));
+  if (v.has("moe-router-topk-scaling-factor")) v.real("moe-router-topk-scaling-factor", 1e-6, 1e6, 1);
+  if (v.has("moe-expert-capacity-factor")) v.real("moe-expert-capacity-factor", 1e-6, 1e6, 1);
+  // The dispatcher moves tokens between expert-parallel ranks; what each expert keeps is the same.
+  const std::string dispatcher = v.text("moe-token-dispatcher-type", "allgather");
+  if (dispatcher != "allgather" && dispatcher != "alltoall" && dispatcher != "flex")
+    throw InvalidArgument("--moe-token-dispatcher-type must be allgather, alltoall or flex, got '" +
+                          printable(dispatcher) + "'");
 }
 
 }  // namespace
@@ -500,6 +593,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
     throw InvalidArgument("the world size (" + std::to_string(run.world_size) + " GPUs) must be a multiple of "
                           "tensor x pipeline x context parallel (" + std::to_string(model_parallel) + ")");
   c.layout.dp = static_cast<int>(run.world_size / model_parallel);
+  theory::check_expert_layout(run.model, c.layout);
   c.global_batch = static_cast<double>(
       v.integer("global-batch-size", 1, static_cast<int64_t>(theory::kMaxGlobalBatch), 0));
   return run;

@@ -11,6 +11,8 @@ const std::vector<MemoryColumn>& memory_columns() {
        [](const S& s) { return std::to_string(s.layers); }},
       {"parameters", "", "parameters on one GPU of the stage (split ones / t, norms and row-parallel biases whole)",
        [](const S& s) { return fmt_bytes(s.parameters); }},
+      {"expert_parameters", "", "of them, the routed experts' (E/ep experts per GPU, each split over etp); 0 without experts",
+       [](const S& s) { return fmt_bytes(s.expert_parameters); }},
       {"rest_bytes", "bytes", "allocated between steps: weight_bytes + grad_bytes + optimizer_bytes",
        [](const S& s) { return fmt_bytes(s.rest_bytes); }},
       {"peak_bytes", "bytes", "allocated at the run's peak: the larger of step_peak_bytes and setup_peak_bytes",

@@ -28,13 +28,13 @@ const std::vector<ModelPreset>& model_presets() {
 
 std::string presets_table() {
   char line[160];
-  std::snprintf(line, sizeof line, "%-12s %-6s %6s %3s %6s %4s %4s %6s %3s %4s\n", "model", "arch", "seq", "b", "hidden",
+  std::snprintf(line, sizeof line, "%-14s %-6s %6s %3s %6s %4s %4s %6s %3s %4s\n", "model", "arch", "seq", "b", "hidden",
                 "a", "g", "ffn", "t", "L");
   std::string text = line;
   for (const ModelPreset& p : model_presets()) {
     const LayerDims& d = p.dims;
-    std::snprintf(line, sizeof line, "%-12s %-6s %6lld %3lld %6lld %4lld %4lld %6lld %3d %4d\n", p.name.c_str(),
-                  spec_family(d.spec).c_str(), static_cast<long long>(d.s), static_cast<long long>(d.b),
+    std::snprintf(line, sizeof line, "%-14s %-6s %6lld %3lld %6lld %4lld %4lld %6lld %3d %4d\n", p.name.c_str(),
+                  d.spec.moe.enabled() ? "moe" : spec_family(d.spec).c_str(), static_cast<long long>(d.s), static_cast<long long>(d.b),
                   static_cast<long long>(d.h), static_cast<long long>(d.a), static_cast<long long>(d.groups()),
                   static_cast<long long>(d.ffn()), p.tp, p.layers);
     text += line;

@@ -152,6 +152,14 @@ std::string hf_config_contents(const std::optional<HfModelConfig>& c) {
                    s.kv_channels, code(s.position), s.rotary_percent, s.rotary_base, s.attention_dropout,
                    s.hidden_dropout})
     text.append(" ").append(exact_text(v));
+  const theory::MoeSpec& e = s.moe;
+  const theory::MlaSpec& l = s.mla;
+  for (double v : {e.num_experts, e.top_k, e.ffn_hidden, e.shared_ffn_hidden, code(e.score), code(e.pre_softmax),
+                   e.scaling, e.num_groups, e.group_top_k, code(e.expert_bias), e.capacity_factor, code(l.enabled),
+                   l.q_lora_rank, l.kv_lora_rank, l.qk_head_dim, l.qk_pos_emb_head_dim, l.v_head_dim})
+    text.append(" ").append(exact_text(v));
+  text += " moe layers ";
+  for (bool moe : m.moe_layers) text += moe ? '1' : '0';
   return text;
 }
 

@@ -89,7 +89,8 @@ with open(os.path.join(HERE, "facts.json")) as _facts_file:
     FACTS = json.load(_facts_file)
 PAPER_CONFIGS = FACTS["paper_configs"]
 SELECTIVE_CONFIGS = {c["name"] for c in FACTS["configs"] if c["recompute"] == "selective"}
-PRESETS = {p["name"]: p for p in FACTS["presets"]}
+# The mixtures of experts (arch moe) are not swept yet: their points would need the experts' keys.
+PRESETS = {p["name"]: p for p in FACTS["presets"] if p["arch"] != "moe"}
 PAPER_MODELS = [p["name"] for p in FACTS["presets"] if p["paper"]]
 ATTENTIONS = FACTS["attention"]
 ARCHS = tuple(FACTS["archs"])

@@ -53,7 +53,9 @@ namespace {
 // attention dropout) is refused rather than tabled as llama.
 void require_llama_layer(const TransformerModel& m, const std::string& hf_config) {
   const LayerSpec& s = m.layer;
-  const std::string other = s.qk_layernorm            ? "q/k RMSNorm (model_type qwen3)"
+  const std::string other = s.moe.enabled()           ? "a mixture of experts"
+                            : s.mla.enabled           ? "multi-latent attention"
+                            : s.qk_layernorm          ? "q/k RMSNorm (model_type qwen3)"
                             : s.add_qkv_bias          ? "QKV biases (model_type qwen2)"
                             : s.add_bias_linear       ? "biases (attention_bias, mlp_bias)"
                             : s.kv_channels > 0       ? "a head_dim other than hidden_size / num_attention_heads"
@@ -61,7 +63,7 @@ void require_llama_layer(const TransformerModel& m, const std::string& hf_config
                                                       : "";
   if (!other.empty())
     throw InvalidArgument("--hf-config " + hf_config + " (" + m.name + "): llama-table does not yet model " + other +
-                          "; theory plan and theory memory do");
+                          (s.moe.enabled() || s.mla.enabled ? "; theory memory does" : "; theory plan and theory memory do"));
 }
 
 // A model from --model (a llama preset or a paper GPT model) or --hf-config (one of them is
@@ -134,6 +136,12 @@ int run_plan_search(const TheoryOptions& a) {
                            static_cast<int64_t>(kMaxGlobalBatch)));
     }
   }
+  // The search's FLOPs and layer bytes are the dense layer's: an MoE or MLA model would be
+  // planned as a dense one.
+  if (r.model.layer.moe.enabled() || r.model.layer.mla.enabled)
+    throw InvalidArgument(r.model.name + ": theory plan does not yet model " +
+                          (r.model.layer.moe.enabled() ? "a mixture of experts" : "multi-latent attention") +
+                          "; theory memory does");
   r.distributed_optimizer = a.distributed_optimizer;
   r.attention = parse_attention(a.attention);
   r.headroom_bytes = static_cast<double>(a.headroom);
@@ -303,10 +311,25 @@ std::string run_text(const MegatronRun& r) {
   if (m.layer.add_bias_linear) options += " +biases";
   else if (m.layer.add_qkv_bias) options += " +qkv-bias";
   if (m.layer.attention_dropout > 0 || m.layer.hidden_dropout > 0) options += " +dropout";
+  if (m.layer.moe.enabled()) {
+    const MoeSpec& e = m.layer.moe;
+    char moe[200];
+    std::snprintf(moe, sizeof moe, " +experts E=%g k=%g F_e=%g shared=%g (%d of %g layers, ep=%d etp=%d)",
+                  e.num_experts, e.top_k, m.layer.expert_ffn(d), e.shared_ffn_hidden, m.moe_layer_count(), m.L,
+                  c.layout.ep, c.layout.expert_tp());
+    options += moe;
+  }
+  if (m.layer.mla.enabled) {
+    const MlaSpec& l = m.layer.mla;
+    char mla[160];
+    std::snprintf(mla, sizeof mla, " +mla (q_lora %g, kv_lora %g, q/k heads %g+%g, v heads %g)", l.q_lora_rank,
+                  l.kv_lora_rank, l.qk_head_dim, l.qk_pos_emb_head_dim, l.v_head_dim);
+    options += mla;
+  }
   const std::string cp_text = c.layout.cp > 1 ? " cp=" + std::to_string(c.layout.cp) + " (" +
                                                     cp_comm_type_name(c.policy.cp_comm) + ")"
                                               : "";
-  char text[760];
+  char text[960];
   std::snprintf(text, sizeof text,
                 "%s: L=%g h=%g a=%g g=%g d=%g F=%g %s %s%s, vocab %g (padded %g), %s embeddings%s\n"
                 "%d GPUs: t=%d p=%d vp=%d dp=%d%s%s, s=%.0f b=%g, %g micro-batches per step, %s%s%s, %s attention, "

@@ -175,7 +175,8 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
       "Megatron-LM's (--tensor-model-parallel-size 4 --sequence-parallel --recompute-granularity selective ...)");
   memory.allow_extras();
   apps.memory = &memory;
-  opts.value(memory, "--model", kMemory, "a preset: 22b | 175b | 530b | 1t | llama3-8b | llama3-70b | llama3-405b");
+  opts.value(memory, "--model", kMemory, "a preset: 22b | 175b | 530b | 1t | llama3-8b | llama3-70b | llama3-405b | mixtral-8x7b | "
+             "qwen3-30b-a3b | deepseek-v3");
   opts.value(memory, "--hf-config", kMemory, "a Hugging Face config.json");
   opts.value(memory, "--megatron-args", kMemory, "a file with a Megatron-LM launch script's arguments");
   opts.value(memory, "--gpus", kMemory, "GPUs in the run, 1.." + gpus + " (default: the script's world size)");

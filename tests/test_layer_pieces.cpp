@@ -563,6 +563,8 @@ TEST(LayerSpecTheory, EachPresetRowsLayer) {
     const LayerSpec spec = preset_layer_spec(row);
     if (row.arch == "llama")
       EXPECT_EQ(spec, llama_layer_spec(double(row.kv_heads), double(row.ffn_hidden), row.rope_theta)) << row.name;
+    else if (row.arch == "moe")  // each against its published config: tests/test_hf_config.cpp
+      EXPECT_EQ(spec.moe.num_experts, double(row.moe.experts)) << row.name;
     else
       EXPECT_EQ(spec, gpt_layer_spec()) << row.name;
   }

@@ -132,6 +132,44 @@ class LayerRunTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--csv", r.stderr)
 
+    # ---- Megatron's MoE flags reach the layer's spec ----
+    def test_megatrons_moe_flags_fill_the_layers_experts(self):
+        base = ["--backend", "meta", "--model", "tiny", "--arch", "llama", "--config", "baseline"]
+        moe = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+               "--moe-shared-expert-intermediate-size", "16", "--moe-router-score-function", "sigmoid",
+               "--moe-router-topk-scaling-factor", "2.5", "--moe-router-num-groups", "4", "--moe-router-group-topk",
+               "2", "--moe-router-enable-expert-bias", "--moe-expert-capacity-factor", "1.5"]
+        r = self.run_layer(*base, *moe)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        row = self.rows()[-1]
+        self.assertEqual({k: row[k] for k in ("num_experts", "top_k", "moe_ffn_hidden", "moe_shared_ffn_hidden",
+                                              "moe_router_score", "moe_capacity_factor", "status")},
+                         dict(num_experts="8", top_k="2", moe_ffn_hidden="32", moe_shared_ffn_hidden="16",
+                              moe_router_score="sigmoid", moe_capacity_factor="1.5", status="ok"))
+        # k reaches the routing: twice the routed rows keep more bytes (no capacity this time)
+        kept = {}
+        for k in ("2", "4"):
+            path = os.path.join(self.tmp, "k%s.csv" % k)
+            r = self.run_layer(*base, "--num-experts", "8", "--moe-router-topk", k, csv_path=path)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            kept[k] = int(self.rows(path)[-1]["act_bytes"])
+        self.assertGreater(kept["4"], kept["2"])
+        cases = {
+            "an MoE flag without experts": (["--moe-router-topk", "2"], "--num-experts"),
+            "k above E": (["--num-experts", "4", "--moe-router-topk", "5"], "moe-router-topk"),
+            "negative experts": (["--num-experts", "-1"], "--num-experts"),
+            "unknown score": (["--num-experts", "4", "--moe-router-score-function", "relu"], "relu"),
+            "zero capacity": (["--num-experts", "4", "--moe-expert-capacity-factor", "0"], "capacity"),
+            "groups not dividing E": (["--num-experts", "6", "--moe-router-num-groups", "4", "--moe-router-group-topk",
+                                       "1"], "moe-router-num-groups"),
+            "latent attention (not built)": (["--multi-latent-attention", "--kv-lora-rank", "16"], "multi-latent"),
+            "a latent width without it": (["--q-lora-rank", "8"], "--multi-latent-attention"),
+        }
+        for what, (args, needle) in cases.items():
+            with self.subTest(what):
+                bad = os.path.join(self.tmp, "bad.csv")
+                self.assert_bad_input(self.run_layer(*base, *args, csv_path=bad), what, bad, needle)
+
     def run_quick(self, *args, csv_path=None):
         """layer_run that must answer at once: a hang fails the test instead of blocking it."""
         try:

@@ -61,9 +61,10 @@ HF_READ = {
 HF_REFUSED = {
     "Mistral-7B-v0.1": '"sliding_window" is 4096',
     "gemma-2b": '"hidden_activation" is "gelu_pytorch_tanh"',
-    "Qwen3-30B-A3B": '"num_experts" is 128',
-    "Mixtral-8x7B-v0.1": '"num_local_experts" is 8',
 }
+# Mixtures of experts are read, but llama-table and plan tabulate dense layers alone.
+HF_EXPERTS = {"Qwen3-30B-A3B": "qwen3_moe:Qwen3-30B-A3B", "Mixtral-8x7B-v0.1": "mixtral:Mixtral-8x7B-v0.1",
+              "DeepSeek-V3": "deepseek_v3:DeepSeek-V3"}
 
 
 def hf_fixture(model):
@@ -304,6 +305,31 @@ class LlamaCliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual([(row["hidden"], row["tp"]) for row in self.rows()], [("64", "2")])
 
+    @unittest.skipUnless(MPIEXEC, "no mpirun")
+    def test_mpi_ranks_compare_the_experts_an_hf_config_says(self):
+        folders = [os.path.join(self.tmp, "moe%d" % i) for i in range(2)]
+        for folder in folders:
+            os.makedirs(folder)
+        with open(hf_fixture("Qwen3-30B-A3B")) as f:
+            small = dict(json.load(f), hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, num_hidden_layers=2)
+
+        def write(folder, **changes):
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(dict(small, **changes), f)
+
+        args = ["--backend", "meta", "--hf-config", "config.json", "--tp", "2", "--config", "sp", "--seq", "16",
+                "--csv", self.csv]
+        for key, other in [("num_experts_per_tok", 1), ("norm_topk_prob", False), ("mlp_only_layers", [1])]:
+            with self.subTest(key):
+                write(folders[0])
+                write(folders[1], **{key: other})
+                self.assert_refused(self.run_mpi_in_folders(args, folders), key, "--hf-config")
+        write(folders[1])
+        r = self.run_mpi_in_folders(args, folders)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([(row["num_experts"], row["top_k"], row["tp"]) for row in self.rows()], [("4", "2", "2")])
+
     def test_meta_presets_equal_the_closed_forms(self):
         shapes = {"llama3-8b": (4096, 32, 8, 14336, 1), "llama3-70b": (8192, 64, 8, 28672, 8),
                   "llama3-405b": (16384, 128, 8, 53248, 8)}
@@ -371,6 +397,18 @@ class LlamaCliTest(unittest.TestCase):
                 self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
                 self.assertTrue(r.stderr.startswith("theory: error: --hf-config " + path + ": "), r.stderr)
                 self.assertIn(words, r.stderr)
+
+    def test_hf_config_experts_are_read_but_not_tabled_as_llama(self):
+        for model, name in HF_EXPERTS.items():
+            path = hf_fixture(model)
+            with self.subTest(model):
+                for command in (["llama-table"], ["plan", "--gpus", "64", "--global-batch", "64"]):
+                    r = subprocess.run([THEORY, *command, "--hf-config", path], capture_output=True, text=True,
+                                       timeout=20)
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                    self.assertIn("does not yet model", r.stderr)
+                    self.assertIn("theory memory does", r.stderr)
 
     def test_hf_config_defines_the_layer_that_arch_would_replace(self):
         # --arch may restate the config's family, never replace its layer

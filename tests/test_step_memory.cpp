@@ -376,7 +376,12 @@ TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRef
   EXPECT_EQ(f.values.at("hidden-size"), "64");
   EXPECT_EQ(f.unmodelled, (std::vector<std::string>{"--fp8-format"}));
   const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 ";
-  for (const char* bad : {"--num-experts 8", "--context-parallel-size 3", "--multi-latent-attention",
+  for (const char* bad : {"--num-experts 8 --moe-permute-fusion", "--num-experts 6 --expert-model-parallel-size 4",
+                          "--expert-model-parallel-size 2", "--num-experts 8 --moe-router-topk 9",
+                          "--num-experts 8 --moe-layer-freq [1,0,1]", "--num-experts 8 --moe-router-score-function relu",
+                          "--num-experts 8 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2",
+                          "--moe-token-dispatcher-type ring", "--q-lora-rank 0", "--num-experts 8 --moe-router-dtype fp32",
+                          "--context-parallel-size 3",
                           "--context-parallel-size 2 --cp-comm-type a2a+p2p", "--hierarchical-context-parallel-sizes 2 2",
                           "--context-parallel-size 2 --cp-comm-type p2p p2p a2a", "--cp-comm-type ring",
                           "--context-parallel-size 2 --transformer-impl local",
@@ -393,6 +398,8 @@ TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRef
         InvalidArgument);
   }
   EXPECT_NO_THROW(megatron_run(flags_of(base + "--context-parallel-size 1 --num-experts 0"), std::nullopt, 0));
+  EXPECT_NO_THROW(megatron_run(flags_of(base + "--num-experts 8 --multi-latent-attention --moe-router-dtype 1"),
+                               std::nullopt, 0));
   MegatronFlags strict;
   EXPECT_THROW(apply_megatron_words({"--tensor-model-paralel-size", "2"}, true, "cli", strict), InvalidArgument);
   EXPECT_THROW(megatron_run(flags_of("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 9"),
@@ -506,3 +513,188 @@ TEST(MegatronArgs, ContextParallelSizeAndCommTypeAreRead) {
   EXPECT_LT(with.activation_bytes, step_memory(r.model, r.step).front().activation_bytes);
 }
 
+
+// ---- mixtures of experts and latent attention ----
+
+namespace {
+
+// h 64, a 4, g 2, SwiGLU of 128, RMSNorm, no biases; 8 experts of 32 with a shared expert of
+// 64, the first of its 4 layers dense.
+TransformerModel moe_model() {
+  TransformerModel m = llama_model();
+  m.name = "moe-test";
+  m.h = 64, m.a = 4, m.L = 4, m.vocab = 1000, m.seq = 256;
+  m.layer = llama_layer_spec(2, 128);
+  m.layer.moe.num_experts = 8;
+  m.layer.moe.top_k = 2;
+  m.layer.moe.ffn_hidden = 32;
+  m.layer.moe.shared_ffn_hidden = 64;
+  m.moe_layers = {false, true, true, true};
+  return m;
+}
+
+}  // namespace
+
+TEST(StepMemoryMoe, ParametersSplitOverTensorAndExpertParallelism) {
+  const TransformerModel m = moe_model();
+  StepLayout l;
+  l.t = 2, l.dp = 4, l.ep = 4, l.etp = 1;  // 8 GPUs; the experts' data-parallel group: 8 / (4 x 1) = 2
+  // Attention on one of t = 2 ranks: QKV (4 + 2·2) heads of 16 from 64, projection 64 x 64;
+  // the two RMSNorms whole.
+  const double attention = ((4 + 4) * 16 * 64 + 64 * 64) / 2.0, norms = 2 * 64;
+  // The dense layer: SwiGLU fc1 2·128 x 64, fc2 64 x 128, over t.
+  const LayerParameters dense = layer_parameters(m, 0, l);
+  EXPECT_EQ(dense.dense, attention + norms + (2 * 128 * 64 + 128 * 64) / 2.0);
+  EXPECT_EQ(dense.expert, 0);
+  // An MoE layer: the router 8 x 64 whole, the shared expert (2·64 x 64, 64 x 64) over t; the
+  // routed experts 8 / ep = 2 per rank, each 2·32 x 64 and 64 x 32, whole (etp 1).
+  const LayerParameters moe = layer_parameters(m, 1, l);
+  EXPECT_EQ(moe.dense, attention + norms + 8 * 64 + (2 * 64 * 64 + 64 * 64) / 2.0);
+  EXPECT_EQ(moe.expert, 2 * (2 * 32 * 64 + 64 * 32));
+  // etp = t (Megatron's default when not given): each expert split over 2 as well
+  l.etp = 0;
+  EXPECT_EQ(layer_parameters(m, 1, l).expert, 2 * (2 * 32 * 64 + 64 * 32) / 2.0);
+}
+
+TEST(StepMemoryMoe, TheDistributedOptimizerShardsExpertsOverTheExpertDataParallelGroup) {
+  const TransformerModel m = moe_model();
+  StepConfig c = config(2, 1, 4, 4);
+  c.seq = 256;
+  c.layout.ep = 4, c.layout.etp = 1;
+  c.policy.sequence_parallel = true;
+  c.distributed_optimizer = true;
+  const std::vector<StageMemory> stages = step_memory(m, c);
+  ASSERT_EQ(stages.size(), 1u);
+  const StageMemory& s = stages[0];
+  // per rank, counted by hand: attention 6144, norms 128; dense MLP 12288; router 512, shared
+  // expert 6144, experts 12288; embedding and output layer 1024 (1000 padded to 256) x 64 / 2
+  // each, the final norm 64
+  const double dense_layer = 6144 + 128 + 12288, moe_dense = 6144 + 128 + 512 + 6144, experts = 3 * 12288;
+  const double dense = dense_layer + 3 * moe_dense + 2 * 32768 + 64;
+  EXPECT_EQ(s.parameters, dense + experts);
+  EXPECT_EQ(s.expert_parameters, experts);
+  EXPECT_EQ(s.weight_bytes, 2 * (dense + experts));
+  EXPECT_EQ(s.grad_bytes, 4 * (dense + experts));  // main_grad whole on every rank
+  // fp32 master + Adam's moments: dense over dp = 4, experts over t·dp / (ep·etp) = 2
+  EXPECT_EQ(s.optimizer_bytes, 12 * (dense / 4 + experts / 2));
+  // without the distributed optimizer nothing is sharded
+  c.distributed_optimizer = false;
+  EXPECT_EQ(step_memory(m, c)[0].optimizer_bytes, 12 * (dense + experts));
+  // The last layer's backward (MoE) holds, beside the output's gradient (2 bytes x 256 rows / 2
+  // x 64), its experts' activation gradients over 128 tokens x k 2 rows, 2·32 wide, and the
+  // shared expert's over 256 rows, 2·64 / 2 wide; fused attention's (dO, dq, dk, dv: 12 heads
+  // of 16 over 2 ranks, fp32 row sums) are fewer.
+  c.policy.attention = Attention::fused;
+  const StageMemory fused = step_memory(m, c)[0];
+  ASSERT_EQ(fused.peak_at, "backward mb 0 chunk 0");
+  EXPECT_EQ(fused.grad_working_set_bytes, 2.0 * 256 * 64 / 2 + 2.0 * (128 * 2 * 2 * 32 + 256 * 2 * 64 / 2));
+}
+
+TEST(StepMemoryMoe, MegatronsExpertLayoutRules) {
+  const TransformerModel m = moe_model();
+  auto fails = [&](int t, int dp, int ep, int etp, bool sp, const std::string& words) {
+    StepConfig c = config(t, 1, dp, dp);
+    c.seq = 256;
+    c.layout.ep = ep, c.layout.etp = etp;
+    c.policy.sequence_parallel = sp;
+    try {
+      step_memory(m, c);
+      ADD_FAILURE() << "accepted t " << t << " dp " << dp << " ep " << ep << " etp " << etp;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  fails(2, 4, 8, 2, true, "must divide tensor x context x data parallel (8)");  // ep·etp 16 > 8
+  fails(2, 4, 3, 1, true, "--num-experts (8) must be divisible by --expert-model-parallel-size (3)");
+  fails(2, 4, 4, 1, false, "needs --sequence-parallel");
+  fails(1, 8, 1, 64, false, "must divide tensor x context x data parallel");
+  fails(1, 64, 1, 64, false, "must be divisible by the expert-tensor-parallel size (64)");  // experts 32 wide
+  TransformerModel dense = gpt_model();
+  StepConfig c = config(1, 1, 8, 8);
+  c.layout.ep = 2;
+  EXPECT_THROW(step_memory(dense, c), InvalidArgument);  // expert parallelism without experts
+  TransformerModel wrong = m;
+  wrong.moe_layers = {true, true};
+  c = config(1, 1, 8, 8);
+  c.seq = 256;
+  EXPECT_THROW(step_memory(wrong, c), InvalidArgument);  // 2 pattern entries for 4 layers
+  c.layout.ep = 8;  // 8 experts over 8 ranks, one each: accepted
+  EXPECT_NO_THROW(step_memory(m, c));
+}
+
+TEST(StepMemoryMoe, LatentAttentionsParameters) {
+  TransformerModel m = moe_model();
+  m.layer.moe = {};
+  m.moe_layers.clear();
+  MlaSpec& a = m.layer.mla;
+  a.enabled = true, a.q_lora_rank = 24, a.kv_lora_rank = 16, a.qk_head_dim = 8, a.qk_pos_emb_head_dim = 4, a.v_head_dim = 8;
+  StepLayout l;
+  l.t = 2;
+  // q down 24 x 64 and its norm, kv down (16 + 4) x 64 and its norm: whole on every rank;
+  // q up 4·(8 + 4) x 24, kv up 4·(8 + 8) x 16, projection 64 x 4·8: over t = 2
+  const double whole = 24 * 64 + 24 + 20 * 64 + 16, split = (4 * 12 * 24 + 4 * 16 * 16 + 64 * 32) / 2.0;
+  const double mlp = (2 * 128 * 64 + 128 * 64) / 2.0, norms = 2 * 64;
+  EXPECT_EQ(layer_parameters(m, 0, l).dense, whole + split + norms + mlp);
+  a.q_lora_rank = 0;  // q projected from h directly: 4·12 x 64 over t
+  EXPECT_EQ(layer_parameters(m, 0, l).dense, 20 * 64 + 16 + (4 * 12 * 64 + 4 * 16 * 16 + 64 * 32) / 2.0 + norms + mlp);
+}
+
+TEST(MegatronArgs, MixtureOfExpertsAndLatentAttentionFlags) {
+  const std::string script =
+      "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --vocab-size 1000 --swiglu --ffn-hidden-size 128 "
+      "--normalization RMSNorm --disable-bias-linear --tensor-model-parallel-size 2 --sequence-parallel "
+      "--world-size 16 --bf16 --use-distributed-optimizer "
+      "--num-experts 16 --moe-router-topk 4 --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 64 "
+      "--moe-router-score-function sigmoid --moe-router-topk-scaling-factor 2.5 --moe-router-num-groups 4 "
+      "--moe-router-group-topk 2 --moe-router-enable-expert-bias --moe-expert-capacity-factor 1.25 "
+      "--moe-layer-freq ([0]*2+[1]*6) --moe-grouped-gemm --moe-token-dispatcher-type alltoall "
+      "--expert-model-parallel-size 4 --expert-tensor-parallel-size 1 "
+      "--multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 4 "
+      "--v-head-dim 8";
+  const MegatronRun r = megatron_run(flags_of(script), std::nullopt, 0);
+  const MoeSpec& e = r.model.layer.moe;
+  EXPECT_EQ((std::vector<double>{e.num_experts, e.top_k, e.ffn_hidden, e.shared_ffn_hidden, e.scaling, e.num_groups,
+                                 e.group_top_k, e.capacity_factor}),
+            (std::vector<double>{16, 4, 32, 64, 2.5, 4, 2, 1.25}));
+  EXPECT_EQ(e.score, MoeScore::sigmoid);
+  EXPECT_TRUE(e.expert_bias);
+  EXPECT_FALSE(e.pre_softmax);
+  EXPECT_EQ(r.model.layer.ffn_hidden, 128);  // the dense layers' width
+  EXPECT_EQ(r.model.moe_layers, (std::vector<bool>{false, false, true, true, true, true, true, true}));
+  EXPECT_EQ(r.model.moe_layer_count(), 6);
+  EXPECT_EQ((std::vector<int>{r.step.layout.ep, r.step.layout.etp, r.step.layout.expert_dp()}),
+            (std::vector<int>{4, 1, 4}));  // t 2 x dp 8 / (4 x 1)
+  const MlaSpec& a = r.model.layer.mla;
+  EXPECT_TRUE(a.enabled);
+  EXPECT_EQ((std::vector<double>{a.q_lora_rank, a.kv_lora_rank, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim}),
+            (std::vector<double>{24, 16, 8, 4, 8}));
+  EXPECT_NO_THROW(step_memory(r.model, r.step));
+  // Megatron's defaults: top-2, softmax, the expert width ffn-hidden-size, every layer MoE,
+  // etp = t; --multi-latent-attention alone: q from h, kv_lora_rank 32, heads 128 + 64 and 128
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 4 "
+                           "--tensor-model-parallel-size 2 --sequence-parallel ";
+  const MegatronRun d = megatron_run(flags_of(base + "--num-experts 4 --moe-router-pre-softmax --multi-latent-attention"),
+                                     std::nullopt, 0);
+  EXPECT_EQ(d.model.layer.moe.top_k, 2);
+  EXPECT_EQ(d.model.layer.moe.score, MoeScore::softmax);
+  EXPECT_TRUE(d.model.layer.moe.pre_softmax);
+  EXPECT_EQ(d.model.layer.expert_ffn(d.model.dims(1, 1, 1)), 256);
+  EXPECT_TRUE(d.model.moe_layers.empty());
+  EXPECT_EQ(d.step.layout.expert_tp(), 2);
+  EXPECT_EQ(d.model.layer.mla.kv_lora_rank, 32);
+  EXPECT_EQ(d.model.layer.mla.q_lora_rank, 0);
+  // --moe-layer-freq N: every N-th layer from layer 0
+  EXPECT_EQ(megatron_run(flags_of(base + "--num-experts 4 --moe-layer-freq 2"), std::nullopt, 0).model.moe_layers,
+            (std::vector<bool>{true, false}));
+  // a pattern is one 0/1 entry per layer, lists joined with + and repeated with *
+  for (const char* bad : {"[2]*2", "[1]*", "[1,0", "x", "0", "[1]*2+", "[1]+[1]+[1]", "[0]*9999999"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(moe_layer_pattern(bad, 2, "--moe-layer-freq"), InvalidArgument);
+  }
+  EXPECT_EQ(moe_layer_pattern("([1]*1 + [0])", 2, "--moe-layer-freq"), (std::vector<bool>{true, false}));
+  EXPECT_EQ(moe_layer_pattern("[0,1,1]", 3, "--moe-layer-freq"), (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(moe_layer_pattern("3", 7, "--moe-layer-freq"),
+            (std::vector<bool>{true, false, false, true, false, false, true}));
+  // MoE flags without experts change nothing (Megatron ignores them), once their values are checked
+  EXPECT_FALSE(megatron_run(flags_of(base + "--moe-router-topk 4"), std::nullopt, 0).model.layer.moe.enabled());
+}

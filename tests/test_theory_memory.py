@@ -52,6 +52,34 @@ class LaunchScripts(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         return r, read_rows(out)
 
+    def test_deepseek_v3_config_with_expert_parallelism_stage_by_stage(self):
+        config = os.path.join(ROOT, "tests", "fixtures", "hf", "DeepSeek-V3", "config.json")
+        r, (header, rows) = self.memory_csv([
+            "--hf-config", config, "--gpus", "1024", "--tensor-model-parallel-size", "2",
+            "--pipeline-model-parallel-size", "8", "--decoder-first-pipeline-num-layers", "5",
+            "--expert-model-parallel-size", "64", "--expert-tensor-parallel-size", "1", "--sequence-parallel",
+            "--seq-length", "4096", "--global-batch-size", "8192", "--use-distributed-optimizer",
+            "--recompute-granularity", "selective", "--recompute-modules", "moe_act,layernorm"])
+        self.assertEqual(header, documented_columns())
+        self.assertEqual([int(row["layers"]) for row in rows], [5] + [8] * 7)
+        self.assertIn("+experts E=256 k=8", r.stdout)
+        self.assertIn("58 of 61 layers, ep=64 etp=1", r.stdout)
+        self.assertEqual(len(r.stdout.splitlines()), 3 + 8 + 1)  # the run, the header, a line per stage, the note
+        experts = [int(row["expert_parameters"]) for row in rows]
+        # stage 0: layers 0-4, of which 3 and 4 have experts; the others 8 MoE layers each
+        self.assertEqual(experts[1], 4 * experts[0])
+        self.assertEqual(len(set(experts[1:])), 1)
+        # 4 of the 256 experts per GPU, each 2048 wide (SwiGLU: 3 x 7168 x 2048 weights), whole (etp 1)
+        self.assertEqual(experts[1], 8 * 4 * 3 * 7168 * 2048)
+        for row in rows:
+            params, expert = int(row["parameters"]), int(row["expert_parameters"])
+            # bf16 weights, fp32 main_grad, 12 bytes of optimizer state: dense parameters sharded
+            # over dp = 1024 / (2 x 8) = 64, the experts' over 2 x 64 / (64 x 1) = 2
+            self.assertEqual(int(row["weight_bytes"]), 2 * params)
+            self.assertEqual(int(row["grad_bytes"]), 4 * params)
+            self.assertAlmostEqual(int(row["optimizer_bytes"]) / (12 * ((params - expert) / 64 + expert / 2)), 1,
+                                   places=9)
+
     def test_each_script_gives_one_row_per_stage_that_adds_up(self):
         stages = {"gpt3_857m.sh": 2, "llama3_8b.sh": 2, "qwen3_like_interleaved.sh": 4}
         for name, p in stages.items():
@@ -137,11 +165,16 @@ class BadInput(unittest.TestCase):
 
     def test_bad_scripts_are_one_line_naming_the_flag(self):
         cases = {
-            "--num-experts 8": ["--num-experts", "mixture-of-experts"],
+            "--num-experts 8 --moe-permute-fusion": ["--moe-permute-fusion", "not modelled"],
+            "--num-experts 6 --expert-model-parallel-size 4": ["--num-experts (6)", "--expert-model-parallel-size (4)"],
+            "--expert-model-parallel-size 2": ["--expert-model-parallel-size 2", "mixture of experts"],
+            "--num-experts 8 --expert-model-parallel-size 2 --expert-tensor-parallel-size 4":
+                ["must divide tensor x context x data parallel (4)"],
+            "--num-experts 8 --moe-layer-freq [1,0]": ["--moe-layer-freq", "one entry per layer (4)"],
             "--context-parallel-size 3": ["context parallel (3)"],
             "--context-parallel-size 2 --cp-comm-type a2a+p2p": ["--cp-comm-type", "a2a+p2p"],
             "--context-parallel-size 2 --seq-length 510": ["--seq-length (510)", "2 x 2"],
-            "--multi-latent-attention": ["--multi-latent-attention"],
+            "--multi-latent-attention --kv-lora-rank 0": ["--kv-lora-rank"],
             "--tensor-model-parallel-size $TP": ["--tensor-model-parallel-size", "$TP"],
             "--tensor-model-parallel-size 3": ["3"],
             "--recompute-granularity full": ["--recompute-method"],

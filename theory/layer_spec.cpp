@@ -26,9 +26,36 @@ LayerSpec llama_layer_spec(double kv_heads, double ffn_hidden, double rope_theta
   return spec;
 }
 
+namespace {
+
+// An MoE preset's experts and latent attention (model_table.hpp's rows).
+void add_experts(const ModelRow& row, LayerSpec& spec) {
+  const ExpertsRow& e = row.moe;
+  MoeSpec& m = spec.moe;
+  m.num_experts = double(e.experts), m.top_k = double(e.top_k);
+  m.ffn_hidden = double(e.ffn_hidden), m.shared_ffn_hidden = double(e.shared_ffn_hidden);
+  m.score = e.sigmoid ? MoeScore::sigmoid : MoeScore::softmax;
+  m.pre_softmax = !e.sigmoid && !e.normalized;
+  m.scaling = e.scaling;
+  m.num_groups = double(e.groups), m.group_top_k = double(e.group_top_k);
+  m.expert_bias = e.expert_bias;
+  if (row.mla.kv_lora_rank == 0) return;
+  const LatentRow& l = row.mla;
+  spec.mla = {true, double(l.q_lora_rank), double(l.kv_lora_rank), double(l.qk_head_dim), double(l.qk_pos_emb_head_dim),
+              double(l.v_head_dim)};
+}
+
+}  // namespace
+
 LayerSpec preset_layer_spec(const ModelRow& row) {
-  if (row.arch != "llama") return gpt_layer_spec();
-  return llama_layer_spec(double(row.kv_heads), double(row.ffn_hidden), row.rope_theta > 0 ? row.rope_theta : 10000);
+  if (row.arch != "llama" && row.arch != "moe") return gpt_layer_spec();
+  LayerSpec spec = llama_layer_spec(double(row.kv_heads), double(row.ffn_hidden), row.rope_theta > 0 ? row.rope_theta : 10000,
+                                    row.arch == "moe" ? row.norm_epsilon : 1e-5);
+  if (row.arch != "moe") return spec;
+  spec.kv_channels = double(row.head_dim);
+  spec.qk_layernorm = row.qk_norm;
+  add_experts(row, spec);
+  return spec;
 }
 
 namespace {

@@ -90,20 +90,83 @@ std::vector<int> virtual_stage_layers(const TransformerModel& m, const StepLayou
   return out;
 }
 
-double layer_parameters(const TransformerModel& m, double t) {
-  const LayerSpec& s = m.layer;
+namespace {
+
+// Multi-latent attention's weights (Megatron-Core's MLASelfAttention): the down-projections
+// (q to q_lora_rank, kv to kv_lora_rank plus the shared RoPE part) and their norms whole on
+// every tensor-parallel rank, the up-projections and the output projection split over t.
+LayerParameters latent_attention(const LayerSpec& s, double h, double a, double t, double norm) {
+  const MlaSpec& m = s.mla;
+  const double qk = m.qk_head_dim + m.qk_pos_emb_head_dim, q_rows = a * qk, kv_up_rows = a * (m.qk_head_dim + m.v_head_dim);
+  double split = m.kv_lora_rank * kv_up_rows + h * a * m.v_head_dim;  // kv up-projection, output projection
+  double whole = (m.kv_lora_rank + m.qk_pos_emb_head_dim) * h + norm * m.kv_lora_rank;  // kv down-projection, its norm
+  if (m.q_lora_rank > 0) {
+    whole += m.q_lora_rank * h + norm * m.q_lora_rank;  // q down-projection and its norm
+    split += q_rows * m.q_lora_rank;                    // q up-projection
+  } else {
+    split += q_rows * h;  // q projected from h directly
+  }
+  if (s.add_bias_linear) {
+    whole += m.kv_lora_rank + m.qk_pos_emb_head_dim + (m.q_lora_rank > 0 ? m.q_lora_rank : 0) + h;
+    split += kv_up_rows + q_rows;
+  }
+  return {split / t + whole, 0};
+}
+
+// An MLP of width F split over t (fc1 column-, fc2 row-parallel), its biases with add_bias_linear.
+double mlp_parameters(const LayerSpec& s, double h, double F, double t) {
+  const double fc1 = s.activation == Activation::swiglu ? 2 * F : F;
+  return (fc1 * h + F * h + (s.add_bias_linear ? fc1 : 0)) / t + (s.add_bias_linear ? h : 0);
+}
+
+}  // namespace
+
+LayerParameters layer_parameters(const TransformerModel& m, int i, const StepLayout& l) {
+  const LayerSpec s = m.layer_spec(i);
+  const double t = l.t;
   const Dims d = m.dims(1, 1, t);
-  const double h = m.h, a = m.a, g = s.groups(d), head = s.head_dim(d), F = s.ffn(d);
+  const double h = m.h, a = m.a, g = s.groups(d), head = s.head_dim(d);
   const double norm = s.normalization == Norm::layernorm ? 2 : 1;  // weight (and bias) per element
-  const double fc1_width = s.activation == Activation::swiglu ? 2 * F : F;
-  const double qkv_rows = (a + 2 * g) * head;
-  double split = qkv_rows * h + h * a * head + fc1_width * h + F * h;  // QKV, projection, fc1, fc2 weights
-  if (s.qkv_bias()) split += qkv_rows;
-  if (s.add_bias_linear) split += fc1_width;
-  double whole = 2 * norm * h;                       // the two block norms
-  if (s.qk_layernorm) whole += 2 * norm * head;      // q and k norms over one head
-  if (s.add_bias_linear) whole += 2 * h;             // the projection's and fc2's biases (row-parallel)
-  return split / t + whole;
+  LayerParameters out;
+  if (s.mla.enabled) {
+    out = latent_attention(s, h, a, t, norm);
+  } else {
+    const double qkv_rows = (a + 2 * g) * head;
+    out.dense = (qkv_rows * h + h * a * head + (s.qkv_bias() ? qkv_rows : 0)) / t;  // QKV, projection
+    if (s.qk_layernorm) out.dense += 2 * norm * head;  // q and k norms over one head
+    if (s.add_bias_linear) out.dense += h;             // the projection's bias (row-parallel)
+  }
+  out.dense += 2 * norm * h;  // the two block norms
+  if (!s.moe.enabled()) {
+    out.dense += mlp_parameters(s, h, s.ffn(d), t);
+    return out;
+  }
+  const MoeSpec& e = s.moe;
+  out.dense += e.num_experts * h;  // the router, whole on every tensor-parallel rank
+  if (e.shared_ffn_hidden > 0) out.dense += mlp_parameters(s, h, e.shared_ffn_hidden, t);
+  out.expert = e.num_experts / l.ep * mlp_parameters(s, h, s.expert_ffn(d), l.expert_tp());
+  return out;
+}
+
+void check_expert_layout(const TransformerModel& m, const StepLayout& l) {
+  const MoeSpec& e = m.layer.moe;
+  const std::string ep = std::to_string(l.ep), etp = std::to_string(l.expert_tp());
+  require(l.ep >= 1 && l.etp >= 0, "the expert-parallel sizes must be at least 1");
+  require(e.enabled() || l.ep == 1, "--expert-model-parallel-size " + ep + " needs a mixture of experts (--num-experts)");
+  if (!e.enabled()) return;
+  require(m.moe_layers.empty() || m.moe_layers.size() == static_cast<size_t>(m.L),
+          "the MoE layer pattern has " + std::to_string(m.moe_layers.size()) + " entries for " + text(m.L) + " layers");
+  require(std::fmod(e.num_experts, l.ep) == 0,
+          "--num-experts (" + text(e.num_experts) + ") must be divisible by --expert-model-parallel-size (" + ep + ")");
+  const int dense_ranks = l.t * l.cp * l.dp, expert_ranks = l.ep * l.expert_tp();
+  require(dense_ranks % expert_ranks == 0,
+          "--expert-model-parallel-size x --expert-tensor-parallel-size (" + ep + " x " + etp + ") must divide tensor x "
+          "context x data parallel (" + std::to_string(dense_ranks) + "), as Megatron's expert groups need");
+  const Dims d = m.dims(1, 1, l.t);
+  require(std::fmod(m.layer.expert_ffn(d), l.expert_tp()) == 0,
+          "--moe-ffn-hidden-size (" + text(m.layer.expert_ffn(d)) + ") must be divisible by the expert-tensor-parallel size (" + etp + ")");
+  require(std::fmod(e.shared_ffn_hidden, l.t) == 0, "--moe-shared-expert-intermediate-size (" + text(e.shared_ffn_hidden) +
+                                                       ") must be divisible by the tensor-parallel size (" + std::to_string(l.t) + ")");
 }
 
 namespace {
@@ -159,11 +222,12 @@ struct ChunkTransients {
 // once (modelled after autograd's order: the layer output's gradient, kept for the residual,
 // beside the activation's input and output gradients in the MLP, or dq, dk, dv and the fp32
 // row sums in fused attention, or the probabilities' and scores' gradients unfused).
-ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c, int layers) {
+// The layer is the chunk's last (its backward runs first), `last_layer` in the model.
+ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c, int layers, int last_layer) {
   ChunkTransients w;
   if (layers == 0) return w;
   const Dims d = c.layer_dims(m);
-  const LayerSpec& spec = m.layer;
+  const LayerSpec spec = m.layer_spec(last_layer);
   const Precision p{c.precision.activation, 1};
   const double none = saved_bytes(d, spec, keeps_all(c.policy), p);
   if (c.policy.recompute == Recompute::selective) {
@@ -176,7 +240,12 @@ ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c,
   const double e = c.precision.activation, sb = d.s * d.b / d.cp, t = d.t;  // the rank's rows
   const double r = c.policy.sequence_parallel ? t : 1.0, F = spec.ffn(d), head = spec.head_dim(d);
   const double act_width = spec.activation == Activation::swiglu ? 2 : 1;
-  const double mlp = e * act_width * sb * F / t;
+  // An MoE layer's: its experts' activation gradients over the rank's s·b/(r·C) tokens routed to
+  // k experts each (balanced; etp splits the width and gathers the rows, so their product
+  // stays), beside the shared experts' over all rows.
+  const double mlp = spec.moe.enabled()
+                         ? e * act_width * (sb / r * spec.moe.top_k * spec.expert_ffn(d) + sb * spec.moe.shared_ffn_hidden / t)
+                         : e * act_width * sb * F / t;
   // Fused: dO, dq, dk, dv and the fp32 row sums. Unfused: the probabilities' gradient beside
   // the scores' (without dropout), or beside the dropout output's once that output is freed
   // (the rank's query rows against all s keys); with C > 1 the exchange's buffers besides.
@@ -231,6 +300,10 @@ void check(const TransformerModel& m, const StepConfig& c) {
   require(whole(m.h) && whole(m.a) && m.h >= 1 && m.a >= 1, "--hidden-size and --num-attention-heads must be whole numbers >= 1");
   require(m.vocab >= 1, "the vocabulary size must be at least 1");
   check_layer_spec(m.dims(c.seq, c.micro_batch, l.t), m.layer);
+  check_expert_layout(m, l);
+  if (m.layer.moe.enabled() && l.t > 1)
+    require(c.policy.sequence_parallel, "a mixture of experts under tensor parallelism needs --sequence-parallel "
+                                        "(as Megatron-Core requires)");
   const double F = m.layer.ffn(m.dims(1, 1, l.t));
   require(std::fmod(F, l.t) == 0, "--ffn-hidden-size (" + text(F) + ") must be divisible by the tensor-parallel size (" +
                                       std::to_string(l.t) + ")");
@@ -284,19 +357,25 @@ std::string op_text(const PipelineOp& op) {
 
 }  // namespace
 
-ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layers, bool first, bool last) {
+ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layers, bool first, bool last,
+                       int first_layer) {
   const Dims d = c.layer_dims(m);
   const Precision p{c.precision.activation, 1};
   // The rank's rows: Megatron slices every batch tensor to the rank's s/C under context parallelism.
   const double e = p.elem, sb = d.s * d.b / d.cp, t = d.t, r = c.policy.sequence_parallel ? t : 1.0;
   ChunkBytes out;
+  // Layer i's saved tensors under `policy` (its own spec: dense or MoE).
+  auto kept = [&](int i, LayerPolicy policy) { return saved_bytes(d, m.layer_spec(first_layer + i), policy, p); };
   if (c.policy.recompute != Recompute::full) {
-    out.layers = layers * saved_bytes(d, m.layer, c.policy, p);
+    for (int i = 0; i < layers; ++i) out.layers += kept(i, c.policy);
   } else {
     const double n = layers, k = std::min<double>(c.stack.num_layers, n), ckpt = checkpoint_bytes(d, c);
     switch (c.stack.method) {
       case RecomputeMethod::uniform: out.layers = std::ceil(n / c.stack.num_layers) * ckpt; break;
-      case RecomputeMethod::block: out.layers = k * ckpt + (n - k) * saved_bytes(d, m.layer, keeps_all(c.policy), p); break;
+      case RecomputeMethod::block:
+        out.layers = k * ckpt;
+        for (int i = static_cast<int>(k); i < layers; ++i) out.layers += kept(i, keeps_all(c.policy));
+        break;
       case RecomputeMethod::none: out.layers = n * ckpt; break;
     }
   }
@@ -320,6 +399,8 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
   check(m, c);
   const StepLayout& l = c.layout;
   const std::vector<int> layers = virtual_stage_layers(m, l);
+  std::vector<int> first_layer(layers.size(), 0);  // Megatron's order: virtual stage chunk·p + stage
+  for (size_t v = 1; v < layers.size(); ++v) first_layer[v] = first_layer[v - 1] + layers[v - 1];
   const int p = l.p, vp = l.vp, N = static_cast<int>(c.microbatches());
   const double t = l.t, V = padded_vocab(m, t), sb = c.seq * c.micro_batch / l.cp;  // the rank's rows
   const TrainingPrecision& prec = c.precision;
@@ -330,22 +411,32 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     std::vector<ChunkBytes> bytes(vp);
     double last_chunk_parameters = 0;
     std::vector<ChunkTransients> transients(vp);
+    double expert_parameters = 0;
     for (int chunk = 0; chunk < vp; ++chunk) {
-      const int n = layers[chunk * p + stage];
+      const int n = layers[chunk * p + stage], from = first_layer[chunk * p + stage];
       const bool first = stage == 0 && chunk == 0, last = stage == p - 1 && chunk == vp - 1;
-      double chunk_parameters = n * layer_parameters(m, t);
+      double chunk_parameters = 0;
+      for (int i = from; i < from + n; ++i) {
+        const LayerParameters lp = layer_parameters(m, i, l);
+        chunk_parameters += lp.total();
+        expert_parameters += lp.expert;
+      }
       if (first) chunk_parameters += embedding_parameters(m, t);
       if (last) chunk_parameters += output_parameters(m, t, m.tied_embeddings && p == 1);
       s.layers += n;
       s.parameters += chunk_parameters;
       last_chunk_parameters = chunk_parameters;
-      bytes[chunk] = chunk_bytes(m, c, n, first, last);
-      transients[chunk] = chunk_transients(m, c, n);
+      bytes[chunk] = chunk_bytes(m, c, n, first, last, from);
+      transients[chunk] = chunk_transients(m, c, n, from + n - 1);
     }
+    s.expert_parameters = expert_parameters;
     s.weight_bytes = prec.weight * s.parameters;
     s.grad_bytes = prec.grad * s.parameters;
-    // The distributed optimizer shards over the data-parallel group with context parallelism.
-    s.optimizer_bytes = (prec.master + prec.optimizer_state) * s.parameters / (c.distributed_optimizer ? l.dp * l.cp : 1);
+    // The distributed optimizer shards over the data-parallel group with context parallelism,
+    // the experts' state over the expert-data-parallel group.
+    const double dense_shards = c.distributed_optimizer ? l.dp * l.cp : 1, expert_shards = c.distributed_optimizer ? l.expert_dp() : 1;
+    s.optimizer_bytes = (prec.master + prec.optimizer_state) *
+                        ((s.parameters - expert_parameters) / dense_shards + expert_parameters / expert_shards);
     s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes;
     // 16-bit logits beside their fp32 copy at the loss (none when activations are fp32).
     const double loss_transient = prec.activation < 4 ? prec.activation * sb * V / t : 0;

@@ -15,6 +15,11 @@
 // key/value blocks a ring holds, or the gathered keys and values). Parameters and gradients
 // do not shrink; the distributed optimizer's state is divided by dp·C.
 //
+// Mixture-of-experts layers (TransformerModel::moe_layers, LayerSpec::moe) hold a router, the
+// shared experts and their E/ep routed experts split over etp; the distributed optimizer
+// shards the experts' state over the expert-data-parallel group t·C·dp/(ep·etp), the rest's
+// over dp·C. Their saved tensors are layer_pieces.hpp's for the MoE spec with balanced routing.
+//
 // During the step the stage's ops run in Megatron's pipeline order (pipeline.hpp). Each
 // forward adds what its chunk keeps for backward for one micro-batch: its layers' saved
 // tensors (theory/layer_pieces.hpp, the closed forms the meta backend measures, with the
@@ -57,6 +62,14 @@ struct StepLayout {
   // --account-for-embedding/loss-in-pipeline-split (each counts as one layer of the split).
   int first_stage_layers = 0, last_stage_layers = 0;
   bool embedding_in_split = false, loss_in_split = false;
+  // Expert parallelism (Megatron's --expert-model-parallel-size, --expert-tensor-parallel-size):
+  // an MoE layer's experts are split over ep ranks (whole experts each) and each expert's
+  // weights over etp (0: t, Megatron's default). ep·etp must divide t·C·dp; the experts'
+  // data-parallel group (which the distributed optimizer shards their state over) is
+  // t·C·dp / (ep·etp) ranks, as Megatron's expert-data-parallel group.
+  int ep = 1, etp = 0;
+  int expert_tp() const { return etp > 0 ? etp : t; }
+  int expert_dp() const { return t * cp * dp / (ep * expert_tp()); }
 };
 
 struct StepConfig {
@@ -80,15 +93,31 @@ struct StepConfig {
 // The layers of each virtual stage, index chunk·p + stage (Megatron's assignment).
 std::vector<int> virtual_stage_layers(const TransformerModel& m, const StepLayout& l);
 
-// Parameters of one layer on one tensor-parallel rank: the split weights and biases / t, the
-// norms and the row-parallel biases whole.
-double layer_parameters(const TransformerModel& m, double t);
+// Parameters of layer i on one rank. dense: attention (QKV or multi-latent attention's
+// projections), the norms, and an MLP, or on an MoE layer the router (E·h, whole on every
+// tensor-parallel rank, as Megatron keeps it) and the shared experts (split over t like an
+// MLP); the column- and row-parallel weights and column-parallel biases / t, the norms, the
+// latent down-projections and row-parallel biases whole. expert: the routed experts' fc1 and
+// fc2, E/ep experts per rank, each split over etp. The two are sharded over different groups
+// by the distributed optimizer.
+struct LayerParameters {
+  double dense = 0, expert = 0;
+  double total() const { return dense + expert; }
+};
+LayerParameters layer_parameters(const TransformerModel& m, int i, const StepLayout& l);
+
+// The expert layout Megatron accepts (one line naming the flag otherwise): ep > 1 needs
+// experts, ep divides E, ep·etp divides t·C·dp, etp each expert's width; an MoE model under
+// t > 1 needs sequence parallelism (as Megatron-Core requires); the model's moe_layers has
+// one entry per layer.
+void check_expert_layout(const TransformerModel& m, const StepLayout& l);
 
 // One stage of the step. Bytes are per GPU of that stage.
 struct StageMemory {
   int stage = 0;
   int layers = 0;          // its layers, all chunks
   double parameters = 0;   // on one GPU
+  double expert_parameters = 0;  // of them, the routed experts' (split over ep·etp)
   double weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   double rest_bytes = 0;   // weights + gradients + optimizer state
   // At the peak:
@@ -119,6 +148,8 @@ struct ChunkBytes {
   double layers = 0, embedding = 0, output = 0;
   double total() const { return layers + embedding + output; }
 };
-ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layers, bool first, bool last);
+// first_layer: the chunk's first layer's index in the model (which of its layers are MoE).
+ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layers, bool first, bool last,
+                       int first_layer = 0);
 
 }  // namespace actbench::theory

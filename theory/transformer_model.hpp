@@ -5,6 +5,7 @@
 // Face config.json and a Megatron-LM launch script all become one of these; the whole-step
 // memory model (step_memory.hpp) and the layout search read nothing else.
 #include <string>
+#include <vector>
 
 #include "theory/layer_spec.hpp"
 
@@ -21,15 +22,30 @@ struct TransformerModel {
   double max_positions = 0;        // learned positions' table rows (0: seq)
   bool learned_positions = false;  // --position-embedding-type learned_absolute: a table on stage 0
   bool tied_embeddings = true;     // Megatron's default; --untie-embeddings-and-output-weights unties
-  LayerSpec layer;
+  LayerSpec layer;  // every layer's; with layer.moe enabled, the MoE layers'
+  // With layer.moe enabled, which layers are MoE: one entry per layer, true for MoE (Megatron's
+  // --moe-layer-freq, Hugging Face's first_k_dense_replace, decoder_sparse_step,
+  // mlp_only_layers); empty: every layer. The others are dense: `layer` with its MoE off, their
+  // MLP layer.ffn_hidden wide (the experts' width is layer.moe.ffn_hidden).
+  std::vector<bool> moe_layers;
 
   Dims dims(double s, double b, double t) const { return {s, b, h, a, t}; }
   double position_rows() const { return max_positions > 0 ? max_positions : seq; }
+  bool is_moe_layer(int i) const;
+  // Layer i's spec (0-based): `layer`, or its dense form where layer i is not MoE.
+  LayerSpec layer_spec(int i) const;
+  int moe_layer_count() const;  // over all L layers
 };
+
+// Megatron's --moe-layer-freq for L layers: an integer N (every N-th layer from layer 0 is
+// MoE) or a pattern list, "[1,0,1,...]" or Python's "([0]*3+[1]*58)" (one entry per layer).
+// Throws InvalidArgument naming `flag`.
+std::vector<bool> moe_layer_pattern(const std::string& freq, int layers, const std::string& flag);
 
 struct ModelRow;
 // A preset (model_table.hpp) as Megatron builds it: the paper's GPT models with learned
-// positions and the output layer tied to the embedding, the llama family untied with RoPE.
+// positions and the output layer tied to the embedding, the llama family and the mixtures of
+// experts untied with RoPE (DeepSeek-V3's first 3 layers dense).
 TransformerModel preset_model(const ModelRow& row);
 
 // The embedding's rows on all tensor-parallel ranks together: vocab rounded up to a multiple of
