@@ -20,6 +20,7 @@ int64_t LayerDims::rotary_dim() const {
 
 std::string spec_family(const theory::LayerSpec& spec) {
   using namespace theory;
+  if (spec.moe.enabled()) return "moe";  // the presets' family of every MoE layer
   const bool plain_attention = !spec.qk_layernorm && spec.rotary_percent == 1.0;
   if (plain_attention && spec.normalization == Norm::layernorm && spec.activation == Activation::gelu &&
       spec.ffn_hidden == 0 && spec.add_bias_linear && spec.kv_heads == 0 && spec.kv_channels == 0 &&

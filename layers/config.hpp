@@ -32,8 +32,9 @@ struct LayerDims {
   int64_t rotary_dim() const;
 };
 
-// The spec's family for the arch column and tables: "gpt" or "llama" when the spec is that
-// preset (whatever its dropouts, widths, groups, theta and epsilon), else "custom".
+// The spec's family for the arch column and tables: "moe" for an MoE layer, "gpt" or "llama"
+// when the spec is that preset (whatever its dropouts, widths, groups, theta and epsilon), else
+// "custom".
 std::string spec_family(const theory::LayerSpec& spec);
 
 struct LayerOptions {

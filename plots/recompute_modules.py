@@ -188,7 +188,8 @@ def markdown(models, measured_of, table=TABLE, what="--recompute-modules set"):
 def draw(models, measured_of, short_names="attn = core_attn, norm = layernorm"):
     """One row of panels per model (its layer above), one panel per attention, one legend."""
     common.style()
-    fig = common.plt.figure(figsize=(5.2, 2.3 * len(models)), constrained_layout=True)
+    # Rows share at most a page's height (the MoE presets are three rows).
+    fig = common.plt.figure(figsize=(5.2, min(2.3 * len(models), 4.4)), constrained_layout=True)
     rows = fig.subfigures(len(models), 1, squeeze=False)[:, 0]
     handles = {}
     for sub, (model, (layer, bars, order)) in zip(rows, models.items()):
@@ -199,9 +200,10 @@ def draw(models, measured_of, short_names="attn = core_attn, norm = layernorm"):
             handles.update((label, h) for h, label in zip(*ax.get_legend_handles_labels()) if label not in handles)
     labels = [label for label, _, _ in GROUPS if label in handles]
     labels += [label for label in handles if label not in labels]  # unnamed categories, then measured points
-    fig.legend([handles[label] for label in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0), ncol=3,
+    ncol = 3 if max(len(label) for label in labels) < 45 else 2  # the MoE groups' labels are long
+    fig.legend([handles[label] for label in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0), ncol=ncol,
                fontsize=4.5)
-    fig.suptitle(f"Bytes kept for backward by --recompute-modules set ({short_names}); bars: formula", fontsize=6)
+    fig.suptitle(f"Bytes kept for backward by --recompute-modules set; bars: formula\n({short_names})", fontsize=6)
     return fig
 
 

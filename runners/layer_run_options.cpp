@@ -420,7 +420,7 @@ LayerDims hf_dims(const HfModelConfig& c) {
 // The spec: the model's preset (or --arch's; a llama model stays llama), then the flags' edits.
 // A config file defines its layer: --arch may only name the family it already is.
 void apply_spec_options(const LayerRunOptions& o, LayerDims& dims) {
-  const bool llama_model = spec_family(dims.spec) == "llama";
+  const bool llama_model = spec_family(dims.spec) == "llama" || dims.spec.moe.enabled();  // MoE presets: llama's attention
   if (!o.arch.empty()) {
     const Arch a = parse_arch(o.arch);
     if (o.hf && spec_family(dims.spec) != arch_name(a))
@@ -441,6 +441,12 @@ bool same_path(const std::string& a, const std::string& b) {
 // --tp: with --emulate-tp the preset's t unless given (a --hf-config file has none); else the
 // MPI world's size.
 void resolve_tp(LayerRunOptions& o, const ModelPreset* preset, int world) {
+  if (o.ep > 1) {  // expert parallelism runs at t = 1: the world (or the emulated group) is its ranks
+    if (o.emulate_ep && !o.dump.empty())
+      throw InvalidArgument("--dump cannot be combined with --emulate-ep (emulated values are not the layer's)");
+    if (o.tp == 0) o.tp = 1;
+    return;  // check_run_options words what does not fit
+  }
   if (o.emulate_cp) {
     if (world > 1) throw InvalidArgument("--emulate-cp runs in one process; do not launch it with mpirun -np > 1");
     if (!o.dump.empty())

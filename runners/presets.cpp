@@ -34,7 +34,7 @@ std::string presets_table() {
   for (const ModelPreset& p : model_presets()) {
     const LayerDims& d = p.dims;
     std::snprintf(line, sizeof line, "%-14s %-6s %6lld %3lld %6lld %4lld %4lld %6lld %3d %4d\n", p.name.c_str(),
-                  d.spec.moe.enabled() ? "moe" : spec_family(d.spec).c_str(), static_cast<long long>(d.s), static_cast<long long>(d.b),
+                  spec_family(d.spec).c_str(), static_cast<long long>(d.s), static_cast<long long>(d.b),
                   static_cast<long long>(d.h), static_cast<long long>(d.a), static_cast<long long>(d.groups()),
                   static_cast<long long>(d.ffn()), p.tp, p.layers);
     text += line;

@@ -86,7 +86,8 @@ std::vector<LayerPolicy> moe_module_policies(const LayerSpec& spec, Attention at
 }  // namespace
 
 Table moe_modules_categories() {
-  Table t{{"model", "arch", "hidden", "heads", "kv_heads", "ffn_hidden", "num_experts", "top_k", "moe_ffn_hidden",
+  Table t{{"model", "arch", "hidden", "heads", "kv_heads", "kv_channels", "ffn_hidden", "num_experts", "top_k",
+           "moe_ffn_hidden",
            "moe_shared_ffn_hidden", "seq", "batch", "tp", "dtype", "config", "attention_dropout", "hidden_dropout",
            "attention", "recompute", "sequence_parallel", "recompute_modules", "category", "bytes"},
           {}};
@@ -98,7 +99,8 @@ Table moe_modules_categories() {
     for (Attention attention : {Attention::unfused, Attention::fused})
       for (const LayerPolicy& c : moe_module_policies(spec, attention))
         for (const auto& [cat, bytes] : layer_bytes_by_category(d, spec, c, bf16))
-          t.add({m.name, m.arch, fmt(d.h), fmt(d.a), fmt(spec.groups(d)), fmt(spec.ffn(d)), fmt(spec.moe.num_experts),
+          t.add({m.name, m.arch, fmt(d.h), fmt(d.a), fmt(spec.groups(d)), fmt(spec.head_dim(d)), fmt(spec.ffn(d)),
+                 fmt(spec.moe.num_experts),
                  fmt(spec.moe.top_k), fmt(spec.expert_ffn(d)), fmt(spec.moe.shared_ffn_hidden), fmt(d.s), fmt(d.b),
                  fmt(d.t), "bf16", config_name(c), fmt(spec.attention_dropout), fmt(spec.hidden_dropout),
                  attention_name(attention), recompute_name(c.recompute), "1", recomputed_modules_text(c), cat,

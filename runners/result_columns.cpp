@@ -112,9 +112,9 @@ const std::vector<Column>& result_columns() {
       {"timestamp", "UTC", "when the row was made, ISO 8601 (`2026-11-23T10:00:00Z`)"},
       {"command", "", "the layer_run command line, its arguments joined by spaces"},
       {"arch", "",
-       "the spec's preset: `gpt` (the paper's layer), `llama` (RMSNorm, GQA, RoPE, SwiGLU, no biases, no dropout) "
-       "when the spec is that preset (whatever its widths, groups, theta, epsilon and, for gpt, dropouts), else "
-       "`custom`; the spec columns below say what ran"},
+       "the spec's preset: `moe` for a mixture-of-experts layer, `gpt` (the paper's layer), `llama` (RMSNorm, GQA, "
+       "RoPE, SwiGLU, no biases, no dropout) when the spec is that preset (whatever its widths, groups, theta, "
+       "epsilon and, for gpt, dropouts), else `custom`; the spec columns below say what ran"},
       {"kv_heads", "", "g, the key/value heads (`--num-query-groups`; g = heads is multi-head attention)"},
       {"kv_channels", "",
        "d, each head's size (`--kv-channels`, Hugging Face's `head_dim`): hidden / heads unless given; QKV has "

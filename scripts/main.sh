@@ -56,6 +56,18 @@ for attention in unfused fused; do
   done
 done
 
+echo "== meta: MoE presets (Mixtral-8x7B, Qwen3-30B-A3B), t = 2 + SP, every MoE module set, balanced routing"
+for attention in unfused fused; do
+  for m in mixtral-8x7b qwen3-30b-a3b; do
+    "$lr" --backend meta --model "$m" --tp 2 --emulate-tp --config sp,full+sp --attention "$attention" \
+          --csv "$out/meta_moe_modules.csv" >/dev/null
+    for modules in core_attn core_attn,moe_act core_attn,layernorm,moe_act core_attn,moe core_attn,layernorm,moe; do
+      "$lr" --backend meta --model "$m" --tp 2 --emulate-tp --config selective+sp --recompute-modules "$modules" \
+            --attention "$attention" --csv "$out/meta_moe_modules.csv" >/dev/null
+    done
+  done
+done
+
 echo "== meta: 22B layer, 1k..128k tokens, paper's and fused attention, 80 GB device (resumable sweep)"
 "$py" "$root/runners/sweep.py" longseq --backend meta --memory-limit 80GB --csv "$out/meta_longseq.csv"
 

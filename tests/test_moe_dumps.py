@@ -31,7 +31,7 @@ except ImportError:
 
 # A small llama-family layer (h 32, a 4, g 2) with 8 experts of width 12: a fraction of a second.
 SHAPE = ["--dtype", "fp32", "--seq", "8", "--hidden", "32", "--heads", "4", "--batch", "2", "--warmup", "0",
-         "--iters", "1", "--arch", "llama", "--num-query-groups", "2", "--ffn-hidden-size", "24"]
+         "--iters", "1", "--arch", "llama", "--kv-heads", "2", "--ffn-hidden-size", "24"]
 MOE = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "12"]
 RTOL = 1e-4
 # name: (flags, what the combination turns on)

@@ -30,11 +30,11 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 ALL_FIGURES = ["table2_activation_bytes", "table4_layer_times", "table5_iteration_time", "fig1_memory",
                "fig7_percent_of_baseline", "fig8_time_breakdown", "seqlen_memory", "seqlen_terms_175b",
                "memory_measured_vs_predicted", "longseq_memory", "longseq_fit", "longcontext_memory", "longcontext_fit", "llama_activation_bytes",
-               "llama_seqlen_memory", "recompute_modules_bytes"]
+               "llama_seqlen_memory", "recompute_modules_bytes", "moe_modules_bytes"]
 ALL_TABLES = ["table2_activation_bytes.md", "table4_layer_times.md", "table5_iteration_time.md", "fig1_memory.md",
               "fig7_percent_of_baseline.md", "fig8_time_breakdown.md", "seqlen_memory.md",
               "memory_measured_vs_predicted.md", "longseq_memory.md", "longcontext_fit.md", "llama_activation_bytes.md",
-              "recompute_modules_bytes.md"]
+              "recompute_modules_bytes.md", "moe_modules_bytes.md"]
 
 
 def png_size(path):
@@ -70,7 +70,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(RESULTS, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("12 made, 0 skipped", p.stdout)
+        self.assertIn("13 made, 0 skipped", p.stdout)
         # notes.csv is not a layer_run CSV: skipped; 63 layer_run rows and the CUPTI file read.
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
         for name in ALL_FIGURES:
@@ -114,7 +114,7 @@ class MakeAll(unittest.TestCase):
         out = os.path.join(self.tmp, "out")
         p = self.make_all(empty, out)
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("9 made, 3 skipped", p.stdout)
+        self.assertIn("10 made, 3 skipped", p.stdout)
         for what in ("skipped: Table 4", "skipped: Figure 8", "skipped: Measured vs predicted"):
             self.assertIn(what, p.stdout)
         self.assertTrue(os.path.exists(os.path.join(out, "fig1_memory.png")))
@@ -189,7 +189,7 @@ class MakeAll(unittest.TestCase):
         # The good rows are all read (95 CUPTI rows: the bad file's one row is left out) and every
         # figure but the unwritable one is made.
         self.assertIn("read 63 layer_run rows and 96 CUPTI rows", p.stdout)
-        self.assertIn("11 made, 0 skipped, 1 failed", p.stdout)
+        self.assertIn("12 made, 0 skipped, 1 failed", p.stdout)
         self.assertIn("ignored: notes.csv", p.stdout)
         self.assertIn("ignored: torch_peer.csv (a peer's CSV)", p.stdout)
         for name in ALL_FIGURES[1:]:
@@ -457,6 +457,75 @@ class RecomputeModulesFigure(unittest.TestCase):
         for key, (formula, measured, _) in rows.items():
             self.assertEqual(list(measured), ["meta"], key)
             self.assertEqual(measured["meta"], formula, key)
+
+
+class MoeModulesFigure(unittest.TestCase):
+    """The MoE presets' module-set figure: every bar of the two presets the layers build (the latent
+    attention of deepseek-v3 is theory's alone) equals the bytes layer_run's meta backend measures,
+    and each MoE module frees what it names."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="actbench_moe_modules_")
+        self.theory = THEORY_SNAPSHOT
+        if THEORY:
+            self.theory = os.path.join(self.tmp, "theory")
+            p = run([THEORY, "--out", self.theory])
+            self.assertEqual(p.returncode, 0, p.stderr)
+        self.results = os.path.join(self.tmp, "results")
+        os.makedirs(self.results)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def make(self):
+        out = os.path.join(self.tmp, "out")
+        p = run([PYTHON, os.path.join(PLOTS, "moe_modules.py"), self.results, out, "--theory", self.theory])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        return recompute_rows(os.path.join(out, "moe_modules_bytes.md"))
+
+    def bars(self):
+        out = {}
+        with open(os.path.join(self.theory, "moe_modules.csv"), newline="") as f:
+            for r in csv.DictReader(f):
+                name = r["recompute_modules"] if r["recompute"] == "selective" else r["recompute"]
+                out.setdefault((r["model"], r["attention"], name), {})[r["category"]] = int(r["bytes"])
+        return out
+
+    def test_each_moe_module_frees_what_it_names(self):
+        bars = self.bars()
+        self.assertEqual(sorted({m for m, _, _ in bars}), ["deepseek-v3", "mixtral-8x7b", "qwen3-30b-a3b"])
+        for model in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"):
+            for attention in ("unfused", "fused"):
+                attn = bars[(model, attention, "core_attn")]
+                act = bars[(model, attention, "core_attn,moe_act")]
+                self.assertEqual(set(attn) - set(act), {"moe_fc2_input"}, model)
+                moe = bars[(model, attention, "core_attn,moe")]
+                self.assertEqual(set(attn) - set(moe) - {"shared_act_input", "shared_fc2_input"},
+                                 {"router_scores", "router_topk_index", "router_topk_weight", "moe_dispatch_plan",
+                                  "moe_permuted", "moe_act_input", "moe_fc2_input", "moe_fc2_output"}, model)
+                self.assertIn("moe_input", moe)  # the checkpoint's input stays
+        shared = bars[("deepseek-v3", "fused", "core_attn,moe_act,shared_experts")]
+        self.assertEqual(set(bars[("deepseek-v3", "fused", "core_attn,moe_act")]) - set(shared),
+                         {"shared_act_input", "shared_fc2_input"})
+
+    @unittest.skipUnless(LAYER_RUN, "ACTBENCH_LAYER_RUN (the layer_run binary) not set")
+    def test_every_built_bar_equals_the_meta_backend(self):
+        path = os.path.join(self.results, "meta.csv")
+        built = [key for key in self.bars() if key[0] != "deepseek-v3"]
+        for model, attention, name in built:
+            args = [LAYER_RUN, "--backend", "meta", "--model", model, "--tp", "2", "--emulate-tp",
+                    "--sequence-parallel", "--attention", attention, "--csv", path]
+            if name == "full":
+                args += ["--recompute-granularity", "full"]
+            elif name != "none":
+                args += ["--recompute-granularity", "selective", "--recompute-modules", name]
+            p = run(args)
+            self.assertEqual(p.returncode, 0, f"{args}: {p.stderr}")
+        rows = self.make()
+        for key in built:
+            formula, measured, _ = rows[key]
+            self.assertEqual(measured, {"meta": formula}, key)  # the bar the row's module set names
+        self.assertEqual(rows[("deepseek-v3", "fused", "none")][1], {})  # no layer measures latent attention yet
 
 
 class Labels(unittest.TestCase):
