@@ -24,7 +24,7 @@ COUNTING = BUILD == "counting"
 # The kernel files the gpt layer with unfused attention launches from, and those of the fused
 # attention and the llama family's layer.
 GPT_FILES = {"layernorm.cu", "softmax.cu", "dropout.cu", "activation.cu", "residual.cu", "layout.cu"}
-FUSED_LLAMA_FILES = {"attention.cu", "llama.cu"}
+FUSED_LLAMA_FILES = {"attention_tc.cu", "llama.cu"}  # bf16: forward and backward on tensor cores
 LEAD = ["config", "phase"]
 GEMM = "cublasLtMatmul"  # the rows of the cuBLASLt stand-in's calls
 COUNTS = ["launches", "global_ld_requests", "global_ld_sectors", "global_ld_ideal_sectors", "global_st_requests",
