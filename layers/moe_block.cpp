@@ -338,15 +338,7 @@ Tensor TransformerLayer::moe_block_bwd(const CommContext& comm, const Tensor& dy
   if (shared) shared_experts_bwd(comm, d_out, saved, d_normed);
   d_out = Tensor();
   saved.moe_input = Tensor();
-  Tensor dx1 = be_.empty(dy.shape(), opt_.dtype);
-  {
-    PhaseRange phase("bwd.ln2", phase_log_);
-    norm_bwd(d_normed, saved.ln2_input, params_.ln2_weight, saved.ln2_mean, saved.ln2_rstd, dx1, grads_.ln2_weight,
-             grads_.ln2_bias);
-    be_.add_inplace(dx1, dy);  // residual path
-    saved.ln2_input = saved.ln2_mean = saved.ln2_rstd = Tensor();
-  }
-  return dx1;
+  return norm2_bwd(d_normed, dy, saved);
 }
 
 void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed) {

@@ -204,14 +204,16 @@ Tensor TransformerLayer::mlp_block_bwd(const CommContext& comm, const Tensor& dy
   Tensor d_normed = column_parallel_linear_bwd(comm, "fc1", "fc1_input", std::move(saved.fc1_input),
                                                std::move(d_fc1_out), params_.fc1_weight, grads_.fc1_weight,
                                                grads_.fc1_bias.defined() ? &grads_.fc1_bias : nullptr);  // f | g
+  return norm2_bwd(d_normed, dy, saved);
+}
+
+Tensor TransformerLayer::norm2_bwd(const Tensor& d_normed, const Tensor& dy, SavedActivations& saved) {
   Tensor dx1 = be_.empty(dy.shape(), opt_.dtype);
-  {
-    PhaseRange phase("bwd.ln2", phase_log_);
-    norm_bwd(d_normed, saved.ln2_input, params_.ln2_weight, saved.ln2_mean, saved.ln2_rstd, dx1, grads_.ln2_weight,
-             grads_.ln2_bias);
-    be_.add_inplace(dx1, dy);  // residual path
-    saved.ln2_input = saved.ln2_mean = saved.ln2_rstd = Tensor();
-  }
+  PhaseRange phase("bwd.ln2", phase_log_);
+  norm_bwd(d_normed, saved.ln2_input, params_.ln2_weight, saved.ln2_mean, saved.ln2_rstd, dx1, grads_.ln2_weight,
+           grads_.ln2_bias);
+  be_.add_inplace(dx1, dy);  // residual path
+  saved.ln2_input = saved.ln2_mean = saved.ln2_rstd = Tensor();
   return dx1;
 }
 

@@ -44,6 +44,9 @@ class TransformerLayer final : public LayerBase {
   DropoutSpec residual_dropout_spec(uint32_t site, const SeqPositions::Run& run) const;
 
   Tensor mlp_block_bwd(const CommContext& comm, const Tensor& dy, SavedActivations& saved);
+  // The end of the MLP's (or MoE block's) backward: norm 2's, from the gradient of its output,
+  // plus the residual dy; releases norm 2's kept input and statistics. Phase "bwd.ln2".
+  Tensor norm2_bwd(const Tensor& d_normed, const Tensor& dy, SavedActivations& saved);
   Tensor attention_block_bwd(const CommContext& comm, const Tensor& dx1, SavedActivations& saved);
   // The layernorm module's recompute: a block norm's output (and statistics) from its kept input.
   void recompute_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& output,
