@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "moe_routing_args.hpp"
 #include "kernels/backend_comm.hpp"
 #include "layer_harness.hpp"
 #include "runners/experiment.hpp"
@@ -46,28 +47,17 @@ struct RouteCase {
   bool bias;
 };
 
-MoeRouting routing(MoeRouting::Score score, int64_t k, bool normalize, float scaling, int64_t groups = 1,
-                   int64_t group_top_k = 1) {
-  MoeRouting r;
-  r.score = score;
-  r.top_k = k;
-  r.normalize = normalize;
-  r.scaling = scaling;
-  r.num_groups = groups;
-  r.group_top_k = group_top_k;
-  return r;
-}
 
 // Every option of the router at least once, with E not a multiple of 32 and one above it.
 std::vector<RouteCase> route_cases() {
   using S = MoeRouting::Score;
-  return {{"softmax top-2 (Mixtral)", routing(S::softmax, 2, true, 1.f), 8, false},
-          {"softmax top-1 unnormalised", routing(S::softmax, 1, false, 1.f), 5, false},
-          {"softmax top-6 of 60, scaled", routing(S::softmax, 6, false, 2.5f), 60, false},
-          {"sigmoid top-3 with bias", routing(S::sigmoid, 3, true, 1.f), 12, true},
-          {"sigmoid groups 4 of 48, 2 chosen, bias (DeepSeek-V3)", routing(S::sigmoid, 4, true, 2.5f, 4, 2), 48, true},
-          {"softmax groups of one expert", routing(S::softmax, 2, false, 1.f, 6, 3), 6, false},
-          {"sigmoid groups, 40 groups of 2 (lanes loop)", routing(S::sigmoid, 3, true, 1.f, 40, 5), 80, true}};
+  return {{"softmax top-2 (Mixtral)", moe_routing(S::softmax, 2, true, 1.f), 8, false},
+          {"softmax top-1 unnormalised", moe_routing(S::softmax, 1, false, 1.f), 5, false},
+          {"softmax top-6 of 60, scaled", moe_routing(S::softmax, 6, false, 2.5f), 60, false},
+          {"sigmoid top-3 with bias", moe_routing(S::sigmoid, 3, true, 1.f), 12, true},
+          {"sigmoid groups 4 of 48, 2 chosen, bias (DeepSeek-V3)", moe_routing(S::sigmoid, 4, true, 2.5f, 4, 2), 48, true},
+          {"softmax groups of one expert", moe_routing(S::softmax, 2, false, 1.f, 6, 3), 6, false},
+          {"sigmoid groups, 40 groups of 2 (lanes loop)", moe_routing(S::sigmoid, 3, true, 1.f, 40, 5), 80, true}};
 }
 
 class GpuMoe : public ::testing::Test {
@@ -195,7 +185,7 @@ TEST_F(GpuMoe, RoutingTiesGoToTheLowerExpertAndGroup) {
                                      5, 5, 5, 5, 5, 5, 5, 5};
   for (MoeRouting::Score score : {MoeRouting::Score::softmax, MoeRouting::Score::sigmoid})
     for (int64_t groups : {1, 4}) {
-      const MoeRouting r = routing(score, 3, true, 1.f, groups, groups == 1 ? 1 : 2);
+      const MoeRouting r = moe_routing(score, 3, true, 1.f, groups, groups == 1 ? 1 : 2);
       const Both l = with_values({T, E}, DType::fp32, logits);
       const Routed out = route(l, nullptr, r, DType::fp32);
       const std::string what = std::string(moe_score_name(score)) + " groups " + std::to_string(groups);
@@ -207,7 +197,7 @@ TEST_F(GpuMoe, RoutingTiesGoToTheLowerExpertAndGroup) {
 TEST_F(GpuMoe, RoutingWithNanLogitsNeverPrefersThem) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const Both l = with_values({2, 4}, DType::fp32, {nan, 0.5f, nan, 0.2f, 1.f, nan, 0.f, 2.f});
-  const Routed out = route(l, nullptr, routing(MoeRouting::Score::sigmoid, 2, false, 1.f), DType::fp32);
+  const Routed out = route(l, nullptr, moe_routing(MoeRouting::Score::sigmoid, 2, false, 1.f), DType::fp32);
   expect_equal(out.index, "topk_index");
 }
 
@@ -303,7 +293,7 @@ TEST_F(GpuMoe, GroupedGemmRefusesCountsThatDoNotSumToTheRows) {
 
 TEST_F(GpuMoe, RunsRepeatBitForBit) {
   // No atomics, fixed reduction orders: the same inputs give the same bits (aux loss included).
-  const MoeRouting r = routing(MoeRouting::Score::sigmoid, 4, true, 2.5f, 4, 2);
+  const MoeRouting r = moe_routing(MoeRouting::Score::sigmoid, 4, true, 2.5f, 4, 2);
   const Both logits = random({200, 48}, DType::fp32, -3.f, 3.f);
   const Routed a = route(logits, nullptr, r, DType::fp32), b = route(logits, nullptr, r, DType::fp32);
   EXPECT_EQ(get(*gpu_, a.scores.g), get(*gpu_, b.scores.g));
@@ -313,7 +303,7 @@ TEST_F(GpuMoe, RunsRepeatBitForBit) {
 
 TEST_F(GpuMoe, NoTokensGiveAZeroAuxLossAnEmptyPlanAndZeroWeightGradients) {
   const int64_t E = 4, k = 2, h = 6;
-  const MoeRouting r = routing(MoeRouting::Score::softmax, k, true, 1.f);
+  const MoeRouting r = moe_routing(MoeRouting::Score::softmax, k, true, 1.f);
   const Both logits = with_values({0, E}, DType::fp32, {});
   const Routed out = route(logits, nullptr, r, DType::fp32);
   expect_equal(out.aux, "aux_loss of no tokens");

@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "kernels/backend.hpp"
+#include "moe_routing_args.hpp"
 #include "runtime/error.hpp"
 #include "contract_checks.hpp"
 #include "reference_math.hpp"
 
 using namespace actbench;
+using actbench::testing::moe_routing;
 
 namespace {
 
@@ -172,17 +174,6 @@ class MoeOps : public ::testing::Test {
   }
 };
 
-MoeRouting routing(MoeRouting::Score fn, int64_t k, bool normalize = false, float scaling = 1.f, int64_t groups = 1,
-                   int64_t group_top_k = 1) {
-  MoeRouting r;
-  r.score = fn;
-  r.top_k = k;
-  r.normalize = normalize;
-  r.scaling = scaling;
-  r.num_groups = groups;
-  r.group_top_k = group_top_k;
-  return r;
-}
 constexpr auto kSoftmax = MoeRouting::Score::softmax;
 constexpr auto kSigmoid = MoeRouting::Score::sigmoid;
 
@@ -192,12 +183,12 @@ TEST_F(MoeOps, RoutingMatchesFloat64ForEveryOption) {
   const int64_t T = 7, E = 8;
   const Vec logits = random_vec(T * E, 1, -3, 3), bias = random_vec(E, 2, -0.2, 0.2);
   const std::vector<std::pair<std::string, MoeRouting>> cases = {
-      {"softmax top-1", routing(kSoftmax, 1)},
-      {"softmax top-2 (Mixtral: normalised)", routing(kSoftmax, 2, true)},
-      {"softmax top-3 unnormalised (Qwen2-MoE)", routing(kSoftmax, 3)},
-      {"sigmoid top-2 normalised scaled (DeepSeek-V3)", routing(kSigmoid, 2, true, 2.5f)},
-      {"sigmoid top-3 in 2 of 4 groups", routing(kSigmoid, 3, true, 1.f, 4, 2)},
-      {"softmax top-8 of 8", routing(kSoftmax, 8, true)},
+      {"softmax top-1", moe_routing(kSoftmax, 1)},
+      {"softmax top-2 (Mixtral: normalised)", moe_routing(kSoftmax, 2, true)},
+      {"softmax top-3 unnormalised (Qwen2-MoE)", moe_routing(kSoftmax, 3)},
+      {"sigmoid top-2 normalised scaled (DeepSeek-V3)", moe_routing(kSigmoid, 2, true, 2.5f)},
+      {"sigmoid top-3 in 2 of 4 groups", moe_routing(kSigmoid, 3, true, 1.f, 4, 2)},
+      {"softmax top-8 of 8", moe_routing(kSoftmax, 8, true)},
   };
   for (const auto& [name, r] : cases)
     for (const bool with_bias : {false, true}) {
@@ -214,19 +205,19 @@ TEST_F(MoeOps, RoutingMatchesFloat64ForEveryOption) {
 
 TEST_F(MoeOps, TiesGoToTheLowerExpertAndGroup) {
   // Every score equal: experts 0, 1, 2 in that order.
-  Routed o = route(Vec(8, 0.5), {}, 1, 8, routing(kSoftmax, 3));
+  Routed o = route(Vec(8, 0.5), {}, 1, 8, moe_routing(kSoftmax, 3));
   EXPECT_EQ(read_ints(o.index), (Ints{0, 1, 2}));
   // Experts 5 and 2 tie for the best, 6 and 1 for the next: 2, 5, 1, 6.
-  o = route({0, 1, 3, 0, 0, 3, 1, 0}, {}, 1, 8, routing(kSoftmax, 4));
+  o = route({0, 1, 3, 0, 0, 3, 1, 0}, {}, 1, 8, moe_routing(kSoftmax, 4));
   EXPECT_EQ(read_ints(o.index), (Ints{2, 5, 1, 6}));
   // Groups {0,1} {2,3} {4,5} {6,7}: groups 1 and 3 tie best; then the experts tie: 2, 3, 6.
-  o = route({0, 0, 2, 2, 0, 0, 2, 2}, {}, 1, 8, routing(kSigmoid, 3, false, 1.f, 4, 2));
+  o = route({0, 0, 2, 2, 0, 0, 2, 2}, {}, 1, 8, moe_routing(kSigmoid, 3, false, 1.f, 4, 2));
   EXPECT_EQ(read_ints(o.index), (Ints{2, 3, 6}));
 }
 
 TEST_F(MoeOps, ScoreBiasChangesTheChoiceNotTheWeights) {
   const Vec logits = {2, 1, 0, -1};
-  const MoeRouting r = routing(kSigmoid, 1);
+  const MoeRouting r = moe_routing(kSigmoid, 1);
   Routed plain = route(logits, {}, 1, 4, r), biased = route(logits, {0, 0, 0, 5}, 1, 4, r);
   EXPECT_EQ(read_ints(plain.index), (Ints{0}));
   EXPECT_EQ(read_ints(biased.index), (Ints{3}));
@@ -236,7 +227,7 @@ TEST_F(MoeOps, ScoreBiasChangesTheChoiceNotTheWeights) {
 
 TEST_F(MoeOps, NormalisedWeightsSumToTheScaling) {
   const int64_t T = 5, E = 6;
-  const Routed o = route(random_vec(T * E, 3, -2, 2), {}, T, E, routing(kSigmoid, 3, true, 2.5f));
+  const Routed o = route(random_vec(T * E, 3, -2, 2), {}, T, E, moe_routing(kSigmoid, 3, true, 2.5f));
   const Vec w = read(o.weight);
   for (int64_t t = 0; t < T; ++t) EXPECT_NEAR(w[t * 3] + w[t * 3 + 1] + w[t * 3 + 2], 2.5, 1e-6);
 }
@@ -245,16 +236,16 @@ TEST_F(MoeOps, AuxLossIsOneForUniformRouting) {
   // Equal scores and each expert picked equally often (f_e = P_e = 1/E): E * sum f P = 1.
   const int64_t E = 4;
   Vec logits(4 * E, 0.0);
-  const Routed o = route(logits, {}, 4, E, routing(kSoftmax, 1));  // all pick expert 0 (ties)
+  const Routed o = route(logits, {}, 4, E, moe_routing(kSoftmax, 1));  // all pick expert 0 (ties)
   EXPECT_NEAR(read(o.aux)[0], 1.0 * E * (1.0 / E), 1e-6);          // f_0 = 1, P_0 = 1/4: E * 1/4 = 1
   for (int64_t t = 0; t < 4; ++t) logits[t * E + t] = 30;         // token t picks expert t, P nearly one-hot
-  EXPECT_NEAR(read(route(logits, {}, 4, E, routing(kSoftmax, 1)).aux)[0], 1.0, 1e-6);
+  EXPECT_NEAR(read(route(logits, {}, 4, E, moe_routing(kSoftmax, 1)).aux)[0], 1.0, 1e-6);
 }
 
 TEST_F(MoeOps, RoutingOnBf16Storage) {
   const int64_t T = 6, E = 8;
   const Vec logits = random_vec(T * E, 4, -3, 3);
-  const MoeRouting r = routing(kSoftmax, 2, true);
+  const MoeRouting r = moe_routing(kSoftmax, 2, true);
   Tensor L = make(logits, {T, E}, bf16), S = out({T, E}, bf16), I = out({T, 2}, i32), W = out({T, 2}, bf16);
   be->moe_route(L, Tensor(), r, S, I, W, Tensor());  // no aux wanted
   const RouteRef ref = route_ref(read(L), {}, T, E, r);  // the bf16-rounded logits
@@ -266,8 +257,8 @@ TEST_F(MoeOps, RoutingOnBf16Storage) {
 TEST_F(MoeOps, RoutingBackwardMatchesFiniteDifferences) {
   const int64_t T = 5, E = 6;
   const Vec logits = random_vec(T * E, 5, -2, 2);
-  for (const MoeRouting& r : {routing(kSoftmax, 2), routing(kSoftmax, 2, true), routing(kSigmoid, 3, true, 2.5f),
-                              routing(kSigmoid, 1, false, 1.5f), routing(kSoftmax, 1, true)}) {
+  for (const MoeRouting& r : {moe_routing(kSoftmax, 2), moe_routing(kSoftmax, 2, true), moe_routing(kSigmoid, 3, true, 2.5f),
+                              moe_routing(kSigmoid, 1, false, 1.5f), moe_routing(kSoftmax, 1, true)}) {
     SCOPED_TRACE(std::string(moe_score_name(r.score)) + " k=" + std::to_string(r.top_k) +
                  (r.normalize ? " normalised" : ""));
     const Routed o = route(logits, {}, T, E, r);
@@ -449,7 +440,7 @@ class MoeContract : public ::testing::TestWithParam<std::string> {
 TEST_P(MoeContract, Route) {
   const int64_t T = 4, E = 8;
   Tensor L = t({T, E}), S = t({T, E}), I = t({T, 2}, i32), W = t({T, 2}), aux = t({1}), bias = t({E});
-  const MoeRouting r = routing(kSigmoid, 2, true, 2.5f, 4, 2);
+  const MoeRouting r = moe_routing(kSigmoid, 2, true, 2.5f, 4, 2);
   accepts([&] { be_->moe_route(L, bias, r, S, I, W, aux); }, "moe_route");
   accepts([&] { be_->moe_route(L, Tensor(), r, S, I, W, Tensor()); }, "moe_route without bias and aux");
   accepts([&] { be_->moe_route_bwd(W, S, I, r, L); }, "moe_route_bwd");
@@ -468,7 +459,7 @@ TEST_P(MoeContract, Route) {
   bad.group_top_k = 5;
   refuses("moe_route", "group_top_k must be in [1, num_groups = 4]",
           [&] { be_->moe_route(L, bias, bad, S, I, W, aux); });
-  bad = routing(kSigmoid, 3, false, 1.f, 4, 1);  // one group of 2 experts cannot give 3
+  bad = moe_routing(kSigmoid, 3, false, 1.f, 4, 1);  // one group of 2 experts cannot give 3
   refuses("moe_route", "top_k 3 exceeds the 2 experts",
           [&] { be_->moe_route(L, bias, bad, S, t({T, 3}, i32), t({T, 3}), aux); });
   bad = r;

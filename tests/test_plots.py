@@ -391,9 +391,11 @@ class RecomputeModulesFigure(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(out, "recompute_modules_bytes.png")))
         return recompute_rows(os.path.join(out, "recompute_modules_bytes.md"))
 
+    TABLE = "recompute_modules.csv"
+
     def theory_bars(self):
         bars = {}
-        with open(os.path.join(self.theory, "recompute_modules.csv"), newline="") as f:
+        with open(os.path.join(self.theory, self.TABLE), newline="") as f:
             for r in csv.DictReader(f):
                 name = r["recompute_modules"] if r["recompute"] == "selective" else r["recompute"]
                 bars.setdefault((r["model"], r["attention"], name), {})[r["category"]] = int(r["bytes"])
@@ -467,6 +469,7 @@ class MoeModulesFigure(RecomputeModulesFigure):
     test_each_bar_is_its_categories_as_theory_writes_them = None
     test_what_each_module_frees = None
     test_every_bar_equals_the_meta_backend = None
+    TABLE = "moe_modules.csv"
 
     def make(self):
         out = os.path.join(self.tmp, "out")
@@ -474,16 +477,9 @@ class MoeModulesFigure(RecomputeModulesFigure):
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         return recompute_rows(os.path.join(out, "moe_modules_bytes.md"))
 
-    def bars(self):
-        out = {}
-        with open(os.path.join(self.theory, "moe_modules.csv"), newline="") as f:
-            for r in csv.DictReader(f):
-                name = r["recompute_modules"] if r["recompute"] == "selective" else r["recompute"]
-                out.setdefault((r["model"], r["attention"], name), {})[r["category"]] = int(r["bytes"])
-        return out
 
     def test_each_moe_module_frees_what_it_names(self):
-        bars = self.bars()
+        bars = self.theory_bars()
         self.assertEqual(sorted({m for m, _, _ in bars}), ["deepseek-v3", "mixtral-8x7b", "qwen3-30b-a3b"])
         for model in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"):
             for attention in ("unfused", "fused"):
@@ -502,7 +498,7 @@ class MoeModulesFigure(RecomputeModulesFigure):
     @unittest.skipUnless(LAYER_RUN, "ACTBENCH_LAYER_RUN (the layer_run binary) not set")
     def test_every_built_bar_equals_the_meta_backend(self):
         path = os.path.join(self.results, "meta.csv")
-        built = [key for key in self.bars() if key[0] != "deepseek-v3"]
+        built = [key for key in self.theory_bars() if key[0] != "deepseek-v3"]
         for model, attention, name in built:
             args = [LAYER_RUN, "--backend", "meta", "--model", model, "--tp", "2", "--emulate-tp",
                     "--sequence-parallel", "--attention", attention, "--csv", path]

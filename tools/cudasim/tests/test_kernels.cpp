@@ -24,6 +24,7 @@
 #include "dropout_specs.hpp"
 #include "kernels/backend.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "moe_routing_args.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
@@ -583,19 +584,6 @@ TEST_P(SimKernels, SwigluForwardBackward) {
 
 // ---- mixture of experts (moe.cu) ------------------------------------------------------------
 
-namespace {
-MoeRouting moe_routing(MoeRouting::Score score, int64_t k, bool normalize, float scaling, int64_t groups,
-                       int64_t group_top_k) {
-  MoeRouting r;
-  r.score = score;
-  r.top_k = k;
-  r.normalize = normalize;
-  r.scaling = scaling;
-  r.num_groups = groups;
-  r.group_top_k = group_top_k;
-  return r;
-}
-}  // namespace
 
 // Routing (a warp per token, choices by warp argmax, the aux loss's two-stage reduction) and
 // its backward: DeepSeek-V3's sigmoid with groups and bias, and softmax top-3 of 40.
