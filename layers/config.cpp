@@ -13,8 +13,18 @@ Arch parse_arch(const std::string& name) {
   throw InvalidArgument("unknown arch '" + name + "' (expected gpt or llama)");
 }
 
+int64_t LayerDims::head_dim() const {
+  if (spec.mla.enabled) return static_cast<int64_t>(spec.mla.qk_head_dim + spec.mla.qk_pos_emb_head_dim);
+  return spec.kv_channels > 0 ? static_cast<int64_t>(spec.kv_channels) : h / a;
+}
+
+int64_t LayerDims::v_head_dim() const {
+  return spec.mla.enabled ? static_cast<int64_t>(spec.mla.v_head_dim) : head_dim();
+}
+
 int64_t LayerDims::rotary_dim() const {
   if (spec.position != theory::PositionEmbedding::rope || a < 1) return 0;
+  if (spec.mla.enabled) return static_cast<int64_t>(spec.mla.qk_pos_emb_head_dim);
   return static_cast<int64_t>(static_cast<double>(head_dim()) * spec.rotary_percent);
 }
 
@@ -81,11 +91,28 @@ static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int e
                           " is not divisible by tp " + std::to_string(t) + " (the shared experts are split like the MLP)");
 }
 
+// What multi-latent attention is built for today (layers/mla_attention.cpp): Megatron-Core's
+// MLASelfAttention without biases, RoPE on the whole RoPE part, unfused core attention, no
+// context parallelism.
+static void validate_mla(const LayerDims& d, LayerPolicy p, int cp) {
+  auto fail = [](const std::string& m) { throw InvalidArgument(m); };
+  if (cp != 1) fail("multi-latent attention runs without context parallelism for now (--cp 1)");
+  if (p.attention == Attention::fused)
+    fail("multi-latent attention runs with --attention unfused for now (v's head size differs from q's and k's)");
+  if (d.spec.kv_heads != 0 && d.spec.kv_heads != d.a)
+    fail("multi-latent attention gives every head its own k and v: --num-query-groups does not apply");
+  if (d.spec.add_bias_linear || d.spec.add_qkv_bias)
+    fail("multi-latent attention's projections have no biases here: pass --disable-bias-linear (and no --add-qkv-bias)");
+  if (d.spec.position != theory::PositionEmbedding::rope || d.spec.rotary_percent != 1.0)
+    fail("multi-latent attention rotates its whole RoPE part (qk-pos-emb-head-dim): it needs "
+         "--position-embedding-type rope and --rotary-percent 1");
+}
+
 void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
   auto fail = [](const std::string& m) { throw InvalidArgument(m); };
   if (d.s < 1 || d.b < 1 || d.h < 1 || d.a < 1) fail("seq, batch, hidden and heads must all be >= 1");
   if (t < 1) fail("--tp must be >= 1");
-  if (d.spec.kv_channels == 0 && d.h % d.a != 0)  // a given head size needs no h/a
+  if (d.spec.kv_channels == 0 && !d.spec.mla.enabled && d.h % d.a != 0)  // a given head size needs no h/a
     fail("hidden " + std::to_string(d.h) + " is not divisible by heads " + std::to_string(d.a));
   if (d.a % t != 0)
     fail("heads " + std::to_string(d.a) + " are not divisible by tp " + std::to_string(t) +
@@ -117,6 +144,7 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
          config_name(p) + ")");
   if (ep != 1 && !d.spec.moe.enabled()) fail("--ep needs an MoE layer (--num-experts)");
   if (d.spec.moe.enabled()) validate_moe(d, t, p, cp, ep);
+  if (d.spec.mla.enabled) validate_mla(d, p, cp);
   validate_context_parallel(d, t, p, cp);
 }
 

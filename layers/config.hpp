@@ -26,9 +26,13 @@ struct LayerDims {
   int64_t ffn() const { return spec.ffn_hidden > 0 ? static_cast<int64_t>(spec.ffn_hidden) : 4 * h; }
   // An MoE layer's expert width F_e: --moe-ffn-hidden-size, else ffn().
   int64_t expert_ffn() const { return spec.moe.ffn_hidden > 0 ? static_cast<int64_t>(spec.moe.ffn_hidden) : ffn(); }
-  // d, each head's size: --kv-channels when given (a·d need not be h), else h/a.
-  int64_t head_dim() const { return spec.kv_channels > 0 ? static_cast<int64_t>(spec.kv_channels) : h / a; }
-  // RoPE's rotated dimensions of each head: Megatron's int(head_dim * rotary_percent); 0 without RoPE.
+  // d, each head's size of q and k: --kv-channels when given (a·d need not be h), else h/a;
+  // under multi-latent attention qk_head_dim + qk_pos_emb_head_dim.
+  int64_t head_dim() const;
+  // Each head's size of v and of the attention output: d, or MLA's v_head_dim.
+  int64_t v_head_dim() const;
+  // RoPE's rotated dimensions of each head: Megatron's int(head_dim * rotary_percent); 0 without
+  // RoPE; MLA's qk_pos_emb_head_dim (its RoPE part, all of it rotated).
   int64_t rotary_dim() const;
 };
 

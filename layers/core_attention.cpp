@@ -113,8 +113,8 @@ Tensor LayerBase::core_attention_fwd(const char* stage, QkvHeads qkv, SavedActiv
     qkv.k = cp_seq_to_heads(stage, "k", qkv.k);
     qkv.v = cp_seq_to_heads(stage, "v", qkv.v);
   }
-  Tensor ctx_heads = be_.empty({b, g.heads, g.q_rows, head_dim_}, opt_.dtype);
-  Tensor context = be_.empty({seq_, b, heads_per_rank_ * head_dim_}, opt_.dtype);
+  Tensor ctx_heads = be_.empty({b, g.heads, g.q_rows, v_head_dim_}, opt_.dtype);
+  Tensor context = be_.empty({seq_, b, heads_per_rank_ * v_head_dim_}, opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "core_attn"), phase_log_);
     if (opt_.policy.attention == Attention::fused) {
@@ -127,7 +127,7 @@ Tensor LayerBase::core_attention_fwd(const char* stage, QkvHeads qkv, SavedActiv
       const Tensor k_all = cp_is(CpCommType::all_gather) ? cp_gather_sequence(stage, "k", qkv.k) : qkv.k;
       const Tensor v_all = cp_is(CpCommType::all_gather) ? cp_gather_sequence(stage, "v", qkv.v) : qkv.v;
       AttentionWeights weights = attention_weights(g, qkv.q, k_all);
-      be_.gemm(per_kv_head(g, false, false, queries_per_group * g.q_rows, head_dim_, g.k_rows), weights.times_v(),
+      be_.gemm(per_kv_head(g, false, false, queries_per_group * g.q_rows, v_head_dim_, g.k_rows), weights.times_v(),
                v_all, ctx_heads);
       if (keep.any && keep.core_attn) {
         save.softmax_out = weights.probs;
@@ -313,17 +313,18 @@ void LayerBase::unfused_attention_bwd(SavedActivations& saved, Tensor d_context,
     saved.attn_dropout_out = std::move(weights.dropped);
   }
   PhaseRange phase("bwd.core_attn", phase_log_);
-  Tensor d_ctx_heads = be_.empty({b, heads_per_rank_, seq_, head_dim_}, opt_.dtype);
+  Tensor d_ctx_heads = be_.empty({b, heads_per_rank_, seq_, v_head_dim_}, opt_.dtype);
   be_.split_heads(d_context, 0, d_ctx_heads);
   d_context = Tensor();
   if (cp_is(CpCommType::a2a)) d_ctx_heads = cp_seq_to_heads("bwd", "d_context", d_ctx_heads);
   const Shape score_shape = {b, g.heads, g.q_rows, g.k_rows}, score_batches = {b * g.heads, g.q_rows, g.k_rows};
   // Per key/value head, like forward; dv sums the gradients of its query heads.
   Tensor d_times_v = be_.empty(score_shape, opt_.dtype);  // of the weights that multiplied v
-  be_.gemm(per_kv_head(g, false, true, queries_per_group * g.q_rows, g.k_rows, head_dim_), d_ctx_heads, v, d_times_v);
-  Tensor dv_all = gathered ? be_.empty(v.shape(), opt_.dtype) : grad_buffer(grads.v, g.kv_heads, g.k_rows);
+  be_.gemm(per_kv_head(g, false, true, queries_per_group * g.q_rows, g.k_rows, v_head_dim_), d_ctx_heads, v, d_times_v);
+  Tensor dv_all =
+      gathered ? be_.empty(v.shape(), opt_.dtype) : grad_buffer(grads.v, g.kv_heads, g.k_rows, v_head_dim_);
   const Tensor& times_v = attention_dropout_ > 0.f ? saved.attn_dropout_out : saved.softmax_out;
-  be_.gemm(per_kv_head(g, true, false, g.k_rows, head_dim_, queries_per_group * g.q_rows), times_v, d_ctx_heads,
+  be_.gemm(per_kv_head(g, true, false, g.k_rows, v_head_dim_, queries_per_group * g.q_rows), times_v, d_ctx_heads,
            dv_all);
   saved.attn_dropout_out = saved.v = v = Tensor();
   d_ctx_heads = Tensor();
@@ -411,8 +412,8 @@ GemmArgs LayerBase::per_kv_head(const AttentionGeometry& g, bool trans_a, bool t
   return gemm_args(trans_a, trans_b, m, n, k, opt_.dims.b * g.kv_heads, alpha);
 }
 
-Tensor& LayerBase::grad_buffer(Tensor& grad, int64_t heads, int64_t rows) {
-  if (!grad.defined()) grad = be_.empty({opt_.dims.b, heads, rows, head_dim_}, opt_.dtype);
+Tensor& LayerBase::grad_buffer(Tensor& grad, int64_t heads, int64_t rows, int64_t width) {
+  if (!grad.defined()) grad = be_.empty({opt_.dims.b, heads, rows, width > 0 ? width : head_dim_}, opt_.dtype);
   return grad;
 }
 

@@ -23,6 +23,7 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
   seq_positions_ = cp_rank_positions(cp_rank_);
   heads_per_rank_ = opt_.dims.a / tp_size_;
   head_dim_ = opt_.dims.head_dim();
+  v_head_dim_ = opt_.dims.v_head_dim();
   kv_heads_per_rank_ = opt_.dims.groups() / tp_size_;
   attention_dropout_ = static_cast<float>(opt_.dims.spec.attention_dropout);
   hidden_dropout_ = static_cast<float>(opt_.dims.spec.hidden_dropout);

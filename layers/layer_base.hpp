@@ -53,11 +53,12 @@ class LayerBase : public Layer {
     bool moe = true;           // the MoE block's routing, plan and experts' tensors (the moe module)
     bool moe_act = true;       // the experts' activation output (the moe_act module)
     bool shared_experts = true;  // the shared experts' activation input and output
+    bool mla_up_proj = true;     // MLA's latent norms' outputs and statistics, q, k and v (the mla_up_proj module)
     static Keep all() { return {}; }
-    static Keep input_only() { return {false, false, false, false, false, false, false}; }
+    static Keep input_only() { return {false, false, false, false, false, false, false, false}; }
     // Selective recompute: all but what the modules rebuild in backward.
     static Keep all_but(RecomputeModules m) {
-      return {true, !m.core_attn, !m.layernorm, !m.mlp, !m.moe, !m.moe_act, !m.shared_experts};
+      return {true, !m.core_attn, !m.layernorm, !m.mlp, !m.moe, !m.moe_act, !m.shared_experts, !m.mla_up_proj};
     }
   };
 
@@ -175,6 +176,7 @@ class LayerBase : public Layer {
   int64_t seq_;            // s/C: the rows of the sequence this TP group works on
   SeqPositions seq_positions_;  // where they sit: chunks cp_rank and 2C-1-cp_rank of 2C
   int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); d (LayerDims::head_dim)
+  int64_t v_head_dim_;                 // v's and the attention output's (LayerDims::v_head_dim)
   int64_t kv_heads_per_rank_;
   float attention_dropout_, hidden_dropout_, norm_eps_;  // the spec's, as the kernels take them
   std::vector<ParamInfo> table_;
@@ -250,8 +252,9 @@ class LayerBase : public Layer {
   GemmArgs per_kv_head(const AttentionGeometry& g, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                        float alpha = 1.f) const;
   // A gradient of core attention's backward: allocated here unless the caller gave one, and
-  // merged into merge_into at `column` and released once done, when merge_into is set.
-  Tensor& grad_buffer(Tensor& grad, int64_t heads, int64_t rows);
+  // merged into merge_into at `column` and released once done, when merge_into is set. Each
+  // head `width` wide (0: head_dim_).
+  Tensor& grad_buffer(Tensor& grad, int64_t heads, int64_t rows, int64_t width = 0);
   void grad_done(Tensor& grad, const Tensor* merge_into, int64_t column);
 };
 

@@ -63,6 +63,33 @@ static void append_moe_params(const LayerDims& d, std::vector<ParamInfo>& table)
   table.push_back({"shared.fc2.weight", &L::shared_fc2_weight, {h, shared}, ShardKind::cols, GradSum::none, 21});
 }
 
+// Multi-latent attention's parameters (init streams 22..29), as Megatron-Core's MLASelfAttention
+// arranges them: the down projections and the latent norms on every rank, run on the norm
+// region's rows (under SP each rank's s/t rows, so their gradients are summed over the group),
+// the up projections column-parallel (a/t heads each).
+static void append_mla_params(const LayerDims& d, std::vector<ParamInfo>& table) {
+  using L = LayerParams;
+  const theory::MlaSpec& mla = d.spec.mla;
+  const int64_t h = d.h, a = d.a, q_rank = static_cast<int64_t>(mla.q_lora_rank);
+  const int64_t kv_rank = static_cast<int64_t>(mla.kv_lora_rank), rope = static_cast<int64_t>(mla.qk_pos_emb_head_dim);
+  const int64_t k_nope = static_cast<int64_t>(mla.qk_head_dim), v = d.v_head_dim();
+  const bool norm_bias = d.spec.normalization == theory::Norm::layernorm;
+  const ShardKind whole = ShardKind::replicated;
+  const GradSum rows = GradSum::sequence_parallel;
+  if (q_rank > 0) {
+    table.push_back({"q_down.weight", &L::q_down_weight, {q_rank, h}, whole, rows, 22});
+    table.push_back({"q_latent_norm.weight", &L::q_latent_norm_weight, {q_rank}, whole, rows, 23});
+    if (norm_bias) table.push_back({"q_latent_norm.bias", &L::q_latent_norm_bias, {q_rank}, whole, rows, 24});
+    table.push_back({"q_up.weight", &L::q_up_weight, {a * d.head_dim(), q_rank}, ShardKind::rows, GradSum::none, 25});
+  } else {
+    table.push_back({"q_proj.weight", &L::q_proj_weight, {a * d.head_dim(), h}, ShardKind::rows, GradSum::none, 25});
+  }
+  table.push_back({"kv_down.weight", &L::kv_down_weight, {kv_rank + rope, h}, whole, rows, 26});
+  table.push_back({"kv_latent_norm.weight", &L::kv_latent_norm_weight, {kv_rank}, whole, rows, 27});
+  if (norm_bias) table.push_back({"kv_latent_norm.bias", &L::kv_latent_norm_bias, {kv_rank}, whole, rows, 28});
+  table.push_back({"kv_up.weight", &L::kv_up_weight, {a * (k_nope + v), kv_rank}, ShardKind::rows, GradSum::none, 29});
+}
+
 std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
   using L = LayerParams;
   using theory::Activation, theory::Norm;
@@ -77,9 +104,10 @@ std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
   };
   add(true, {"ln1.weight", &L::ln1_weight, {h}, ShardKind::replicated, GradSum::sequence_parallel, 0});
   add(norm_bias, {"ln1.bias", &L::ln1_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 1});
-  add(true, {"qkv.weight", &L::qkv_weight, {q_rows + 2 * kv_rows, h}, ShardKind::stacked_rows, GradSum::none, 2,
-             qkv_parts});
-  add(spec.qkv_bias(),
+  if (spec.mla.enabled) append_mla_params(d, table);
+  add(!spec.mla.enabled, {"qkv.weight", &L::qkv_weight, {q_rows + 2 * kv_rows, h}, ShardKind::stacked_rows,
+                          GradSum::none, 2, qkv_parts});
+  add(spec.qkv_bias() && !spec.mla.enabled,
       {"qkv.bias", &L::qkv_bias, {q_rows + 2 * kv_rows}, ShardKind::stacked_rows, GradSum::none, 3, qkv_parts});
   add(spec.qk_layernorm, {"q_norm.weight", &L::q_norm_weight, {head}, ShardKind::replicated, GradSum::tensor_parallel, 12});
   add(spec.qk_layernorm && norm_bias,
@@ -87,7 +115,7 @@ std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
   add(spec.qk_layernorm, {"k_norm.weight", &L::k_norm_weight, {head}, ShardKind::replicated, GradSum::tensor_parallel, 14});
   add(spec.qk_layernorm && norm_bias,
       {"k_norm.bias", &L::k_norm_bias, {head}, ShardKind::replicated, GradSum::tensor_parallel, 15});
-  add(true, {"proj.weight", &L::proj_weight, {h, q_rows}, ShardKind::cols, GradSum::none, 4});
+  add(true, {"proj.weight", &L::proj_weight, {h, d.a * d.v_head_dim()}, ShardKind::cols, GradSum::none, 4});
   add(bias, {"proj.bias", &L::proj_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 5});
   add(true, {"ln2.weight", &L::ln2_weight, {h}, ShardKind::replicated, GradSum::sequence_parallel, 6});
   add(norm_bias, {"ln2.bias", &L::ln2_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 7});
@@ -134,8 +162,8 @@ Shape local_param_shape(const ParamInfo& p, int t) {
 float param_init_value(uint32_t init_id, uint64_t seed, uint32_t layer, int64_t index, int64_t fan_in) {
   float u = philox_uniform_pm1(seed, layer, init_id, static_cast<uint64_t>(index));
   switch (init_id) {
-    case 0: case 6: case 12: case 14: return 1.0f + 0.1f * u;  // norm weights near 1
-    case 2: case 4: case 8: case 10: case 16: case 18: case 19: case 20: case 21:
+    case 0: case 6: case 12: case 14: case 23: case 27: return 1.0f + 0.1f * u;  // norm weights near 1
+    case 2: case 4: case 8: case 10: case 16: case 18: case 19: case 20: case 21: case 22: case 25: case 26: case 29:
       return u / std::sqrt(static_cast<float>(fan_in));
     default: return 0.1f * u;                // biases
   }

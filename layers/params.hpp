@@ -27,6 +27,12 @@ struct LayerParams {
   // under SwiGLU, fc2 [E, F_e, h]), and the shared experts as a dense MLP ([γF_s, h], [h, F_s]).
   Tensor router_weight, router_bias, experts_fc1_weight, experts_fc2_weight;
   Tensor shared_fc1_weight, shared_fc2_weight;
+  // Multi-latent attention in place of qkv (spec.mla): the down projections [L_q, h] and
+  // [L_kv + d_r, h] (on every rank), the latent norms [L_q], [L_kv], the up projections
+  // [a·d_qk, L_q] and [a·(d_n + d_v), L_kv] (column-parallel), or q's projection [a·d_qk, h]
+  // when L_q = 0.
+  Tensor q_down_weight, q_latent_norm_weight, q_latent_norm_bias, q_up_weight, q_proj_weight;
+  Tensor kv_down_weight, kv_latent_norm_weight, kv_latent_norm_bias, kv_up_weight;
 };
 
 // How a canonical [rows, cols] tensor is split over t ranks.
@@ -75,6 +81,11 @@ struct ParamInfo {
 // --moe-router-enable-expert-bias), experts.fc1.weight [E, h, F_e] or [E, h, 2F_e],
 // experts.fc2.weight [E, F_e, h], and with shared experts shared.fc1.weight / shared.fc2.weight
 // shaped as fc1/fc2 of width F_s.
+// A multi-latent attention layer has instead of qkv (d_qk = d_n + d_r): q_down.weight [L_q, h],
+// q_latent_norm.weight [L_q] (and .bias), q_up.weight [a·d_qk, L_q] — or q_proj.weight
+// [a·d_qk, h] when L_q = 0 —, kv_down.weight [L_kv + d_r, h], kv_latent_norm.weight [L_kv]
+// (and .bias), kv_up.weight [a·(d_n + d_v), L_kv] (head j: k's d_n rows, then v's d_v), and
+// proj.weight [h, a·d_v].
 std::vector<ParamInfo> layer_param_table(const LayerDims& d);
 // A parameter's shard on `rank` of `t` ranks of its group: the tensor-parallel group, or for
 // ShardKind::experts the expert-parallel group.

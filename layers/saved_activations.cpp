@@ -5,6 +5,11 @@ namespace actbench {
 std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const {
   return {{"ln1_input", &ln1_input},
           {"qkv_input", &qkv_input},
+          {"q_latent", &q_latent},
+          {"q_up_input", &q_up_input},
+          {"kv_latent", &kv_latent},
+          {"kv_up_input", &kv_up_input},
+          {"k_pos_emb", &k_pos_emb},
           {"q_norm_input", &q_norm_input},
           {"k_norm_input", &k_norm_input},
           {"q", &q},
@@ -41,7 +46,13 @@ std::vector<SavedActivations::Entry> SavedActivations::paper_categories() const 
 }
 
 std::vector<SavedActivations::Entry> SavedActivations::extra_categories() const {
-  return {{"ln1_mean", &ln1_mean},         {"ln1_rstd", &ln1_rstd},         {"q_norm_mean", &q_norm_mean},
+  return {{"ln1_mean", &ln1_mean},
+          {"ln1_rstd", &ln1_rstd},
+          {"q_latent_norm_mean", &q_latent_norm_mean},
+          {"q_latent_norm_rstd", &q_latent_norm_rstd},
+          {"kv_latent_norm_mean", &kv_latent_norm_mean},
+          {"kv_latent_norm_rstd", &kv_latent_norm_rstd},
+          {"q_norm_mean", &q_norm_mean},
           {"q_norm_rstd", &q_norm_rstd},   {"k_norm_mean", &k_norm_mean},   {"k_norm_rstd", &k_norm_rstd},
           {"ln2_mean", &ln2_mean},         {"ln2_rstd", &ln2_rstd}};
 }
@@ -68,6 +79,8 @@ std::vector<std::pair<std::string, int64_t>> SavedActivations::bytes_by_category
   if (include_extra) {
     const std::pair<const char*, std::vector<Entry>> stats[] = {
         {"ln1_stats", {{"", &ln1_mean}, {"", &ln1_rstd}}},
+        {"q_latent_norm_stats", {{"", &q_latent_norm_mean}, {"", &q_latent_norm_rstd}}},
+        {"kv_latent_norm_stats", {{"", &kv_latent_norm_mean}, {"", &kv_latent_norm_rstd}}},
         {"q_norm_stats", {{"", &q_norm_mean}, {"", &q_norm_rstd}}},
         {"k_norm_stats", {{"", &k_norm_mean}, {"", &k_norm_rstd}}},
         {"ln2_stats", {{"", &ln2_mean}, {"", &ln2_rstd}}}};

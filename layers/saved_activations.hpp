@@ -15,9 +15,14 @@ struct SavedActivations {
   Tensor ln1_input;           // the layer input x
   Tensor ln1_mean, ln1_rstd;  // fp32, not in the paper's count (llama's RMSNorm: rstd only)
   Tensor qkv_input;           // LN1 output; its local sequence shard under SP
+  // Multi-latent attention (theory/layer_pieces.hpp's MLA rows), on the norm region's rows:
+  Tensor q_latent, q_up_input;     // the q down projection's output, the q latent norm's output [s(/t), b, L_q]
+  Tensor kv_latent, kv_up_input;   // the kv latent (a contiguous copy) and its norm's output [s(/t), b, L_kv]
+  Tensor k_pos_emb;                // mla_up_proj: k's RoPE part before rotation, all s rows [s, b, d_r]
+  Tensor q_latent_norm_mean, q_latent_norm_rstd, kv_latent_norm_mean, kv_latent_norm_rstd;  // fp32
   Tensor q_norm_input, k_norm_input;  // --qk-layernorm: q [b, a/t, s, d] and k [b, g/t, s, d] before their norms
   Tensor q_norm_mean, q_norm_rstd, k_norm_mean, k_norm_rstd;  // their fp32 row statistics (RMSNorm: rstd only)
-  Tensor q, k, v;             // [b, a/t, s, h/a] (k, v: g/t heads), q and k after their norms and RoPE
+  Tensor q, k, v;             // [b, a/t, s, d] (k, v: g/t heads), q and k after their norms and RoPE (MLA: v's d_v)
   Tensor softmax_out;         // [b, a/t, s, s]
   Tensor attn_dropout_mask;   // u8
   Tensor attn_dropout_out;    // the probabilities multiplied with V
@@ -56,7 +61,8 @@ struct SavedActivations {
   int64_t paper_bytes() const;
   int64_t extra_bytes() const;
   // Bytes by category, defined tensors only (statistics as theory::layer_extra_bytes_by_category
-  // names them: "ln1_stats", "q_norm_stats", "k_norm_stats", "ln2_stats").
+  // names them: "ln1_stats", "q_latent_norm_stats", "kv_latent_norm_stats", "q_norm_stats",
+  // "k_norm_stats", "ln2_stats").
   std::vector<std::pair<std::string, int64_t>> bytes_by_category(bool include_extra) const;
   void clear() { *this = SavedActivations{}; }
 };

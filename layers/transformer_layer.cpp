@@ -42,7 +42,8 @@ Tensor& activation_input_slot(SavedActivations& save, Activation act) {
 
 Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, Keep keep, const char* stage) {
   const CommContext comm = comm_context(stage);
-  Tensor x1 = attention_block_fwd(comm, x, save, keep);
+  Tensor x1 = opt_.dims.spec.mla.enabled ? mla_attention_block_fwd(comm, x, save, keep)
+                                         : attention_block_fwd(comm, x, save, keep);
   if (opt_.dims.spec.moe.enabled()) return moe_block_fwd(comm, x1, save, keep);
   return mlp_block_fwd(comm, x1, save, keep);
 }
@@ -164,7 +165,8 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
   SavedActivations saved = take_saved_for_backward(dy);  // all of it, recomputed under full
   const CommContext comm = comm_context("bwd");
   Tensor dx1 = opt_.dims.spec.moe.enabled() ? moe_block_bwd(comm, dy, saved) : mlp_block_bwd(comm, dy, saved);
-  Tensor dx = attention_block_bwd(comm, dx1, saved);
+  Tensor dx = opt_.dims.spec.mla.enabled ? mla_attention_block_bwd(comm, dx1, saved)
+                                         : attention_block_bwd(comm, dx1, saved);
   saved.clear();
   all_reduce_partial_grads();  // SP: norms and row-parallel biases; the q/k norms always
   return dx;
@@ -244,13 +246,15 @@ Tensor TransformerLayer::attention_block_bwd(const CommContext& comm, const Tens
   Tensor d_normed = column_parallel_linear_bwd(comm, "qkv", "qkv_input", std::move(saved.qkv_input), std::move(d_qkv),
                                                params_.qkv_weight, grads_.qkv_weight,
                                                grads_.qkv_bias.defined() ? &grads_.qkv_bias : nullptr);  // f | g
+  return norm1_bwd(d_normed, dx1, saved);
+}
+
+Tensor TransformerLayer::norm1_bwd(const Tensor& d_normed, const Tensor& dx1, SavedActivations& saved) {
   Tensor dx = be_.empty(dx1.shape(), opt_.dtype);
-  {
-    PhaseRange phase("bwd.ln1", phase_log_);
-    norm_bwd(d_normed, saved.ln1_input, params_.ln1_weight, saved.ln1_mean, saved.ln1_rstd, dx, grads_.ln1_weight,
-             grads_.ln1_bias);
-    be_.add_inplace(dx, dx1);
-  }
+  PhaseRange phase("bwd.ln1", phase_log_);
+  norm_bwd(d_normed, saved.ln1_input, params_.ln1_weight, saved.ln1_mean, saved.ln1_rstd, dx, grads_.ln1_weight,
+           grads_.ln1_bias);
+  be_.add_inplace(dx, dx1);
   return dx;
 }
 

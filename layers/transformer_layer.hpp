@@ -48,6 +48,9 @@ class TransformerLayer final : public LayerBase {
   // plus the residual dy; releases norm 2's kept input and statistics. Phase "bwd.ln2".
   Tensor norm2_bwd(const Tensor& d_normed, const Tensor& dy, SavedActivations& saved);
   Tensor attention_block_bwd(const CommContext& comm, const Tensor& dx1, SavedActivations& saved);
+  // The end of both attention blocks' backward: norm 1's, from the gradient of its output, plus
+  // the residual dx1. Phase "bwd.ln1".
+  Tensor norm1_bwd(const Tensor& d_normed, const Tensor& dx1, SavedActivations& saved);
   // The layernorm module's recompute: a block norm's output (and statistics) from its kept input.
   void recompute_norm(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& output,
                       Tensor& mean, Tensor& rstd);
@@ -57,6 +60,40 @@ class TransformerLayer final : public LayerBase {
   // The spec's activation on fc1's output (SwiGLU: gate | up), and its backward.
   void activation_fwd(const Tensor& fc1_out, const Tensor& act);
   void activation_bwd(const Tensor& d_act, const Tensor& fc1_out, const Tensor& d_fc1_out);
+
+  // ---- multi-latent attention in place of the QKV projection (mla_attention.cpp, docs/theory.md) ----
+  // The latents on the norm region's rows [s(/t), b, ·]: q's (undefined when L_q = 0), kv's,
+  // and k's RoPE part before rotation, gathered to all s rows (f | g). Backward: their gradients
+  // (q: norm 1's output's share when L_q = 0), k's RoPE part on this rank's rows.
+  struct MlaLatents {
+    Tensor q, kv, k_pos_emb;
+  };
+  Tensor mla_attention_block_fwd(const CommContext& comm, const Tensor& x, SavedActivations& save, Keep keep);
+  Tensor mla_attention_block_bwd(const CommContext& comm, const Tensor& dx1, SavedActivations& saved);
+  MlaLatents mla_down_fwd(const CommContext& comm, const Tensor& normed);
+  // The latent norms, the up projections (q's projection from normed when L_q = 0) and RoPE:
+  // core attention's q, k, v. The norms' statistics and outputs go to *keep when given.
+  QkvHeads mla_up_fwd(const CommContext& comm, const MlaLatents& latents, const Tensor& normed, SavedActivations* keep);
+  // The mla_up_proj module's recompute: q, k, v (and what the up projections' backward reads)
+  // from the kept latents and k's RoPE part.
+  void recompute_mla_up(SavedActivations& saved);
+  MlaLatents mla_up_bwd(const CommContext& comm, SavedActivations& saved, QkvHeads& d_heads);
+  // d normed from the latents' gradients; writes the down projections' weight gradients.
+  Tensor mla_down_bwd(SavedActivations& saved, const MlaLatents& d_latents);
+  // Head layouts: q heads [b, a/t, s, d_qk] of q's projection output [s, b, a/t·d_qk] (RoPE on
+  // each head's last d_r columns); k and v heads of the kv up projection's output [s, b,
+  // a/t·(d_n + d_v)] and k's rotated RoPE part [b, 1, s, d_r], shared by the heads. And back.
+  Tensor mla_q_heads(const Tensor& q_out);
+  void mla_kv_heads(const Tensor& kv_out, const Tensor& k_rope, QkvHeads& heads);
+  Tensor mla_q_heads_bwd(Tensor dq);
+  // d kv_out and the gradient of k's RoPE part before rotation [s, b, d_r] (this rank's heads').
+  void mla_kv_heads_bwd(QkvHeads& d_heads, Tensor& d_kv_out, Tensor& d_k_pos_emb);
+  // RoPE (inverse: its backward) on the last d_r columns of each row of x [b, a/t, s, d_qk].
+  void mla_rope_columns(const Tensor& x, bool inverse);
+  // A latent norm's backward (phase bwd.op): the gradient of the latent x from its output's dy;
+  // writes the norm's weight (and bias) gradients.
+  Tensor latent_norm_bwd(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dweight, const Tensor& dbias);
 
   // ---- the MoE block in place of the MLP (moe_block.cpp, docs/moe.md) ----
   Tensor moe_block_fwd(const CommContext& comm, const Tensor& x1, SavedActivations& save, Keep keep);

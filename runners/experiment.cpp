@@ -129,6 +129,18 @@ nlohmann::ordered_json moe_json(const LayerDims& d) {
           {"capacity_factor", m.capacity_factor}};
 }
 
+// A multi-latent attention layer's widths as the references read them (null otherwise).
+nlohmann::ordered_json mla_json(const LayerDims& d) {
+  const theory::MlaSpec& m = d.spec.mla;
+  if (!m.enabled) return nullptr;
+  auto whole = [](double v) { return static_cast<int64_t>(v); };
+  return {{"q_lora_rank", whole(m.q_lora_rank)},
+          {"kv_lora_rank", whole(m.kv_lora_rank)},
+          {"qk_head_dim", whole(m.qk_head_dim)},
+          {"qk_pos_emb_head_dim", whole(m.qk_pos_emb_head_dim)},
+          {"v_head_dim", whole(m.v_head_dim)}};
+}
+
 // The --dump folder's layer.json: the layer's shape and numerics, which the NumPy and
 // PyTorch references read to rebuild the same layer.
 nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
@@ -162,7 +174,8 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
           {"rotary_base", s.rotary_base},
           {"attention_dropout", f32(s.attention_dropout)},
           {"hidden_dropout", f32(s.hidden_dropout)},
-          {"moe", moe_json(d)}};
+          {"moe", moe_json(d)},
+          {"mla", mla_json(d)}};
 }
 
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {

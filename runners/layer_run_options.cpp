@@ -107,7 +107,7 @@ void declare_spec_options(CLI::App& app, Args& a, const std::function<void(const
   app.add_flag("--moe-router-enable-expert-bias", a.moe_expert_bias, "the aux-loss-free score bias (DeepSeek-V3)");
   value("--moe-expert-capacity-factor", a.moe_capacity_factor, "drop tokens beyond this capacity (default: dropless)");
   app.add_flag("--multi-latent-attention", a.multi_latent_attention,
-               "multi-latent attention (DeepSeek-V2/V3); not built in the layers yet: refused");
+               "multi-latent attention (DeepSeek-V2/V3) in place of the QKV projection");
   value("--q-lora-rank", a.q_lora_rank, "with --multi-latent-attention: q's latent width (default: none)");
   value("--kv-lora-rank", a.kv_lora_rank, "with --multi-latent-attention: k and v's latent width (default 32)");
   value("--qk-head-dim", a.qk_head_dim, "with --multi-latent-attention: q and k's head width without RoPE (128)");
@@ -536,9 +536,6 @@ void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int worl
                           std::to_string(o.ep) + " (or --emulate-ep on one process) with --tp 1 and --cp 1 for now " +
                           "(the MPI world has " + std::to_string(world) + ")");
   if (o.emulate_ep && o.ep == 1) throw InvalidArgument("--emulate-ep needs --expert-model-parallel-size > 1");
-  if (dims.spec.mla.enabled)
-    throw InvalidArgument("multi-latent attention is not built in the layers yet (--multi-latent-attention, or a "
-                          "deepseek_v3 --hf-config); theory memory counts its parameters");
   if (!o.moe_tokens_per_expert.empty()) {
     if (o.backend != "meta")
       throw InvalidArgument("--moe-tokens-per-expert is meta's: cpu and cuda route the tokens themselves");

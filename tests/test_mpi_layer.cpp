@@ -159,6 +159,48 @@ INSTANTIATE_TEST_SUITE_P(Configs, MpiMoe, ::testing::Values("sp", "selective+sp"
                            return name;
                          });
 
+// Multi-latent attention under TP, with and without SP: the down projections and latent norms
+// on every rank (their gradients summed over the group under SP), the up projections
+// column-parallel, k's RoPE part gathered and its gradient summed back. Every tensor equals the
+// single-rank layer's; the bytes per rank equal the pieces.
+class MpiMla : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiMla, EveryTensorAndBytesEqualTheSingleRankLayer) {
+  LayerDims d = kDims;
+  d.spec = theory::gpt_layer_spec();
+  d.spec.add_bias_linear = false;
+  d.spec.position = theory::PositionEmbedding::rope;
+  d.spec.mla = {true, 6, 5, 4, 2, 3};  // q latent 6, kv latent 5, heads of 4 + 2 and v of 3
+  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);
+  if (spec.policy.recompute == Recompute::selective) spec.policy.modules.mla_up_proj = spec.policy.modules.layernorm = true;
+  auto be = make_cpu_backend();
+  auto local = make_local_communicator();
+  const std::string what = "mla " + GetParam() + " t=" + std::to_string(g_comm->size());
+  expect_same_tensors(run_layer_canonical(*be, *g_comm, spec), run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, d)),
+                      1e-5, 1e-4, what);
+  spec.dims.spec.mla.q_lora_rank = 0;  // and q projected from h directly
+  expect_same_tensors(run_layer_canonical(*be, *g_comm, spec),
+                      run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, spec.dims)), 1e-5,
+                      1e-4, what + " q projected");
+  spec.dtype = DType::bf16;
+  spec.warmup = 0;
+  spec.iters = 1;
+  const ExperimentResult r = run_experiment(*be, *g_comm, spec);
+  ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
+  const theory::Dims td = theory_dims(spec.dims, g_comm->size());
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
+  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layer_extra_bytes(td, spec.dims.spec, spec.policy))
+      << what;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, MpiMla, ::testing::Values("baseline", "sp", "selective", "selective+sp", "full+sp"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (c == '+') c = '_';
+                           return name;
+                         });
+
 // Expert parallelism (--expert-model-parallel-size = the world, t = 1): each rank holds E/ep
 // experts and its own micro-batch, the tokens travel to their experts and back by all-to-all.
 // The ranks together are the single-rank layer on the concatenated batch, tensor for tensor;
