@@ -15,7 +15,7 @@ Arch parse_arch(const std::string& name) {
 
 int64_t LayerDims::head_dim() const {
   if (spec.mla.enabled) return static_cast<int64_t>(spec.mla.qk_head_dim + spec.mla.qk_pos_emb_head_dim);
-  return spec.kv_channels > 0 ? static_cast<int64_t>(spec.kv_channels) : h / a;
+  return kv_channels();
 }
 
 int64_t LayerDims::v_head_dim() const {

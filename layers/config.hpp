@@ -26,8 +26,11 @@ struct LayerDims {
   int64_t ffn() const { return spec.ffn_hidden > 0 ? static_cast<int64_t>(spec.ffn_hidden) : 4 * h; }
   // An MoE layer's expert width F_e: --moe-ffn-hidden-size, else ffn().
   int64_t expert_ffn() const { return spec.moe.ffn_hidden > 0 ? static_cast<int64_t>(spec.moe.ffn_hidden) : ffn(); }
-  // d, each head's size of q and k: --kv-channels when given (a·d need not be h), else h/a;
-  // under multi-latent attention qk_head_dim + qk_pos_emb_head_dim.
+  // The spec's d (the CSV's and layer.json's kv_channels): --kv-channels when given (a·d need
+  // not be h), else h/a.
+  int64_t kv_channels() const { return spec.kv_channels > 0 ? static_cast<int64_t>(spec.kv_channels) : h / a; }
+  // Each head's size of q and k: kv_channels(), or under multi-latent attention qk_head_dim +
+  // qk_pos_emb_head_dim.
   int64_t head_dim() const;
   // Each head's size of v and of the attention output: d, or MLA's v_head_dim.
   int64_t v_head_dim() const;

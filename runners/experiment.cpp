@@ -168,7 +168,7 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
           {"add_bias_linear", s.add_bias_linear},
           {"add_qkv_bias", s.add_qkv_bias},
           {"kv_heads", d.groups()},
-          {"kv_channels", d.head_dim()},
+          {"kv_channels", d.kv_channels()},
           {"position_embedding", theory::position_name(s.position)},
           {"rotary_percent", s.rotary_percent},
           {"rotary_base", s.rotary_base},

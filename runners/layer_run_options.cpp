@@ -119,7 +119,8 @@ void declare_spec_options(CLI::App& app, Args& a, const std::function<void(const
   app.add_flag("--sequence-parallel", a.sequence_parallel,
                "sequence parallelism: with --recompute-granularity, the one configuration to run (instead of --config)");
   value("--recompute-modules", a.recompute_modules,
-        "what selective recompute rebuilds: any of core_attn,mlp,layernorm (default core_attn)");
+        "what selective recompute rebuilds: any of core_attn,mlp,layernorm,moe_act,moe,shared_experts,mla_up_proj "
+        "(default core_attn)");
   value("--recompute-method", a.recompute_method,
         "full recompute over --layers: uniform (groups of --recompute-num-layers, each from its input) | block "
         "(the first --recompute-num-layers layers recomputed, the rest keep everything)");

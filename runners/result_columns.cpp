@@ -172,6 +172,13 @@ const std::vector<Column>& result_columns() {
       {"dropped_tokens", "pairs", "the (token, choice) pairs layer 0's capacity dropped; 0 when dropless"},
       {"aux_loss", "",
        "layer 0's load-balancing loss E x sum_e f_e P_e, reported (not trained; docs/moe.md); empty on meta"},
+      // Multi-latent attention (docs/theory.md); every column empty for the other attentions.
+      {"q_lora_rank", "", "L_q, q's latent width (`--q-lora-rank`); 0: q projected from the hidden size directly"},
+      {"kv_lora_rank", "", "L_kv, k's and v's shared latent width (`--kv-lora-rank`)"},
+      {"qk_head_dim", "", "each head's q and k width without RoPE (`--qk-head-dim`, Hugging Face's `qk_nope_head_dim`)"},
+      {"qk_pos_emb_head_dim", "",
+       "the RoPE part of each head's q and k (`--qk-pos-emb-head-dim`); k's is shared by the heads"},
+      {"v_head_dim", "", "each head's v width (`--v-head-dim`): the attention output is heads x v_head_dim wide"},
   };
   return columns;
 }

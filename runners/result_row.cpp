@@ -92,7 +92,7 @@ void set_spec_columns(CsvRow& row, const LayerDims& d, const LayerPolicy& p) {
   auto f32 = [](double v) { return float32_text(static_cast<float>(v)); };
   row.set("arch", spec_family(s));
   row.set("kv_heads", std::to_string(d.groups()));
-  row.set("kv_channels", std::to_string(d.head_dim()));
+  row.set("kv_channels", std::to_string(d.kv_channels()));
   row.set("ffn_hidden", std::to_string(d.ffn()));
   row.set("normalization", theory::norm_name(s.normalization));
   row.set("norm_epsilon", f32(s.norm_epsilon));
@@ -190,6 +190,16 @@ void set_moe_columns(CsvRow& row, const Measurement& m) {
   row.set("aux_loss", when(routed && routing.measured, fmt_num(routing.aux_loss, "%.9g")));
 }
 
+// A multi-latent attention layer's widths; empty for the other attentions.
+void set_mla_columns(CsvRow& row, const theory::MlaSpec& mla) {
+  auto width = [&](double v) { return mla.enabled ? fmt_num(v, "%.17g") : std::string(); };
+  row.set("q_lora_rank", width(mla.q_lora_rank));
+  row.set("kv_lora_rank", width(mla.kv_lora_rank));
+  row.set("qk_head_dim", width(mla.qk_head_dim));
+  row.set("qk_pos_emb_head_dim", width(mla.qk_pos_emb_head_dim));
+  row.set("v_head_dim", width(mla.v_head_dim));
+}
+
 void set_provenance_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
   row.set("driver_version", run.versions.driver);
   row.set("cuda_runtime_version", run.versions.cuda_runtime);
@@ -217,6 +227,7 @@ std::vector<std::string> result_row(const RunContext& run, const Measurement& m)
   set_comm_columns(row, run, m);
   set_provenance_columns(row, run, m);
   set_moe_columns(row, m);
+  set_mla_columns(row, m.spec.dims.spec.mla);
   return row.fields();
 }
 

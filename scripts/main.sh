@@ -56,7 +56,7 @@ for attention in unfused fused; do
   done
 done
 
-echo "== meta: MoE presets (Mixtral-8x7B, Qwen3-30B-A3B), t = 2 + SP, every MoE module set, balanced routing"
+echo "== meta: MoE presets (Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3), t = 2 + SP, every MoE module set, balanced routing"
 for attention in unfused fused; do
   for m in mixtral-8x7b qwen3-30b-a3b; do
     "$lr" --backend meta --model "$m" --tp 2 --emulate-tp --config sp,full+sp --attention "$attention" \
@@ -66,6 +66,14 @@ for attention in unfused fused; do
             --attention "$attention" --csv "$out/meta_moe_modules.csv" >/dev/null
     done
   done
+done
+# DeepSeek-V3's latent attention runs unfused for now (fused needs v's own head size).
+"$lr" --backend meta --model deepseek-v3 --tp 2 --emulate-tp --config sp,full+sp --attention unfused \
+      --csv "$out/meta_moe_modules.csv" >/dev/null
+for modules in core_attn core_attn,moe_act core_attn,moe_act,shared_experts core_attn,layernorm,moe_act core_attn,moe \
+               core_attn,layernorm,moe core_attn,mla_up_proj,moe_act core_attn,layernorm,mla_up_proj,moe; do
+  "$lr" --backend meta --model deepseek-v3 --tp 2 --emulate-tp --config selective+sp --recompute-modules "$modules" \
+        --attention unfused --csv "$out/meta_moe_modules.csv" >/dev/null
 done
 
 echo "== meta: 22B layer, 1k..128k tokens, paper's and fused attention, 80 GB device (resumable sweep)"

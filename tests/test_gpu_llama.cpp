@@ -156,6 +156,38 @@ TEST_F(GpuLlama, WholeLayerMatchesCpuInEveryConfiguration) {
       }
 }
 
+// Multi-latent attention (layers/mla_attention.cpp) runs on the cuda backend's existing ops
+// (row-block GEMMs, head layouts of odd widths, RoPE on a column range): every tensor equals
+// the cpu's, in every configuration and with the mla_up_proj module, and the bytes equal meta's.
+TEST_F(GpuLlama, MultiLatentAttentionLayerMatchesCpuAndMeta) {
+  LayerDims q_latent = llama(17, 2, 32, 4, 0, 40);
+  q_latent.spec.kv_heads = 0;
+  q_latent.spec.mla = {true, 6, 5, 4, 2, 3};
+  LayerDims q_projected{12, 1, 24, 2};
+  q_projected.spec.add_bias_linear = false;
+  q_projected.spec.position = theory::PositionEmbedding::rope;
+  q_projected.spec.mla = {true, 0, 8, 8, 4, 6};
+  for (const LayerDims& d : {q_latent, q_projected})
+    for (const std::string& config : config_names()) {
+      ExperimentSpec spec = small_spec(config, DType::fp32, d.spec.add_bias_linear ? 0.f : 0.1f, d);
+      if (spec.policy.recompute == Recompute::selective) spec.policy.modules.mla_up_proj = true;
+      auto gcomm = make_backend_local_communicator(*gpu_);
+      auto ccomm = make_local_communicator();
+      const std::string what = "mla L_q=" + std::to_string(int(d.spec.mla.q_lora_rank)) + " " + config;
+      expect_same_tensors(run_layer_canonical(*gpu_, *gcomm, spec), run_layer_canonical(*cpu_, *ccomm, spec), 1e-4,
+                          1e-4, what);
+      spec.dtype = DType::bf16;
+      spec.warmup = 0;
+      spec.iters = 1;
+      auto meta = make_backend("meta");
+      auto mcomm = make_local_communicator();
+      const ExperimentResult g = run_experiment(*gpu_, *gcomm, spec), m = run_experiment(*meta, *mcomm, spec);
+      ASSERT_EQ(g.status, "ok") << what << ": " << g.message;
+      EXPECT_EQ(g.act_by_category, m.act_by_category) << what;
+      EXPECT_EQ(g.fwd_retained_bytes, g.act_bytes + g.act_extra_bytes) << what;
+    }
+}
+
 TEST_F(GpuLlama, ActivationBytesEqualMetaAndTheClosedForms) {
   const LayerDims d = llama(64, 2, 128, 8, 2, 200);
   for (int t : {1, 2})

@@ -498,7 +498,8 @@ class MoeModulesFigure(RecomputeModulesFigure):
     @unittest.skipUnless(LAYER_RUN, "ACTBENCH_LAYER_RUN (the layer_run binary) not set")
     def test_every_built_bar_equals_the_meta_backend(self):
         path = os.path.join(self.results, "meta.csv")
-        built = [key for key in self.theory_bars() if key[0] != "deepseek-v3"]
+        # DeepSeek-V3's latent attention is built unfused only (fused needs v's own head size)
+        built = [key for key in self.theory_bars() if key[0] != "deepseek-v3" or key[1] == "unfused"]
         for model, attention, name in built:
             args = [LAYER_RUN, "--backend", "meta", "--model", model, "--tp", "2", "--emulate-tp",
                     "--sequence-parallel", "--attention", attention, "--csv", path]
@@ -512,7 +513,7 @@ class MoeModulesFigure(RecomputeModulesFigure):
         for key in built:
             formula, measured, _ = rows[key]
             self.assertEqual(measured, {"meta": formula}, key)  # the bar the row's module set names
-        self.assertEqual(rows[("deepseek-v3", "fused", "none")][1], {})  # no layer measures latent attention yet
+        self.assertEqual(rows[("deepseek-v3", "fused", "none")][1], {})  # refused: no fused latent attention yet
 
 
 class Labels(unittest.TestCase):
