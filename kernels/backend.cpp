@@ -25,6 +25,9 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 }
 
 // The checks of one call of one op. Every failure is InvalidArgument("op: what").
+// Fused attention's output [B, S, Dv]: q's rows, v's width (checked by attention_qkv first).
+Shape attention_out_shape(const Tensor& q, const Tensor& v) { return {q.dim(0), q.dim(1), v.dim(2)}; }
+
 class Contract {
  public:
   // Every tensor of the op is defined and, when it holds elements, lives on `device`.
@@ -116,10 +119,13 @@ class Contract {
   void attention_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionRows& rows) const {
     if (q.ndim() != 3) fail("q must be [B, S, D], got " + shape_str(q.shape()));
     const bool placed = rows.total > 0;
-    if (k.shape() != v.shape() || k.ndim() != 3 || (!placed && k.dim(1) != q.dim(1)) || k.dim(2) != q.dim(2) ||
+    // v may be narrower or wider than q and k (multi-latent attention's d_v): out is v's width.
+    if (k.ndim() != 3 || v.ndim() != 3 || k.dim(0) != v.dim(0) || k.dim(1) != v.dim(1) ||
+        (!placed && k.dim(1) != q.dim(1)) || k.dim(2) != q.dim(2) || v.dim(2) < 1 ||
         (k.dim(0) < 1 ? q.dim(0) != 0 : q.dim(0) % k.dim(0) != 0))
-      fail(std::string("k and v must be [B / r, ") + (placed ? "Sk" : "S") + ", D] with r dividing B for q " +
-           shape_str(q.shape()) + ", got " + shape_str(k.shape()) + " and " + shape_str(v.shape()));
+      fail(std::string("k and v must be [B / r, ") + (placed ? "Sk" : "S") + ", D] and [B / r, " +
+           (placed ? "Sk" : "S") + ", Dv] with r dividing B for q " + shape_str(q.shape()) + ", got " +
+           shape_str(k.shape()) + " and " + shape_str(v.shape()));
     if (!placed) {
       if (!rows.queries.is_identity(q.dim(1)) || !rows.keys.is_identity(k.dim(1)))
         fail("query or key positions need the sequence's total length (AttentionRows::total)");
@@ -127,6 +133,10 @@ class Contract {
     }
     positions("query rows", rows.queries, q.dim(1), rows.total);
     positions("key rows", rows.keys, k.dim(1), rows.total);
+  }
+  void same_shape(const char* name, const Tensor& t, const char* like_name, const Shape& like) const {
+    if (t.shape() != like)
+      fail(std::string(name) + " must be " + shape_str(like) + " like " + like_name + ", got " + shape_str(t.shape()));
   }
   void same_shape(const char* name, const Tensor& t, const char* like_name, const Tensor& like) const {
     if (t.shape() != like.shape())
@@ -441,7 +451,7 @@ void Backend::attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, f
   const Contract c("attention_fwd", allocator_->device(),
                    {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", &lse}});
   c.attention_qkv(q, k, v, rows);
-  c.same_shape("out", out, "q", q);
+  c.same_shape("out", out, "q with v's width", attention_out_shape(q, v));
   c.attention_rows(q, lse, spec, rows);
   c.floats({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   attention_fwd_impl(q, k, v, scale, spec, out, lse, rows);
@@ -454,11 +464,12 @@ void Backend::attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, c
                    {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"lse", &lse}, {"dq", &dq},
                     {"dk", &dk}, {"dv", &dv}});
   c.attention_qkv(q, k, v, rows);
-  c.same_shape("out", out, "q", q);
-  c.same_shape("dout", dout, "q", q);
+  const Shape out_like = attention_out_shape(q, v);
+  c.same_shape("out", out, "q with v's width", out_like);
+  c.same_shape("dout", dout, "q with v's width", out_like);
   c.same_shape("dq", dq, "q", q);
   c.same_shape("dk", dk, "k", k);
-  c.same_shape("dv", dv, "k", k);
+  c.same_shape("dv", dv, "v", v);
   c.attention_rows(q, lse, spec, rows);
   c.floats({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   attention_bwd_impl(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, rows);

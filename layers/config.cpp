@@ -92,13 +92,11 @@ static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int e
 }
 
 // What multi-latent attention is built for today (layers/mla_attention.cpp): Megatron-Core's
-// MLASelfAttention without biases, RoPE on the whole RoPE part, unfused core attention, no
-// context parallelism.
+// MLASelfAttention without biases, RoPE on the whole RoPE part, no context parallelism (fused
+// attention with v's own head size runs on cpu and meta; the cuda kernels refuse it).
 static void validate_mla(const LayerDims& d, LayerPolicy p, int cp) {
   auto fail = [](const std::string& m) { throw InvalidArgument(m); };
   if (cp != 1) fail("multi-latent attention runs without context parallelism for now (--cp 1)");
-  if (p.attention == Attention::fused)
-    fail("multi-latent attention runs with --attention unfused for now (v's head size differs from q's and k's)");
   if (d.spec.kv_heads != 0 && d.spec.kv_heads != d.a)
     fail("multi-latent attention gives every head its own k and v: --num-query-groups does not apply");
   if (d.spec.add_bias_linear || d.spec.add_qkv_bias)

@@ -155,8 +155,9 @@ void LayerBase::fused_fwd(const AttentionGeometry& g, const Tensor& q, const Ten
                           const Tensor& out, const Tensor& lse) {
   const int64_t b = opt_.dims.b;
   const Shape q_shape = {b * g.heads, g.q_rows, head_dim_}, kv_shape = {b * g.kv_heads, g.k_rows, head_dim_};
-  be_.attention_fwd(q.view(q_shape), k.view(kv_shape), v.view(kv_shape), attention_scale(), attn_dropout_spec(g, true),
-                    out.view(q_shape), lse.view({b * g.heads, g.q_rows}), g.rows);
+  const Shape v_shape = {b * g.kv_heads, g.k_rows, v_head_dim_}, out_shape = {b * g.heads, g.q_rows, v_head_dim_};
+  be_.attention_fwd(q.view(q_shape), k.view(kv_shape), v.view(v_shape), attention_scale(), attn_dropout_spec(g, true),
+                    out.view(out_shape), lse.view({b * g.heads, g.q_rows}), g.rows);
 }
 
 void LayerBase::fused_attention(const char* stage, const QkvHeads& qkv, const Tensor& out, const Tensor& lse) {
@@ -190,8 +191,8 @@ void LayerBase::fused_attention(const char* stage, const QkvHeads& qkv, const Te
         part_lse = be_.empty(lse.shape(), DType::fp32);
       }
       fused_fwd(block_geometry(owner), qkv.q, k, v, part, part_lse);
-      const Shape q_shape = {b * g.heads, g.q_rows, head_dim_};
-      be_.attention_merge(out.view(q_shape), lse.view({b * g.heads, g.q_rows}), part.view(q_shape),
+      const Shape out_shape = {b * g.heads, g.q_rows, v_head_dim_};
+      be_.attention_merge(out.view(out_shape), lse.view({b * g.heads, g.q_rows}), part.view(out_shape),
                           part_lse.view({b * g.heads, g.q_rows}));
     }
     if (step + 1 < cp_size_) {
@@ -244,14 +245,15 @@ void LayerBase::fused_attention_bwd(SavedActivations& saved, Tensor d_context, Q
   const AttentionGeometry g = attention_geometry();
   const int64_t b = opt_.dims.b;
   const Shape q_shape = {b * g.heads, g.q_rows, head_dim_}, kv_shape = {b * g.kv_heads, g.k_rows, head_dim_};
-  const Shape local_heads = {b, heads_per_rank_, seq_, head_dim_};
+  const Shape v_shape = {b * g.kv_heads, g.k_rows, v_head_dim_}, out_shape = {b * g.heads, g.q_rows, v_head_dim_};
+  const Shape local_heads = {b, heads_per_rank_, seq_, v_head_dim_};  // the attention output's
   Tensor out_heads;
   if (!saved.attn_lse.defined()) {
     // The core_attn module kept only q, k, v: the kernel runs forward again for its output and
     // lse, which its backward reads (the projection's input is the checkpoint's output, kept
     // apart and released here unread).
     PhaseRange phase("recompute.core_attn", phase_log_);
-    out_heads = be_.empty({b, g.heads, g.q_rows, head_dim_}, opt_.dtype);
+    out_heads = be_.empty({b, g.heads, g.q_rows, v_head_dim_}, opt_.dtype);
     saved.attn_lse = be_.empty({b, g.heads, g.q_rows}, DType::fp32);
     fused_attention("recompute", QkvHeads{saved.q, saved.k, saved.v}, out_heads, saved.attn_lse);
     saved.proj_input = Tensor();
@@ -279,10 +281,11 @@ void LayerBase::fused_attention_bwd(SavedActivations& saved, Tensor d_context, Q
   const Tensor v = gathered ? cp_gather_sequence("bwd", "v", saved.v) : saved.v;
   Tensor& dq = grad_buffer(grads.q, g.heads, g.q_rows);
   Tensor dk_all = gathered ? be_.empty(k.shape(), opt_.dtype) : grad_buffer(grads.k, g.kv_heads, g.k_rows);
-  Tensor dv_all = gathered ? be_.empty(v.shape(), opt_.dtype) : grad_buffer(grads.v, g.kv_heads, g.k_rows);
-  be_.attention_bwd(saved.q.view(q_shape), k.view(kv_shape), v.view(kv_shape), out_heads.view(q_shape),
-                    d_out_heads.view(q_shape), saved.attn_lse.view({b * g.heads, g.q_rows}), attention_scale(),
-                    attn_dropout_spec(g, true), dq.view(q_shape), dk_all.view(kv_shape), dv_all.view(kv_shape), g.rows);
+  Tensor dv_all =
+      gathered ? be_.empty(v.shape(), opt_.dtype) : grad_buffer(grads.v, g.kv_heads, g.k_rows, v_head_dim_);
+  be_.attention_bwd(saved.q.view(q_shape), k.view(kv_shape), v.view(v_shape), out_heads.view(out_shape),
+                    d_out_heads.view(out_shape), saved.attn_lse.view({b * g.heads, g.q_rows}), attention_scale(),
+                    attn_dropout_spec(g, true), dq.view(q_shape), dk_all.view(kv_shape), dv_all.view(v_shape), g.rows);
   saved.q = saved.k = saved.v = saved.attn_lse = Tensor();
   if (gathered) {
     grads.k = cp_scatter_sequence("bwd", "dk", dk_all);

@@ -67,13 +67,15 @@ for attention in unfused fused; do
     done
   done
 done
-# DeepSeek-V3's latent attention runs unfused for now (fused needs v's own head size).
-"$lr" --backend meta --model deepseek-v3 --tp 2 --emulate-tp --config sp,full+sp --attention unfused \
-      --csv "$out/meta_moe_modules.csv" >/dev/null
-for modules in core_attn core_attn,moe_act core_attn,moe_act,shared_experts core_attn,layernorm,moe_act core_attn,moe \
-               core_attn,layernorm,moe core_attn,mla_up_proj,moe_act core_attn,layernorm,mla_up_proj,moe; do
-  "$lr" --backend meta --model deepseek-v3 --tp 2 --emulate-tp --config selective+sp --recompute-modules "$modules" \
-        --attention unfused --csv "$out/meta_moe_modules.csv" >/dev/null
+# DeepSeek-V3: shared experts and latent attention add their module sets.
+for attention in unfused fused; do
+  "$lr" --backend meta --model deepseek-v3 --tp 2 --emulate-tp --config sp,full+sp --attention "$attention" \
+        --csv "$out/meta_moe_modules.csv" >/dev/null
+  for modules in core_attn core_attn,moe_act core_attn,moe_act,shared_experts core_attn,layernorm,moe_act \
+                 core_attn,moe core_attn,layernorm,moe core_attn,mla_up_proj,moe_act core_attn,layernorm,mla_up_proj,moe; do
+    "$lr" --backend meta --model deepseek-v3 --tp 2 --emulate-tp --config selective+sp --recompute-modules "$modules" \
+          --attention "$attention" --csv "$out/meta_moe_modules.csv" >/dev/null
+  done
 done
 
 echo "== meta: 22B layer, 1k..128k tokens, paper's and fused attention, 80 GB device (resumable sweep)"

@@ -254,11 +254,14 @@ TEST_P(BackendContract, FusedAttention) {
 
   const char* fwd = "attention_fwd";
   refuses(fwd, "q must be [B, S, D]", [&] { be_->attention_fwd(t({B * S, D}), K, V, 0.5f, spec, O, lse); });
-  refuses(fwd, "k and v must be [B / r, S, D]", [&] { be_->attention_fwd(Q, t({B, S + 1, D}), V, 0.5f, spec, O, lse); });
-  refuses(fwd, "k and v must be [B / r, S, D]", [&] { be_->attention_fwd(Q, K, t({B, S, D + 2}), 0.5f, spec, O, lse); });
-  refuses(fwd, "k and v must be [B / r, S, D]",  // 3 key/value batches do not divide 4 query batches
+  refuses(fwd, "k and v must be [B / r, S, D] and [B / r, S, Dv]", [&] { be_->attention_fwd(Q, t({B, S + 1, D}), V, 0.5f, spec, O, lse); });
+  refuses(fwd, "out must be [4, 5, 10] like q with v's width",  // v of its own width needs out of that width
+          [&] { be_->attention_fwd(Q, K, t({B, S, D + 2}), 0.5f, spec, O, lse); });
+  refuses(fwd, "k and v must be [B / r, S, D] and [B / r, S, Dv]",
+          [&] { be_->attention_fwd(Q, K, t({B, S + 1, D + 2}), 0.5f, spec, O, lse); });
+  refuses(fwd, "k and v must be [B / r, S, D] and [B / r, S, Dv]",  // 3 key/value batches do not divide 4 query batches
           [&] { be_->attention_fwd(Q, t({3, S, D}), t({3, S, D}), 0.5f, spec, O, lse); });
-  refuses(fwd, "k and v must be [B / r, S, D]", [&] { be_->attention_fwd(Q, Q0, Q0, 0.5f, spec, O, lse); });
+  refuses(fwd, "k and v must be [B / r, S, D] and [B / r, S, Dv]", [&] { be_->attention_fwd(Q, Q0, Q0, 0.5f, spec, O, lse); });
   refuses(fwd, "out must be [4, 5, 8]", [&] { be_->attention_fwd(Q, K, V, 0.5f, spec, t({B, S, D - 1}), lse); });
   refuses(fwd, "lse has 16 elements", [&] { be_->attention_fwd(Q, K, V, 0.5f, spec, O, t({B, S - 1})); });
   refuses(fwd, "lse must be fp32, got bf16", [&] { be_->attention_fwd(Q, K, V, 0.5f, spec, O, t({B, S}, bf16)); });
@@ -272,14 +275,14 @@ TEST_P(BackendContract, FusedAttention) {
   const char* bwd = "attention_bwd";
   refuses(bwd, "dk must be [2, 5, 8] like k",
           [&] { be_->attention_bwd(Q, K2, V2, O, DO, lse, 0.5f, spec, DQ, DK, DV2); });
-  refuses(bwd, "dv must be [4, 5, 8] like k",
+  refuses(bwd, "dv must be [4, 5, 8] like v",
           [&] { be_->attention_bwd(Q, K, V, O, DO, lse, 0.5f, spec, DQ, DK, t({B, S + 1, D})); });
   refuses(bwd, "dq must be [4, 5, 8] like q",
           [&] { be_->attention_bwd(Q, K, V, O, DO, lse, 0.5f, spec, t({B, S, D + 1}), DK, DV); });
   refuses(bwd, "dout must be [4, 5, 8] like q",
           [&] { be_->attention_bwd(Q, K, V, O, t({B + 1, S, D}), lse, 0.5f, spec, DQ, DK, DV); });
   refuses(bwd, "lse must be fp32", [&] { be_->attention_bwd(Q, K, V, O, DO, t({B, S}, bf16), 0.5f, spec, DQ, DK, DV); });
-  refuses(bwd, "k and v must be [B / r, S, D]",
+  refuses(bwd, "k and v must be [B / r, S, D] and [B / r, S, Dv]",
           [&] { be_->attention_bwd(Q, t({3, S, D}), t({3, S, D}), O, DO, lse, 0.5f, spec, DQ, t({3, S, D}), t({3, S, D})); });
 }
 

@@ -186,6 +186,16 @@ TEST_F(GpuLlama, MultiLatentAttentionLayerMatchesCpuAndMeta) {
       EXPECT_EQ(g.act_by_category, m.act_by_category) << what;
       EXPECT_EQ(g.fwd_retained_bytes, g.act_bytes + g.act_extra_bytes) << what;
     }
+  // The cuda fused kernels give v q's head size: latent attention's narrower v is one line.
+  ExperimentSpec fused = small_spec("baseline", DType::fp32, 0.f, q_latent);
+  fused.policy.attention = Attention::fused;
+  auto gcomm = make_backend_local_communicator(*gpu_);
+  try {
+    (void)run_layer_canonical(*gpu_, *gcomm, fused);
+    ADD_FAILURE() << "the cuda backend ran fused attention with v narrower than q";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--attention unfused"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(GpuLlama, ActivationBytesEqualMetaAndTheClosedForms) {

@@ -162,8 +162,8 @@ class LayerRunTest(unittest.TestCase):
             "zero capacity": (["--num-experts", "4", "--moe-expert-capacity-factor", "0"], "capacity"),
             "groups not dividing E": (["--num-experts", "6", "--moe-router-num-groups", "4", "--moe-router-group-topk",
                                        "1"], "moe-router-num-groups"),
-            "fused latent attention (not built)": (["--multi-latent-attention", "--kv-lora-rank", "16", "--attention",
-                                                    "fused"], "--attention unfused"),
+            "latent attention with query groups": (["--multi-latent-attention", "--kv-lora-rank", "16",
+                                                    "--num-query-groups", "2"], "--num-query-groups"),
             "a latent width without it": (["--q-lora-rank", "8"], "--multi-latent-attention"),
         }
         for what, (args, needle) in cases.items():

@@ -6,6 +6,7 @@
 // - the mla_up_proj module frees exactly the up projections' inputs and q, k, v, and keeps k's
 //   RoPE part, on the whole sequence;
 // - no recompute module changes a computed value;
+// - the fused kernel with v's own head size equals the unfused path;
 // - what is not built yet is refused with one line.
 // The values themselves are checked against the float64 NumPy layer (tests/test_mla_dumps.py)
 // and across ranks in test_mpi_layer (MpiMla).
@@ -76,9 +77,15 @@ std::vector<RecomputeModules> module_sets() {
 
 std::vector<LayerPolicy> policies() {
   std::vector<LayerPolicy> out;
-  for (const std::string& name : config_names()) out.push_back(parse_config(name));
-  for (bool sp : {false, true})
-    for (RecomputeModules m : module_sets()) out.push_back({Recompute::selective, sp, Attention::unfused, m});
+  for (Attention att : {Attention::unfused, Attention::fused}) {
+    for (const std::string& name : config_names()) {
+      LayerPolicy p = parse_config(name);
+      p.attention = att;
+      out.push_back(p);
+    }
+    for (bool sp : {false, true})
+      for (RecomputeModules m : module_sets()) out.push_back({Recompute::selective, sp, att, m});
+  }
   return out;
 }
 
@@ -101,8 +108,9 @@ void expect_pieces(Backend& be, const MlaCase& c, int t, DType dtype) {
   for (const LayerPolicy& p : policies()) {
     if (c.spec.moe.enabled() && t > 1 && !p.sequence_parallel) continue;  // MoE under TP needs SP
     const ExperimentResult r = measure_once(be, d, t, p, dtype);
-    const std::string where = c.name + " | " + config_name(p) + " " + recompute_modules_name(p.modules) +
-                              " t=" + std::to_string(t) + " " + dtype_name(dtype) + " " + be.name();
+    const std::string where = c.name + " | " + config_name(p) + " " + recompute_modules_name(p.modules) + " " +
+                              attention_name(p.attention) + " t=" + std::to_string(t) + " " + dtype_name(dtype) +
+                              " " + be.name();
     ASSERT_EQ(r.status, "ok") << where << ": " << r.message;
     const theory::Dims td = theory_dims(d, t);
     const theory::Precision prec{static_cast<double>(dtype_size(dtype)), 1.0};
@@ -167,26 +175,44 @@ TEST(MlaLayerEffects, UpProjFreesTheUpProjectionsInputsAndHeads) {
 }
 
 // Whatever is rebuilt, backward computes exactly what it computes from kept tensors: every
-// output and gradient bit for bit, dropout on, for every module set and full recompute.
+// output and gradient bit for bit, dropout on, for every module set and full recompute, unfused
+// and fused.
 TEST(MlaLayerEffects, RecomputeChangesNoValue) {
   auto be = make_cpu_backend();
   auto local = make_local_communicator();
-  for (const MlaCase& c : mla_cases()) {
+  for (const MlaCase& c : mla_cases())
+    for (Attention att : {Attention::unfused, Attention::fused}) {
     ExperimentSpec ref = small_spec("baseline", DType::fp32, 0.1f, mla_dims(c.spec));
+    ref.policy.attention = att;
     // The routing decision is dumped only while forward keeps it (not under full recompute).
     auto without_topk = [](std::vector<CanonicalTensor> v) {
       std::erase_if(v, [](const CanonicalTensor& t) { return t.name.starts_with("moe.topk"); });
       return v;
     };
     const auto expected = without_topk(run_layer_canonical(*be, *local, ref));
-    std::vector<LayerPolicy> runs = {{Recompute::full, false, Attention::unfused, {}}};
-    for (RecomputeModules m : module_sets()) runs.push_back({Recompute::selective, false, Attention::unfused, m});
+    std::vector<LayerPolicy> runs = {{Recompute::full, false, att, {}}};
+    for (RecomputeModules m : module_sets()) runs.push_back({Recompute::selective, false, att, m});
     for (const LayerPolicy& p : runs) {
       ExperimentSpec spec = ref;
       spec.policy = p;
       expect_same_tensors(without_topk(run_layer_canonical(*be, *local, spec)), expected, 0, 0,
-                          c.name + " " + config_name(p) + " " + recompute_modules_name(p.modules));
+                          c.name + " " + config_name(p) + " " + recompute_modules_name(p.modules) + " " +
+                              attention_name(att));
     }
+  }
+}
+
+// The fused kernel with v's own head size computes the unfused path's attention (dropout's mask
+// from the same Philox counters): every output and gradient within float rounding.
+TEST(MlaLayerCpu, FusedAttentionEqualsUnfused) {
+  auto be = make_cpu_backend();
+  auto local = make_local_communicator();
+  for (const MlaCase& c : mla_cases()) {
+    ExperimentSpec unfused = small_spec("baseline", DType::fp32, 0.1f, mla_dims(c.spec));
+    ExperimentSpec fused = unfused;
+    fused.policy.attention = Attention::fused;
+    expect_same_tensors(run_layer_canonical(*be, *local, fused), run_layer_canonical(*be, *local, unfused), 1e-6,
+                        1e-4, c.name);
   }
 }
 
@@ -202,9 +228,9 @@ TEST(MlaLayerRefusals, OneLineEach) {
     }
     return "";
   };
-  const LayerPolicy unfused{}, fused{Recompute::none, false, Attention::fused, {}};
+  const LayerPolicy unfused{};
   EXPECT_EQ(refusal(ok, unfused, 1), "");
-  EXPECT_NE(refusal(ok, fused, 1).find("--attention unfused"), std::string::npos);
+  EXPECT_EQ(refusal(ok, {Recompute::none, false, Attention::fused, {}}, 1), "");
   EXPECT_NE(refusal(ok, unfused, 2).find("--cp 1"), std::string::npos);
   LayerSpec gqa = ok;
   gqa.kv_heads = 2;

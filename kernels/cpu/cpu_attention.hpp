@@ -12,13 +12,16 @@ namespace actbench::cpu {
 
 constexpr int64_t kAttentionTile = 16;  // keys per tile: small, so tests cross many tiles
 
-// The shape of one call: q, out [B, S, D] row-major float, lse [B, S]; k, v [B / group, Sk, D]:
+// The shape of one call: q [B, S, D], out [B, S, Dv] row-major float, lse [B, S]; k [B / group,
+// Sk, D], v [B / group, Sk, Dv] (Dv: v's head size, D unless multi-latent attention's):
 // query batch i reads key/value batch i / group (grouped-query attention; group 1 is
 // multi-head). rows places query and key rows in one sequence (backend.hpp's AttentionRows;
 // total 0: Sk = S, each row at its own index).
 struct AttentionShape {
   int64_t B = 0, S = 0, Sk = 0, D = 0, group = 1;
   AttentionRows rows;
+  int64_t Dv = 0;  // 0: D
+  int64_t v_dim() const { return Dv > 0 ? Dv : D; }
   int64_t total() const { return rows.total > 0 ? rows.total : S; }
 };
 // The (query, key) scores this process has computed in fused attention, forward and backward:
@@ -27,7 +30,7 @@ int64_t attention_score_count();
 
 void attention_fwd(const float* q, const float* k, const float* v, const AttentionShape& shape, float scale,
                    const DropoutSpec& spec, float* out, float* lse);
-// dq written; dk, dv [B / group, Sk, D] written, each the sum over the group's query batches.
+// dq written; dk, dv [B / group, Sk, D or Dv] written, each the sum over the group's query batches.
 void attention_bwd(const float* q, const float* k, const float* v, const float* out, const float* dout,
                    const float* lse, const AttentionShape& shape, float scale, const DropoutSpec& spec, float* dq,
                    float* dk, float* dv);

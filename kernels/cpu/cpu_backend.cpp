@@ -371,7 +371,7 @@ class CpuBackend final : public Backend {
                           const Tensor& out, const Tensor& lse, const AttentionRows& rows) override {
     const FloatIn qv(q), kv(k), vv(v);
     FloatOut ov(out);
-    cpu::attention_fwd(qv.data(), kv.data(), vv.data(), attention_shape(q, k, rows), scale, spec, ov.data(),
+    cpu::attention_fwd(qv.data(), kv.data(), vv.data(), attention_shape(q, k, v, rows), scale, spec, ov.data(),
                        lse.data_as<float>());
     ov.commit();
   }
@@ -381,8 +381,8 @@ class CpuBackend final : public Backend {
                           const Tensor& dv, const AttentionRows& rows) override {
     const FloatIn qv(q), kv(k), vv(v), ov(out), gv(dout), lv(lse);
     FloatOut dqo(dq), dko(dk), dvo(dv);
-    cpu::attention_bwd(qv.data(), kv.data(), vv.data(), ov.data(), gv.data(), lv.data(), attention_shape(q, k, rows),
-                       scale, spec, dqo.data(), dko.data(), dvo.data());
+    cpu::attention_bwd(qv.data(), kv.data(), vv.data(), ov.data(), gv.data(), lv.data(),
+                       attention_shape(q, k, v, rows), scale, spec, dqo.data(), dko.data(), dvo.data());
     dqo.commit();
     dko.commit();
     dvo.commit();
@@ -621,8 +621,9 @@ class CpuBackend final : public Backend {
 
   // k, v [B / r, S, D] for q [B, S, D]: r, the query batches per key/value batch (1 for B = 0).
   static int64_t kv_group(const Tensor& q, const Tensor& k) { return k.dim(0) ? q.dim(0) / k.dim(0) : 1; }
-  static cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const AttentionRows& rows) {
-    return cpu::AttentionShape{q.dim(0), q.dim(1), k.dim(1), q.dim(2), kv_group(q, k), rows};
+  static cpu::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const AttentionRows& rows) {
+    return cpu::AttentionShape{q.dim(0), q.dim(1), k.dim(1), q.dim(2), kv_group(q, k), rows, v.dim(2)};
   }
 
   // y = rotation of x by sign * angle, pairs (i, i + R/2) of the first R = rotary_dim dims of

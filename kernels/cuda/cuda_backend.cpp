@@ -311,6 +311,7 @@ class CudaBackend final : public Backend {
   void attention_fwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
                           const Tensor& out, const Tensor& lse, const AttentionRows& rows) override {
     const DType dt = one_dtype("attention_fwd", {&q, &k, &v, &out});
+    require_v_like_k("attention_fwd", q, v);
     cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(),
                         attention_shape(q, k, rows), stream_);
   }
@@ -319,6 +320,7 @@ class CudaBackend final : public Backend {
                           const Tensor& dv, const AttentionRows& rows) override {
     const char* op = "attention_bwd";
     const DType dt = one_dtype(op, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
+    require_v_like_k(op, q, v);
     const cuda::AttentionShape shape = attention_shape(q, k, rows);
     if (shape.D > cuda::kAttentionMaxHeadDim)  // before the workspace is allocated
       throw InvalidArgument(std::string(op) + ": head dim " + std::to_string(shape.D) + " is larger than " +
@@ -491,6 +493,14 @@ class CudaBackend final : public Backend {
   static void* bytes_at(const Tensor& t, int64_t offset) { return static_cast<char*>(t.data()) + offset; }
 
   // k, v [B / r, Sk, D] for q [B, S, D]: r query batches per key/value batch (GQA; 1 for B = 0).
+  // The cuda kernels give v the head size of q and k; multi-latent attention's narrower v runs
+  // unfused on cuda.
+  static void require_v_like_k(const char* op, const Tensor& q, const Tensor& v) {
+    if (v.dim(2) != q.dim(2))
+      throw InvalidArgument(std::string(op) + ": v's head size " + std::to_string(v.dim(2)) + " differs from q's " +
+                            std::to_string(q.dim(2)) + "; the cuda fused kernels need them equal (run multi-latent "
+                            "attention with --attention unfused on cuda)");
+  }
   static cuda::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const AttentionRows& rows) {
     return cuda::AttentionShape{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(0) ? q.dim(0) / k.dim(0) : 1, rows};
   }
