@@ -35,8 +35,9 @@ try:
     import numpy as np
     import numpy_layer
     import test_composed_dumps as composed  # the option combinations (as a module: its tests stay there)
+    import test_mla_dumps as mla_dumps  # multi-latent attention's
 except ImportError:
-    np = numpy_layer = composed = None
+    np = numpy_layer = composed = mla_dumps = None
 # Combinations of the composed layer's options run here: qk-layernorm (LayerNorm, and RMSNorm with
 # dropout, GQA and fused attention) with squared-ReLU, squared-ReLU with a QKV bias alone, GQA with
 # partial RoPE, every option with dropout, and heads of --kv-channels wider than h/a (fused: the
@@ -309,6 +310,28 @@ class CudaSimTest(unittest.TestCase):
                     self.assert_composed_dump(got, combo, config, tp)
                     if not has_zero_gradient(combo):
                         self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), config))
+
+    @unittest.skipUnless(mla_dumps and MPIEXEC, "numpy or mpirun missing")
+    def test_multi_latent_attention_matches_cpu_and_numpy(self):
+        # DeepSeek's latent attention on the cuda backend (unfused: its kernels need v as wide as
+        # q), with mla_up_proj: one rank, then two over the NCCL stand-in with SP.
+        for ranks, configs in [(1, ["baseline", "selective", "full"]), (2, ["sp", "selective+sp"])]:
+            args = [*mla_dumps.SHAPE, *mla_dumps.COMBOS["q_latent_rmsnorm"], "--config", ",".join(configs),
+                    "--recompute-modules", "mla_up_proj,layernorm", "--tp", str(ranks)]
+            tag = "mla%d" % ranks
+            np_ranks = ranks if ranks > 1 else None
+            rows = self.layer_run("cuda_" + tag, "--backend", "cuda", *args, "--dump", self.dump_dir("cuda_" + tag),
+                                  np_ranks=np_ranks)
+            self.assert_simulated_rows(rows, configs)
+            cpu = self.layer_run("cpu_" + tag, "--backend", "cpu", *args, "--dump", self.dump_dir("cpu_" + tag),
+                                 np_ranks=np_ranks)
+            for r, c in zip(rows, cpu):
+                with self.subTest(ranks=ranks, config=r["config"]):
+                    self.assertEqual(r["act_bytes"], c["act_bytes"])
+                    self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+                    got = os.path.join(self.dump_dir("cuda_" + tag), r["config"])
+                    self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), r["config"]))
+                    self.assert_numpy_reference(got)
 
     @unittest.skipUnless(composed, "numpy missing: run with /usr/bin/python3")
     def test_composed_options_match_cpu_and_numpy(self):
