@@ -200,7 +200,24 @@ TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
   td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
   EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
   EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
-  EXPECT_GT(r.comm_bytes_ep, 0.0) << what;
+  // The tokens travel unpadded: each exchange counts the rows this rank sends to the other
+  // ranks (to_experts: its routed rows for their experts; from_experts: their rows its experts
+  // processed), in forward, backward and full recompute's second forward alike.
+  const std::vector<float> every = g_comm->gather_host(std::vector<float>(r.moe.tokens_per_expert.begin(),
+                                                                          r.moe.tokens_per_expert.end()));
+  const int64_t E = d.spec.moe.num_experts, per_rank = E / ep, me = g_comm->rank();
+  double routed_away = 0, served_others = 0, largest_block = 0;
+  for (int i = 0; i < ep; ++i)
+    for (int j = 0; j < ep; ++j) {
+      double block = 0;  // rank i's rows for rank j's experts
+      for (int64_t e = j * per_rank; e < (j + 1) * per_rank; ++e) block += every[static_cast<size_t>(i * E + e)];
+      largest_block = std::max(largest_block, block);
+      if (i == me && j != me) routed_away += block;
+      if (j == me && i != me) served_others += block;
+    }
+  const double forwards = spec.policy.recompute == Recompute::full ? 2 : 1, row_bytes = 2.0 * d.h;  // bf16
+  EXPECT_DOUBLE_EQ(r.comm_bytes_ep, (forwards + 1) * (routed_away + served_others) * row_bytes) << what;
+  EXPECT_NE(r.comm_bytes_ep, (forwards + 1) * 2 * (ep - 1) * largest_block * row_bytes) << what << " (padded)";
   // Each rank's experts received what all ranks routed to them: together, every routed row.
   std::vector<double> totals = {static_cast<double>(r.moe.expert_rows), td.moe_routed_rows};
   std::vector<float> all = g_comm->gather_host({static_cast<float>(totals[0]), static_cast<float>(totals[1])});
