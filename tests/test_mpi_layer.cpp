@@ -5,6 +5,8 @@
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
+
 #include "layer_harness.hpp"
 #include "layers/theory_dims.hpp"
 #include "theory/layer_pieces.hpp"
@@ -168,7 +170,7 @@ class MpiExpertParallel : public ::testing::TestWithParam<std::string> {};
 TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
   const int ep = g_comm->size();
   LayerDims d{12, 2, 48, 4};
-  d.spec = theory::llama_layer_spec(2, 24);  // no dropout: each rank's batch slice would need its own masks
+  d.spec = theory::llama_layer_spec(2, 24);  // no dropout (hidden dropout: the test below)
   d.spec.moe.num_experts = 8;
   d.spec.moe.top_k = 2;
   d.spec.moe.ffn_hidden = 12;
@@ -227,6 +229,42 @@ TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertParallel, ::testing::Values("baseline", "selective", "full"));
+
+// Hidden dropout under expert parallelism: each rank draws the masks of its batch slice of the
+// canonical [s, ep·b, h], so every tensor (the masks among them) is the single-rank layer's.
+TEST(MpiExpertParallelDropout, HiddenDropoutMasksAreTheSingleRankLayers) {
+  const int ep = g_comm->size();
+  LayerDims d{12, 2, 48, 4};
+  d.spec = theory::llama_layer_spec(2, 24);
+  d.spec.moe.num_experts = 8;
+  d.spec.moe.top_k = 2;
+  d.spec.moe.ffn_hidden = 12;
+  for (const char* config : {"baseline", "full"}) {
+    ExperimentSpec spec = small_spec(config, DType::fp32, 0.f, d);
+    spec.dims.spec.hidden_dropout = 0.25;
+    auto local = make_local_communicator();
+    spec.ep_group = g_comm;
+    auto be = make_cpu_backend();
+    const auto got = run_layer_canonical(*be, *local, spec);
+    ExperimentSpec single = spec;
+    single.ep_group = nullptr;
+    single.dims.b = d.b * ep;
+    single.policy = parse_config("baseline");
+    auto ref = run_layer_canonical(*be, *local, single);
+    std::erase_if(ref, [&](const CanonicalTensor& t) {
+      return t.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && t.name.starts_with("moe.topk"));
+    });
+    const std::string what = "ep=" + std::to_string(ep) + " " + config;
+    expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+    // Not blind: the masks show in y (the same layer without dropout gives another one).
+    single.dims.spec.hidden_dropout = 0;
+    const auto undropped = run_layer_canonical(*be, *local, single);
+    auto y_of = [](const std::vector<CanonicalTensor>& all) {
+      return std::find_if(all.begin(), all.end(), [](const CanonicalTensor& t) { return t.name == "y"; })->data;
+    };
+    EXPECT_NE(y_of(ref), y_of(undropped)) << what;
+  }
+}
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
