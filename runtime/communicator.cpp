@@ -162,11 +162,12 @@ std::string counts_str(const std::vector<int64_t>& rows) {
 
 // Empty when the counts fit a tensor of `rows` rows, else why not.
 std::string misfit(const std::vector<int64_t>& counts, int64_t rows, const char* what, const char* tensor) {
-  const bool negative = std::any_of(counts.begin(), counts.end(), [](int64_t r) { return r < 0; });
+  const std::string named = std::string(what) + " rows " + counts_str(counts);
+  if (std::any_of(counts.begin(), counts.end(), [](int64_t r) { return r < 0; }))
+    return named + " include a negative count";
   const int64_t sum = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  if (!negative && sum <= rows) return "";
-  return std::string(what) + " rows " + counts_str(counts) + (negative ? " include a negative count" : "") +
-         (negative ? "" : " sum to " + std::to_string(sum) + ", more than " + tensor + "'s " + std::to_string(rows));
+  if (sum <= rows) return "";
+  return named + " sum to " + std::to_string(sum) + ", more than " + tensor + "'s " + std::to_string(rows);
 }
 
 }  // namespace
@@ -184,7 +185,8 @@ void Communicator::check_all_to_all_v(const Tensor& in, const std::vector<int64_
   if (!rows_alike)
     throw InvalidArgument(op + "in " + describe(in) + " and out " + describe(out) +
                           " differ in row shape or dtype (or have no dim 0)");
-  for (const std::string& why : {misfit(send_rows, in.dim(0), "send", "in"), misfit(recv_rows, out.dim(0), "receive", "out")})
+  for (const std::string& why :
+       {misfit(send_rows, in.dim(0), "send", "in"), misfit(recv_rows, out.dim(0), "receive", "out")})
     if (!why.empty()) throw InvalidArgument(op + why);
   const auto self = static_cast<size_t>(me);
   if (send_rows[self] != recv_rows[self])

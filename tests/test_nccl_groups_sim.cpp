@@ -165,7 +165,8 @@ TEST(NcclGroupsOnSim, AllToAllVMovesUnevenRowsExactly) {
     for (DType dtype : {DType::bf16, DType::fp32}) {
       const std::string what = "t=" + std::to_string(t) + " " + dtype_name(dtype);
       Tensor in = tagged(sent + 1, dtype);
-      Tensor out = device_tensor(std::vector<float>(static_cast<size_t>(4 * (received + 1)), -1.f), {received + 1, 4}, dtype);
+      const std::vector<float> minus(static_cast<size_t>(4 * (received + 1)), -1.f);
+      Tensor out = device_tensor(minus, {received + 1, 4}, dtype);
       g.cp->all_to_all_v(in, send, out, recv);
       std::vector<float> want;
       for (int i = 0; i < c; ++i) {
