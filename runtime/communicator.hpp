@@ -83,8 +83,9 @@ class Communicator {
   // same dtype): in's first send_rows[0] rows go to rank 0, the next send_rows[1] to rank 1,
   // ...; out receives recv_rows[j] rows from rank j, rank 0's first, from row 0 on. Rows past
   // the sums are neither sent nor written. Both counts have one entry per rank, and every
-  // rank's send_rows[j] must equal rank j's recv_rows[rank()] (a mismatch is the caller's bug:
-  // MPI reports it, NCCL's behaviour is undefined). Zero counts are fine: nothing travels.
+  // rank's send_rows[j] must equal rank j's recv_rows[rank()]: no rank can check that alone,
+  // and a mismatch may hang the group (MPI) or is undefined (NCCL), so derive both from the
+  // same shared counts (as the MoE exchange does). Zero counts are fine: nothing travels.
   virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
                             const std::vector<int64_t>& recv_rows) = 0;
   virtual void barrier() = 0;
