@@ -1,5 +1,6 @@
 #include "kernels/backend_comm.hpp"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -7,6 +8,16 @@
 
 namespace actbench {
 namespace {
+
+// all_to_all_v of one process whose peers hold its data (local: none; emulated: rank 0 of n),
+// as runtime/'s: its own block lands in every received block, as much as each count takes.
+void copy_own_block(Backend& be, const Tensor& in, int64_t own_row, int64_t own_rows, const Tensor& out,
+                    const std::vector<int64_t>& recv_rows, const std::vector<int64_t>& recv_at) {
+  for (size_t j = 0; j < recv_rows.size(); ++j) {
+    const int64_t n = std::min(recv_rows[j], own_rows);
+    if (n > 0) be.copy(in.rows(own_row, own_row + n), out.rows(recv_at[j], recv_at[j] + n));
+  }
+}
 
 class BackendLocalCommunicator final : public Communicator {
  public:
@@ -33,6 +44,12 @@ class BackendLocalCommunicator final : public Communicator {
     count_all_to_all(in);
     be_.copy(in, out);
   }
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                    const std::vector<int64_t>& recv_rows) override {
+    check_all_to_all_v(in, send_rows, out, recv_rows);
+    count_all_to_all_v(in, send_rows);
+    copy_own_block(be_, in, 0, send_rows[0], out, recv_rows, row_offsets(recv_rows));
+  }
   void barrier() override {}
   void max_inplace(std::vector<double>&) override {}
   std::vector<float> gather_host(const std::vector<float>& local) override { return local; }
@@ -43,7 +60,8 @@ class BackendLocalCommunicator final : public Communicator {
 
 // As runtime/'s emulated communicator: all-gather replicates the local shard, reduce-scatter
 // keeps rank 0's rows unreduced, all-reduce leaves the partial sum, send-receive and
-// all-to-all copy their input to their output; bytes counted for n ranks.
+// all-to-all copy their input to their output, all-to-all-v rank 0's own block into every
+// block it receives; bytes counted for n ranks.
 class BackendEmulatedCommunicator final : public Communicator {
  public:
   BackendEmulatedCommunicator(Backend& be, int n) : be_(be), n_(n) {
@@ -77,6 +95,13 @@ class BackendEmulatedCommunicator final : public Communicator {
     count_all_to_all(in);
     Timed timed(*this);
     be_.copy(in, out);
+  }
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                    const std::vector<int64_t>& recv_rows) override {
+    check_all_to_all_v(in, send_rows, out, recv_rows);
+    count_all_to_all_v(in, send_rows);
+    Timed timed(*this);
+    copy_own_block(be_, in, 0, send_rows[0], out, recv_rows, row_offsets(recv_rows));
   }
   void open_emulated_window() override { windows_.emplace_back(); }
   std::vector<double> take_emulated_ms() override {

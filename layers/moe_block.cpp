@@ -114,10 +114,13 @@ void TransformerLayer::plan_expert_exchange(const char* stage) {
   ExpertExchange& x = expert_exchange_;
   x.counts.assign(sent.begin(), sent.end());
   x.experts = E;
-  x.pad_rows = 0;
   x.expert_rows.assign(static_cast<size_t>(local), 0);
-  for (int i = 0; i < ep_size_; ++i)
-    for (int j = 0; j < ep_size_; ++j) x.pad_rows = std::max(x.pad_rows, x.block_rows(i, j, ep_size_));
+  x.send_rows.assign(static_cast<size_t>(ep_size_), 0);
+  x.recv_rows.assign(static_cast<size_t>(ep_size_), 0);
+  for (int j = 0; j < ep_size_; ++j) {
+    x.send_rows[j] = x.block_rows(ep_rank_, j, ep_size_);
+    x.recv_rows[j] = x.block_rows(j, ep_rank_, ep_size_);
+  }
   for (int64_t e = 0; e < local; ++e)
     for (int i = 0; i < ep_size_; ++i) x.expert_rows[e] += x.count(i, ep_rank_ * local + e);
   moe_stats_.expert_rows = std::accumulate(x.expert_rows.begin(), x.expert_rows.end(), int64_t{0});
@@ -130,51 +133,41 @@ int64_t TransformerLayer::ExpertExchange::block_rows(int from, int to, int ranks
   return rows;
 }
 
-// Rows of the plan's order (expert 0's first) to the ranks that hold their experts; each rank
-// gets its experts' rows from every rank, expert by expert (rank 0's rows of an expert first),
-// as its grouped GEMMs read them. The all-to-all pads every block to the largest one.
+// Rows of the plan's order (expert 0's first) to the ranks that hold their experts. That order
+// is already one block per destination rank, so the rows go as they are, no padding; each rank
+// receives one block per source rank and reorders them expert by expert (rank 0's rows of an
+// expert first), as its grouped GEMMs read them.
 Tensor TransformerLayer::to_experts(const char* stage, const Tensor& rows) {
   const ExpertExchange& x = expert_exchange_;
-  const int64_t width = rows.dim(1), M = x.pad_rows, local = x.experts / ep_size_;
-  Tensor send = be_.empty({ep_size_ * M, width}, rows.dtype()), recv = be_.empty(send.shape(), rows.dtype());
-  int64_t offset = 0;
-  for (int j = 0; j < ep_size_; ++j) {
-    const int64_t n = x.block_rows(ep_rank_, j, ep_size_);
-    copy_matrix_rows(rows, offset, send, j * M, n);
-    offset += n;
-  }
-  exchange(stage, send, recv);
-  Tensor out = be_.empty({moe_stats_.expert_rows, width}, rows.dtype());
+  const int64_t width = rows.dim(1), local = x.experts / ep_size_;
+  Tensor recv = be_.empty({moe_stats_.expert_rows, width}, rows.dtype());
+  exchange(stage, rows, x.send_rows, recv, x.recv_rows);
+  Tensor out = be_.empty(recv.shape(), rows.dtype());
   int64_t dst = 0;
   for (int64_t e = 0; e < local; ++e)
     for (int i = 0; i < ep_size_; ++i) {
       const int64_t n = x.count(i, ep_rank_ * local + e);
-      copy_matrix_rows(recv, i * M + x.rows_before(i, ep_rank_ * local + e, local), out, dst, n);
+      copy_matrix_rows(recv, x.block_start(i, ep_rank_) + x.rows_before(i, ep_rank_ * local + e, local), out, dst, n);
       dst += n;
     }
   return out;
 }
 
-// The inverse: the experts' rows back to the ranks that routed them, in their plan's order.
+// The inverse: the experts' rows back to the ranks that routed them, in their plan's order
+// (which the received blocks, in rank order, already are).
 Tensor TransformerLayer::from_experts(const char* stage, const Tensor& rows, int64_t routed) {
   const ExpertExchange& x = expert_exchange_;
-  const int64_t width = rows.dim(1), M = x.pad_rows, local = x.experts / ep_size_;
-  Tensor send = be_.empty({ep_size_ * M, width}, rows.dtype()), recv = be_.empty(send.shape(), rows.dtype());
+  const int64_t width = rows.dim(1), local = x.experts / ep_size_;
+  Tensor send = be_.empty(rows.shape(), rows.dtype());
   int64_t src = 0;
   for (int64_t e = 0; e < local; ++e)
     for (int i = 0; i < ep_size_; ++i) {
       const int64_t n = x.count(i, ep_rank_ * local + e);
-      copy_matrix_rows(rows, src, send, i * M + x.rows_before(i, ep_rank_ * local + e, local), n);
+      copy_matrix_rows(rows, src, send, x.block_start(i, ep_rank_) + x.rows_before(i, ep_rank_ * local + e, local), n);
       src += n;
     }
-  exchange(stage, send, recv);
   Tensor out = be_.empty({routed, width}, rows.dtype());
-  int64_t offset = 0;
-  for (int j = 0; j < ep_size_; ++j) {
-    const int64_t n = x.block_rows(ep_rank_, j, ep_size_);
-    copy_matrix_rows(recv, j * M, out, offset, n);
-    offset += n;
-  }
+  exchange(stage, send, x.recv_rows, out, x.send_rows);
   return out;
 }
 
@@ -185,15 +178,24 @@ int64_t TransformerLayer::ExpertExchange::rows_before(int from, int64_t e, int64
   return rows;
 }
 
+// On rank `to`, where the block from rank `from` starts among the blocks it received (rank order).
+int64_t TransformerLayer::ExpertExchange::block_start(int from, int to) const {
+  const int ranks = static_cast<int>(recv_rows.size());
+  int64_t rows = 0;
+  for (int i = 0; i < from; ++i) rows += block_rows(i, to, ranks);
+  return rows;
+}
+
 void TransformerLayer::copy_matrix_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row,
                                         int64_t rows) {
   if (rows == 0) return;
   be_.copy_rows(src.view({1, src.dim(0), src.dim(1)}), src_row, dst.view({1, dst.dim(0), dst.dim(1)}), dst_row, rows);
 }
 
-void TransformerLayer::exchange(const char* stage, const Tensor& send, const Tensor& recv) {
+void TransformerLayer::exchange(const char* stage, const Tensor& send, const std::vector<int64_t>& send_rows,
+                                const Tensor& recv, const std::vector<int64_t>& recv_rows) {
   PhaseRange phase("comm." + std::string(stage) + ".all_to_all.moe_tokens", phase_log_);
-  ep_comm_->all_to_all(send, recv);
+  ep_comm_->all_to_all_v(send, send_rows, recv, recv_rows);
 }
 
 // The local experts' row counts, as the grouped GEMMs take them (i32 on the device).

@@ -121,16 +121,20 @@ class TransformerLayer final : public LayerBase {
   struct ExpertExchange {
     std::vector<int64_t> counts;       // [ep, E]: rank i's routed rows for expert e
     int64_t experts = 0;               // E
-    int64_t pad_rows = 0;              // the largest block one rank sends another: the all-to-all's block
     std::vector<int64_t> expert_rows;  // this rank's experts' rows, from all ranks
+    std::vector<int64_t> send_rows;    // [ep]: the rows this rank routed to rank j's experts
+    std::vector<int64_t> recv_rows;    // [ep]: the rows rank j routed to this rank's experts
     int64_t count(int from, int64_t e) const { return counts[static_cast<size_t>(from * experts + e)]; }
     int64_t block_rows(int from, int to, int ranks) const;        // what `from` sends `to`
     int64_t rows_before(int from, int64_t e, int64_t local) const;  // in that block, before expert e's
+    int64_t block_start(int from, int to) const;  // on `to`, the first row of the block from `from`
   };
   void plan_expert_exchange(const char* stage);
   Tensor to_experts(const char* stage, const Tensor& rows);
   Tensor from_experts(const char* stage, const Tensor& rows, int64_t routed);
-  void exchange(const char* stage, const Tensor& send, const Tensor& recv);
+  // One all_to_all_v of the expert-parallel group (phase comm.<stage>.all_to_all.moe_tokens).
+  void exchange(const char* stage, const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
+                const std::vector<int64_t>& recv_rows);
   void copy_matrix_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows);
   Tensor local_expert_counts();
 

@@ -51,6 +51,13 @@ int mpi_count(int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
+// Row counts or offsets as MPI takes them (the offsets' last entry, the total, checked too).
+std::vector<int> mpi_counts(const std::vector<int64_t>& rows) {
+  std::vector<int> out;
+  for (int64_t r : rows) out.push_back(mpi_count(r, "all-to-all-v rows"));
+  return out;
+}
+
 std::vector<float> widen(const Tensor& t) {
   std::vector<float> v(static_cast<size_t>(t.numel()));
   for (size_t i = 0; i < v.size(); ++i) v[i] = load_as_float(t.data(), t.dtype(), i);
@@ -146,6 +153,26 @@ class MpiCommunicator final : public Communicator {
     if (in.is_meta() || !in.bytes()) return;
     const int block = mpi_count(static_cast<int64_t>(in.bytes() / static_cast<size_t>(size_)), "all-to-all (bytes)");
     MPI_CHECK(MPI_Alltoall(in.data(), block, MPI_BYTE, out.data(), block, MPI_BYTE, comm_));
+  }
+
+  // In rows of one contiguous datatype, so that counts and offsets stay far below MPI's int
+  // limit and 16-bit rows travel as bytes, untouched. Every rank takes part, even one that
+  // sends and receives nothing: a collective.
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                    const std::vector<int64_t>& recv_rows) override {
+    check_all_to_all_v(in, send_rows, out, recv_rows);
+    count_all_to_all_v(in, send_rows);
+    if (in.is_meta()) return;
+    const std::vector<int> send_counts = mpi_counts(send_rows), send_at = mpi_counts(row_offsets(send_rows));
+    const std::vector<int> recv_counts = mpi_counts(recv_rows), recv_at = mpi_counts(row_offsets(recv_rows));
+    const int64_t row_bytes = row_numel(in) * static_cast<int64_t>(dtype_size(in.dtype()));
+    MPI_Datatype row = MPI_DATATYPE_NULL;
+    MPI_CHECK(MPI_Type_contiguous(mpi_count(row_bytes, "all-to-all-v row (bytes)"), MPI_BYTE, &row));
+    MPI_CHECK(MPI_Type_commit(&row));
+    const int rc = MPI_Alltoallv(in.data(), send_counts.data(), send_at.data(), row, out.data(), recv_counts.data(),
+                                 recv_at.data(), row, comm_);
+    MPI_Type_free(&row);
+    MPI_CHECK(rc);
   }
 
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }

@@ -1,6 +1,8 @@
 #include "runtime/communicator.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include "runtime/error.hpp"
@@ -81,6 +83,25 @@ void Communicator::count_all_to_all(const Tensor& in) {
   stats_.ring_bytes += static_cast<double>(n - 1) / n * static_cast<double>(in.bytes());
 }
 
+void Communicator::count_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows) {
+  stats_.all_to_all_v_calls++;
+  const int64_t rows = std::accumulate(send_rows.begin(), send_rows.end(), int64_t{0}) -
+                       send_rows[static_cast<size_t>(rank())];
+  stats_.ring_bytes += static_cast<double>(rows * row_numel(in)) * static_cast<double>(dtype_size(in.dtype()));
+}
+
+std::vector<int64_t> Communicator::row_offsets(const std::vector<int64_t>& rows) {
+  std::vector<int64_t> offsets(rows.size() + 1, 0);
+  std::partial_sum(rows.begin(), rows.end(), offsets.begin() + 1);
+  return offsets;
+}
+
+int64_t Communicator::row_numel(const Tensor& t) {
+  int64_t n = 1;
+  for (int i = 1; i < t.ndim(); ++i) n *= t.dim(i);
+  return n;
+}
+
 void Communicator::check_gather_shapes(const Tensor& small, const Tensor& big, int n, const char* op) {
   bool ok = small.ndim() >= 1 && small.ndim() == big.ndim() && big.dim(0) == n * small.dim(0) &&
             small.dtype() == big.dtype();
@@ -133,6 +154,49 @@ void Communicator::check_all_to_all(const Tensor& in, const Tensor& out) const {
 
 namespace {
 
+std::string counts_str(const std::vector<int64_t>& rows) {
+  std::string s = "{";
+  for (size_t i = 0; i < rows.size(); ++i) s += (i ? ", " : "") + std::to_string(rows[i]);
+  return s + "}";
+}
+
+// Empty when the counts fit a tensor of `rows` rows, else why not.
+std::string misfit(const std::vector<int64_t>& counts, int64_t rows, const char* what, const char* tensor) {
+  const std::string named = std::string(what) + " rows " + counts_str(counts);
+  if (std::any_of(counts.begin(), counts.end(), [](int64_t r) { return r < 0; }))
+    return named + " include a negative count";
+  const int64_t sum = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  if (sum <= rows) return "";
+  return named + " sum to " + std::to_string(sum) + ", more than " + tensor + "'s " + std::to_string(rows);
+}
+
+}  // namespace
+
+void Communicator::check_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                                      const std::vector<int64_t>& recv_rows) const {
+  const int n = size(), me = rank();
+  const std::string op = "all_to_all_v: ";
+  if (send_rows.size() != static_cast<size_t>(n) || recv_rows.size() != static_cast<size_t>(n))
+    throw InvalidArgument(op + std::to_string(send_rows.size()) + " send and " + std::to_string(recv_rows.size()) +
+                          " receive counts for a group of " + std::to_string(n) + " (one per rank)");
+  bool rows_alike = in.defined() && out.defined() && in.ndim() >= 1 && in.ndim() == out.ndim() &&
+                    in.dtype() == out.dtype();
+  for (int i = 1; rows_alike && i < in.ndim(); ++i) rows_alike = in.dim(i) == out.dim(i);
+  if (!rows_alike)
+    throw InvalidArgument(op + "in " + describe(in) + " and out " + describe(out) +
+                          " differ in row shape or dtype (or have no dim 0)");
+  for (const std::string& why :
+       {misfit(send_rows, in.dim(0), "send", "in"), misfit(recv_rows, out.dim(0), "receive", "out")})
+    if (!why.empty()) throw InvalidArgument(op + why);
+  const auto self = static_cast<size_t>(me);
+  if (send_rows[self] != recv_rows[self])
+    throw InvalidArgument(op + "rank " + std::to_string(me) + " sends itself " + std::to_string(send_rows[self]) +
+                          " rows but receives " + std::to_string(recv_rows[self]) + " from itself");
+  if (overlap(in, out)) throw InvalidArgument(op + "in and out share memory (use two buffers)");
+}
+
+namespace {
+
 // These communicators copy with memcpy: host (or meta) tensors only. Device tensors go
 // through the backend's communicators (kernels/backend_comm.hpp), which copy on the stream.
 void require_host(const Tensor& t, const char* op) {
@@ -151,6 +215,10 @@ void host_copy(const Tensor& src, const Tensor& dst) {
   if (!src.is_meta() && src.bytes() && src.data() != dst.data()) std::memcpy(dst.data(), src.data(), src.bytes());
 }
 
+void host_copy_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows) {
+  if (rows > 0) host_copy(src.rows(src_row, src_row + rows), dst.rows(dst_row, dst_row + rows));
+}
+
 // The local and emulated communicators: a process alone, whose exchanges with its peers are
 // copies. Local (one rank) sends only to itself; emulated stands for rank 0 of n ranks that
 // all hold the same data, so what its peers send it equals what it sends them.
@@ -167,6 +235,19 @@ class HostCopyCommunicator : public Communicator {
     require_host(in, out, "all_to_all");
     count_all_to_all(in);
     host_copy(in, out);
+  }
+  // Every peer holds this rank's data, so each sends it what it sends itself: its own block
+  // lands in every received block (as much of it as the receive count takes).
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                    const std::vector<int64_t>& recv_rows) final {
+    check_all_to_all_v(in, send_rows, out, recv_rows);
+    require_host(in, out, "all_to_all_v");
+    count_all_to_all_v(in, send_rows);
+    const auto me = static_cast<size_t>(rank());
+    const int64_t own = row_offsets(send_rows)[me];
+    const std::vector<int64_t> at = row_offsets(recv_rows);
+    for (size_t j = 0; j < recv_rows.size(); ++j)
+      host_copy_rows(in, own, out, at[j], std::min(recv_rows[j], send_rows[me]));
   }
 };
 
@@ -193,7 +274,8 @@ class LocalCommunicator final : public HostCopyCommunicator {
 // Rank 0 of `n` ranks, alone. The data it produces is what rank 0 would hold if every
 // rank held rank 0's values: all-gather replicates the local shard, reduce-scatter keeps
 // rank 0's rows unreduced, all-reduce leaves the partial sum, send-receive and all-to-all
-// copy their input to their output (every peer sent the same). Shapes and bytes are exact;
+// copy their input to their output (every peer sent the same), all-to-all-v copies rank 0's
+// own block into every block it receives. Shapes and bytes are exact;
 // values are not the real layer's (emulation measures time and memory, not numerics).
 class EmulatedCommunicator final : public HostCopyCommunicator {
  public:

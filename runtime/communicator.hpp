@@ -6,8 +6,8 @@
 //   emulated  one process plays rank 0 of t: shapes and bytes exact, data copied locally
 // Every implementation counts the bytes each rank would put on a ring (all-gather and
 // reduce-scatter (n-1)/n * S, all-reduce 2(n-1)/n * S, all-to-all (n-1)/n * S, S the whole
-// tensor; a send-receive the bytes sent), which is what the modeled communication time is
-// computed from.
+// tensor; a send-receive and an all-to-all-v the bytes sent to other ranks), which is what the
+// modeled communication time is computed from.
 // Tensors on the meta device carry no data: only the byte counts change.
 #include <cstdint>
 #include <functional>
@@ -48,7 +48,7 @@ class PendingExchange {
 
 struct CommStats {
   int64_t all_reduce_calls = 0, all_gather_calls = 0, reduce_scatter_calls = 0;
-  int64_t send_recv_calls = 0, all_to_all_calls = 0;
+  int64_t send_recv_calls = 0, all_to_all_calls = 0, all_to_all_v_calls = 0;
   double ring_bytes = 0;  // bytes sent per rank, ring algorithm
   void reset() { *this = CommStats{}; }
 };
@@ -79,6 +79,15 @@ class Communicator {
   // in and out [size()*n, ...] (same shape/dtype): rows [j*n, (j+1)*n) of in go to rank j and
   // land at rows [rank()*n, (rank()+1)*n) of its out.
   virtual void all_to_all(const Tensor& in, const Tensor& out) = 0;
+  // The uneven all-to-all (MPI_Alltoallv), in rows along dim 0 (in and out alike past dim 0,
+  // same dtype): in's first send_rows[0] rows go to rank 0, the next send_rows[1] to rank 1,
+  // ...; out receives recv_rows[j] rows from rank j, rank 0's first, from row 0 on. Rows past
+  // the sums are neither sent nor written. Both counts have one entry per rank, and every
+  // rank's send_rows[j] must equal rank j's recv_rows[rank()]: no rank can check that alone,
+  // and a mismatch may hang the group (MPI) or is undefined (NCCL), so derive both from the
+  // same shared counts (as the MoE exchange does). Zero counts are fine: nothing travels.
+  virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                            const std::vector<int64_t>& recv_rows) = 0;
   virtual void barrier() = 0;
 
   // Host-side helpers for metadata (timings, status, dumps); not counted in CommStats.
@@ -104,12 +113,21 @@ class Communicator {
   // The bytes of `send`, none when dst is this rank (a self exchange is a local copy).
   void count_send_recv(const Tensor& send, int dst);
   void count_all_to_all(const Tensor& in);
+  // The bytes of the rows sent to other ranks (not those to itself).
+  void count_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows);
   static void check_gather_shapes(const Tensor& small, const Tensor& big, int n, const char* op);
   // Throw InvalidArgument (one line) unless the arguments fit this group (see send_recv and
   // all_to_all above); a self exchange must be one both ways (dst is this rank iff src is),
   // and input and output must not share memory.
   void check_send_recv(const Tensor& send, int dst, const Tensor& recv, int src) const;
   void check_all_to_all(const Tensor& in, const Tensor& out) const;
+  // As all_to_all_v above asks, and this rank sends itself what it receives from itself.
+  void check_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                          const std::vector<int64_t>& recv_rows) const;
+  // The first row of each rank's block: the prefix sums of `rows` (one more entry, the total).
+  static std::vector<int64_t> row_offsets(const std::vector<int64_t>& rows);
+  // Elements in one row along dim 0 (the product of the other dims).
+  static int64_t row_numel(const Tensor& t);
   CommStats stats_;
 };
 

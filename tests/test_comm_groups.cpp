@@ -1,4 +1,4 @@
-// send_recv and all_to_all on the single-process communicators: local (one rank) and emulated
+// send_recv, all_to_all and all_to_all_v on the single-process communicators: local (one rank) and emulated
 // (rank 0 of 4), each in runtime/'s flavour (memcpy) and the backend's (Backend::copy, timed
 // in the emulated window): values moved, bytes counted per rank, meta tensors counted only,
 // and the one-line refusals. The real exchanges are in test_mpi_groups.cpp.
@@ -131,6 +131,52 @@ TEST_P(CommCopies, AllToAllMovesTheValuesAndCountsNMinus1OverN) {
   }
 }
 
+// Uneven rows per peer: rank 0's own block (at its send offset) lands in every received block
+// as far as each count takes it (a peer holds rank 0's data), rows past the sums stay as they
+// are, and the bytes are the rows sent to the other ranks, not a padded all-to-all's.
+TEST_P(CommCopies, AllToAllVCopiesTheOwnBlockAndCountsTheRowsSentToOthers) {
+  const Flavour& f = GetParam();
+  auto be = make_cpu_backend();
+  auto comm = f.make(*be);
+  const int64_t width = 3;
+  // Alone: 3 rows to itself. Rank 0 of 4: 2 to itself, none to rank 1, 3 to rank 2, 1 to rank
+  // 3; 2, 1, 0 and 2 rows back (rank 1's count cuts the own block, rank 2 sends nothing).
+  const std::vector<int64_t> send = f.size > 1 ? std::vector<int64_t>{2, 0, 3, 1} : std::vector<int64_t>{3};
+  const std::vector<int64_t> recv = f.size > 1 ? std::vector<int64_t>{2, 1, 0, 2} : std::vector<int64_t>{3};
+  const std::vector<int64_t> want_rows =  // per out row: the in row it holds, -1 untouched
+      f.size > 1 ? std::vector<int64_t>{0, 1, 0, 0, 1, -1} : std::vector<int64_t>{0, 1, 2, -1};
+  for (DType dtype : {DType::bf16, DType::fp32}) {
+    comm->reset_stats();
+    const int64_t in_rows = 7;  // one more than the 6 sent: the last is not
+    Tensor in = filled(*be, {in_rows, width}, dtype, iota(in_rows * width, 1.f));
+    const auto out_rows = static_cast<int64_t>(want_rows.size());
+    Tensor out = filled(*be, {out_rows, width}, dtype, std::vector<float>(static_cast<size_t>(out_rows * width), -5.f));
+    comm->all_to_all_v(in, send, out, recv);
+    std::vector<float> want;
+    for (int64_t row : want_rows)
+      for (int64_t c = 0; c < width; ++c) want.push_back(row < 0 ? -5.f : 1.f + static_cast<float>(row * width + c));
+    EXPECT_EQ(values_of(*be, out), want) << dtype_name(dtype);
+    EXPECT_EQ(comm->stats().all_to_all_v_calls, 1);
+    EXPECT_EQ(comm->stats().all_to_all_calls, 0);
+    const double sent_to_others = f.size > 1 ? 4.0 * width * dtype_size(dtype) : 0.0;  // 0 + 3 + 1 rows
+    EXPECT_DOUBLE_EQ(comm->stats().ring_bytes, sent_to_others);
+    if (f.size > 1) {  // what an all-to-all padded to the largest block (3 rows) would count
+      const double padded = (f.size - 1.0) / f.size * (f.size * 3.0 * width * dtype_size(dtype));
+      EXPECT_NE(comm->stats().ring_bytes, padded);
+    }
+  }
+  // A rank that sends nothing moves nothing and counts nothing.
+  comm->reset_stats();
+  const std::vector<int64_t> none(static_cast<size_t>(f.size), 0);
+  Tensor in = be->zeros({0, width}, DType::fp32), out = filled(*be, {2, width}, DType::fp32, iota(2 * width, 0.f));
+  std::vector<int64_t> from_peers = none;
+  if (f.size > 1) from_peers[1] = 2;
+  comm->all_to_all_v(in, none, out, from_peers);
+  EXPECT_EQ(values_of(*be, out), iota(2 * width, 0.f));
+  EXPECT_EQ(comm->stats().all_to_all_v_calls, 1);
+  EXPECT_DOUBLE_EQ(comm->stats().ring_bytes, 0.0);
+}
+
 TEST_P(CommCopies, MetaTensorsAreCountedAndMoveNothing) {
   const Flavour& f = GetParam();
   auto be = make_meta_backend();
@@ -144,6 +190,11 @@ TEST_P(CommCopies, MetaTensorsAreCountedAndMoveNothing) {
   EXPECT_EQ(comm->stats().all_to_all_calls, 1);
   const double bytes = static_cast<double>(rows * 8 * 2);
   EXPECT_DOUBLE_EQ(comm->stats().ring_bytes, f.size > 1 ? bytes + 0.75 * bytes : 0.0);
+  std::vector<int64_t> each(static_cast<size_t>(f.size), 3);  // 3 rows to and from every rank
+  comm->reset_stats();
+  comm->all_to_all_v(a, each, b, each);
+  EXPECT_EQ(comm->stats().all_to_all_v_calls, 1);
+  EXPECT_DOUBLE_EQ(comm->stats().ring_bytes, (f.size - 1) * 3.0 * 8 * 2);
 }
 
 // One line naming the collective and the real problem; nothing counted, nothing moved.
@@ -193,11 +244,49 @@ TEST_P(CommCopies, RefusesArgumentsThatDoNotFitTheGroup) {
   EXPECT_EQ(comm->stats().all_to_all_calls, 1);  // the accepted one
 }
 
+// all_to_all_v: one line per misfit (counts per rank, row shape, sums, the self block,
+// shared memory); nothing counted, nothing moved.
+TEST_P(CommCopies, AllToAllVRefusesCountsThatDoNotFit) {
+  const Flavour& f = GetParam();
+  const int n = f.size;
+  auto be = make_cpu_backend();
+  auto comm = f.make(*be);
+  Tensor in = filled(*be, {6, 2}, DType::fp32, iota(12, 1.f)), out = be->zeros({6, 2}, DType::fp32);
+  std::vector<int64_t> ok(static_cast<size_t>(n), 0);
+  ok[0] = 2;
+  const std::string op = "all_to_all_v: ";
+  const std::string group = std::to_string(n) + " receive counts for a group of " + std::to_string(n);
+  EXPECT_EQ(message_of([&] { comm->all_to_all_v(in, {2, 0, 0, 0, 0}, out, ok); }),
+            op + "5 send and " + group + " (one per rank)");
+  Tensor narrow = be->zeros({6, 1}, DType::fp32), half = be->zeros({6, 2}, DType::bf16);
+  EXPECT_EQ(message_of([&] { comm->all_to_all_v(in, ok, narrow, ok); }),
+            op + "in [6, 2] fp32 and out [6, 1] fp32 differ in row shape or dtype (or have no dim 0)");
+  EXPECT_EQ(message_of([&] { comm->all_to_all_v(in, ok, half, ok); }),
+            op + "in [6, 2] fp32 and out [6, 2] bf16 differ in row shape or dtype (or have no dim 0)");
+  std::vector<int64_t> many = ok, negative = ok;
+  many[0] = 7;
+  negative[static_cast<size_t>(n - 1)] = -1;
+  EXPECT_EQ(message_of([&] { comm->all_to_all_v(in, many, out, ok); }),
+            op + "send rows " + (n > 1 ? "{7, 0, 0, 0}" : "{7}") + " sum to 7, more than in's 6");
+  EXPECT_EQ(message_of([&] { comm->all_to_all_v(in, ok, out.rows(0, 1), ok); }),
+            op + "receive rows " + (n > 1 ? "{2, 0, 0, 0}" : "{2}") + " sum to 2, more than out's 1");
+  EXPECT_EQ(message_of([&] { comm->all_to_all_v(in, ok, out, negative); }),
+            op + "receive rows " + (n > 1 ? "{2, 0, 0, -1}" : "{-1}") + " include a negative count");
+  std::vector<int64_t> self = ok;
+  self[0] = 1;
+  EXPECT_EQ(message_of([&] { comm->all_to_all_v(in, ok, out, self); }),
+            op + "rank 0 sends itself 2 rows but receives 1 from itself");
+  EXPECT_EQ(message_of([&] { comm->all_to_all_v(in, ok, in.rows(1, 6), ok); }),
+            op + "in and out share memory (use two buffers)");
+  EXPECT_EQ(values_of(*be, out), std::vector<float>(12, 0.f));
+  EXPECT_EQ(comm->stats().all_to_all_v_calls, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Communicators, CommCopies, ::testing::ValuesIn(flavours()),
                          [](const auto& param_info) { return param_info.param.name; });
 
 // The backend's emulated copies are timed in the open window like its other collectives.
-TEST(CommCopies, BackendEmulatedTimesSendRecvAndAllToAllInTheOpenWindow) {
+TEST(CommCopies, BackendEmulatedTimesItsExchangesInTheOpenWindow) {
   auto be = make_cpu_backend();
   auto comm = make_backend_emulated_communicator(*be, 2);
   Tensor a = be->zeros({4, 2}, DType::fp32), b = be->zeros({4, 2}, DType::fp32);
@@ -207,8 +296,11 @@ TEST(CommCopies, BackendEmulatedTimesSendRecvAndAllToAllInTheOpenWindow) {
   comm->send_recv(a, 1, b, 1);
   comm->open_emulated_window();
   comm->all_to_all(a, b);
+  comm->open_emulated_window();
+  comm->all_to_all_v(a, {2, 2}, b, {2, 1});
   const std::vector<double> ms = comm->take_emulated_ms();
-  ASSERT_EQ(ms.size(), 2u);
+  ASSERT_EQ(ms.size(), 3u);
   EXPECT_GE(ms[0], 0.0);
   EXPECT_GE(ms[1], 0.0);
+  EXPECT_GE(ms[2], 0.0);
 }

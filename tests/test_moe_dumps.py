@@ -138,7 +138,8 @@ class MoeDumpTest(unittest.TestCase):
 
     @unittest.skipUnless(MPIEXEC, "mpirun missing")
     def test_expert_parallel_ranks_match_numpy_on_the_whole_batch(self):
-        for combo in ["softmax", "sigmoid_groups_bias"]:
+        # pre_softmax_shared_dropout: hidden dropout, each rank's masks at its batch slice
+        for combo in ["softmax", "sigmoid_groups_bias", "pre_softmax_shared_dropout"]:
             dump, rows = self.layer_run("ep2_" + combo, SHAPE + COMBOS[combo] + [
                 "--expert-model-parallel-size", "2", "--config", "baseline,selective",
                 "--recompute-modules", "moe"], np_ranks=2)

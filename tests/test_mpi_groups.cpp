@@ -1,11 +1,12 @@
 // Tensor- and context-parallel groups under real MPI ranks (run by ctest as mpirun -np 2 and
 // -np 4): for every split t x c of the world, make_parallel_groups gives Megatron-Core's
-// members, and send_recv / all_to_all / all_reduce move exactly the data of the group's ranks;
+// members, and send_recv / all_to_all / all_to_all_v / all_reduce move exactly the data of the group's ranks;
 // a split that does not fit the world is refused on every rank alike.
 #include <gtest/gtest.h>
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -163,6 +164,57 @@ TEST(MpiGroups, AllToAllPermutesRowsExactly) {
       EXPECT_EQ(g.cp->stats().all_to_all_calls, 1) << what;
       EXPECT_DOUBLE_EQ(g.cp->stats().ring_bytes, static_cast<double>(c - 1) / c * static_cast<double>(in.bytes()))
           << what;
+      g.cp->reset_stats();
+    }
+  }
+}
+
+// The rows CP rank i sends CP rank j in the all-to-all-v test: uneven, some zero, and the last
+// rank (of more than one) sends nothing at all.
+int64_t rows_between(int c, int i, int j) { return c > 1 && i == c - 1 ? 0 : (i + 2 * j + 2) % 3; }
+
+// Rank i's rows [offset_ij, offset_ij + rows_ij) land, in rank order, at the front of rank j's
+// output; one row past the sums is neither sent nor written. Bytes: the rows sent to the
+// other ranks, which a padded all-to-all would not count.
+TEST(MpiGroups, AllToAllVMovesUnevenRowsExactly) {
+  auto be = make_cpu_backend();
+  const int r = g_world->rank();
+  for (const auto& [t, c] : splits()) {
+    ParallelGroups g = make_parallel_groups(*be, t, c);
+    const int me = g.cp->rank();
+    std::vector<int64_t> send, recv;
+    for (int j = 0; j < c; ++j) {
+      send.push_back(rows_between(c, me, j));
+      recv.push_back(rows_between(c, j, me));
+    }
+    int64_t sent = 0, received = 0, sent_to_others = 0, largest = 0;
+    for (int j = 0; j < c; ++j) {
+      sent += send[j];
+      received += recv[j];
+      if (j != me) sent_to_others += send[j];
+      for (int i = 0; i < c; ++i) largest = std::max(largest, rows_between(c, i, j));
+    }
+    for (DType dtype : {DType::bf16, DType::fp32}) {
+      const std::string what = name(t, c) + " " + dtype_name(dtype);
+      Tensor in = tagged(*be, sent + 1, dtype), out = be->empty({received + 1, 4}, dtype);
+      const std::vector<float> minus(static_cast<size_t>(out.numel()), -1.f);
+      be->upload(minus.data(), out);
+      g.cp->all_to_all_v(in, send, out, recv);
+      std::vector<float> want;
+      for (int i = 0; i < c; ++i) {  // from CP rank i: its block for me, after its blocks for ranks < me
+        int64_t offset = 0;
+        for (int j = 0; j < me; ++j) offset += rows_between(c, i, j);
+        for (int64_t row = 0; row < recv[i]; ++row)
+          for (int64_t col = 0; col < 4; ++col) want.push_back(tag(r % t + i * t, offset + row, col));
+      }
+      want.insert(want.end(), 4, -1.f);
+      EXPECT_EQ(values_of(*be, out), want) << what;
+      EXPECT_EQ(g.cp->stats().all_to_all_v_calls, 1) << what;
+      const double bytes = static_cast<double>(sent_to_others * 4 * static_cast<int64_t>(dtype_size(dtype)));
+      EXPECT_DOUBLE_EQ(g.cp->stats().ring_bytes, bytes) << what;
+      if (c > 1) {  // every block padded to the largest: (c-1)/c of c such blocks
+        EXPECT_NE(bytes, static_cast<double>((c - 1) * largest * 4 * static_cast<int64_t>(dtype_size(dtype)))) << what;
+      }
       g.cp->reset_stats();
     }
   }

@@ -5,6 +5,8 @@
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <algorithm>
+
 #include "layer_harness.hpp"
 #include "layers/theory_dims.hpp"
 #include "theory/layer_pieces.hpp"
@@ -210,7 +212,7 @@ class MpiExpertParallel : public ::testing::TestWithParam<std::string> {};
 TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
   const int ep = g_comm->size();
   LayerDims d{12, 2, 48, 4};
-  d.spec = theory::llama_layer_spec(2, 24);  // no dropout: each rank's batch slice would need its own masks
+  d.spec = theory::llama_layer_spec(2, 24);  // no dropout (hidden dropout: the test below)
   d.spec.moe.num_experts = 8;
   d.spec.moe.top_k = 2;
   d.spec.moe.ffn_hidden = 12;
@@ -242,7 +244,24 @@ TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
   td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
   EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
   EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
-  EXPECT_GT(r.comm_bytes_ep, 0.0) << what;
+  // The tokens travel unpadded: each exchange counts the rows this rank sends to the other
+  // ranks (to_experts: its routed rows for their experts; from_experts: their rows its experts
+  // processed), in forward, backward and full recompute's second forward alike.
+  const std::vector<float> every = g_comm->gather_host(std::vector<float>(r.moe.tokens_per_expert.begin(),
+                                                                          r.moe.tokens_per_expert.end()));
+  const int64_t E = d.spec.moe.num_experts, per_rank = E / ep, me = g_comm->rank();
+  double routed_away = 0, served_others = 0, largest_block = 0;
+  for (int i = 0; i < ep; ++i)
+    for (int j = 0; j < ep; ++j) {
+      double block = 0;  // rank i's rows for rank j's experts
+      for (int64_t e = j * per_rank; e < (j + 1) * per_rank; ++e) block += every[static_cast<size_t>(i * E + e)];
+      largest_block = std::max(largest_block, block);
+      if (i == me && j != me) routed_away += block;
+      if (j == me && i != me) served_others += block;
+    }
+  const double forwards = spec.policy.recompute == Recompute::full ? 2 : 1, row_bytes = 2.0 * d.h;  // bf16
+  EXPECT_DOUBLE_EQ(r.comm_bytes_ep, (forwards + 1) * (routed_away + served_others) * row_bytes) << what;
+  EXPECT_NE(r.comm_bytes_ep, (forwards + 1) * 2 * (ep - 1) * largest_block * row_bytes) << what << " (padded)";
   // Each rank's experts received what all ranks routed to them: together, every routed row.
   std::vector<double> totals = {static_cast<double>(r.moe.expert_rows), td.moe_routed_rows};
   std::vector<float> all = g_comm->gather_host({static_cast<float>(totals[0]), static_cast<float>(totals[1])});
@@ -252,6 +271,42 @@ TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertParallel, ::testing::Values("baseline", "selective", "full"));
+
+// Hidden dropout under expert parallelism: each rank draws the masks of its batch slice of the
+// canonical [s, ep·b, h], so every tensor (the masks among them) is the single-rank layer's.
+TEST(MpiExpertParallelDropout, HiddenDropoutMasksAreTheSingleRankLayers) {
+  const int ep = g_comm->size();
+  LayerDims d{12, 2, 48, 4};
+  d.spec = theory::llama_layer_spec(2, 24);
+  d.spec.moe.num_experts = 8;
+  d.spec.moe.top_k = 2;
+  d.spec.moe.ffn_hidden = 12;
+  for (const char* config : {"baseline", "full"}) {
+    ExperimentSpec spec = small_spec(config, DType::fp32, 0.f, d);
+    spec.dims.spec.hidden_dropout = 0.25;
+    auto local = make_local_communicator();
+    spec.ep_group = g_comm;
+    auto be = make_cpu_backend();
+    const auto got = run_layer_canonical(*be, *local, spec);
+    ExperimentSpec single = spec;
+    single.ep_group = nullptr;
+    single.dims.b = d.b * ep;
+    single.policy = parse_config("baseline");
+    auto ref = run_layer_canonical(*be, *local, single);
+    std::erase_if(ref, [&](const CanonicalTensor& t) {
+      return t.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && t.name.starts_with("moe.topk"));
+    });
+    const std::string what = "ep=" + std::to_string(ep) + " " + config;
+    expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+    // Not blind: the masks show in y (the same layer without dropout gives another one).
+    single.dims.spec.hidden_dropout = 0;
+    const auto undropped = run_layer_canonical(*be, *local, single);
+    auto y_of = [](const std::vector<CanonicalTensor>& all) {
+      return std::find_if(all.begin(), all.end(), [](const CanonicalTensor& t) { return t.name == "y"; })->data;
+    };
+    EXPECT_NE(y_of(ref), y_of(undropped)) << what;
+  }
+}
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

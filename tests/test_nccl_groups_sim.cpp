@@ -1,8 +1,9 @@
 // The NCCL communicator (kernels/cuda/comm_nccl.cpp, unchanged) on the CPU simulator's CUDA
 // runtime and the NCCL stand-in, under mpirun -np 2 and 4: split_nccl_communicator's groups in
 // Megatron-Core's rank order for every split t x c of the world, and send_recv / all_to_all /
-// all_reduce on device tensors moving exactly the group's data (grouped ncclSend/ncclRecv;
-// a self exchange is a device copy). make_parallel_groups calls the same split for cuda.
+// all_to_all_v / all_reduce on device tensors moving exactly the group's data (grouped
+// ncclSend/ncclRecv; a self send_recv is a device copy). make_parallel_groups calls the same
+// split for cuda.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #define OMPI_SKIP_MPICXX 1
@@ -139,6 +140,48 @@ TEST(NcclGroupsOnSim, RingSendRecvAndAllToAllMoveTheGroupsData) {
       EXPECT_EQ(g.cp->stats().all_to_all_calls, 1) << what;
       g.cp->reset_stats();
     }
+  }
+}
+
+// Uneven rows per CP peer as grouped ncclSend/ncclRecv (none for a zero count): rank i's rows
+// for rank j, after its rows for the ranks before j, land in rank order at the front of j's
+// output; the row past the sums stays; the bytes are the rows sent to the other ranks. The
+// counts are test_mpi_groups.cpp's: uneven, some zero, the last rank (of more) sends nothing.
+TEST(NcclGroupsOnSim, AllToAllVMovesUnevenRowsExactly) {
+  auto rows_between = [](int c, int i, int j) -> int64_t { return c > 1 && i == c - 1 ? 0 : (i + 2 * j + 2) % 3; };
+  for (int t : tps()) {
+    const int c = g_size / t;
+    Groups g = split(t);
+    const int me = g.cp->rank();
+    std::vector<int64_t> send, recv;
+    int64_t sent = 0, received = 0, sent_to_others = 0;
+    for (int j = 0; j < c; ++j) {
+      send.push_back(rows_between(c, me, j));
+      recv.push_back(rows_between(c, j, me));
+      sent += send.back();
+      received += recv.back();
+      if (j != me) sent_to_others += send.back();
+    }
+    for (DType dtype : {DType::bf16, DType::fp32}) {
+      const std::string what = "t=" + std::to_string(t) + " " + dtype_name(dtype);
+      Tensor in = tagged(sent + 1, dtype);
+      const std::vector<float> minus(static_cast<size_t>(4 * (received + 1)), -1.f);
+      Tensor out = device_tensor(minus, {received + 1, 4}, dtype);
+      g.cp->all_to_all_v(in, send, out, recv);
+      std::vector<float> want;
+      for (int i = 0; i < c; ++i) {
+        int64_t offset = 0;
+        for (int j = 0; j < me; ++j) offset += rows_between(c, i, j);
+        for (int64_t row = 0; row < recv[static_cast<size_t>(i)]; ++row)
+          for (int64_t col = 0; col < 4; ++col) want.push_back(tag(g_rank % t + i * t, offset + row, col));
+      }
+      want.insert(want.end(), 4, -1.f);
+      EXPECT_EQ(values_of(out), want) << what;
+      EXPECT_EQ(g.cp->stats().all_to_all_v_calls, 1) << what;
+      EXPECT_DOUBLE_EQ(g.cp->stats().ring_bytes, static_cast<double>(sent_to_others * 4) * dtype_size(dtype)) << what;
+      g.cp->reset_stats();
+    }
+    g.cp->barrier();
   }
 }
 

@@ -193,6 +193,33 @@ class NcclCommunicator final : public Communicator {
     }
     NCCL_CHECK(ncclGroupEnd());
   }
+  // One grouped send and receive per peer, as all_to_all's, at the prefix-sum offsets; a peer
+  // with nothing to send or receive gets no call (NCCL would accept a zero count, but it is
+  // no message).
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                    const std::vector<int64_t>& recv_rows) override {
+    check_all_to_all_v(in, send_rows, out, recv_rows);
+    count_all_to_all_v(in, send_rows);
+    check_async();
+    if (in.is_meta()) return;
+    const int64_t row = row_numel(in);
+    const size_t row_bytes = static_cast<size_t>(row) * dtype_size(in.dtype());
+    const std::vector<int64_t> send_at = row_offsets(send_rows), recv_at = row_offsets(recv_rows);
+    const ncclDataType_t type = nccl_type(in.dtype());
+    const auto* from = static_cast<const char*>(in.data());
+    auto* to = static_cast<char*>(out.data());
+    NCCL_CHECK(ncclGroupStart());
+    for (size_t j = 0; j < send_rows.size(); ++j) {
+      const int peer = static_cast<int>(j);
+      if (send_rows[j] > 0)
+        NCCL_CHECK(ncclSend(from + static_cast<size_t>(send_at[j]) * row_bytes, static_cast<size_t>(send_rows[j] * row),
+                            type, peer, comm_, stream_));
+      if (recv_rows[j] > 0)
+        NCCL_CHECK(ncclRecv(to + static_cast<size_t>(recv_at[j]) * row_bytes, static_cast<size_t>(recv_rows[j] * row),
+                            type, peer, comm_, stream_));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  }
   void barrier() override {
     // The GPU work enqueued so far is part of what every rank waits for. Waiting by polling,
     // with NCCL's asynchronous error checked in between: a peer that failed (or a network

@@ -38,8 +38,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(cudaStream_t stream);
 // The ranks of `world` (a communicator from make_nccl_communicator) that pass the same
 // `color`, ranked by `key`, on world's stream: ncclCommSplit for the tensors (NCCL 2.18 or
 // newer) and MPI_Comm_split for the host-side helpers and barrier(). Every rank of world calls
-// it together. send_recv and all_to_all are grouped ncclSend/ncclRecv (a self exchange is a
-// device copy).
+// it together. send_recv, all_to_all and all_to_all_v are grouped ncclSend/ncclRecv (a self
+// send_recv is a device copy; all_to_all_v makes no call for a zero count).
 std::unique_ptr<Communicator> split_nccl_communicator(Communicator& world, int color, int key);
 
 }  // namespace actbench
