@@ -70,7 +70,25 @@ COMBINATIONS = {
                                              moe=dict(num_experts=6, top_k=2, ffn_hidden=4, score="sigmoid",
                                                       scaling=2.5, num_groups=3, group_top_k=2, expert_bias=True,
                                                       capacity_factor=0.75, shared_ffn_hidden=3)),
+    # multi-latent attention (tools/numpy_mla.py) in place of QKV: q's latent or not, v narrower and wider
+    "mla_q_latent_layernorm_dropout": dict(add_bias_linear=False, position_embedding="rope", heads=2,
+                                           attention_dropout=0.2, hidden_dropout=0.1,
+                                           mla=dict(q_lora_rank=5, kv_lora_rank=4, qk_head_dim=3,
+                                                    qk_pos_emb_head_dim=2, v_head_dim=2)),
+    "mla_q_projected_rms_one_head": dict(RMS_NO_BIAS, activation="swiglu", heads=1, kv_heads=1,
+                                         position_embedding="rope",
+                                         mla=dict(q_lora_rank=0, kv_lora_rank=3, qk_head_dim=2,
+                                                  qk_pos_emb_head_dim=4, v_head_dim=5)),
+    "mla_three_heads_moe": dict(RMS_NO_BIAS, activation="swiglu", hidden=12, heads=3, kv_heads=3,
+                                position_embedding="rope", seq=4,
+                                mla=dict(q_lora_rank=4, kv_lora_rank=3, qk_head_dim=2, qk_pos_emb_head_dim=2,
+                                         v_head_dim=3),
+                                moe=dict(num_experts=3, top_k=2, ffn_hidden=4)),
 }
+
+
+MLA_WIDTHS = dict(q_lora_rank=0, kv_lora_rank=4, qk_head_dim=2, qk_pos_emb_head_dim=2, v_head_dim=2)
+MLA_OK = dict(add_bias_linear=False, position_embedding="rope", mla=MLA_WIDTHS)  # a layer.json MLA is built for
 
 
 def moe_options(num_experts, top_k, ffn_hidden, **given):
@@ -184,7 +202,8 @@ class GradientTest(unittest.TestCase):
             self.assertEqual(seen(flag), {True, False}, flag)
         self.assertTrue({0.0} < seen("attention_dropout") and {0.0} < seen("hidden_dropout"))
         self.assertTrue({1.0} < seen("rotary_percent"))
-        groups = {(s.kv_heads == s.heads, s.kv_heads == 1) for s in specs}
+        groups = {(s.kv_heads == s.heads, s.kv_heads == 1) for s in specs if not s.mla}
+        self.assertEqual({s.mla["q_lora_rank"] > 0 for s in specs if s.mla}, {True, False})  # q's latent or not
         self.assertEqual({(s.heads * s.kv_channels > s.hidden) - (s.heads * s.kv_channels < s.hidden)
                           for s in specs}, {-1, 0, 1})  # a·d below, at and above h
         self.assertEqual(groups, {(True, False), (False, True), (False, False)})  # MHA, MQA, GQA
@@ -335,7 +354,15 @@ class CheckerTest(unittest.TestCase):
                                ({"kv_channels": 0}, ["'kv_channels'"]), ({"kv_channels": 2.5}, ["'kv_channels'"]),
                                ({"hidden": 12, "heads": 2, "position_embedding": "rope", "rotary_percent": 0.5},
                                 ["odd number of rotary dims"]),
-                               ({"ffn_hidden": 13}, ["fc1.weight.npy", "shape (12, 8)", "(13, 8)"])]:
+                               ({"ffn_hidden": 13}, ["fc1.weight.npy", "shape (12, 8)", "(13, 8)"]),
+                               # multi-latent attention: its widths, and what the layer builds it with
+                               (dict(MLA_OK, mla=dict(MLA_WIDTHS, kv_lora_rank=0)), ["'kv_lora_rank'"]),
+                               (dict(MLA_OK, mla={"q_lora_rank": 0}), ["'mla' lacks"]),
+                               (dict(MLA_OK, mla=dict(MLA_WIDTHS, qk_pos_emb_head_dim=3)), ["odd"]),
+                               (dict(MLA_OK, kv_heads=1), ["'kv_heads' must be 2 with 'mla'"]),
+                               (dict(MLA_OK, qk_layernorm=True), ["'qk_layernorm'"]),
+                               (dict(MLA_OK, add_bias_linear=True), ["'add_bias_linear'"]),
+                               (dict(MLA_OK, position_embedding="none"), ["'position_embedding'"])]:
             with self.subTest(options):
                 self.write_json(dump, layer_json(**options))
                 self.assert_one_error(self.run_tool(dump), *words)

@@ -10,7 +10,9 @@ compares. The layer is the one layer.json describes, any combination of its opti
 optional biases, and dropout on the attention probabilities and on both block outputs with
 the masks of runtime/philox.hpp reproduced here; or, when layer.json has "moe", the MoE block
 of tools/numpy_moe.py in place of the MLP (router, routing, dispatch, the experts, the
-weighted combine, shared experts), whose routing decision is compared too. Exit status 0 when every tensor matches, 1 otherwise (one line per tensor
+weighted combine, shared experts), whose routing decision is compared too; when it has "mla",
+multi-latent attention (tools/numpy_mla.py: latents, their norms, up projections, decoupled
+RoPE) in place of the QKV projection. Exit status 0 when every tensor matches, 1 otherwise (one line per tensor
 either way); 2 with one error line when the folder or --rtol is unusable.
 
 Functions for tests: spec_from_json, param_shapes, dropout_scales, forward, layer, check,
@@ -32,6 +34,7 @@ try:
 except ImportError:  # the first python3 on PATH may not be Debian's
     sys.exit("numpy_layer.py: error: numpy is missing; run it with /usr/bin/python3 (python3-numpy)")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy_mla  # noqa: E402
 import numpy_moe  # noqa: E402
 
 
@@ -68,7 +71,9 @@ LAYER_KEYS = {
 
 # Keys a dump made before them lacks, with their meaning then: kv_channels (d, each head's size)
 # was hidden / heads.
-OPTIONAL_KEYS = {"kv_channels": _natural, "moe": lambda v: v is None or isinstance(v, dict)}
+OPTIONAL_KEYS = {"kv_channels": _natural, "moe": lambda v: v is None or isinstance(v, dict),
+                 "mla": lambda v: v is None or isinstance(v, dict)}
+MLA_KEYS = ["q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"]
 MOE_KEYS = ["num_experts", "top_k", "ffn_hidden", "shared_ffn_hidden", "score", "normalize", "scaling",
             "num_groups", "group_top_k", "expert_bias", "capacity_factor"]
 
@@ -94,15 +99,36 @@ def spec_from_json(meta, where="layer.json"):
         missing = [key for key in MOE_KEYS if key not in moe]
         if missing:
             raise ValueError("%s: 'moe' lacks %r" % (where, missing[0]))
+    mla = meta.get("mla")
+    if mla is not None:
+        check_mla(meta, mla, where)
     spec = LayerSpec(**{key: meta[key] for key in LAYER_KEYS},
-                     kv_channels=meta.get("kv_channels", meta["hidden"] // meta["heads"]), moe=moe)
+                     kv_channels=meta.get("kv_channels", meta["hidden"] // meta["heads"]), moe=moe, mla=mla)
     d = head_dim(spec)
     if spec.heads % spec.kv_heads:
         raise ValueError("%s: heads %d is not a multiple of kv_heads %d" % (where, spec.heads, spec.kv_heads))
-    if spec.position_embedding == "rope" and rotary_dims(spec) % 2:
+    if spec.position_embedding == "rope" and not spec.mla and rotary_dims(spec) % 2:
         raise ValueError("%s: rotary_percent %g of head size %d gives an odd number of rotary dims"
                          % (where, spec.rotary_percent, d))
     return spec
+
+
+def check_mla(meta, mla, where):
+    """layer.json's "mla" as the layer builds it: every width a whole number (L_q may be 0, d_r
+    even), RoPE on, every head its own k and v, no q/k norm and no biases; ValueError otherwise."""
+    for key in MLA_KEYS:
+        if key not in mla:
+            raise ValueError("%s: 'mla' lacks %r" % (where, key))
+        low = 0 if key == "q_lora_rank" else 1
+        if not (isinstance(mla[key], int) and not isinstance(mla[key], bool) and mla[key] >= low):
+            raise ValueError("%s: 'mla' %r has the unusable value %s" % (where, key, json.dumps(mla[key])))
+    if mla["qk_pos_emb_head_dim"] % 2:
+        raise ValueError("%s: 'mla' qk_pos_emb_head_dim %d is odd (RoPE turns pairs)" % (where, mla["qk_pos_emb_head_dim"]))
+    rules = {"position_embedding": "rope", "kv_heads": meta["heads"], "qk_layernorm": False, "add_bias_linear": False,
+             "add_qkv_bias": False}
+    for key, value in rules.items():
+        if meta[key] != value:
+            raise ValueError("%s: %r must be %s with 'mla', got %s" % (where, key, json.dumps(value), json.dumps(meta[key])))
 
 
 def head_dim(spec):
@@ -120,12 +146,18 @@ def param_shapes(spec):
     h, a, g, d, F = spec.hidden, spec.heads, spec.kv_heads, head_dim(spec), spec.ffn_hidden
     layernorm = spec.normalization == "LayerNorm"
     fc1_rows = 2 * F if spec.activation == "swiglu" else F
-    shapes = [("ln1.weight", (h,), True), ("ln1.bias", (h,), layernorm),
-              ("qkv.weight", ((a + 2 * g) * d, h), True),
-              ("qkv.bias", ((a + 2 * g) * d,), spec.add_bias_linear or spec.add_qkv_bias)]
-    for norm in ["q_norm", "k_norm"]:
-        shapes += [(norm + ".weight", (d,), spec.qk_layernorm), (norm + ".bias", (d,), spec.qk_layernorm and layernorm)]
-    shapes += [("proj.weight", (h, a * d), True), ("proj.bias", (h,), spec.add_bias_linear),
+    shapes = [("ln1.weight", (h,), True), ("ln1.bias", (h,), layernorm)]
+    if spec.mla:
+        shapes += numpy_mla.param_shapes(spec.mla, h, a, layernorm)
+        d_out = int(spec.mla["v_head_dim"])  # each head's width into the projection
+    else:
+        shapes += [("qkv.weight", ((a + 2 * g) * d, h), True),
+                   ("qkv.bias", ((a + 2 * g) * d,), spec.add_bias_linear or spec.add_qkv_bias)]
+        for norm in ["q_norm", "k_norm"]:
+            shapes += [(norm + ".weight", (d,), spec.qk_layernorm),
+                       (norm + ".bias", (d,), spec.qk_layernorm and layernorm)]
+        d_out = d
+    shapes += [("proj.weight", (h, a * d_out), True), ("proj.bias", (h,), spec.add_bias_linear),
                ("ln2.weight", (h,), True), ("ln2.bias", (h,), layernorm)]
     if spec.moe:
         m, gated = spec.moe, 2 if spec.activation == "swiglu" else 1
@@ -302,6 +334,9 @@ def layer_fwd(spec, P, x, drop):
     cos, sin = rope_tables(spec)
     c = {}
     c["n1"], c["ln1"] = norm_fwd(spec, x, P, "ln1")
+    if spec.mla:
+        c["ctx"] = numpy_mla.attention_fwd(spec, P, c["n1"], c, drop.attn_probs, norm_fwd, rotate)
+        return mlp_fwd(spec, P, x + linear(c["ctx"], P, "proj") * drop.attn_out, drop, c)
     qkv = linear(c["n1"], P, "qkv")
     q, k, v = heads(qkv[..., :a * d], a), heads(qkv[..., a * d:(a + g) * d], g), heads(qkv[..., (a + g) * d:], g)
     if spec.qk_layernorm:  # per head, before RoPE
@@ -314,7 +349,11 @@ def layer_fwd(spec, P, x, drop):
     c["probs"] = probs / probs.sum(-1, keepdims=True)
     c["dropped"] = c["probs"] * drop.attn_probs
     c["ctx"] = merge(c["dropped"] @ c["v"])
-    x1 = x + linear(c["ctx"], P, "proj") * drop.attn_out
+    return mlp_fwd(spec, P, x + linear(c["ctx"], P, "proj") * drop.attn_out, drop, c)
+
+
+def mlp_fwd(spec, P, x1, drop, c):
+    """y from the attention block's output x1: norm 2 and the MLP (or the MoE block)."""
     c["n2"], c["ln2"] = norm_fwd(spec, x1, P, "ln2")
     if spec.moe:
         return x1 + moe_fwd(spec, P, c["n2"], c) * drop.mlp_out, c
@@ -402,6 +441,10 @@ def layer_bwd(spec, P, dy, drop, c):
         dact = linear_bwd(dy * drop.mlp_out, c["act"], P, "fc2", G)
         dn2 = linear_bwd(activation_bwd(spec, dact, c["f1"]), c["n2"], P, "fc1", G)
     dx1 = dy + norm_bwd(spec, dn2, P, "ln2", c["ln2"], G)
+    if spec.mla:
+        d_ctx = linear_bwd(dx1 * drop.attn_out, c["ctx"], P, "proj", G)
+        dn1 = numpy_mla.attention_bwd(spec, P, d_ctx, c, drop.attn_probs, norm_bwd, rotate, G)
+        return dx1 + norm_bwd(spec, dn1, P, "ln1", c["ln1"], G), G
     dctx = heads(linear_bwd(dx1 * drop.attn_out, c["ctx"], P, "proj", G), spec.heads)
     dprobs = (dctx @ c["v"].transpose(0, 1, 3, 2)) * drop.attn_probs
     dv = fold(c["dropped"].transpose(0, 1, 3, 2) @ dctx)
