@@ -20,6 +20,38 @@ double layer_forward_flops(double batch, double s, double h, AttentionSpan att) 
 
 double logits_forward_flops(double batch, double s, double h, double v) { return 2 * batch * s * h * v; }
 
+LayerFlops spec_layer_forward_flops(const LayerSpec& spec, double h, double a, double batch, double s,
+                                    AttentionSpan att) {
+  const Dims d{s, batch, h, a, 1};
+  const double T = batch * s, head = spec.head_dim(d), g = spec.groups(d);
+  const double gated = spec.activation == Activation::swiglu ? 2 : 1;  // fc1's outputs per unit of width
+  LayerFlops f;
+  f.attention_linear = 2 * T * h * ((a + 2 * g) * head + a * head);
+  f.core_attention = (att == AttentionSpan::causal ? 2.0 : 4.0) * batch * s * s * a * head;
+  const MoeSpec& moe = spec.moe;
+  if (!moe.enabled()) {
+    f.mlp = 2 * T * h * (gated + 1) * spec.ffn(d);
+    return f;
+  }
+  f.router = 2 * T * h * moe.num_experts;
+  f.experts = 2 * T * moe.top_k * h * (gated + 1) * spec.expert_ffn(d);
+  f.shared_experts = 2 * T * h * (gated + 1) * moe.shared_ffn_hidden;
+  return f;
+}
+
+double recompute_forward_flops(const LayerFlops& f, const LayerPolicy& c) {
+  if (c.recompute == Recompute::full) return f.total();
+  if (c.recompute != Recompute::selective) return 0;
+  const RecomputeModules& m = c.modules;
+  double out = 0;
+  // Unfused, backward rebuilds the probabilities from QKᵀ; the fused kernel runs whole again.
+  if (m.core_attn) out += c.attention == Attention::unfused ? f.core_attention / 2 : f.core_attention;
+  if (m.mlp) out += f.mlp;
+  if (m.moe) out += f.moe();
+  else if (m.shared_experts) out += f.shared_experts;
+  return out;
+}
+
 namespace {
 double base72(const ModelSpec& m) { return 72 * m.B * m.L * m.s * m.h * m.h; }
 double base96(const ModelSpec& m) { return 96 * m.B * m.L * m.s * m.h * m.h; }
