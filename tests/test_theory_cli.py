@@ -239,9 +239,16 @@ class MixtureOfExperts(Base):
             if int(row["tp"]) > 1:
                 self.assertIn("sp", row["config"], row)  # Megatron-Core's MoE under TP needs SP
 
-    def test_a_model_the_search_does_not_model_is_one_line(self):
-        self.assertRefused(["plan", "--model", "deepseek-v3", "--gpus", "64", "--global-batch", "64"],
-                           "deepseek-v3", "multi-latent attention", "theory memory does")
+    def test_deepseek_plans_with_latent_attention_on_61_stages(self):
+        r = run(["plan", "--model", "deepseek-v3", "--gpu", "h100", "--gpus", "488", "--global-batch", "488",
+                 "--distributed-optimizer", "--top", "1"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        row = dict(zip(r.stdout.splitlines()[1].split(), r.stdout.splitlines()[2].split()))
+        self.assertEqual((row["cp"], row["p"]), ("1", "61"), r.stdout)
+
+    def test_a_request_no_layout_suits_is_one_line(self):
+        self.assertRefused(["plan", "--model", "mixtral-8x7b", "--gpus", "7", "--global-batch", "5"],
+                           "no layout of 7 GPUs fits mixtral-8x7b")
 
 
 class UserFiles(Base):

@@ -27,8 +27,14 @@ double logits_forward_flops(double batch, double s, double h, double v);
 // SwiGLU (fc1 has gate | up) else 1. Only GEMMs and attention count: norms, activations,
 // softmax, RoPE, the router's score function and the permutes are elementwise and left out.
 // An MoE layer counts balanced, dropless routing: every token's k choices are computed.
+// Multi-latent attention (spec.mla; L_q, L_kv the latent ranks, d_r the RoPE part, d_qk =
+// qk_head_dim + d_r, d_v = v_head_dim) has in place of QKV the down projections
+// 2T·h·(L_q + L_kv + d_r), the up projections 2T·a·(L_q·d_qk + L_kv·(qk_head_dim + d_v))
+// (at L_q = 0 q is projected from h: 2T·h·a·d_qk), the output projection 2T·a·d_v·h, and
+// core attention 2·batch·s²·a·(d_qk + d_v) (causal: half).
 struct LayerFlops {
   double attention_linear = 0;  // QKV 2T·h·(a + 2g)·d, the output projection 2T·a·d·h
+  double latent_up = 0;         // of attention_linear, MLA's q and kv up projections (q's at L_q = 0)
   double core_attention = 0;    // QKᵀ and ·V: 4·batch·s²·a·d (causal: half)
   double mlp = 0;               // a dense layer's fc1 and fc2: 2T·h·(γ + 1)·F
   double router = 0;            // an MoE layer's router GEMM: 2T·h·E
@@ -43,7 +49,8 @@ LayerFlops spec_layer_forward_flops(const LayerSpec& spec, double h, double a, d
 // full recompute; under selective, each module's: core_attn the scores again (QKᵀ, half of
 // core_attention unfused: the probabilities are rebuilt from them) or the whole fused kernel,
 // mlp a dense layer's MLP, moe the router, experts and shared experts, shared_experts the
-// shared experts alone; moe_act and layernorm rerun elementwise ops only (0 here).
+// shared experts alone, mla_up_proj latent_up; moe_act and layernorm rerun elementwise ops
+// only (0 here).
 double recompute_forward_flops(const LayerFlops& f, const LayerPolicy& c);
 
 // ---- closed forms, as printed ----

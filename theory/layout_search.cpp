@@ -231,18 +231,21 @@ void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolic
   k.mfu_percent = 100 * model_flops / (k.iteration_s * r.gpus * G.peak_flops);
 }
 
-// The selective module sets searched for an MoE layer beside Megatron's default (core_attn):
-// moe_act, moe and (with shared experts) shared_experts, each alone or, under unfused
-// attention, with core_attn.
-std::vector<RecomputeModules> moe_module_sets(const PlanRequest& r) {
+// The selective module sets searched beside Megatron's default (core_attn): for an MoE layer
+// moe_act, moe and (with shared experts) shared_experts, for latent attention mla_up_proj,
+// each alone or, under unfused attention, with core_attn.
+std::vector<RecomputeModules> module_sets(const PlanRequest& r) {
   std::vector<RecomputeModules> out;
-  const bool shared = r.model.layer.moe.shared_ffn_hidden > 0;
+  const LayerSpec& spec = r.model.layer;
   for (const bool core_attn : {false, true}) {
     if (core_attn && r.attention == Attention::fused) continue;
     RecomputeModules m{core_attn, false, false};
     for (bool RecomputeModules::*module : {&RecomputeModules::moe_act, &RecomputeModules::moe,
-                                           &RecomputeModules::shared_experts}) {
-      if (module == &RecomputeModules::shared_experts && !shared) continue;
+                                           &RecomputeModules::shared_experts, &RecomputeModules::mla_up_proj}) {
+      const bool applies = module == &RecomputeModules::mla_up_proj        ? spec.mla.enabled
+                           : module == &RecomputeModules::shared_experts ? spec.moe.shared_ffn_hidden > 0
+                                                                           : spec.moe.enabled();
+      if (!applies) continue;
       RecomputeModules with = m;
       with.*module = true;
       out.push_back(with);
@@ -252,9 +255,9 @@ std::vector<RecomputeModules> moe_module_sets(const PlanRequest& r) {
 }
 
 // The configurations of one layout: config_names()'s (name, policy), and for a mixture of
-// experts selective recompute of its modules.
+// experts or latent attention selective recompute of their modules.
 std::vector<std::pair<std::string, LayerPolicy>> searched_policies(const PlanRequest& r, double s, const Layout& l) {
-  const bool moe = r.model.layer.moe.enabled();
+  const bool moe = r.model.layer.moe.enabled(), more_modules = moe || r.model.layer.mla.enabled;
   std::vector<std::pair<std::string, LayerPolicy>> out;
   for (const std::string& name : config_names()) {
     LayerPolicy c = parse_config(name);
@@ -267,8 +270,8 @@ std::vector<std::pair<std::string, LayerPolicy>> searched_policies(const PlanReq
     // Fused attention keeps no probabilities: selective recompute of core_attn would run the
     // whole attention forward again to save only the 4·asb/t bytes of its lse. Left out.
     if (c.recompute != Recompute::selective || r.attention == Attention::unfused) out.push_back({name, c});
-    if (c.recompute != Recompute::selective || !moe) continue;
-    for (const RecomputeModules& modules : moe_module_sets(r)) {
+    if (c.recompute != Recompute::selective || !more_modules) continue;
+    for (const RecomputeModules& modules : module_sets(r)) {
       c.modules = modules;
       out.push_back({name, c});
     }
@@ -311,6 +314,8 @@ std::vector<int> expert_parallel_sizes(const TransformerModel& M, int ranks) {
 // (context_parallel_rule; SP's rows are the configuration's, checked in add_configs).
 bool cp_fits(const PlanRequest& r, double s, int t, int C) {
   if (C > r.max_cp) return false;
+  // Latent attention's exchange (k and v of other widths than q's) is not modelled: C = 1.
+  if (C > 1 && r.model.layer.mla.enabled) return false;
   LayerPolicy p;
   p.attention = r.attention, p.cp_comm = r.cp_comm;
   return context_parallel_rule(s, r.model.a, r.model.layer.groups(r.model.dims(1, 1, 1)), t, C, p) == CpRule::ok;
@@ -330,9 +335,6 @@ void check_request(const PlanRequest& r, double s) {
     throw std::invalid_argument("--max-cp must be in 1.." + std::to_string(kMaxPlanGpus));
   if (!(M.L >= 1 && M.L <= kMaxPlanLayers) || std::floor(M.L) != M.L)
     throw std::invalid_argument("the model's layers must be a whole number in 1.." + std::to_string(int(kMaxPlanLayers)));
-  // Latent attention's projections, head widths and exchanges are not in the time model.
-  if (M.layer.mla.enabled)
-    throw std::invalid_argument(M.name + ": theory plan does not yet model multi-latent attention; theory memory does");
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 // and t·C·dp, with expert tensor parallelism 1) and every configuration (recompute none |
 // selective | full, SP on/off; selective is left out with fused attention where it equals
 // none; a mixture of experts adds selective recompute of moe_act, moe and shared_experts, and
-// needs SP under t > 1), with the memory of the first pipeline stage broken down (weights,
+// needs SP under t > 1; multi-latent attention adds mla_up_proj and is searched at C = 1,
+// its exchange not modelled), with the memory of the first pipeline stage broken down (weights,
 // gradients, optimizer, activations in flight, embedding/output extras, the recompute working
 // set) and an iteration-time model; the fastest plans that fit come first. (Which
 // configuration fits one given layout of a paper model: config_fit.hpp.)
@@ -107,8 +108,7 @@ struct PlanCandidate {
 };
 
 // Every candidate, the fitting ones first, fastest first; then those that do not fit.
-// Throws std::invalid_argument for requests no layout can satisfy the shape of, and for a
-// model with multi-latent attention (its FLOPs and exchanges are not modelled here).
+// Throws std::invalid_argument for requests no layout can satisfy the shape of.
 std::vector<PlanCandidate> plan_search(const PlanRequest& r);
 
 }  // namespace actbench::theory
