@@ -485,3 +485,26 @@ TEST(MoePlan, ARequestNoLayoutSuitsIsOneLine) {
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
 }
+
+// Only layers 0-7 of Mixtral's 32 with experts: the slowest stage is the one with most MoE
+// layers, and its all-to-alls are theirs: all 8 on stage 0 at p 4 (as many as with every
+// layer MoE), 4 per stage at p 4 interleaved (chunks of 4 layers), a quarter at p 1.
+TEST(MoePlan, TheSlowestStageIsTheOneWithTheMostMoeLayers) {
+  PlanRequest all = mixtral_on_64_h100(), first = all;
+  first.model.moe_layers.assign(32, false);
+  std::fill(first.model.moe_layers.begin(), first.model.moe_layers.begin() + 8, true);
+  const auto every = plan_search(all), some = plan_search(first);
+  int compared = 0;
+  for (const PlanCandidate& k : some) {
+    if (k.ep == 1 || (k.p != 1 && k.p != 4)) continue;
+    const auto twin = std::find_if(every.begin(), every.end(), [&](const PlanCandidate& y) {
+      return y.ep == k.ep && same_but_ep(k, y);
+    });
+    ASSERT_NE(twin, every.end());
+    // p 4: stage 0's first chunk holds layers 0 .. 8/m − 1, its others none of 0-7.
+    const double share = k.p == 1 ? 8.0 / 32 : 1.0 / k.m;
+    EXPECT_NEAR(k.a2a_s, share * twin->a2a_s, 1e-12 * twin->a2a_s) << k.p << " " << k.m;
+    ++compared;
+  }
+  EXPECT_GT(compared, 50);
+}
