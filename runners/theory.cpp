@@ -136,12 +136,6 @@ int run_plan_search(const TheoryOptions& a) {
                            static_cast<int64_t>(kMaxGlobalBatch)));
     }
   }
-  // The search's FLOPs and layer bytes are the dense layer's: an MoE or MLA model would be
-  // planned as a dense one.
-  if (r.model.layer.moe.enabled() || r.model.layer.mla.enabled)
-    throw InvalidArgument(r.model.name + ": theory plan does not yet model " +
-                          (r.model.layer.moe.enabled() ? "a mixture of experts" : "multi-latent attention") +
-                          "; theory memory does");
   r.distributed_optimizer = a.distributed_optimizer;
   r.attention = parse_attention(a.attention);
   r.headroom_bytes = static_cast<double>(a.headroom);
@@ -155,17 +149,24 @@ int run_plan_search(const TheoryOptions& a) {
               "%.0f%% of peak FLOP/s\n",
               r.model.name.c_str(), r.gpus, r.gpu.label.c_str(), r.gpu.memory_bytes / kGiB, s, r.global_batch,
               a.attention.c_str(), r.distributed_optimizer ? "distributed" : "replicated", 100 * r.efficiency);
-  std::printf("%3s %3s %3s %2s %4s %2s %-13s %5s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s\n", "t", "cp", "p", "m", "dp", "b",
+  // A mixture of experts adds the expert-parallel size, the recompute modules and the
+  // all-to-alls' share of the iteration; a dense model's table is as it was.
+  const bool moe = r.model.layer.moe.enabled();
+  if (moe) std::printf("%3s %-22s ", "ep", "modules");
+  std::printf("%3s %3s %3s %2s %4s %2s %-13s %5s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s%s\n", "t", "cp", "p", "m", "dp", "b",
               "config", "stage", "weights", "grads", "optim", "activ.", "extras", "workset", "peak", "iter_s",
-              "tokens/s", "MFU%");
+              "tokens/s", "MFU%", moe ? "    a2a_s" : "");
   int shown = 0;
   for (const PlanCandidate& k : plans) {
     if (!k.fits || shown == top) break;
     ++shown;
-    std::printf("%3d %3d %3d %2d %4d %2g %-13s %5d %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f\n",
+    if (moe) std::printf("%3d %-22s ", k.ep, k.modules.empty() ? "-" : k.modules.c_str());
+    std::printf("%3d %3d %3d %2d %4d %2g %-13s %5d %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f",
                 k.t, k.cp, k.p, k.m, k.dp, k.b, k.config.c_str(), k.stage, k.weight_bytes / kGiB, k.grad_bytes / kGiB,
                 k.optimizer_bytes / kGiB, k.activation_bytes / kGiB, k.extra_bytes / kGiB, k.working_set_bytes / kGiB,
                 k.total_bytes / kGiB, k.iteration_s, k.tokens_per_s, k.mfu_percent);
+    if (moe) std::printf(" %9.3f", k.a2a_s);
+    std::printf("\n");
   }
   if (shown == 0) std::printf("nothing fits: more GPUs, a shorter sequence or a GPU with more memory\n");
   if (!a.csv.empty()) write_table(a.csv, search_table(r, plans));

@@ -1,11 +1,14 @@
 // theory/layout_search and the llama closed forms it uses (theory/llama_memory): the closed
 // forms against a count written here, the schedule's in-flight counts, and the search's
-// memory breakdown and ordering, for llama and the paper's GPT models.
+// memory breakdown and ordering, for llama, the paper's GPT models and mixtures of experts
+// (their FLOPs against a GEMM-by-GEMM count written here, expert parallelism's memory and
+// all-to-all time against hand counts).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "theory/flops.hpp"
 #include "theory/llama_memory.hpp"
 #include "theory/layout_search.hpp"
 #include "theory/pipeline.hpp"
@@ -251,4 +254,257 @@ TEST(LayoutSearch, ThePapersGptModelsPlanToo) {
     EXPECT_DOUBLE_EQ(k.params_per_gpu, params) << k.t << " " << k.p;
   }
   EXPECT_TRUE(seen_selective) << "unfused attention: selective recompute is searched";
+}
+
+// ---- mixtures of experts ----
+
+// 2·M·K·N: one (M × K)·(K × N) GEMM.
+double gemm(double M, double K, double N) { return 2 * M * K * N; }
+
+// A small MoE layer with every piece: GQA, a head size other than h/a, SwiGLU, shared experts.
+LayerSpec small_moe_spec() {
+  LayerSpec spec = llama_layer_spec(2, 96);
+  spec.kv_channels = 24;  // a·d = 96 ≠ h = 64
+  spec.moe.num_experts = 6, spec.moe.top_k = 2, spec.moe.ffn_hidden = 40, spec.moe.shared_ffn_hidden = 56;
+  return spec;
+}
+
+TEST(MoePlan, LayerFlopsEqualAGemmByGemmCount) {
+  const double h = 64, a = 4, g = 2, d = 24, batch = 3, s = 10, T = batch * s, E = 6, k = 2, Fe = 40, Fs = 56;
+  const LayerSpec spec = small_moe_spec();
+  const LayerFlops f = spec_layer_forward_flops(spec, h, a, batch, s, AttentionSpan::full);
+  // q, k, v and the output projection; per sequence and head QKᵀ (s×d by d×s) and ·V (s×s by s×d).
+  EXPECT_DOUBLE_EQ(f.attention_linear, gemm(T, h, a * d) + 2 * gemm(T, h, g * d) + gemm(T, a * d, h));
+  EXPECT_DOUBLE_EQ(f.core_attention, batch * a * (gemm(s, d, s) + gemm(s, s, d)));
+  EXPECT_DOUBLE_EQ(f.router, gemm(T, h, E));
+  // Each of the T·k (token, expert) pairs: fc1 to gate | up (2Fe), fc2 back to h.
+  EXPECT_DOUBLE_EQ(f.experts, T * k * (gemm(1, h, 2 * Fe) + gemm(1, Fe, h)));
+  EXPECT_DOUBLE_EQ(f.shared_experts, gemm(T, h, 2 * Fs) + gemm(T, Fs, h));
+  EXPECT_EQ(f.mlp, 0);
+  EXPECT_DOUBLE_EQ(f.total(), f.attention_linear + f.core_attention + f.router + f.experts + f.shared_experts);
+  const LayerFlops causal = spec_layer_forward_flops(spec, h, a, batch, s, AttentionSpan::causal);
+  EXPECT_DOUBLE_EQ(causal.core_attention, f.core_attention / 2);
+  // The same layer dense: its MLP of F = 96, no experts.
+  LayerSpec dense = spec;
+  dense.moe = {};
+  const LayerFlops fd = spec_layer_forward_flops(dense, h, a, batch, s, AttentionSpan::full);
+  EXPECT_DOUBLE_EQ(fd.mlp, gemm(T, h, 2 * 96) + gemm(T, 96, h));
+  EXPECT_EQ(fd.moe(), 0);
+
+  // What recompute reruns: everything (full), each module's GEMMs (selective); moe_act only
+  // elementwise work.
+  auto rerun = [&](Recompute r, RecomputeModules m, Attention att = Attention::fused) {
+    LayerPolicy c;
+    c.recompute = r, c.modules = m, c.attention = att;
+    return recompute_forward_flops(f, c);
+  };
+  const RecomputeModules none{false, false, false};
+  RecomputeModules moe = none, shared = none, act = none, core = none;
+  moe.moe = true, shared.shared_experts = true, act.moe_act = true, core.core_attn = true;
+  EXPECT_DOUBLE_EQ(rerun(Recompute::full, none), f.total());
+  EXPECT_EQ(rerun(Recompute::none, moe), 0);
+  EXPECT_DOUBLE_EQ(rerun(Recompute::selective, moe), gemm(T, h, E) + f.experts + f.shared_experts);
+  EXPECT_DOUBLE_EQ(rerun(Recompute::selective, shared), gemm(T, h, 2 * Fs) + gemm(T, Fs, h));
+  EXPECT_EQ(rerun(Recompute::selective, act), 0);
+  EXPECT_DOUBLE_EQ(rerun(Recompute::selective, core, Attention::unfused), batch * a * gemm(s, d, s));  // QKᵀ only
+}
+
+// One rank's all-to-all bytes per MoE layer and micro-batch: its s·b/(t·C) tokens' k choices,
+// h wide in bf16, 3/4 of them leaving the rank at ep 4, four exchanges (six when rerun).
+TEST(MoePlan, ExpertParallelExchangeBytes) {
+  const TransformerModel m = plan_model("mixtral-8x7b");  // h 4096, k 2
+  const double sent = 4096.0 / (2 * 2) * 2 * 4096 * 2 * 3 / 4;  // s 4096, b 1, t 2, C 2
+  EXPECT_EQ(ep_exchange_bytes(m, 4096, 1, 2, 2, 1, false), 0);
+  EXPECT_DOUBLE_EQ(ep_exchange_bytes(m, 4096, 1, 2, 2, 4, false), 4 * sent);
+  EXPECT_DOUBLE_EQ(ep_exchange_bytes(m, 4096, 1, 2, 2, 4, true), 6 * sent);
+  EXPECT_DOUBLE_EQ(ep_exchange_bytes(m, 4096, 2, 2, 2, 4, false), 8 * sent);  // b 2: twice the tokens
+}
+
+PlanRequest mixtral_on_64_h100() {
+  PlanRequest r;
+  r.model = plan_model("mixtral-8x7b");
+  r.gpu = plan_gpu("h100");
+  r.gpus = 64;
+  r.global_batch = 64;
+  return r;
+}
+
+bool same_but_ep(const PlanCandidate& x, const PlanCandidate& y) {
+  return x.t == y.t && x.cp == y.cp && x.p == y.p && x.m == y.m && x.dp == y.dp && x.b == y.b &&
+         x.config == y.config && x.modules == y.modules;
+}
+
+TEST(MoePlan, Mixtral8x7bOn64H100HasPlansThatFitWithinMegatronsRules) {
+  const PlanRequest r = mixtral_on_64_h100();
+  const auto plans = plan_search(r);
+  ASSERT_FALSE(plans.empty());
+  ASSERT_TRUE(plans.front().fits);
+  std::vector<int> eps;
+  bool seen_moe_module = false;
+  for (const PlanCandidate& k : plans) {
+    EXPECT_EQ(k.t * k.cp * k.p * k.dp, 64);
+    EXPECT_EQ(8 % k.ep, 0) << "ep divides the experts";
+    EXPECT_EQ((k.t * k.cp * k.dp) % k.ep, 0) << "ep divides t·C·dp";
+    if (k.t > 1) EXPECT_NE(k.config.find("sp"), std::string::npos) << "MoE under TP needs SP: " << k.config;
+    if (k.ep == 1) EXPECT_EQ(k.a2a_s, 0);
+    if (k.ep > 1) EXPECT_GT(k.a2a_s, 0);
+    const double step = k.weight_bytes + k.grad_bytes + k.optimizer_bytes + k.activation_bytes + k.extra_bytes +
+                        k.working_set_bytes;
+    EXPECT_DOUBLE_EQ(k.total_bytes, std::max(step, k.setup_bytes) + k.headroom_bytes);
+    EXPECT_EQ(k.fits, k.total_bytes <= r.gpu.memory_bytes);
+    // The stage's E/ep whole experts (fc1 gate | up, fc2; no biases) on each of its L/p layers.
+    EXPECT_DOUBLE_EQ(k.expert_params_per_gpu, 32.0 / k.p * (8 / k.ep) * 3 * 4096 * 14336);
+    if (k.config.find("selective") == 0) {
+      // Fused attention: only the MoE modules, one each (no shared experts in Mixtral).
+      EXPECT_TRUE(k.modules == "moe_act" || k.modules == "moe") << k.modules;
+      seen_moe_module |= k.modules == "moe";
+    } else {
+      EXPECT_EQ(k.modules, "");
+    }
+    if (std::find(eps.begin(), eps.end(), k.ep) == eps.end()) eps.push_back(k.ep);
+  }
+  std::sort(eps.begin(), eps.end());
+  EXPECT_EQ(eps, (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_TRUE(seen_moe_module);
+}
+
+// Expert parallelism shrinks each GPU's experts by ep and adds the all-to-alls: the iteration
+// changes by exactly the all-to-all time, less the smaller expert gradient reduction and Adam step.
+TEST(MoePlan, ExpertParallelismTradesMemoryForAllToAllTime) {
+  const PlanRequest r = mixtral_on_64_h100();
+  const auto plans = plan_search(r);
+  const Gpu& G = r.gpu;
+  int compared = 0;
+  for (const PlanCandidate& k : plans) {
+    if (k.ep == 1) continue;
+    const auto twin = std::find_if(plans.begin(), plans.end(), [&](const PlanCandidate& y) {
+      return y.ep == 1 && same_but_ep(k, y);
+    });
+    ASSERT_NE(twin, plans.end());
+    const double experts_saved = twin->expert_params_per_gpu - k.expert_params_per_gpu;
+    EXPECT_DOUBLE_EQ(experts_saved, twin->expert_params_per_gpu * (1 - 1.0 / k.ep));
+    EXPECT_DOUBLE_EQ(twin->weight_bytes - k.weight_bytes, 2 * experts_saved);  // bf16
+    EXPECT_LT(k.total_bytes, twin->total_bytes);
+    // All-to-all: the slowest stage's L/p layers, each micro-batch's four exchanges (six when
+    // the block is rerun), the schedule's N + (p − 1)/m micro-batch times.
+    const bool rerun = k.config.find("full") == 0 || k.modules == "moe";
+    const double tokens = 4096.0 * k.b / (k.t * k.cp);
+    const double bytes = (rerun ? 6 : 4) * tokens * 2 * 4096 * 2 * (k.ep - 1.0) / k.ep;
+    const double link = k.ep <= 8 ? G.nvlink_bytes_per_s : G.network_bytes_per_s;
+    const double a2a = (k.microbatches + (k.p - 1.0) / k.m) * (32.0 / k.p) * bytes / link;
+    EXPECT_NEAR(k.a2a_s, a2a, 1e-12 * a2a);
+    // Replicated Adam: 30 bytes of HBM traffic per parameter; the experts' fp32 gradients
+    // all-reduced (2(n−1)/n of them) over their expert-data-parallel group t·C·dp/ep.
+    auto reduce = [&](const PlanCandidate& c) {
+      const double n = static_cast<double>(c.t) * c.cp * c.dp / c.ep;
+      return 2 * (n - 1) / n * c.expert_params_per_gpu * 4 / G.network_bytes_per_s;
+    };
+    const double saved = 30 * experts_saved / G.hbm_bytes_per_s + reduce(*twin) - reduce(k);
+    EXPECT_NEAR(k.iteration_s - twin->iteration_s, a2a - saved, 1e-9 * twin->iteration_s);
+    ++compared;
+  }
+  EXPECT_GT(compared, 100);
+}
+
+TEST(MoePlan, Qwen3SearchesItsManyExpertParallelSizes) {
+  PlanRequest r;
+  r.model = plan_model("qwen3-30b-a3b");  // 128 experts, no shared experts, head_dim 128 ≠ h/a
+  r.gpu = plan_gpu("h100");
+  r.gpus = 64;
+  r.global_batch = 128;
+  r.attention = Attention::unfused;
+  r.cp_comm = CpCommType::all_gather;
+  const auto plans = plan_search(r);
+  ASSERT_TRUE(plans.front().fits);
+  int largest = 1;
+  std::vector<std::string> modules;
+  for (const PlanCandidate& k : plans) {
+    largest = std::max(largest, k.ep);
+    if (std::find(modules.begin(), modules.end(), k.modules) == modules.end()) modules.push_back(k.modules);
+  }
+  EXPECT_EQ(largest, 64);
+  std::sort(modules.begin(), modules.end());
+  // Unfused: Megatron's default core_attn, and each MoE module alone or with it.
+  EXPECT_EQ(modules, (std::vector<std::string>{"", "core_attn", "core_attn,moe", "core_attn,moe_act", "moe",
+                                               "moe_act"}));
+}
+
+TEST(MoePlan, LatentAttentionFlopsEqualAGemmByGemmCount) {
+  const double h = 64, a = 4, batch = 2, s = 12, T = batch * s, Lq = 20, Lkv = 16, dn = 8, dr = 4, dv = 10;
+  LayerSpec spec = small_moe_spec();
+  spec.kv_channels = 0;
+  spec.mla = {true, Lq, Lkv, dn, dr, dv};
+  const LayerFlops f = spec_layer_forward_flops(spec, h, a, batch, s, AttentionSpan::full);
+  // q down and up, kv down (latent and the shared RoPE part), kv up (k's and v's head parts).
+  const double up = gemm(T, Lq, a * (dn + dr)) + gemm(T, Lkv, a * (dn + dv));
+  EXPECT_DOUBLE_EQ(f.latent_up, up);
+  EXPECT_DOUBLE_EQ(f.attention_linear, gemm(T, h, Lq) + gemm(T, h, Lkv + dr) + up + gemm(T, a * dv, h));
+  // Per sequence and head: QKᵀ over d_qk = dn + dr, ·V over dv.
+  EXPECT_DOUBLE_EQ(f.core_attention, batch * a * (gemm(s, dn + dr, s) + gemm(s, s, dv)));
+  spec.mla.q_lora_rank = 0;  // q straight from h, counted as mla_up_proj's
+  const LayerFlops g = spec_layer_forward_flops(spec, h, a, batch, s, AttentionSpan::full);
+  EXPECT_DOUBLE_EQ(g.latent_up, gemm(T, h, a * (dn + dr)) + gemm(T, Lkv, a * (dn + dv)));
+  LayerPolicy c;
+  c.recompute = Recompute::selective, c.modules = RecomputeModules{false, false, false};
+  c.modules.mla_up_proj = true;
+  EXPECT_DOUBLE_EQ(recompute_forward_flops(g, c), g.latent_up);
+}
+
+// DeepSeek-V3 (latent attention, 256 experts, its first 3 layers dense) on 61 stages of 8
+// H100s: plans that fit, at C = 1 (the latent exchange is not modelled), mla_up_proj searched.
+TEST(MoePlan, DeepSeekV3PlansWithoutContextParallelism) {
+  PlanRequest r;
+  r.model = plan_model("deepseek-v3");
+  r.gpu = plan_gpu("h100");
+  r.gpus = 61 * 8;
+  r.global_batch = 61 * 8;
+  r.distributed_optimizer = true;
+  const auto plans = plan_search(r);
+  ASSERT_TRUE(plans.front().fits);
+  bool seen_up_proj = false;
+  for (const PlanCandidate& k : plans) {
+    EXPECT_EQ(k.cp, 1);
+    EXPECT_TRUE(k.p == 61 || (k.p == 1 && !k.fits)) << k.p;  // 61 layers: 671B whole on one stage never fits
+    seen_up_proj |= k.modules == "mla_up_proj";
+    // One layer a stage: stages 0-2 hold a dense layer, the others E/ep experts of 3·h·2048.
+    if (k.stage >= 3) EXPECT_DOUBLE_EQ(k.expert_params_per_gpu, 256.0 / k.ep * 3 * 7168 * 2048);
+  }
+  EXPECT_TRUE(seen_up_proj);
+}
+
+TEST(MoePlan, ARequestNoLayoutSuitsIsOneLine) {
+  PlanRequest r = mixtral_on_64_h100();
+  r.gpus = 7;
+  r.global_batch = 5;  // t 1, p 1 (7 does not divide 32 layers), dp 7 does not divide 5
+  try {
+    plan_search(r);
+    FAIL() << "planned";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no layout of 7 GPUs fits mixtral-8x7b"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
+// Only layers 0-7 of Mixtral's 32 with experts: the slowest stage is the one with most MoE
+// layers, and its all-to-alls are theirs: all 8 on stage 0 at p 4 (as many as with every
+// layer MoE), 4 per stage at p 4 interleaved (chunks of 4 layers), a quarter at p 1.
+TEST(MoePlan, TheSlowestStageIsTheOneWithTheMostMoeLayers) {
+  PlanRequest all = mixtral_on_64_h100(), first = all;
+  first.model.moe_layers.assign(32, false);
+  std::fill(first.model.moe_layers.begin(), first.model.moe_layers.begin() + 8, true);
+  const auto every = plan_search(all), some = plan_search(first);
+  int compared = 0;
+  for (const PlanCandidate& k : some) {
+    if (k.ep == 1 || (k.p != 1 && k.p != 4)) continue;
+    const auto twin = std::find_if(every.begin(), every.end(), [&](const PlanCandidate& y) {
+      return y.ep == k.ep && same_but_ep(k, y);
+    });
+    ASSERT_NE(twin, every.end());
+    // p 4: stage 0's first chunk holds layers 0 .. 8/m − 1, its others none of 0-7.
+    const double share = k.p == 1 ? 8.0 / 32 : 1.0 / k.m;
+    EXPECT_NEAR(k.a2a_s, share * twin->a2a_s, 1e-12 * twin->a2a_s) << k.p << " " << k.m;
+    ++compared;
+  }
+  EXPECT_GT(compared, 50);
 }

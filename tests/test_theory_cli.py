@@ -35,6 +35,8 @@ GOOD = {
                             "unfused", "--efficiency", "0.4", "--headroom", "3GiB", "--top", "20"],
     "search_llama3_8b_b200": ["plan", "--model", "llama3-8b", "--gpu", "b200", "--gpus", "16", "--seq", "8192",
                               "--global-batch", "64", "--csv", "{csv}"],
+    "search_mixtral_8x7b": ["plan", "--model", "mixtral-8x7b", "--gpu", "h100", "--gpus", "64",
+                            "--global-batch", "256", "--distributed-optimizer", "--top", "8"],
     "llama_table_8b": ["llama-table", "--model", "llama3-8b", "--seq", "4096"],
     "llama_table_70b": ["llama-table", "--model", "llama3-70b", "--tp", "8", "--batch", "2"],
     "llama_table_405b": ["llama-table", "--model", "llama3-405b"],
@@ -192,7 +194,9 @@ class BoundedWork(Base):
     def test_the_largest_global_batch_and_gpu_count_run_at_once(self):
         for args in (SEARCH[:-2] + ["--global-batch", "16777216", "--top", "1"],
                      ["plan", "--model", "llama3-405b", "--gpus", "1048576", "--global-batch", "16777216",
-                      "--top", "1"]):
+                      "--top", "1"],
+                     ["plan", "--model", "qwen3-30b-a3b", "--gpus", "1048576", "--global-batch", "16777216",
+                      "--top", "1"]):  # 128 experts: many expert-parallel sizes as well
             with self.subTest(args=args):
                 start = time.monotonic()
                 r = run(args, timeout=60)
@@ -213,6 +217,38 @@ class BoundedWork(Base):
         self.assertIn(r.returncode, (0, 2), r.stderr)  # planned, or the config's layers refused
         if r.returncode == 2:
             self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+
+
+class MixtureOfExperts(Base):
+    def test_mixtral_plans_over_expert_parallel_sizes_and_the_first_fits(self):
+        csv_path = os.path.join(self.tmp, "plan.csv")
+        r = run(["plan", "--model", "mixtral-8x7b", "--gpu", "h100", "--gpus", "64", "--global-batch", "64",
+                 "--top", "3", "--csv", csv_path])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        header = r.stdout.splitlines()[1].split()
+        self.assertEqual(header[:2], ["ep", "modules"])
+        self.assertEqual(header[-1], "a2a_s")
+        with open(csv_path) as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual(rows[0]["fits"], "1")
+        gib = float(r.stdout.split("(", 1)[1].split(" GiB)", 1)[0])  # the GPU's memory, as the title says
+        self.assertLessEqual(int(rows[0]["total_bytes"]), gib * 2**30 * 1.001)
+        self.assertEqual(sorted({int(row["ep"]) for row in rows}), [1, 2, 4, 8])
+        for row in rows:
+            self.assertEqual(float(row["a2a_s"]) == 0, row["ep"] == "1", row)
+            if int(row["tp"]) > 1:
+                self.assertIn("sp", row["config"], row)  # Megatron-Core's MoE under TP needs SP
+
+    def test_deepseek_plans_with_latent_attention_on_61_stages(self):
+        r = run(["plan", "--model", "deepseek-v3", "--gpu", "h100", "--gpus", "488", "--global-batch", "488",
+                 "--distributed-optimizer", "--top", "1"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        row = dict(zip(r.stdout.splitlines()[1].split(), r.stdout.splitlines()[2].split()))
+        self.assertEqual((row["cp"], row["p"]), ("1", "61"), r.stdout)
+
+    def test_a_request_no_layout_suits_is_one_line(self):
+        self.assertRefused(["plan", "--model", "mixtral-8x7b", "--gpus", "7", "--global-batch", "5"],
+                           "no layout of 7 GPUs fits mixtral-8x7b")
 
 
 class UserFiles(Base):

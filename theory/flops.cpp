@@ -20,6 +20,50 @@ double layer_forward_flops(double batch, double s, double h, AttentionSpan att) 
 
 double logits_forward_flops(double batch, double s, double h, double v) { return 2 * batch * s * h * v; }
 
+LayerFlops spec_layer_forward_flops(const LayerSpec& spec, double h, double a, double batch, double s,
+                                    AttentionSpan att) {
+  const Dims d{s, batch, h, a, 1};
+  const double T = batch * s, head = spec.head_dim(d), g = spec.groups(d);
+  const double gated = spec.activation == Activation::swiglu ? 2 : 1;  // fc1's outputs per unit of width
+  LayerFlops f;
+  const double span = att == AttentionSpan::causal ? 0.5 : 1.0;
+  if (spec.mla.enabled) {
+    const MlaSpec& m = spec.mla;
+    const double qk = m.qk_head_dim + m.qk_pos_emb_head_dim;  // each head's q and k
+    const double q = m.q_lora_rank > 0 ? 2 * T * m.q_lora_rank * a * qk : 2 * T * h * a * qk;
+    f.latent_up = q + 2 * T * m.kv_lora_rank * a * (m.qk_head_dim + m.v_head_dim);
+    const double down = 2 * T * h * (m.q_lora_rank + m.kv_lora_rank + m.qk_pos_emb_head_dim);
+    f.attention_linear = down + f.latent_up + 2 * T * a * m.v_head_dim * h;
+    f.core_attention = span * 2 * batch * s * s * a * (qk + m.v_head_dim);
+  } else {
+    f.attention_linear = 2 * T * h * ((a + 2 * g) * head + a * head);
+    f.core_attention = (att == AttentionSpan::causal ? 2.0 : 4.0) * batch * s * s * a * head;
+  }
+  const MoeSpec& moe = spec.moe;
+  if (!moe.enabled()) {
+    f.mlp = 2 * T * h * (gated + 1) * spec.ffn(d);
+    return f;
+  }
+  f.router = 2 * T * h * moe.num_experts;
+  f.experts = 2 * T * moe.top_k * h * (gated + 1) * spec.expert_ffn(d);
+  f.shared_experts = 2 * T * h * (gated + 1) * moe.shared_ffn_hidden;
+  return f;
+}
+
+double recompute_forward_flops(const LayerFlops& f, const LayerPolicy& c) {
+  if (c.recompute == Recompute::full) return f.total();
+  if (c.recompute != Recompute::selective) return 0;
+  const RecomputeModules& m = c.modules;
+  double out = 0;
+  // Unfused, backward rebuilds the probabilities from QKᵀ; the fused kernel runs whole again.
+  if (m.core_attn) out += c.attention == Attention::unfused ? f.core_attention / 2 : f.core_attention;
+  if (m.mlp) out += f.mlp;
+  if (m.mla_up_proj) out += f.latent_up;
+  if (m.moe) out += f.moe();
+  else if (m.shared_experts) out += f.shared_experts;
+  return out;
+}
+
 namespace {
 double base72(const ModelSpec& m) { return 72 * m.B * m.L * m.s * m.h * m.h; }
 double base96(const ModelSpec& m) { return 96 * m.B * m.L * m.s * m.h * m.h; }

@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 
+#include "theory/flops.hpp"
 #include "theory/layer_pieces.hpp"
 #include "theory/llama_memory.hpp"
 #include "theory/step_memory.hpp"
@@ -27,9 +28,9 @@ const std::vector<TransformerModel>& llama_plan_models() {
 
 TransformerModel plan_model(const std::string& name) {
   std::vector<std::string> names;
-  for (const bool llama : {true, false})  // the llama family, then Table 3's GPT models
+  for (int group = 0; group < 3; ++group)  // the llama family, Table 3's GPT models, the mixtures of experts
     for (const ModelRow& r : model_table())
-      if (llama ? r.arch == "llama" : r.paper) {
+      if (group == 0 ? r.arch == "llama" : group == 1 ? r.paper : r.arch == "moe") {
         if (r.name == name) return preset_model(r);
         names.push_back(r.name);
       }
@@ -48,16 +49,17 @@ const Gpu& plan_gpu(const std::string& name) {
 
 namespace {
 
-// Forward FLOPs of one layer for b sequences, whole layer (all ranks). causal: attention
-// matrices counted over their causal half (what a fused kernel computes).
-double attention_fwd_flops(const TransformerModel& m, double s, double b, bool causal) {
-  return (causal ? 2.0 : 4.0) * b * s * s * m.a * m.layer.head_dim(m.dims(s, b, 1));
+// Forward FLOPs of one layer of `spec` for b sequences, all ranks. causal: attention matrices
+// counted over their causal half (what a fused kernel computes).
+LayerFlops forward_flops(const TransformerModel& m, const LayerSpec& spec, double s, double b, bool causal) {
+  return spec_layer_forward_flops(spec, m.h, m.a, b, s, causal ? AttentionSpan::causal : AttentionSpan::full);
 }
-double layer_fwd_flops(const TransformerModel& m, double s, double b, bool causal) {
-  const Dims d = m.dims(s, b, 1);
-  const double head = m.layer.head_dim(d), g = m.layer.groups(d), F = m.layer.ffn(d);
-  const double fc1 = m.layer.activation == Activation::swiglu ? 2 * F : F;
-  return 2 * b * s * m.h * ((m.a + 2 * g) * head + m.a * head + fc1 + F) + attention_fwd_flops(m, s, b, causal);
+
+// A dense layer of the model: its spec with the experts off (an MoE model's dense layers).
+LayerSpec dense_spec(const TransformerModel& m) {
+  LayerSpec spec = m.layer;
+  spec.moe = {};
+  return spec;
 }
 
 // The divisors of n in increasing order, found up to sqrt(n): the cost grows with sqrt(n).
@@ -81,6 +83,7 @@ void fill_memory(const TransformerModel& M, const StepConfig& c, double headroom
   const Dims d = c.layer_dims(M);
   k.stage = top.stage;
   k.params_per_gpu = top.parameters;
+  k.expert_params_per_gpu = top.expert_parameters;
   k.weight_bytes = top.weight_bytes;
   k.grad_bytes = top.grad_bytes;
   k.optimizer_bytes = top.optimizer_bytes;
@@ -117,87 +120,202 @@ double cp_exchange_bytes(const TransformerModel& m, double s, double b, int t, i
   return 0;
 }
 
+double ep_exchange_bytes(const TransformerModel& m, double s, double b, int t, int C, int ep, bool recompute_moe) {
+  if (ep == 1) return 0;
+  const double e = 2, tokens = s * b / (static_cast<double>(t) * C);  // the rank's rows (SP under t > 1)
+  const double exchanges = recompute_moe ? 6 : 4;
+  return exchanges * tokens * m.layer.moe.top_k * m.h * e * (ep - 1.0) / ep;
+}
+
 namespace {
 
 struct Layout {
   int t = 1, cp = 1, p = 1, m = 1, dp = 1;
   double b = 1;
+  int ep = 1;
 };
 
-// The iteration-time model (layout_search.hpp) of one candidate; memory is filled already.
-void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolicy& c, PlanCandidate& k) {
+// The MoE layers of each pipeline stage, all its chunks (virtual stage chunk·p + stage holds
+// layers [v·n, (v + 1)·n), n = L/(p·m)): what makes one stage slower than another.
+std::vector<int> stage_moe_layers(const TransformerModel& M, int p, int m) {
+  const int L = static_cast<int>(M.L), n = L / (p * m);
+  std::vector<int> out(p, 0);
+  if (!M.layer.moe.enabled()) return out;
+  if (M.moe_layers.empty()) return std::vector<int>(p, L / p);
+  for (int i = 0; i < L; ++i) out[(i / n) % p] += M.is_moe_layer(i);
+  return out;
+}
+
+// One layer's time on one rank for one micro-batch: its forward, backward (twice the forward),
+// what recompute reruns, the tensor-parallel collectives, CP's exposed exchange and EP's
+// all-to-alls (a2a_s, also inside s).
+struct LayerTime {
+  double s = 0, a2a_s = 0;
+};
+LayerTime layer_time(const PlanRequest& r, double s, const Layout& l, const LayerPolicy& c, const LayerSpec& spec) {
   const TransformerModel& M = r.model;
   const Gpu& G = r.gpu;
-  const double B = r.global_batch, t = l.t, C = l.cp, b = l.b, e = 2;  // bf16
-  const Dims unit = M.dims(1, 1, 1);
-  const double layers = M.L / l.p, sbh = s * b * M.h / C, V = padded_vocab(M, t);  // the rank's rows
-  const double rate = G.peak_flops * r.efficiency;
-  const bool causal = c.attention == Attention::fused;
-  const double fwd = layer_fwd_flops(M, s, b, causal) / (t * C) / rate;
-  const double attention_fwd = attention_fwd_flops(M, s, b, causal) / (t * C) / rate;
-  double recompute = 0;
-  if (c.recompute == Recompute::full) recompute = fwd;
-  else if (c.recompute == Recompute::selective && c.attention == Attention::unfused)
-    recompute = 2 * b * s * s * M.a * M.layer.head_dim(unit) / (t * C) / rate;  // Q Kᵀ again for the probabilities
+  const double t = l.t, C = l.cp, b = l.b, e = 2;  // bf16
+  const double sbh = s * b * M.h / C, rank_rate = t * C * G.peak_flops * r.efficiency;  // the rank's rows
+  const LayerFlops f = forward_flops(M, spec, s, b, c.attention == Attention::fused);
+  const double fwd = f.total() / rank_rate, recompute = recompute_forward_flops(f, c) / rank_rate;
+  const double attention_fwd = f.core_attention / rank_rate;
   const double ring = t > 1 ? (t - 1.0) / t : 0.0;
-  // fwd: 2 all-reduces (or all-gather + reduce-scatter pairs); bwd: the same plus, under SP,
-  // the two saved-input all-gathers; full recompute repeats the forward's.
-  double comm_bytes = 2 * 2 * ring * e * sbh * 2 + (c.sequence_parallel ? 2 * ring * e * sbh : 0);
-  if (c.recompute == Recompute::full) comm_bytes += 2 * 2 * ring * e * sbh;
+  // Per block (attention, MLP) fwd: an all-reduce (or all-gather + reduce-scatter pair); bwd:
+  // the same plus, under SP, the saved input's all-gather; full recompute repeats the
+  // forward's. An MoE block has them only for its shared experts: with expert tensor
+  // parallelism 1 the routed experts take whole tokens by all-to-all instead.
+  const bool moe = spec.moe.enabled(), shared = spec.moe.shared_ffn_hidden > 0;
+  const double blocks = moe && !shared ? 1 : 2;
+  double comm_bytes = blocks * 2 * ring * e * sbh * 2 + (c.sequence_parallel ? blocks * ring * e * sbh : 0);
+  if (c.recompute == Recompute::full) comm_bytes += blocks * 2 * ring * e * sbh;
+  const bool selective = c.recompute == Recompute::selective;
+  if (moe && shared && selective && c.modules.moe) comm_bytes += 2 * ring * e * sbh;  // the shared experts' again
   // Context parallelism's exchange: within a node while t·C ≤ 8; p2p hidden behind attention.
-  const bool attention_again = c.recompute == Recompute::full || (c.recompute == Recompute::selective && c.modules.core_attn);
+  const bool attention_again = c.recompute == Recompute::full || (selective && c.modules.core_attn);
   const double cp_link = t * C <= 8 ? G.nvlink_bytes_per_s : G.network_bytes_per_s;
   const double cp_s = cp_exchange_bytes(M, s, b, l.t, l.cp, r.cp_comm, attention_again) / cp_link;
   const double attention_s = (attention_again ? 4 : 3) * attention_fwd;
   const double cp_exposed = r.cp_comm == CpCommType::p2p ? std::max(0.0, cp_s - attention_s) : cp_s;
+  // Expert parallelism's all-to-alls: within a node while ep ≤ 8, not overlapped.
+  LayerTime out;
+  if (moe) {
+    const bool moe_again = c.recompute == Recompute::full || (selective && c.modules.moe);
+    const double ep_link = l.ep <= 8 ? G.nvlink_bytes_per_s : G.network_bytes_per_s;
+    out.a2a_s = ep_exchange_bytes(M, s, b, l.t, l.cp, l.ep, moe_again) / ep_link;
+  }
+  out.s = 3 * fwd + recompute + comm_bytes / G.nvlink_bytes_per_s + cp_exposed + out.a2a_s;
+  return out;
+}
+
+// The iteration-time model (layout_search.hpp) of one candidate; memory is filled already.
+// stage_moe: the MoE layers of each pipeline stage (stage_moe_layers).
+void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolicy& c, const std::vector<int>& stage_moe,
+               PlanCandidate& k) {
+  const TransformerModel& M = r.model;
+  const Gpu& G = r.gpu;
+  const double B = r.global_batch, t = l.t, C = l.cp, b = l.b, e = 2;  // bf16
+  const double layers = M.L / l.p, sbh = s * b * M.h / C, V = padded_vocab(M, t);  // the rank's rows
+  const double rate = G.peak_flops * r.efficiency;
+  const LayerSpec dense = dense_spec(M);
+  const LayerTime dense_layer = layer_time(r, s, l, c, dense);
+  const LayerTime moe_layer = M.layer.moe.enabled() ? layer_time(r, s, l, c, M.layer) : dense_layer;
+  double layers_s = 0, a2a_s = 0;  // the slowest stage's layers
+  for (const int moe : stage_moe) {
+    const double stage = moe * moe_layer.s + (layers - moe) * dense_layer.s;
+    if (stage > layers_s) layers_s = stage, a2a_s = moe * moe_layer.a2a_s;
+  }
   const double split = c.sequence_parallel ? t : 1.0;
-  const double layer_s = 3 * fwd + recompute + comm_bytes / G.nvlink_bytes_per_s + cp_exposed;
   const double logits_s = 3 * 2 * b * s / C * M.h * V / t / rate;  // last stage, per micro-batch
-  const double stage_s = layers * layer_s + logits_s;                // the slowest stage: the last (or only) one
-  const double N = k.microbatches;
+  const double stage_s = layers_s + logits_s;                        // the slowest stage, with the last's logits
+  const double N = k.microbatches, schedule = N + (l.p - 1.0) / l.m;
   const double p2p_s = l.p > 1 ? 2 * (N * l.m + l.p - 1) * e * sbh / split / G.network_bytes_per_s : 0.0;
-  const double pipeline_s = (N + (l.p - 1.0) / l.m) * stage_s + p2p_s;
-  const double replicas = static_cast<double>(l.dp) * l.cp;  // gradients reduce over dp·C
+  const double pipeline_s = schedule * stage_s + p2p_s;
+  k.a2a_s = schedule * a2a_s;
+  // Gradients reduce over dp·C; the experts' over their expert-data-parallel group t·C·dp/ep.
+  const double replicas = static_cast<double>(l.dp) * l.cp, expert_replicas = t * C * l.dp / l.ep;
   const double dp_ring = replicas > 1 ? (replicas - 1) / replicas : 0.0;
-  const double params = k.params_per_gpu;
-  const double dp_bytes = r.distributed_optimizer ? dp_ring * params * (4 + 2) : 2 * dp_ring * params * 4;
-  const double optimizer_s = 30 * params / (r.distributed_optimizer ? replicas : 1) / G.hbm_bytes_per_s;
+  const double ep_ring = expert_replicas > 1 ? (expert_replicas - 1) / expert_replicas : 0.0;
+  const double experts = k.expert_params_per_gpu, params = k.params_per_gpu - experts;
+  const double dp_bytes = r.distributed_optimizer ? dp_ring * params * (4 + 2) + ep_ring * experts * (4 + 2)
+                                                  : 2 * dp_ring * params * 4 + 2 * ep_ring * experts * 4;
+  const double optimizer_s = 30 * params / (r.distributed_optimizer ? replicas : 1) / G.hbm_bytes_per_s +
+                             30 * experts / (r.distributed_optimizer ? expert_replicas : 1) / G.hbm_bytes_per_s;
   k.iteration_s = pipeline_s + dp_bytes / G.network_bytes_per_s + optimizer_s;
   k.tokens_per_s = B * s / k.iteration_s;
-  const double model_flops = 3 * B * (M.L * layer_fwd_flops(M, s, 1, true) + 2 * s * M.h * V);
+  double moe_layers = 0;  // the model's: every stage's
+  for (const int moe : stage_moe) moe_layers += moe;
+  const double layer_flops = moe_layers * forward_flops(M, M.layer, s, 1, true).total() +
+                             (M.L - moe_layers) * forward_flops(M, dense, s, 1, true).total();
+  const double model_flops = 3 * B * (layer_flops + 2 * s * M.h * V);
   k.mfu_percent = 100 * model_flops / (k.iteration_s * r.gpus * G.peak_flops);
 }
 
-// Every configuration of one layout, appended to `out`.
-void add_configs(const PlanRequest& r, double s, const Layout& l, int N, std::vector<PlanCandidate>& out) {
+// The selective module sets searched beside Megatron's default (core_attn): for an MoE layer
+// moe_act, moe and (with shared experts) shared_experts, for latent attention mla_up_proj,
+// each alone or, under unfused attention, with core_attn.
+std::vector<RecomputeModules> module_sets(const PlanRequest& r) {
+  std::vector<RecomputeModules> out;
+  const LayerSpec& spec = r.model.layer;
+  for (const bool core_attn : {false, true}) {
+    if (core_attn && r.attention == Attention::fused) continue;
+    RecomputeModules m{core_attn, false, false};
+    for (bool RecomputeModules::*module : {&RecomputeModules::moe_act, &RecomputeModules::moe,
+                                           &RecomputeModules::shared_experts, &RecomputeModules::mla_up_proj}) {
+      const bool applies = module == &RecomputeModules::mla_up_proj        ? spec.mla.enabled
+                           : module == &RecomputeModules::shared_experts ? spec.moe.shared_ffn_hidden > 0
+                                                                           : spec.moe.enabled();
+      if (!applies) continue;
+      RecomputeModules with = m;
+      with.*module = true;
+      out.push_back(with);
+    }
+  }
+  return out;
+}
+
+// The configurations of one layout: config_names()'s (name, policy), and for a mixture of
+// experts or latent attention selective recompute of their modules.
+std::vector<std::pair<std::string, LayerPolicy>> searched_policies(const PlanRequest& r, double s, const Layout& l) {
+  const bool moe = r.model.layer.moe.enabled(), more_modules = moe || r.model.layer.mla.enabled;
+  std::vector<std::pair<std::string, LayerPolicy>> out;
   for (const std::string& name : config_names()) {
     LayerPolicy c = parse_config(name);
     if (c.sequence_parallel && (l.t == 1 || std::fmod(s, l.t) != 0)) continue;
+    if (moe && l.t > 1 && !c.sequence_parallel) continue;  // Megatron-Core's MoE under TP needs SP
     c.attention = r.attention;
     c.cp_comm = r.cp_comm;
     if (context_parallel_rule(s, r.model.a, r.model.layer.groups(r.model.dims(1, 1, 1)), l.t, l.cp, c) != CpRule::ok)
       continue;
-    // Fused attention keeps no probabilities: selective recompute would run the whole
-    // attention forward again to save only the 4·asb/t bytes of its lse. Left out.
-    if (r.attention == Attention::fused && c.recompute == Recompute::selective) continue;
+    // Fused attention keeps no probabilities: selective recompute of core_attn would run the
+    // whole attention forward again to save only the 4·asb/t bytes of its lse. Left out.
+    if (c.recompute != Recompute::selective || r.attention == Attention::unfused) out.push_back({name, c});
+    if (c.recompute != Recompute::selective || !more_modules) continue;
+    for (const RecomputeModules& modules : module_sets(r)) {
+      c.modules = modules;
+      out.push_back({name, c});
+    }
+  }
+  return out;
+}
+
+// Every configuration of one layout, appended to `out`.
+void add_configs(const PlanRequest& r, double s, const Layout& l, int N, const std::vector<int>& stage_moe,
+                 std::vector<PlanCandidate>& out) {
+  for (const auto& [name, c] : searched_policies(r, s, l)) {
     PlanCandidate k;
-    k.t = l.t, k.cp = l.cp, k.p = l.p, k.m = l.m, k.dp = l.dp, k.b = l.b, k.microbatches = N, k.config = name;
+    k.t = l.t, k.cp = l.cp, k.p = l.p, k.m = l.m, k.dp = l.dp, k.ep = l.ep, k.b = l.b, k.microbatches = N;
+    k.config = name;
+    k.modules = recomputed_modules_text(c);
     StepConfig step;
     step.layout.t = l.t, step.layout.cp = l.cp, step.layout.p = l.p, step.layout.vp = l.m, step.layout.dp = l.dp;
+    step.layout.ep = l.ep, step.layout.etp = 1;
     step.seq = s, step.micro_batch = l.b, step.global_batch = r.global_batch;
     step.policy = c;
     step.distributed_optimizer = r.distributed_optimizer;
     fill_memory(r.model, step, r.headroom_bytes, k);
     k.fits = k.total_bytes <= r.gpu.memory_bytes;
-    fill_time(r, s, l, c, k);
+    fill_time(r, s, l, c, stage_moe, k);
     out.push_back(k);
   }
+}
+
+// The expert-parallel sizes of t·C·dp ranks: the divisors of it that divide E (Megatron's
+// rule with expert tensor parallelism 1); 1 alone for a dense model.
+std::vector<int> expert_parallel_sizes(const TransformerModel& M, int ranks) {
+  if (!M.layer.moe.enabled()) return {1};
+  std::vector<int> out;
+  for (const int ep : divisors(ranks))
+    if (std::fmod(M.layer.moe.num_experts, ep) == 0) out.push_back(ep);
+  return out;
 }
 
 // The context-parallel sizes worth searching: up to max_cp, and within Megatron's rules
 // (context_parallel_rule; SP's rows are the configuration's, checked in add_configs).
 bool cp_fits(const PlanRequest& r, double s, int t, int C) {
   if (C > r.max_cp) return false;
+  // Latent attention's exchange (k and v of other widths than q's) is not modelled: C = 1.
+  if (C > 1 && r.model.layer.mla.enabled) return false;
   LayerPolicy p;
   p.attention = r.attention, p.cp_comm = r.cp_comm;
   return context_parallel_rule(s, r.model.a, r.model.layer.groups(r.model.dims(1, 1, 1)), t, C, p) == CpRule::ok;
@@ -226,11 +344,11 @@ std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
   const double s = r.seq > 0 ? r.seq : M.seq, B = r.global_batch;
   check_request(r, s);
   const Dims unit = M.dims(1, 1, 1);
-  const double g = M.layer.groups(unit), F = M.layer.ffn(unit);
+  const double g = M.layer.groups(unit), F = M.layer.ffn(unit), shared = M.layer.moe.shared_ffn_hidden;
   std::vector<PlanCandidate> out;
   for (int t : {1, 2, 4, 8}) {
     if (r.gpus % t != 0 || std::fmod(M.a, t) != 0 || std::fmod(g, t) != 0 || std::fmod(M.h, t) != 0 ||
-        std::fmod(F, t) != 0)
+        std::fmod(F, t) != 0 || std::fmod(shared, t) != 0)
       continue;
     for (int C = 1; C <= r.gpus / t; C *= 2) {
       if ((r.gpus / t) % C != 0 || !cp_fits(r, s, t, C)) continue;
@@ -242,11 +360,13 @@ std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
         if (std::fmod(B, dp) != 0) continue;
         for (int m : {1, 2, 4}) {
           if (m > 1 && (p == 1 || std::fmod(M.L, static_cast<double>(p) * m) != 0)) continue;
+          const std::vector<int> stage_moe = stage_moe_layers(M, p, m);
           for (double b : {1.0, 2.0, 4.0, 8.0}) {
             if (std::fmod(B / dp, b) != 0) continue;
             const int N = static_cast<int>(B / dp / b);
             if (m > 1 && N % p != 0) continue;  // Megatron's interleaved schedule needs N % p == 0
-            add_configs(r, s, Layout{t, C, p, m, dp, b}, N, out);
+            for (const int ep : expert_parallel_sizes(M, t * C * dp))
+              add_configs(r, s, Layout{t, C, p, m, dp, b, ep}, N, stage_moe, out);
           }
         }
       }

@@ -1,28 +1,36 @@
 #pragma once
-// The layout search (`theory plan --gpus N`): for a model (a llama preset, a Hugging Face
-// config or one of the paper's GPT models), a GPU type, a number of GPUs, a sequence length
-// and a global batch, every layout (t ∈ {1,2,4,8}, context parallel C ∈ {1,2,4,…} up to
-// max_cp with 2C dividing s, p dividing L, interleaving m, micro-batch b, data parallel the
-// rest) and every configuration (recompute none | selective | full, SP
-// on/off; selective is left out with fused attention, where it equals none), with the memory
-// of the first pipeline stage broken down (weights, gradients, optimizer, activations in
-// flight, embedding/output extras, the recompute working set) and an iteration-time model;
-// the fastest plans that fit come first. (Which configuration fits one given layout of a
-// paper model: config_fit.hpp.)
+// The layout search (`theory plan --gpus N`): for a model (a llama, mixture-of-experts or GPT
+// preset, a Hugging Face config or a launch script's model), a GPU type, a number of GPUs, a
+// sequence length and a global batch, every layout (t ∈ {1,2,4,8}, context parallel C ∈
+// {1,2,4,…} up to max_cp with 2C dividing s, p dividing L, interleaving m, micro-batch b, data
+// parallel the rest, and for a mixture of experts the expert-parallel size ep dividing both E
+// and t·C·dp, with expert tensor parallelism 1) and every configuration (recompute none |
+// selective | full, SP on/off; selective is left out with fused attention where it equals
+// none; a mixture of experts adds selective recompute of moe_act, moe and shared_experts, and
+// needs SP under t > 1; multi-latent attention adds mla_up_proj and is searched at C = 1,
+// its exchange not modelled), with the memory of the first pipeline stage broken down (weights,
+// gradients, optimizer, activations in flight, embedding/output extras, the recompute working
+// set) and an iteration-time model; the fastest plans that fit come first. (Which
+// configuration fits one given layout of a paper model: config_fit.hpp.)
 //
 // Memory: each candidate's whole training step (step_memory.hpp): bf16 weights, fp32
-// gradients, fp32 Adam master + moments (/ dp with the distributed optimizer), the
-// activations in flight on the simulated 1F1B or interleaved schedule, the embedding's and
-// the loss's terms and the working sets, on the stage whose peak is highest.
+// gradients, fp32 Adam master + moments (/ dp with the distributed optimizer; the experts'
+// over their expert-data-parallel group t·C·dp/ep), the activations in flight on the
+// simulated 1F1B or interleaved schedule (an MoE layer's with balanced routing), the
+// embedding's and the loss's terms and the working sets, on the stage whose peak is highest.
 //
-// Time (a model, not a measurement): GEMM and attention FLOPs at `efficiency` × the GPU's
-// dense bf16 peak, tensor-parallel collectives over NVLink, pipeline transfers and the
+// Time (a model, not a measurement): GEMM and attention FLOPs (flops.hpp's
+// spec_layer_forward_flops, recompute adding recompute_forward_flops) at `efficiency` × the
+// GPU's dense bf16 peak, tensor-parallel collectives over NVLink, pipeline transfers and the
 // data-parallel gradient reduction over the network (not overlapped), the bubble
 // (p − 1)/m micro-batch times, and the Adam step at HBM bandwidth. Under context parallelism
 // each rank computes s/C of every sequence (attention balanced by the 2C-chunk split), and
 // the exchange per layer (cp_exchange_bytes) runs over NVLink while t·C ≤ 8 (one node) and
 // over the network beyond: p2p's ring hidden behind the attention it feeds as far as that
-// lasts, all_gather's and a2a's collectives not overlapped.
+// lasts, all_gather's and a2a's collectives not overlapped. Under expert parallelism each MoE
+// layer's all-to-alls (ep_exchange_bytes) run over NVLink while ep ≤ 8 (Megatron's expert
+// groups are consecutive ranks) and over the network beyond, not overlapped; the experts'
+// gradients reduce over their expert-data-parallel group.
 #include <string>
 #include <vector>
 
@@ -35,7 +43,8 @@ namespace actbench::theory {
 
 // llama3-8b, llama3-70b, llama3-405b (s 8192, untied embeddings, v 128256).
 const std::vector<TransformerModel>& llama_plan_models();
-// A llama preset or one of the paper's GPT models (22b, 175b, 530b, 1t); throws std::invalid_argument.
+// A llama preset, one of the paper's GPT models (22b, 175b, 530b, 1t) or a mixture-of-experts
+// preset (mixtral-8x7b, qwen3-30b-a3b, deepseek-v3); throws std::invalid_argument.
 TransformerModel plan_model(const std::string& name);
 // a100, h100, h200 (models.hpp) and b200.
 const Gpu& plan_gpu(const std::string& name);
@@ -67,12 +76,22 @@ struct PlanRequest {
 double cp_exchange_bytes(const TransformerModel& m, double s, double b, int t, int C, CpCommType type,
                          bool recompute_attention);
 
+// Bytes one rank sends per MoE layer and micro-batch for expert parallelism's all-to-alls
+// (ep ranks, expert tensor parallelism 1, bf16): each exchange sends the rank's T = s·b/(t·C)
+// tokens' k choices, h wide, (ep − 1)/ep of them to other ranks under balanced routing; four
+// exchanges (dispatch and combine forward, their gradients backward) and the forward's two
+// again when `recompute_moe` (the moe module or full recompute reruns the block).
+double ep_exchange_bytes(const TransformerModel& m, double s, double b, int t, int C, int ep, bool recompute_moe);
+
 struct PlanCandidate {
   int t = 1, cp = 1, p = 1, m = 1, dp = 1;
+  int ep = 1;  // expert parallel (1 for a dense model); expert tensor parallelism is 1
   double b = 1, microbatches = 1;
   std::string config;  // baseline, sp, selective, selective+sp, full, full+sp
+  std::string modules;  // selective recompute's modules ("core_attn", "moe_act", ...); "" otherwise
   int stage = 0;  // the pipeline stage whose peak is highest: every byte below is that stage's
   double params_per_gpu = 0;
+  double expert_params_per_gpu = 0;  // of them, the routed experts'
   double weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   // One layer's saved tensors (norm statistics included) and how many layers' worth the stage
   // holds at its peak.
@@ -85,6 +104,7 @@ struct PlanCandidate {
   double headroom_bytes = 0, total_bytes = 0;
   bool fits = false;
   double iteration_s = 0, tokens_per_s = 0, mfu_percent = 0;
+  double a2a_s = 0;  // of iteration_s: expert parallelism's all-to-alls on the slowest stage
 };
 
 // Every candidate, the fitting ones first, fastest first; then those that do not fit.
