@@ -92,11 +92,10 @@ static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int e
 }
 
 // What multi-latent attention is built for today (layers/mla_attention.cpp): Megatron-Core's
-// MLASelfAttention without biases, RoPE on the whole RoPE part, no context parallelism (fused
-// attention with v's own head size runs on cpu and meta; the cuda kernels refuse it).
-static void validate_mla(const LayerDims& d, LayerPolicy p, int cp) {
+// MLASelfAttention without biases, RoPE on the whole RoPE part (fused attention with v's own
+// head size runs on cpu and meta; the cuda kernels refuse it).
+static void validate_mla(const LayerDims& d) {
   auto fail = [](const std::string& m) { throw InvalidArgument(m); };
-  if (cp != 1) fail("multi-latent attention runs without context parallelism for now (--cp 1)");
   if (d.spec.kv_heads != 0 && d.spec.kv_heads != d.a)
     fail("multi-latent attention gives every head its own k and v: --num-query-groups does not apply");
   if (d.spec.add_bias_linear || d.spec.add_qkv_bias)
@@ -142,7 +141,7 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
          config_name(p) + ")");
   if (ep != 1 && !d.spec.moe.enabled()) fail("--ep needs an MoE layer (--num-experts)");
   if (d.spec.moe.enabled()) validate_moe(d, t, p, cp, ep);
-  if (d.spec.mla.enabled) validate_mla(d, p, cp);
+  if (d.spec.mla.enabled) validate_mla(d);
   validate_context_parallel(d, t, p, cp);
 }
 

@@ -113,6 +113,7 @@ void LayerBase::cp_ring_bwd(const QkvHeads& qkv, const Tensor& out, const Tensor
   // on at step i during step i+1's (they are needed only after it).
   const int64_t b = opt_.dims.b;
   const Shape q_shape = {b * heads_per_rank_, seq_, head_dim_}, kv_shape = {b * kv_heads_per_rank_, seq_, head_dim_};
+  const Shape v_shape = {b * kv_heads_per_rank_, seq_, v_head_dim_}, out_shape = {b * heads_per_rank_, seq_, v_head_dim_};
   Tensor dq = be_.zeros(qkv.q.shape(), opt_.dtype);
   Tensor dq_part = be_.empty(qkv.q.shape(), opt_.dtype);
   Tensor k = qkv.k, v = qkv.v;
@@ -126,9 +127,9 @@ void LayerBase::cp_ring_bwd(const QkvHeads& qkv, const Tensor& out, const Tensor
     }
     Tensor dk = be_.empty(k.shape(), opt_.dtype), dv = be_.empty(v.shape(), opt_.dtype);
     const AttentionGeometry g = block_geometry(owner);
-    be_.attention_bwd(qkv.q.view(q_shape), k.view(kv_shape), v.view(kv_shape), out.view(q_shape), dout.view(q_shape),
-                      lse.view({b * heads_per_rank_, seq_}), attention_scale(), attn_dropout_spec(g, true),
-                      dq_part.view(q_shape), dk.view(kv_shape), dv.view(kv_shape), g.rows);
+    be_.attention_bwd(qkv.q.view(q_shape), k.view(kv_shape), v.view(v_shape), out.view(out_shape),
+                      dout.view(out_shape), lse.view({b * heads_per_rank_, seq_}), attention_scale(),
+                      attn_dropout_spec(g, true), dq_part.view(q_shape), dk.view(kv_shape), dv.view(v_shape), g.rows);
     be_.add_inplace(dq, dq_part);
     if (step > 0) {  // the sums that came with this block
       be_.add_inplace(dk, cp_ring_wait("bwd", "dk", dk_sum));

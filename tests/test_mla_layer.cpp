@@ -2,14 +2,14 @@
 // (layers/mla_attention.cpp):
 // - the bytes it keeps equal theory/layer_pieces.hpp's MLA rows to the byte, category by
 //   category (statistics too), on meta and on the cpu, for each MLA option × configuration ×
-//   recompute module set (mla_up_proj among them) × t;
+//   recompute module set (mla_up_proj among them) × t, and under context parallelism;
 // - the mla_up_proj module frees exactly the up projections' inputs and q, k, v, and keeps k's
 //   RoPE part, on the whole sequence;
 // - no recompute module changes a computed value;
 // - the fused kernel with v's own head size equals the unfused path;
 // - what is not built yet is refused with one line.
 // The values themselves are checked against the float64 NumPy layer (tests/test_mla_dumps.py)
-// and across ranks in test_mpi_layer (MpiMla).
+// and across ranks in test_mpi_layer (MpiMla) and test_mpi_context_parallel.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -135,6 +135,38 @@ TEST(MlaLayerMeta, MeasuredBytesEqualThePieces) {
       for (DType dtype : {DType::bf16, DType::fp32}) expect_pieces(*be, c, t, dtype);
 }
 
+// Context parallelism (emulated, rank 0 of C): each rank's latents, k's RoPE part and heads on
+// its s/C rows, whatever the comm type; the bytes equal the pieces with C.
+TEST(MlaLayerMeta, ContextParallelBytesEqualThePieces) {
+  auto be = make_meta_backend();
+  LayerDims d = mla_dims(mla_cases()[1].spec);  // q projected, LayerNorm, dropout: all on s/C rows
+  d.s = 16;
+  d.a = 8;  // a2a: heads over t x C = 8
+  for (int C : {2, 4})
+    for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a})
+      for (const std::string config : {"sp", "selective+sp", "full+sp"}) {
+        ExperimentSpec spec;
+        spec.dims = d;
+        spec.policy = parse_config(config);
+        spec.policy.attention = type == CpCommType::p2p ? Attention::fused : Attention::unfused;
+        spec.policy.cp_comm = type;
+        spec.policy.modules.mla_up_proj = true;
+        spec.warmup = 0;
+        spec.iters = 1;
+        auto tp = make_emulated_communicator(2), cp = make_emulated_communicator(C);
+        spec.cp_group = cp.get();
+        const ExperimentResult r = run_experiment(*be, *tp, spec);
+        const std::string where = config + " " + cp_comm_type_name(type) + " C=" + std::to_string(C);
+        ASSERT_EQ(r.status, "ok") << where << ": " << r.message;
+        theory::Dims td = theory_dims(d, 2);
+        td.cp = C;
+        EXPECT_EQ(as_theory(r.act_by_category, false), theory::layer_bytes_by_category(td, d.spec, spec.policy))
+            << where;
+        EXPECT_EQ(as_theory(r.act_by_category, true), theory::layer_extra_bytes_by_category(td, d.spec, spec.policy))
+            << where;
+      }
+}
+
 // The cpu computes every value, routing included: its bytes are held to the same pieces (the
 // MoE case routes balanced by chance only, so its pieces take the rows it routed).
 TEST(MlaLayerCpu, MeasuredBytesEqualThePieces) {
@@ -220,28 +252,27 @@ TEST(MlaLayerCpu, FusedAttentionEqualsUnfused) {
 TEST(MlaLayerRefusals, OneLineEach) {
   auto be = make_meta_backend();
   const LayerSpec ok = mla_cases()[0].spec;
-  auto refusal = [&](LayerSpec spec, LayerPolicy p, int cp) -> std::string {
+  auto refusal = [&](LayerSpec spec, LayerPolicy p) -> std::string {
     try {
-      validate_layer(mla_dims(spec), 1, p, cp);
+      validate_layer(mla_dims(spec), 1, p);
     } catch (const InvalidArgument& e) {
       return e.what();
     }
     return "";
   };
   const LayerPolicy unfused{};
-  EXPECT_EQ(refusal(ok, unfused, 1), "");
-  EXPECT_EQ(refusal(ok, {Recompute::none, false, Attention::fused, {}}, 1), "");
-  EXPECT_NE(refusal(ok, unfused, 2).find("--cp 1"), std::string::npos);
+  EXPECT_EQ(refusal(ok, unfused), "");
+  EXPECT_EQ(refusal(ok, {Recompute::none, false, Attention::fused, {}}), "");
   LayerSpec gqa = ok;
   gqa.kv_heads = 2;
-  EXPECT_NE(refusal(gqa, unfused, 1).find("--num-query-groups"), std::string::npos);
+  EXPECT_NE(refusal(gqa, unfused).find("--num-query-groups"), std::string::npos);
   LayerSpec bias = ok;
   bias.add_bias_linear = true;
-  EXPECT_NE(refusal(bias, unfused, 1).find("--disable-bias-linear"), std::string::npos);
+  EXPECT_NE(refusal(bias, unfused).find("--disable-bias-linear"), std::string::npos);
   LayerSpec no_rope = ok;
   no_rope.position = theory::PositionEmbedding::none;
-  EXPECT_NE(refusal(no_rope, unfused, 1).find("rope"), std::string::npos);
+  EXPECT_NE(refusal(no_rope, unfused).find("rope"), std::string::npos);
   LayerSpec partial = ok;
   partial.rotary_percent = 0.5;
-  EXPECT_NE(refusal(partial, unfused, 1).find("--rotary-percent 1"), std::string::npos);
+  EXPECT_NE(refusal(partial, unfused).find("--rotary-percent 1"), std::string::npos);
 }

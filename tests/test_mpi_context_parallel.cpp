@@ -1,7 +1,7 @@
 // Context parallelism under real MPI ranks (run by ctest as mpirun -np 2 and -np 4): the world
-// split t x C (Megatron's order), every CP type, unfused and fused, gpt (with dropout) and
-// llama (GQA, RoPE at each rank's positions): every tensor equals the single-rank layer's up
-// to the order of summation.
+// split t x C (Megatron's order), every CP type, unfused and fused, gpt (with dropout),
+// llama (GQA, RoPE at each rank's positions) and multi-latent attention: every tensor equals
+// the single-rank layer's up to the order of summation.
 #include <gtest/gtest.h>
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
@@ -22,6 +22,11 @@ int g_world_size = 1;
 LayerDims dims_of(const std::string& arch) {
   LayerDims d{24, 2, 48, 4};  // 24 = 2C chunks of 3 for C = 4, of 6 for C = 2; h/a = 12
   if (arch == "llama") d.spec = theory::llama_layer_spec(4, 64);
+  if (arch == "mla") {  // DeepSeek's latent attention: k's RoPE part at each rank's positions, v of its own width
+    d.spec.add_bias_linear = false;
+    d.spec.position = theory::PositionEmbedding::rope;
+    d.spec.mla = {true, 6, 5, 4, 2, 3};
+  }
   return d;
 }
 
@@ -34,7 +39,7 @@ TEST_P(MpiContextParallel, EveryTensorEqualsTheSingleRankLayer) {
   for (int C : {2, 4}) {
     if (g_world_size % C != 0) continue;
     const int t = g_world_size / C;
-    for (const std::string arch : {"gpt", "llama"})
+    for (const std::string arch : {"gpt", "llama", "mla"})
       for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a})
         for (Attention attention : {Attention::unfused, Attention::fused}) {
           ExperimentSpec spec = small_spec(config, DType::fp32, arch == "gpt" ? 0.1f : 0.f, dims_of(arch));
