@@ -55,6 +55,7 @@ int StepConfig::world_size() const { return layout.t * layout.cp * layout.p * la
 Dims StepConfig::layer_dims(const TransformerModel& m) const {
   Dims d = m.dims(seq, micro_batch, layout.t);
   d.cp = layout.cp;
+  d.ep = layout.ep;  // the dispatch plan keeps the local experts' received rows under EP
   return d;
 }
 
