@@ -66,10 +66,15 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
 }
 
 // What the MoE block is built for today: expert tensor parallelism 1 (each rank's experts take
-// its own rows), which under TP needs SP as in Megatron-Core; experts without biases.
+// its own rows), which under TP needs SP as in Megatron-Core; experts without biases; expert
+// parallelism over data-parallel ranks (t = 1) or over the tensor-parallel group (ep = t).
 static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
   if (cp != 1)
     throw InvalidArgument("an MoE layer runs without context parallelism for now (--cp 1)");
+  if (ep > 1 && t > 1 && ep != t)
+    throw InvalidArgument("expert parallelism with --tp " + std::to_string(t) + " splits the experts over the "
+                          "tensor-parallel group: --expert-model-parallel-size must be " + std::to_string(t) +
+                          " (or 1), got " + std::to_string(ep));
   if (t > 1 && !p.sequence_parallel)
     throw InvalidArgument("an MoE layer under tensor parallelism needs sequence parallelism (config " +
                           config_name(p) + " has none), as Megatron-Core requires");
@@ -79,12 +84,10 @@ static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int e
   if (ep < 1 || experts % ep != 0)
     throw InvalidArgument("num-experts " + std::to_string(experts) + " is not divisible by the expert-parallel size " +
                           std::to_string(ep));
-  if (ep > 1 && t > 1)
-    throw InvalidArgument("expert parallelism runs with --tp 1 for now (its ranks are data-parallel ranks of the "
-                          "attention)");
-  if (ep > 1 && d.spec.attention_dropout > 0)
-    throw InvalidArgument("expert parallelism runs without attention dropout for now (--attention-dropout 0): "
-                          "each rank's batch slice of the probabilities would need its own mask offsets");
+  if (ep > 1 && t == 1 && d.spec.attention_dropout > 0)
+    throw InvalidArgument("expert parallelism over data-parallel ranks runs without attention dropout for now "
+                          "(--attention-dropout 0): each rank's batch slice of the probabilities would need its own "
+                          "mask offsets");
   const double shared = d.spec.moe.shared_ffn_hidden;
   if (shared > 0 && static_cast<int64_t>(shared) % t != 0)
     throw InvalidArgument("moe-shared-expert-intermediate-size " + std::to_string(static_cast<int64_t>(shared)) +

@@ -89,7 +89,9 @@ SavedActivations LayerBase::take_saved_for_backward(const Tensor& dy) {
 }
 
 void LayerBase::all_reduce_partial_grads() {
+  // Split over expert-parallel ranks, an expert has received every rank's rows: whole.
   auto partial = [&](const ParamInfo& p) {
+    if (p.kind == ShardKind::experts && ep_size_ > 1) return false;
     return p.grad_sum == GradSum::tensor_parallel ||
            (p.grad_sum == GradSum::sequence_parallel && opt_.policy.sequence_parallel);
   };

@@ -173,6 +173,9 @@ class LayerBase : public Layer {
   int cp_size_, cp_rank_;  // its size C and this rank
   Communicator* ep_comm_;  // the expert-parallel group (null: ep = 1)
   int ep_size_, ep_rank_;
+  // The experts split over the tensor-parallel group itself (ep = t): its ranks share one
+  // micro-batch. Otherwise expert-parallel ranks are data-parallel ranks with their own.
+  bool experts_over_tp() const { return ep_size_ > 1 && ep_comm_ == &comm_; }
   int64_t seq_;            // s/C: the rows of the sequence this TP group works on
   SeqPositions seq_positions_;  // where they sit: chunks cp_rank and 2C-1-cp_rank of 2C
   int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); d (LayerDims::head_dim)

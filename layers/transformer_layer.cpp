@@ -120,9 +120,10 @@ DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site, const SeqPosi
   spec.layer = opt_.layer_index;
   spec.site = site;
   spec.inner = opt_.dims.h;
-  if (ep_size_ > 1) {
-    // Expert parallelism (t = 1, C = 1: one run of all s positions): this rank's b sequences
-    // are batch columns [r·b, (r+1)·b) of the canonical [s, ep·b, h], at every position.
+  if (ep_size_ > 1 && !experts_over_tp()) {
+    // Expert parallelism over data-parallel ranks (t = 1, C = 1: one run of all s positions):
+    // this rank's b sequences are batch columns [r·b, (r+1)·b) of the canonical [s, ep·b, h],
+    // at every position.
     spec.outer = run.rows;
     spec.mid_local = opt_.dims.b;
     spec.mid_global = ep_size_ * opt_.dims.b;

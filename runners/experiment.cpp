@@ -45,7 +45,7 @@ LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& sp
     opt.seed = spec.seed;
     opt.layer_index = static_cast<uint32_t>(i);
     opt.moe_tokens_per_expert = spec.moe_tokens_per_expert;
-    stack.push_back(make_layer(be, comm, opt, spec.cp_group, spec.ep_group));
+    stack.push_back(make_layer(be, comm, opt, spec.cp_group, spec.experts_over_tp ? &comm : spec.ep_group));
     stack.back()->init_parameters();
   }
   return stack;
@@ -179,7 +179,7 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
 }
 
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
-  validate_layer(spec.dims, comm.size(), spec.policy, spec.cp(), spec.ep());
+  validate_layer(spec.dims, comm.size(), spec.policy, spec.cp(), spec.expert_parallel(comm.size()));
   if (spec.layers < 1) throw InvalidArgument("--layers must be >= 1");
   if (spec.stack.method != RecomputeMethod::none) {
     if (spec.policy.recompute != Recompute::full)
@@ -501,9 +501,9 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
     for (CanonicalTensor& r : routing) out.push_back(std::move(r));
   }
   for (const ParamInfo& p : layer_param_table(d)) {
-    // The experts' blocks are gathered over the expert-parallel group (whole on every TP rank),
-    // the rest over TP.
-    const bool experts = p.kind == ShardKind::experts;
+    // The experts' blocks are gathered over the expert-parallel group (whole on every TP rank
+    // without one; over TP when the experts are split over it), the rest over TP.
+    const bool experts = p.kind == ShardKind::experts && !spec.experts_over_tp;
     std::unique_ptr<Communicator> alone = experts && !spec.ep_group ? make_local_communicator() : nullptr;
     Communicator& group = experts ? (spec.ep_group ? *spec.ep_group : *alone) : comm;
     const ShardSpec shard = param_shard(p, group.size(), group.rank());

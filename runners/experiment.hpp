@@ -36,6 +36,11 @@ struct ExperimentSpec {
   // canonical [s, ep·b, h]).
   Communicator* ep_group = nullptr;
   int ep() const { return ep_group ? ep_group->size() : 1; }
+  // --expert-model-parallel-size = --tp (expert tensor parallelism 1): the experts over the
+  // tensor-parallel group itself, each TP rank's sequence rows travelling to their experts' ranks.
+  bool experts_over_tp = false;
+  // The expert-parallel size the layer's experts are split over, for a TP group of tp ranks.
+  int expert_parallel(int tp) const { return experts_over_tp ? tp : ep(); }
   // MoE layers on meta: the tokens each expert processes (--moe-tokens-per-expert); empty: balanced.
   std::vector<int64_t> moe_tokens_per_expert;
   int cp() const { return cp_group ? cp_group->size() : 1; }

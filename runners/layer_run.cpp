@@ -94,7 +94,7 @@ struct Groups {
 };
 Groups make_groups(const LayerRunOptions& o, Backend& be, int world) {
   Groups g;
-  if (o.ep > 1) {  // the whole world is the expert-parallel group; each rank its own TP group of 1
+  if (o.ep > 1 && !o.experts_over_tp()) {  // the world is the expert-parallel group; each rank a TP group of 1
     g.ep = o.emulate_ep ? make_backend_emulated_communicator(be, o.ep) : make_world_communicator(be);
     g.tp = make_backend_local_communicator(be);
     return g;
@@ -128,6 +128,7 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.kernel_report = s.kernel_report.get();
   spec.cp_group = s.cp_group;
   spec.ep_group = s.ep_group;
+  spec.experts_over_tp = o.experts_over_tp();
   spec.moe_tokens_per_expert = o.moe_tokens_per_expert;
   return spec;
 }

@@ -442,7 +442,9 @@ bool same_path(const std::string& a, const std::string& b) {
 // --tp: with --emulate-tp the preset's t unless given (a --hf-config file has none); else the
 // MPI world's size.
 void resolve_tp(LayerRunOptions& o, const ModelPreset* preset, int world) {
-  if (o.ep > 1) {  // expert parallelism runs at t = 1: the world (or the emulated group) is its ranks
+  // Expert parallelism over data-parallel ranks runs at t = 1: the world (or the emulated group)
+  // is its ranks. Given --tp equal to it, the experts are split over the TP group instead.
+  if (o.ep > 1 && !o.experts_over_tp()) {
     if (o.emulate_ep && !o.dump.empty())
       throw InvalidArgument("--dump cannot be combined with --emulate-ep (emulated values are not the layer's)");
     if (o.tp == 0) o.tp = 1;
@@ -532,7 +534,11 @@ void check_kernel_report_options(const LayerRunOptions& o) {
 
 // What the layer and the backend allow, after the layer's own checks.
 void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int world) {
-  if (o.ep > 1 && (world != (o.emulate_ep ? 1 : o.ep) || o.tp != 1 || o.cp != 1))
+  if (o.experts_over_tp() && (o.emulate_ep || o.cp != 1))
+    throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " with --tp " +
+                          std::to_string(o.tp) + " splits the experts over the tensor-parallel group: it runs with "
+                          "--cp 1 and, on one process, --emulate-tp (not --emulate-ep)");
+  if (o.ep > 1 && !o.experts_over_tp() && (world != (o.emulate_ep ? 1 : o.ep) || o.tp != 1 || o.cp != 1))
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " runs under mpirun -np " +
                           std::to_string(o.ep) + " (or --emulate-ep on one process) with --tp 1 and --cp 1 for now " +
                           "(the MPI world has " + std::to_string(world) + ")");

@@ -27,6 +27,9 @@ struct LayerRunOptions {
   std::string cp_comm_type = "p2p";
   int ep = 1;               // --expert-model-parallel-size: an MoE layer's experts over ep ranks (the MPI world)
   bool emulate_ep = false;  // one process plays rank 0 of the ep ranks
+  // --tp given equal to --expert-model-parallel-size: the experts over the tensor-parallel group
+  // (each rank's sequence rows to their experts), not over data-parallel ranks.
+  bool experts_over_tp() const { return ep > 1 && tp == ep; }
   uint64_t seed = 1234;
   double link_gbps = 450.0;
   uint64_t memory_limit = 0;  // 0: none

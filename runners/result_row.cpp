@@ -40,16 +40,16 @@ double routed_rows(const ExperimentResult& r) {
   return static_cast<double>(std::accumulate(r.moe.tokens_per_expert.begin(), r.moe.tokens_per_expert.end(), int64_t{0}));
 }
 
-MoeRows moe_rows(const Measurement& m) {
-  return {routed_rows(m.result), static_cast<double>(m.result.moe.expert_rows), m.spec.ep()};
+MoeRows moe_rows(const Measurement& m, int tp) {
+  return {routed_rows(m.result), static_cast<double>(m.result.moe.expert_rows), m.spec.expert_parallel(tp)};
 }
 
 // Per layer: the layer's closed form, or the stack's over its layers under a --recompute-method.
 double per_layer_formula_bytes(const Measurement& m, int tp) {
   const ExperimentSpec& spec = m.spec;
   if (spec.stack.method == RecomputeMethod::none)
-    return formula_bytes(spec.dims, tp, spec.policy, spec.dtype, spec.cp(), moe_rows(m));
-  return stack_formula_bytes(spec, tp, moe_rows(m)) / spec.layers;
+    return formula_bytes(spec.dims, tp, spec.policy, spec.dtype, spec.cp(), moe_rows(m, tp));
+  return stack_formula_bytes(spec, tp, moe_rows(m, tp)) / spec.layers;
 }
 
 // The backend's times are results: not meta, not the CPU simulator, and the run was ok.
@@ -145,7 +145,8 @@ void set_memory_columns(CsvRow& row, const RunContext& run, const Measurement& m
   row.set("act_extra_bytes", ok ? std::to_string(r.act_extra_bytes) : "");
   row.set("act_bytes_formula", fmt_num(per_layer_formula_bytes(m, run.options.tp)));
   row.set("stack_act_bytes", ok ? std::to_string(r.stack_act_bytes) : "");
-  row.set("stack_act_bytes_formula", fmt_num(stack_formula_bytes(m.spec, run.options.tp, moe_rows(m))));
+  const int tp = run.options.tp;
+  row.set("stack_act_bytes_formula", fmt_num(stack_formula_bytes(m.spec, tp, moe_rows(m, tp))));
   row.set("fwd_retained_bytes", ok ? std::to_string(r.fwd_retained_bytes) : "");
   row.set("peak_allocated_bytes", std::to_string(r.peak_allocated_bytes));
   row.set("peak_reserved_bytes", std::to_string(r.peak_reserved_bytes));
@@ -167,7 +168,7 @@ void set_comm_columns(CsvRow& row, const RunContext& run, const Measurement& m) 
 }
 
 // An MoE layer's options and its routing in the run (layer 0's); empty for a dense layer.
-void set_moe_columns(CsvRow& row, const Measurement& m) {
+void set_moe_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
   const theory::MoeSpec& moe = m.spec.dims.spec.moe;
   const MoeRoutingStats& routing = m.result.moe;
   const bool on = moe.enabled(), routed = on && !routing.tokens_per_expert.empty();
@@ -179,7 +180,7 @@ void set_moe_columns(CsvRow& row, const Measurement& m) {
   row.set("moe_shared_ffn_hidden", when(on, fmt_num(moe.shared_ffn_hidden, "%.17g")));
   row.set("moe_router_score", when(on, theory::moe_score_name(moe.score)));
   row.set("moe_capacity_factor", when(on && moe.capacity_factor > 0, fmt_num(moe.capacity_factor, "%.17g")));
-  row.set("ep", when(on, std::to_string(m.spec.ep())));
+  row.set("ep", when(on, std::to_string(m.spec.expert_parallel(run.options.tp))));
   row.set("etp", when(on, "1"));
   row.set("moe_routing", when(routed, routing.measured ? "measured" : (m.spec.moe_tokens_per_expert.empty() ? "balanced" : "given")));
   row.set("moe_routed_rows", when(routed, fmt_num(routed_rows(m.result))));
@@ -226,7 +227,7 @@ std::vector<std::string> result_row(const RunContext& run, const Measurement& m)
   set_memory_columns(row, run, m);
   set_comm_columns(row, run, m);
   set_provenance_columns(row, run, m);
-  set_moe_columns(row, m);
+  set_moe_columns(row, run, m);
   set_mla_columns(row, m.spec.dims.spec.mla);
   return row.fields();
 }

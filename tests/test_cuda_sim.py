@@ -36,8 +36,9 @@ try:
     import numpy_layer
     import test_composed_dumps as composed  # the option combinations (as a module: its tests stay there)
     import test_mla_dumps as mla_dumps  # multi-latent attention's
+    import test_moe_dumps as moe_dumps  # the MoE block's
 except ImportError:
-    np = numpy_layer = composed = mla_dumps = None
+    np = numpy_layer = composed = mla_dumps = moe_dumps = None
 # Combinations of the composed layer's options run here: qk-layernorm (LayerNorm, and RMSNorm with
 # dropout, GQA and fused attention) with squared-ReLU, squared-ReLU with a QKV bias alone, GQA with
 # partial RoPE, every option with dropout, and heads of --kv-channels wider than h/a (fused: the
@@ -332,6 +333,28 @@ class CudaSimTest(unittest.TestCase):
                     got = os.path.join(self.dump_dir("cuda_" + tag), r["config"])
                     self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), r["config"]))
                     self.assert_numpy_reference(got)
+
+    @unittest.skipUnless(moe_dumps and MPIEXEC, "numpy or mpirun missing")
+    def test_moe_layer_matches_cpu_and_numpy(self):
+        # The MoE block on the cuda backend (routing, dispatch, grouped GEMMs, shared experts,
+        # hidden dropout): one rank, TP 2 + SP and expert parallelism 2 over the NCCL stand-in.
+        combo = moe_dumps.COMBOS["pre_softmax_shared_dropout"]
+        for tag, extra, ranks, configs in [("moe1", [], None, ["baseline", "selective"]),
+                                           ("moe_tp2", ["--tp", "2"], 2, ["sp", "selective+sp"]),
+                                           ("moe_ep2", ["--expert-model-parallel-size", "2"], 2, ["baseline"])]:
+            args = [*moe_dumps.SHAPE, *combo, *extra, "--config", ",".join(configs), "--recompute-modules",
+                    "moe_act,shared_experts"]
+            rows = self.layer_run("cuda_" + tag, "--backend", "cuda", *args, "--dump", self.dump_dir("cuda_" + tag),
+                                  np_ranks=ranks)
+            self.assert_simulated_rows(rows, configs)
+            cpu = self.layer_run("cpu_" + tag, "--backend", "cpu", *args, "--dump", self.dump_dir("cpu_" + tag),
+                                 np_ranks=ranks)
+            for r, c in zip(rows, cpu):
+                with self.subTest(tag=tag, config=r["config"]):
+                    self.assertEqual(r["moe_routed_rows"], c["moe_routed_rows"])  # the same routing decision
+                    self.assertEqual(r["act_bytes"], c["act_bytes"])
+                    self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+                    self.assert_numpy_reference(os.path.join(self.dump_dir("cuda_" + tag), r["config"]))
 
     @unittest.skipUnless(composed, "numpy missing: run with /usr/bin/python3")
     def test_composed_options_match_cpu_and_numpy(self):

@@ -1,7 +1,8 @@
 """The MoE layer's `layer_run --dump` against the float64 NumPy layer (tools/numpy_layer.py with
 tools/numpy_moe.py), routing decision included: softmax and sigmoid routers, shared experts,
 dropless and capacity dropping, every recompute module an MoE layer reads; one rank, under
-`mpirun -np 2 --tp 2` with sequence parallelism, and with expert parallelism 2. Recompute must
+`mpirun -np 2 --tp 2` with sequence parallelism, with expert parallelism 2, and with the experts
+split over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2). Recompute must
 change no value, and meta given the cpu's histogram keeps the cpu's bytes.
 
 Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXEC at mpirun),
@@ -150,6 +151,20 @@ class MoeDumpTest(unittest.TestCase):
                 self.assertEqual(json.load(f)["batch"], 4)  # the two ranks' micro-batches
             self.assert_matches_numpy(os.path.join(dump, "baseline"))
             self.assert_matches_numpy(os.path.join(dump, "selective"), routing=False)
+
+    @unittest.skipUnless(MPIEXEC, "mpirun missing")
+    def test_experts_over_the_tensor_parallel_group_match_numpy(self):
+        # --tp 2 --expert-model-parallel-size 2: each rank routes its s/2 rows, its 4 experts
+        # receive both ranks' rows for them (expert tensor parallelism 1), dropout on.
+        flags = SHAPE + COMBOS["pre_softmax_shared_dropout"] + ["--attention-dropout", "0.1"]
+        dump, rows = self.layer_run("ep_over_tp", flags + [
+            "--tp", "2", "--expert-model-parallel-size", "2", "--config", "sp,selective+sp",
+            "--recompute-modules", "moe_act,moe"], np_ranks=2)
+        for r in rows:
+            self.assertEqual((r["status"], r["tp"], r["ep"]), ("ok", "2", "2"), r["message"])
+            self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        self.assert_matches_numpy(os.path.join(dump, "sp"))
+        self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
 
     def test_the_check_is_not_blind(self):
         dump, _ = self.layer_run("blind", SHAPE + COMBOS["softmax"] + ["--config", "baseline"])

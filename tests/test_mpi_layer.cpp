@@ -272,6 +272,55 @@ TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertParallel, ::testing::Values("baseline", "selective", "full"));
 
+// Expert parallelism over the tensor-parallel group (--tp N --expert-model-parallel-size N,
+// expert tensor parallelism 1, SP): each rank routes its s/t rows, its E/t experts receive every
+// rank's rows for them, and their gradients stay whole (no sum over TP). Every tensor equals the
+// single-rank layer's, dropout included; each rank's bytes equal the pieces with ep = t and the
+// rows it routed and received.
+class MpiExpertsOverTp : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiExpertsOverTp, EveryTensorAndBytesEqualTheSingleRankLayer) {
+  const int t = g_comm->size();
+  LayerDims d = kDims;
+  d.spec = theory::llama_layer_spec(4, 24);  // g = 4: whole groups on 4 ranks
+  d.spec.moe.num_experts = 8;
+  d.spec.moe.top_k = 2;
+  d.spec.moe.ffn_hidden = 12;
+  d.spec.moe.shared_ffn_hidden = 8;
+  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);  // attention and hidden dropout
+  if (spec.policy.recompute == Recompute::selective) spec.policy.modules.moe_act = spec.policy.modules.moe = true;
+  spec.experts_over_tp = true;
+  auto be = make_cpu_backend();
+  const auto got = run_layer_canonical(*be, *g_comm, spec);
+  auto local = make_local_communicator();
+  ExperimentSpec single = small_spec("baseline", DType::fp32, 0.1f, d);
+  auto ref = run_layer_canonical(*be, *local, single);
+  std::erase_if(ref, [&](const CanonicalTensor& x) {
+    return x.name == "moe.aux_loss" || (spec.policy.recompute != Recompute::none && x.name.starts_with("moe.topk"));
+  });
+  const std::string what = "experts over tp, t=ep=" + std::to_string(t) + " " + GetParam();
+  expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+  spec.dtype = DType::bf16;
+  spec.warmup = 0;
+  spec.iters = 1;
+  const ExperimentResult r = run_experiment(*be, *g_comm, spec);
+  ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
+  theory::Dims td = theory_dims(d, t);
+  td.ep = t;
+  for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
+  td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
+  EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertsOverTp, ::testing::Values("sp", "selective+sp", "full+sp"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (c == '+') c = '_';
+                           return name;
+                         });
+
 // Hidden dropout under expert parallelism: each rank draws the masks of its batch slice of the
 // canonical [s, ep·b, h], so every tensor (the masks among them) is the single-rank layer's.
 TEST(MpiExpertParallelDropout, HiddenDropoutMasksAreTheSingleRankLayers) {
