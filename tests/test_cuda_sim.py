@@ -339,9 +339,9 @@ class CudaSimTest(unittest.TestCase):
         # The MoE block on the cuda backend (routing, dispatch, grouped GEMMs, shared experts,
         # hidden dropout): one rank, TP 2 + SP and expert parallelism 2 over the NCCL stand-in.
         combo = moe_dumps.COMBOS["pre_softmax_shared_dropout"]
-        for tag, extra, ranks, configs in [("moe1", [], None, ["baseline", "selective"]),
-                                           ("moe_tp2", ["--tp", "2"], 2, ["sp", "selective+sp"]),
-                                           ("moe_ep2", ["--expert-model-parallel-size", "2"], 2, ["baseline"])]:
+        runs = [("moe1", [], None, ["baseline", "selective"]), ("moe_tp2", ["--tp", "2"], 2, ["sp", "selective+sp"]),
+                ("moe_ep2", ["--expert-model-parallel-size", "2"], 2, ["baseline", "selective"])]
+        for tag, extra, ranks, configs in runs:
             args = [*moe_dumps.SHAPE, *combo, *extra, "--config", ",".join(configs), "--recompute-modules",
                     "moe_act,shared_experts"]
             rows = self.layer_run("cuda_" + tag, "--backend", "cuda", *args, "--dump", self.dump_dir("cuda_" + tag),
