@@ -208,6 +208,12 @@ TEST(LayoutSearch, ContextParallelExchangeBytes) {
   EXPECT_EQ(cp_exchange_bytes(m, s, 1, 2, 4, CpCommType::p2p, true), 4 * 3 * kv);
   EXPECT_EQ(cp_exchange_bytes(m, s, 1, 2, 4, CpCommType::all_gather, false), 3 * 0.75 * 4 * kv);
   EXPECT_EQ(cp_exchange_bytes(m, s, 1, 2, 4, CpCommType::a2a, false), 2 * 0.75 * 2 * (s / 4) * (64 + 16) * 128 / 2);
+  // Latent attention: every head its own k (d_qk = 128 + 64, the RoPE part in each) and v (128).
+  const TransformerModel ds = plan_model("deepseek-v3");  // a 128
+  const double mla_kv = 2 * (s / 4) * 128 * (192 + 128) / 2;
+  EXPECT_EQ(cp_exchange_bytes(ds, s, 1, 2, 4, CpCommType::p2p, false), 3 * 3 * mla_kv);
+  EXPECT_EQ(cp_exchange_bytes(ds, s, 1, 2, 4, CpCommType::a2a, false),
+            2 * 0.75 * 2 * (s / 4) * (128 + 128) * (192 + 128) / 2);  // q, out (a) and k, v (a): d_qk + d_v
 }
 
 TEST(LayoutSearch, BadRequestsAreInvalidArguments) {
@@ -451,8 +457,8 @@ TEST(MoePlan, LatentAttentionFlopsEqualAGemmByGemmCount) {
 }
 
 // DeepSeek-V3 (latent attention, 256 experts, its first 3 layers dense) on 61 stages of 8
-// H100s: plans that fit, at C = 1 (the latent exchange is not modelled), mla_up_proj searched.
-TEST(MoePlan, DeepSeekV3PlansWithoutContextParallelism) {
+// H100s: plans that fit, mla_up_proj searched.
+TEST(MoePlan, DeepSeekV3Plans) {
   PlanRequest r;
   r.model = plan_model("deepseek-v3");
   r.gpu = plan_gpu("h100");
@@ -463,7 +469,6 @@ TEST(MoePlan, DeepSeekV3PlansWithoutContextParallelism) {
   ASSERT_TRUE(plans.front().fits);
   bool seen_up_proj = false;
   for (const PlanCandidate& k : plans) {
-    EXPECT_EQ(k.cp, 1);
     EXPECT_TRUE(k.p == 61 || (k.p == 1 && !k.fits)) << k.p;  // 61 layers: 671B whole on one stage never fits
     seen_up_proj |= k.modules == "mla_up_proj";
     // One layer a stage: stages 0-2 hold a dense layer, the others E/ep experts of 3·h·2048.

@@ -244,7 +244,7 @@ class MixtureOfExperts(Base):
                  "--distributed-optimizer", "--top", "1"])
         self.assertEqual(r.returncode, 0, r.stderr)
         row = dict(zip(r.stdout.splitlines()[1].split(), r.stdout.splitlines()[2].split()))
-        self.assertEqual((row["cp"], row["p"]), ("1", "61"), r.stdout)
+        self.assertEqual(row["p"], "61", r.stdout)  # one layer a stage: 671B whole on fewer never fits
 
     def test_a_request_no_layout_suits_is_one_line(self):
         self.assertRefused(["plan", "--model", "mixtral-8x7b", "--gpus", "7", "--global-batch", "5"],

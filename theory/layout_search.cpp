@@ -104,8 +104,12 @@ double cp_exchange_bytes(const TransformerModel& m, double s, double b, int t, i
                          bool recompute_attention) {
   if (C == 1) return 0;
   const Dims unit = m.dims(1, 1, 1);
-  const double e = 2, head = m.layer.head_dim(unit), g = m.layer.groups(unit);
-  const double kv = 2 * e * s / C * b * g * head / t;  // one rank's k and v
+  const MlaSpec& mla = m.layer.mla;
+  // Each head's k and v width: d, or latent attention's d_qk (its RoPE part in every head) and d_v.
+  const double k_width = mla.enabled ? mla.qk_head_dim + mla.qk_pos_emb_head_dim : m.layer.head_dim(unit);
+  const double v_width = mla.enabled ? mla.v_head_dim : m.layer.head_dim(unit);
+  const double e = 2, g = m.layer.groups(unit);
+  const double kv = e * s / C * b * g * (k_width + v_width) / t;  // one rank's k and v
   // The forward's exchange, backward's (k, v again and their gradients back: twice it) and the
   // recompute's forward again.
   const double kv_passes = recompute_attention ? 4 : 3;
@@ -114,7 +118,7 @@ double cp_exchange_bytes(const TransformerModel& m, double s, double b, int t, i
     case CpCommType::all_gather: return kv_passes * (C - 1.0) / C * kv * C;  // every other rank's share
     case CpCommType::a2a: {  // q, k, v to heads and the output back; in backward their gradients
       const double passes = recompute_attention ? 3 : 2;
-      return passes * (C - 1.0) / C * e * s / C * b * (2 * m.a + 2 * g) * head / t;
+      return passes * (C - 1.0) / C * e * s / C * b * (m.a + g) * (k_width + v_width) / t;
     }
   }
   return 0;
@@ -314,8 +318,6 @@ std::vector<int> expert_parallel_sizes(const TransformerModel& M, int ranks) {
 // (context_parallel_rule; SP's rows are the configuration's, checked in add_configs).
 bool cp_fits(const PlanRequest& r, double s, int t, int C) {
   if (C > r.max_cp) return false;
-  // Latent attention's exchange (k and v of other widths than q's) is not modelled: C = 1.
-  if (C > 1 && r.model.layer.mla.enabled) return false;
   LayerPolicy p;
   p.attention = r.attention, p.cp_comm = r.cp_comm;
   return context_parallel_rule(s, r.model.a, r.model.layer.groups(r.model.dims(1, 1, 1)), t, C, p) == CpRule::ok;
