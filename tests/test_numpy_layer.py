@@ -131,6 +131,33 @@ def finite_difference(f, t, step=1e-6):
     return grad
 
 
+def mla_head_by_definition(spec, P, n1, j, t):
+    """Head j's q [d_n + d_r], k [d_n + d_r] and v [d_v] at position t from norm 1's output n1 [h],
+    element by element as docs/layer_run.md writes MLA."""
+    Lq, Lkv, dn, dr, dv = [spec.mla[k] for k in nl.MLA_KEYS]
+
+    def norm(v, name):
+        if spec.normalization == "LayerNorm":
+            v = v - v.mean()
+        out = v / np.sqrt(np.mean(v * v) + spec.norm_epsilon) * P[name + ".weight"]
+        return out + P[name + ".bias"] if name + ".bias" in P else out
+
+    def rope(v):  # all d_r dims, pairs (i, i + d_r/2)
+        out = v.copy()
+        for i in range(dr // 2):
+            angle = t * spec.rotary_base ** (-2.0 * i / dr)
+            out[i] = v[i] * np.cos(angle) - v[i + dr // 2] * np.sin(angle)
+            out[i + dr // 2] = v[i + dr // 2] * np.cos(angle) + v[i] * np.sin(angle)
+        return out
+
+    rows = slice(j * (dn + dr), (j + 1) * (dn + dr))
+    q = (P["q_up.weight"][rows] @ norm(P["q_down.weight"] @ n1, "q_latent_norm") if Lq
+         else P["q_proj.weight"][rows] @ n1)
+    kvd = P["kv_down.weight"] @ n1
+    kv = P["kv_up.weight"][j * (dn + dv):(j + 1) * (dn + dv)] @ norm(kvd[:Lkv], "kv_latent_norm")
+    return (np.concatenate([q[:dn], rope(q[dn:])]), np.concatenate([kv[:dn], rope(kvd[Lkv:])]), kv[dn:])
+
+
 @unittest.skipUnless(nl, "numpy missing: run with /usr/bin/python3")
 class PhiloxTest(unittest.TestCase):
     def test_random123_known_answers(self):
@@ -205,7 +232,7 @@ class GradientTest(unittest.TestCase):
         groups = {(s.kv_heads == s.heads, s.kv_heads == 1) for s in specs if not s.mla}
         self.assertEqual({s.mla["q_lora_rank"] > 0 for s in specs if s.mla}, {True, False})  # q's latent or not
         self.assertEqual({(s.heads * s.kv_channels > s.hidden) - (s.heads * s.kv_channels < s.hidden)
-                          for s in specs}, {-1, 0, 1})  # a·d below, at and above h
+                          for s in specs if not s.mla}, {-1, 0, 1})  # a·d below, at and above h
         self.assertEqual(groups, {(True, False), (False, True), (False, False)})  # MHA, MQA, GQA
 
 
@@ -257,6 +284,57 @@ class ForwardPiecesTest(unittest.TestCase):
             spec = nl.spec_from_json(layer_json(activation=activation))
             np.testing.assert_allclose(nl.activation_fwd(spec, f1), want, rtol=1e-12)
 
+    def test_mla_parameters_are_the_contracts_in_its_order(self):
+        # docs/layer_run.md's list, numbers written out: h 8, a 2, L_q 5, L_kv 4, d_n 3, d_r 2, d_v 2
+        latent = nl.spec_from_json(layer_json(**COMBINATIONS["mla_q_latent_layernorm_dropout"]))
+        self.assertEqual(list(nl.param_shapes(latent).items()), [
+            ("ln1.weight", (8,)), ("ln1.bias", (8,)), ("q_down.weight", (5, 8)), ("q_latent_norm.weight", (5,)),
+            ("q_latent_norm.bias", (5,)), ("q_up.weight", (10, 5)), ("kv_down.weight", (6, 8)),
+            ("kv_latent_norm.weight", (4,)), ("kv_latent_norm.bias", (4,)), ("kv_up.weight", (10, 4)),
+            ("proj.weight", (8, 4)), ("ln2.weight", (8,)), ("ln2.bias", (8,)), ("fc1.weight", (12, 8)),
+            ("fc2.weight", (8, 12))])
+        # RMSNorm, L_q 0: h 8, a 1, L_kv 3, d_n 2, d_r 4, d_v 5, SwiGLU F 12
+        projected = nl.spec_from_json(layer_json(**COMBINATIONS["mla_q_projected_rms_one_head"]))
+        self.assertEqual(list(nl.param_shapes(projected).items()), [
+            ("ln1.weight", (8,)), ("q_proj.weight", (6, 8)), ("kv_down.weight", (7, 8)),
+            ("kv_latent_norm.weight", (3,)), ("kv_up.weight", (7, 3)), ("proj.weight", (8, 5)),
+            ("ln2.weight", (8,)), ("fc1.weight", (24, 8)), ("fc2.weight", (8, 12))])
+
+    def test_mla_kv_channels_is_irrelevant(self):
+        base = layer_json(**dict(COMBINATIONS["mla_q_projected_rms_one_head"], hidden=10, heads=3, kv_heads=3))
+        shapes = nl.param_shapes(nl.spec_from_json(base))  # h 10 is no multiple of a 3: no d = h/a needed
+        for kv_channels in [0, 7]:  # layer_run writes h // a, 0 when h < a
+            spec = nl.spec_from_json(dict(base, kv_channels=kv_channels))
+            self.assertEqual(nl.param_shapes(spec), shapes)
+
+    def test_mla_q_k_v_and_context_are_the_contracts(self):
+        # each head's q, k, v row by row from the parameters, then scores as nope · nope + rope · rope
+        for name, options in [("mla_q_latent_layernorm_dropout", dict(rotary_percent=0.5, rotary_base=100.0)),
+                              ("mla_q_projected_rms_one_head", {}), ("mla_three_heads_moe", {})]:
+            with self.subTest(name):
+                spec = nl.spec_from_json(layer_json(**dict(COMBINATIONS[name], **options)))
+                P, x, _ = random_problem(spec)
+                drop = nl.dropout_scales(spec)
+                _, cache = nl.layer_fwd(spec, P, x, drop)
+                self.check_mla_heads(spec, P, cache, drop)
+
+    def check_mla_heads(self, spec, P, cache, drop):
+        m, (Lq, Lkv, dn, dr, dv) = cache["mla"], [spec.mla[k] for k in nl.MLA_KEYS]
+        np.testing.assert_array_equal(m["k"][..., dn:], np.repeat(m["k"][:, :1, :, dn:], spec.heads, 1))
+        for bi in range(spec.batch):
+            for j in range(spec.heads):
+                q, k, v = (np.array(t) for t in zip(*[mla_head_by_definition(spec, P, cache["n1"][t, bi], j, t)
+                                                      for t in range(spec.seq)]))
+                for got, want in [(m["q"][bi, j], q), (m["k"][bi, j], k), (m["v"][bi, j], v)]:
+                    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+                scores = (q[:, :dn] @ k[:, :dn].T + q[:, dn:] @ k[:, dn:].T) / np.sqrt(dn + dr)
+                scores[np.triu_indices(spec.seq, 1)] = -np.inf
+                probs = np.exp(scores - scores.max(1, keepdims=True))
+                probs /= probs.sum(1, keepdims=True)
+                mask = drop.attn_probs[bi, j] if spec.attention_dropout else 1.0
+                np.testing.assert_allclose(cache["ctx"][:, bi, j * dv:(j + 1) * dv], (probs * mask) @ v,
+                                           rtol=1e-12, atol=1e-12)
+
     def test_attention_is_causal_and_dropout_reaches_the_output(self):
         spec = nl.spec_from_json(layer_json(**COMBINATIONS["gpt_dropout"]))
         P, x, _ = random_problem(spec)
@@ -283,6 +361,8 @@ class CheckerTest(unittest.TestCase):
         P, x, dy = random_problem(spec, seed=5)
         y, dx, G = nl.layer(spec, P, x, dy)
         tensors = dict(P, x=x, y=y, dy=dy, dx=dx, **{"grad." + n: g for n, g in G.items()})
+        if spec.moe:  # the routing decision the dump holds too
+            tensors.update(nl.routing_of(nl.layer_fwd(spec, P, x, nl.dropout_scales(spec))[1]))
         for n, t in tensors.items():
             np.save(os.path.join(dump, n + ".npy"), t.astype(np.float32))
         self.write_json(dump, meta)
@@ -319,6 +399,21 @@ class CheckerTest(unittest.TestCase):
         r = self.run_tool(dump)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("grad.k_norm.weight", [l.split()[0] for l in r.stdout.splitlines() if l.endswith("WRONG")])
+
+    def test_an_mla_dump_is_checked_tensor_by_tensor(self):
+        for name, wrong in [("mla_q_latent_layernorm_dropout", "grad.q_latent_norm.bias"),
+                            ("mla_three_heads_moe", "grad.kv_down.weight")]:
+            with self.subTest(name):
+                dump = self.write_dump(COMBINATIONS[name], name)
+                results = nl.check(dump)
+                grads = ["grad." + n for n in nl.param_shapes(nl.spec_from_json(layer_json(**COMBINATIONS[name])))]
+                self.assertEqual([r[0] for r in results][:2 + len(grads)], ["y", "dx"] + grads)
+                self.assertTrue(all(r[3] for r in results), results)
+                g = np.load(os.path.join(dump, wrong + ".npy"))
+                g[-1] += 1e-2 * np.abs(g).max()
+                np.save(os.path.join(dump, wrong + ".npy"), g)
+                self.assertEqual([r[0] for r in nl.check(dump) if not r[3]], [wrong])
+                self.assertEqual(self.run_tool(dump).returncode, 1)
 
     def test_dropout_options_change_the_verdict(self):
         dump = self.write_dump(COMBINATIONS["gpt_dropout"])
@@ -362,6 +457,8 @@ class CheckerTest(unittest.TestCase):
                                (dict(MLA_OK, kv_heads=1), ["'kv_heads' must be 2 with 'mla'"]),
                                (dict(MLA_OK, qk_layernorm=True), ["'qk_layernorm'"]),
                                (dict(MLA_OK, add_bias_linear=True), ["'add_bias_linear'"]),
+                               (dict(MLA_OK, add_qkv_bias=True), ["'add_qkv_bias' must be false with 'mla'"]),
+                               (dict(MLA_OK, mla=3), ["'mla' has the unusable value 3"]),
                                (dict(MLA_OK, position_embedding="none"), ["'position_embedding'"])]:
             with self.subTest(options):
                 self.write_json(dump, layer_json(**options))

@@ -12,8 +12,9 @@ the masks of runtime/philox.hpp reproduced here; or, when layer.json has "moe", 
 of tools/numpy_moe.py in place of the MLP (router, routing, dispatch, the experts, the
 weighted combine, shared experts), whose routing decision is compared too; when it has "mla",
 multi-latent attention (tools/numpy_mla.py: latents, their norms, up projections, decoupled
-RoPE) in place of the QKV projection. Exit status 0 when every tensor matches, 1 otherwise (one line per tensor
-either way); 2 with one error line when the folder or --rtol is unusable.
+RoPE) in place of the QKV projection and the QK-norm. Exit status 0 when every tensor matches,
+1 otherwise (one line per tensor either way); 2 with one error line when the folder or --rtol
+is unusable.
 
 Functions for tests: spec_from_json, param_shapes, dropout_scales, forward, layer, check,
 philox4x32_10, philox_words, dropout_threshold.
@@ -89,21 +90,22 @@ def spec_from_json(meta, where="layer.json"):
             raise ValueError("%s: missing key %r" % (where, key))
         if not valid(meta[key]):
             raise ValueError("%s: %r has the unusable value %s" % (where, key, json.dumps(meta[key])))
+    mla = meta.get("mla")
+    ignored = {"kv_channels"} if isinstance(mla, dict) else set()  # MLA's head sizes are its own
     for key, valid in OPTIONAL_KEYS.items():
-        if key in meta and not valid(meta[key]):
+        if key in meta and key not in ignored and not valid(meta[key]):
             raise ValueError("%s: %r has the unusable value %s" % (where, key, json.dumps(meta[key])))
-    if "kv_channels" not in meta and meta["hidden"] % meta["heads"]:
+    if "kv_channels" not in meta and not ignored and meta["hidden"] % meta["heads"]:
         raise ValueError("%s: hidden %d is not a multiple of heads %d" % (where, meta["hidden"], meta["heads"]))
     moe = meta.get("moe")
     if moe is not None:
         missing = [key for key in MOE_KEYS if key not in moe]
         if missing:
             raise ValueError("%s: 'moe' lacks %r" % (where, missing[0]))
-    mla = meta.get("mla")
     if mla is not None:
         check_mla(meta, mla, where)
-    spec = LayerSpec(**{key: meta[key] for key in LAYER_KEYS},
-                     kv_channels=meta.get("kv_channels", meta["hidden"] // meta["heads"]), moe=moe, mla=mla)
+    d = None if ignored else meta.get("kv_channels", meta["hidden"] // meta["heads"])
+    spec = LayerSpec(**{key: meta[key] for key in LAYER_KEYS}, kv_channels=d, moe=moe, mla=mla)
     d = head_dim(spec)
     if spec.heads % spec.kv_heads:
         raise ValueError("%s: heads %d is not a multiple of kv_heads %d" % (where, spec.heads, spec.kv_heads))
@@ -132,12 +134,16 @@ def check_mla(meta, mla, where):
 
 
 def head_dim(spec):
-    """d, each head's size: QKV has (a + 2g)·d outputs, the projection a·d inputs (a·d need not be h)."""
+    """d, each head's size: QKV has (a + 2g)·d outputs, the projection a·d inputs (a·d need not be h);
+    None with MLA, whose widths are its own."""
     return spec.kv_channels
 
 
 def rotary_dims(spec):
-    """R, the leading dims of each head that RoPE rotates (0 without RoPE)."""
+    """R, the leading dims of each head that RoPE rotates (0 without RoPE); with MLA all d_r dims
+    of the RoPE part (numpy_mla puts them first when it rotates)."""
+    if spec.mla:
+        return int(spec.mla["qk_pos_emb_head_dim"])
     return int(head_dim(spec) * spec.rotary_percent) if spec.position_embedding == "rope" else 0
 
 
@@ -335,7 +341,7 @@ def layer_fwd(spec, P, x, drop):
     c = {}
     c["n1"], c["ln1"] = norm_fwd(spec, x, P, "ln1")
     if spec.mla:
-        c["ctx"] = numpy_mla.attention_fwd(spec, P, c["n1"], c, drop.attn_probs, norm_fwd, rotate)
+        c["ctx"] = numpy_mla.attention_fwd(spec, P, c["n1"], c, drop.attn_probs, norm_fwd, rotate, cos, sin)
         return mlp_fwd(spec, P, x + linear(c["ctx"], P, "proj") * drop.attn_out, drop, c)
     qkv = linear(c["n1"], P, "qkv")
     q, k, v = heads(qkv[..., :a * d], a), heads(qkv[..., a * d:(a + g) * d], g), heads(qkv[..., (a + g) * d:], g)
@@ -443,7 +449,7 @@ def layer_bwd(spec, P, dy, drop, c):
     dx1 = dy + norm_bwd(spec, dn2, P, "ln2", c["ln2"], G)
     if spec.mla:
         d_ctx = linear_bwd(dx1 * drop.attn_out, c["ctx"], P, "proj", G)
-        dn1 = numpy_mla.attention_bwd(spec, P, d_ctx, c, drop.attn_probs, norm_bwd, rotate, G)
+        dn1 = numpy_mla.attention_bwd(spec, P, d_ctx, c, drop.attn_probs, norm_bwd, rotate, cos, sin, G)
         return dx1 + norm_bwd(spec, dn1, P, "ln1", c["ln1"], G), G
     dctx = heads(linear_bwd(dx1 * drop.attn_out, c["ctx"], P, "proj", G), spec.heads)
     dprobs = (dctx @ c["v"].transpose(0, 1, 3, 2)) * drop.attn_probs

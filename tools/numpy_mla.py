@@ -10,7 +10,8 @@ qk_head_dim, d_r = qk_pos_emb_head_dim, d_qk = d_n + d_r, d_v = v_head_dim:
 
 then causal softmax(q k^T / sqrt(d_qk)) with dropout, the context [s, b, a*d_v]. RoPE is the
 rotate-half of numpy_layer on all d_r columns of the RoPE part. The functions take the
-norm and RoPE helpers of numpy_layer as arguments, so that the two files share one definition.
+norm and RoPE helpers of numpy_layer (and its cos, sin tables for R = d_r) as arguments, so
+that the two files share one definition.
 """
 import math
 
@@ -33,18 +34,10 @@ def param_shapes(mla, hidden, heads, layernorm):
             ("kv_up.weight", (heads * (dn + dv), Lkv), True)]
 
 
-def rope_tables(seq, dims, base):
-    """cos, sin [s, d_r/2] for positions 0..s-1."""
-    inv_freq = float(base) ** (-2.0 * np.arange(dims // 2) / dims)
-    angle = np.arange(seq)[:, None] * inv_freq[None, :]
-    return np.cos(angle), np.sin(angle)
-
-
-def attention_fwd(spec, P, n1, c, drop_probs, norm_fwd, rotate):
+def attention_fwd(spec, P, n1, c, drop_probs, norm_fwd, rotate, cos, sin):
     """The context [s, b, a*d_v] from norm 1's output; what attention_bwd reads goes into c."""
     s, b, a = spec.seq, spec.batch, spec.heads
     Lq, Lkv, dn, dr, dv = widths(spec.mla)
-    cos, sin = rope_tables(s, dr, spec.rotary_base)
     m = c["mla"] = {"n1": n1}
     if Lq:
         m["q_latent"] = n1 @ P["q_down.weight"].T
@@ -63,17 +56,16 @@ def attention_fwd(spec, P, n1, c, drop_probs, norm_fwd, rotate):
     causal = np.triu(np.ones((s, s), dtype=bool), 1)
     scores = np.where(causal, -np.inf, q @ k.transpose(0, 1, 3, 2) / math.sqrt(dn + dr))
     probs = np.exp(scores - scores.max(-1, keepdims=True))
-    m.update(q=q, k=k, v=v, cos=cos, sin=sin, probs=probs / probs.sum(-1, keepdims=True))
+    m.update(q=q, k=k, v=v, probs=probs / probs.sum(-1, keepdims=True))
     m["dropped"] = m["probs"] * drop_probs
     return (m["dropped"] @ v).transpose(2, 0, 1, 3).reshape(s, b, a * dv)
 
 
-def attention_bwd(spec, P, d_ctx, c, drop_probs, norm_bwd, rotate, G):
+def attention_bwd(spec, P, d_ctx, c, drop_probs, norm_bwd, rotate, cos, sin, G):
     """d of norm 1's output from d of the context [s, b, a*d_v]; MLA's gradients into G."""
     s, b, a = spec.seq, spec.batch, spec.heads
     Lq, Lkv, dn, dr, dv = widths(spec.mla)
     m = c["mla"]
-    cos, sin = m["cos"], m["sin"]
     d_ctx = d_ctx.reshape(s, b, a, dv).transpose(1, 2, 0, 3)
     d_probs = (d_ctx @ m["v"].transpose(0, 1, 3, 2)) * drop_probs
     dv_heads = m["dropped"].transpose(0, 1, 3, 2) @ d_ctx
