@@ -170,7 +170,8 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   app.add_flag("--emulate-cp", a.emulate_cp, "one process plays rank 0 of --cp ranks; communication modeled");
   value("--expert-model-parallel-size,--ep", a.ep,
         "an MoE layer's experts over this many ranks (--tp 1, under mpirun -np ep): each holds num-experts / ep "
-        "experts and its own micro-batch; the tokens travel by all-to-all",
+        "experts and its own micro-batch; the tokens travel by all-to-all. With --tp equal to it: the experts over "
+        "the tensor-parallel group (SP), the micro-batch shared",
         true);
   app.add_flag("--emulate-ep", a.emulate_ep,
                "one process plays rank 0 of --expert-model-parallel-size ranks, every rank routing as it does; "
