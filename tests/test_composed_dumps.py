@@ -7,35 +7,18 @@ itself is shown not to be blind: a perturbed gradient or a wrong option in layer
 Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXEC at mpirun),
 with Debian's python3 (numpy).
 """
-import csv
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from process_group import run_in_group  # noqa: E402
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-
-LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build", "runners", "layer_run"))
-MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
-
-try:
-    import numpy as np
-    import numpy_layer
-except ImportError:
-    np = numpy_layer = None
+from dump_harness import MPIEXEC, DumpTestCase, np, numpy_layer, tensors  # noqa: E402
 
 # A small layer (h 64, a 4, d 16) that runs in a fraction of a second; the flags below edit it.
 # (tests/test_cuda_sim.py runs some of these combinations on the cuda backend of the simulator.)
 SHAPE = ["--dtype", "fp32", "--seq", "16", "--hidden", "64", "--heads", "4", "--batch", "2", "--warmup", "0",
          "--iters", "1"]
-CPU = ["--backend", "cpu"]
 NO_DROPOUT = ["--dropout", "0"]
 RTOL = 1e-4
 
@@ -147,30 +130,8 @@ def expected_layer_json(combo, config, tp):
     return expect
 
 
-def tensors(folder):
-    return sorted(n for n in os.listdir(folder) if n.endswith(".npy"))
-
-
 @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
-class ComposedDumpTest(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="actbench_composed_dumps_")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def layer_run(self, name, args, np_ranks=None, timeout=300):
-        """Runs layer_run with --dump NAME/ --csv NAME.csv; returns (dump folder, rows). A hang past
-        `timeout` kills the whole process group and fails the test instead of hanging CI."""
-        dump, out = os.path.join(self.tmp, name), os.path.join(self.tmp, name + ".csv")
-        cmd = [LAYER_RUN, *CPU, *args, "--dump", dump, "--csv", out]
-        if np_ranks:
-            cmd = [MPIEXEC, "-np", str(np_ranks), *cmd]
-        p = run_in_group(self, cmd, timeout, "layer_run")
-        self.assertEqual(p.returncode, 0, "%s\n%s%s" % (" ".join(cmd), p.stdout, p.stderr))
-        with open(out, newline="") as f:
-            return dump, list(csv.DictReader(f))
-
+class ComposedDumpTest(DumpTestCase):
     def assert_layer_json(self, folder, combo, config, tp):
         with open(os.path.join(folder, "layer.json")) as f:
             layer = json.load(f)

@@ -8,27 +8,13 @@ change no value, and meta given the cpu's histogram keeps the cpu's bytes.
 Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXEC at mpirun),
 with Debian's python3 (numpy).
 """
-import csv
 import json
 import os
-import shutil
 import sys
-import tempfile
 import unittest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-from process_group import run_in_group  # noqa: E402
-
-LAYER_RUN = os.environ.get("ACTBENCH_LAYER_RUN", os.path.join(HERE, "..", "build", "runners", "layer_run"))
-MPIEXEC = os.environ.get("ACTBENCH_MPIEXEC") or shutil.which("mpirun")
-
-try:
-    import numpy as np
-    import numpy_layer
-except ImportError:
-    np = numpy_layer = None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dump_harness import MPIEXEC, DumpTestCase, np, numpy_layer, tensors  # noqa: E402
 
 # A small llama-family layer (h 32, a 4, g 2) with 8 experts of width 12: a fraction of a second.
 SHAPE = ["--dtype", "fp32", "--seq", "8", "--hidden", "32", "--heads", "4", "--batch", "2", "--warmup", "0",
@@ -50,28 +36,8 @@ CONFIGS = ["baseline", "selective", "full"]
 MODULES = ["core_attn", "core_attn,moe_act", "moe", "layernorm,shared_experts", "moe_act,moe,shared_experts"]
 
 
-def tensors(folder):
-    return sorted(n for n in os.listdir(folder) if n.endswith(".npy"))
-
-
 @unittest.skipUnless(numpy_layer, "numpy missing: run with /usr/bin/python3")
-class MoeDumpTest(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="actbench_moe_dumps_")
-
-    def tearDown(self):
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-    def layer_run(self, name, args, np_ranks=None, dump=True, backend="cpu"):
-        folder, out = os.path.join(self.tmp, name), os.path.join(self.tmp, name + ".csv")
-        cmd = [LAYER_RUN, "--backend", backend, *args, "--csv", out] + (["--dump", folder] if dump else [])
-        if np_ranks:
-            cmd = [MPIEXEC, "-np", str(np_ranks), *cmd]
-        p = run_in_group(self, cmd, 300, "layer_run")
-        self.assertEqual(p.returncode, 0, "%s\n%s%s" % (" ".join(cmd), p.stdout, p.stderr))
-        with open(out, newline="") as f:
-            return folder, list(csv.DictReader(f))
-
+class MoeDumpTest(DumpTestCase):
     def assert_matches_numpy(self, folder, routing=True):
         results = numpy_layer.check(folder, rtol=RTOL)
         names = [r[0] for r in results]
