@@ -18,20 +18,40 @@
 
 namespace actbench {
 
+// What one latent's norm and up projection are called, keep and read.
+struct MlaLatentSlots {
+  const char *up_op, *up_input_region, *norm_op;
+  Tensor SavedActivations::*latent;
+  Tensor SavedActivations::*up_input;
+  Tensor SavedActivations::*norm_mean;
+  Tensor SavedActivations::*norm_rstd;
+  Tensor LayerParams::*up_weight;
+  Tensor LayerParams::*norm_weight;
+  Tensor LayerParams::*norm_bias;
+};
+
 namespace {
 
 int64_t whole(double v) { return static_cast<int64_t>(v); }
+
+using S = SavedActivations;
+using P = LayerParams;
+const MlaLatentSlots kQLatent{"q_up_proj",          "q_up_input",           "q_latent_norm",
+                              &S::q_latent,         &S::q_up_input,         &S::q_latent_norm_mean,
+                              &S::q_latent_norm_rstd, &P::q_up_weight,      &P::q_latent_norm_weight,
+                              &P::q_latent_norm_bias};
+const MlaLatentSlots kKvLatent{"kv_up_proj",          "kv_up_input",          "kv_latent_norm",
+                               &S::kv_latent,         &S::kv_up_input,        &S::kv_latent_norm_mean,
+                               &S::kv_latent_norm_rstd, &P::kv_up_weight,     &P::kv_latent_norm_weight,
+                               &P::kv_latent_norm_bias};
 
 }  // namespace
 
 Tensor TransformerLayer::mla_attention_block_fwd(const CommContext& comm, const Tensor& x, SavedActivations& save,
                                                  Keep keep) {
   const char* stage = comm.stage.c_str();
-  const bool keep_norm = keep.any && keep.norm_outputs;
-  Tensor normed = block_norm_fwd(stage, "ln1", x, params_.ln1_weight, params_.ln1_bias,
-                                 keep_norm ? &save.ln1_mean : nullptr, keep_norm ? &save.ln1_rstd : nullptr);
-  if (keep.any) save.ln1_input = x;
-  if (keep_norm) save.qkv_input = normed;  // both down projections' input (and q's projection's at L_q = 0)
+  Tensor normed = norm1_fwd(stage, x, save, keep);
+  if (keep.any && keep.norm_outputs) save.qkv_input = normed;  // both down projections' input (q's at L_q = 0)
   MlaLatents latents = mla_down_fwd(comm, normed);
   // The latents are the norms' inputs and mla_up_proj's checkpoint: kept either way. The
   // checkpoint keeps its third input too, k's RoPE part as gathered.
@@ -79,21 +99,11 @@ TransformerLayer::MlaLatents TransformerLayer::mla_down_fwd(const CommContext& c
 LayerBase::QkvHeads TransformerLayer::mla_up_fwd(const CommContext& comm, const MlaLatents& latents,
                                                  const Tensor& normed, SavedActivations* keep) {
   const char* stage = comm.stage.c_str();
-  Tensor q_out;
-  if (latents.q.defined()) {
-    Tensor q_in = block_norm_fwd(stage, "q_latent_norm", latents.q, params_.q_latent_norm_weight,
-                                 params_.q_latent_norm_bias, keep ? &keep->q_latent_norm_mean : nullptr,
-                                 keep ? &keep->q_latent_norm_rstd : nullptr);
-    q_out = column_parallel_linear_fwd(comm, "q_up_proj", "q_up_input", std::move(q_in), params_.q_up_weight, nullptr,
-                                       keep ? &keep->q_up_input : nullptr);  // f | g
-  } else {
-    q_out = column_parallel_linear_fwd(comm, "q_proj", "qkv_input", normed, params_.q_proj_weight, nullptr, nullptr);
-  }
-  Tensor kv_in = block_norm_fwd(stage, "kv_latent_norm", latents.kv, params_.kv_latent_norm_weight,
-                                params_.kv_latent_norm_bias, keep ? &keep->kv_latent_norm_mean : nullptr,
-                                keep ? &keep->kv_latent_norm_rstd : nullptr);
-  Tensor kv_out = column_parallel_linear_fwd(comm, "kv_up_proj", "kv_up_input", std::move(kv_in),
-                                             params_.kv_up_weight, nullptr, keep ? &keep->kv_up_input : nullptr);
+  Tensor q_out = latents.q.defined()
+                     ? latent_up_fwd(comm, kQLatent, latents.q, keep)
+                     : column_parallel_linear_fwd(comm, "q_proj", "qkv_input", normed, params_.q_proj_weight, nullptr,
+                                                  nullptr);  // f | g
+  Tensor kv_out = latent_up_fwd(comm, kKvLatent, latents.kv, keep);
   PhaseRange phase(phase_name(stage, "mla_rope"), phase_log_);
   QkvHeads heads;
   heads.q = mla_q_heads(q_out);
@@ -218,19 +228,9 @@ TransformerLayer::MlaLatents TransformerLayer::mla_up_bwd(const CommContext& com
   }
   MlaLatents d;
   d.k_pos_emb = region_entry_bwd(comm, std::move(d_k_pos_emb), "k_pos_emb");  // f | g: summed over the group
-  Tensor d_kv_in = column_parallel_linear_bwd(comm, "kv_up_proj", "kv_up_input", std::move(saved.kv_up_input),
-                                              std::move(d_kv_out), params_.kv_up_weight, grads_.kv_up_weight);
-  d.kv = latent_norm_bwd("kv_latent_norm", d_kv_in, saved.kv_latent, params_.kv_latent_norm_weight,
-                         saved.kv_latent_norm_mean, saved.kv_latent_norm_rstd, grads_.kv_latent_norm_weight,
-                         grads_.kv_latent_norm_bias);
-  saved.kv_latent_norm_mean = saved.kv_latent_norm_rstd = Tensor();
+  d.kv = latent_up_bwd(comm, kKvLatent, std::move(d_kv_out), saved);
   if (saved.q_latent.defined()) {
-    Tensor d_q_in = column_parallel_linear_bwd(comm, "q_up_proj", "q_up_input", std::move(saved.q_up_input),
-                                               std::move(d_q_out), params_.q_up_weight, grads_.q_up_weight);
-    d.q = latent_norm_bwd("q_latent_norm", d_q_in, saved.q_latent, params_.q_latent_norm_weight,
-                          saved.q_latent_norm_mean, saved.q_latent_norm_rstd, grads_.q_latent_norm_weight,
-                          grads_.q_latent_norm_bias);
-    saved.q_latent_norm_mean = saved.q_latent_norm_rstd = Tensor();
+    d.q = latent_up_bwd(comm, kQLatent, std::move(d_q_out), saved);
   } else {
     d.q = column_parallel_linear_bwd(comm, "q_proj", "qkv_input", saved.qkv_input, std::move(d_q_out),
                                      params_.q_proj_weight, grads_.q_proj_weight);  // f | g
@@ -238,13 +238,27 @@ TransformerLayer::MlaLatents TransformerLayer::mla_up_bwd(const CommContext& com
   return d;
 }
 
-Tensor TransformerLayer::latent_norm_bwd(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight,
-                                         const Tensor& mean, const Tensor& rstd, const Tensor& dweight,
-                                         const Tensor& dbias) {
-  Tensor dx = be_.empty(x.shape(), opt_.dtype);
-  PhaseRange phase(phase_name("bwd", op), phase_log_);
-  norm_bwd(dy, x, weight, mean, rstd, dx, dweight, dbias);
-  return dx;
+Tensor TransformerLayer::latent_up_fwd(const CommContext& comm, const MlaLatentSlots& l, const Tensor& latent,
+                                       SavedActivations* keep) {
+  Tensor normed = block_norm_fwd(comm.stage.c_str(), l.norm_op, latent, params_.*l.norm_weight, params_.*l.norm_bias,
+                                 keep ? &(keep->*l.norm_mean) : nullptr, keep ? &(keep->*l.norm_rstd) : nullptr);
+  return column_parallel_linear_fwd(comm, l.up_op, l.up_input_region, std::move(normed), params_.*l.up_weight, nullptr,
+                                    keep ? &(keep->*l.up_input) : nullptr);  // f | g
+}
+
+Tensor TransformerLayer::latent_up_bwd(const CommContext& comm, const MlaLatentSlots& l, Tensor d_out,
+                                       SavedActivations& saved) {
+  Tensor d_normed = column_parallel_linear_bwd(comm, l.up_op, l.up_input_region, std::move(saved.*l.up_input),
+                                               std::move(d_out), params_.*l.up_weight, grads_.*l.up_weight);  // f | g
+  const Tensor& latent = saved.*l.latent;
+  Tensor d_latent = be_.empty(latent.shape(), opt_.dtype);
+  {
+    PhaseRange phase(phase_name("bwd", l.norm_op), phase_log_);
+    norm_bwd(d_normed, latent, params_.*l.norm_weight, saved.*l.norm_mean, saved.*l.norm_rstd, d_latent,
+             grads_.*l.norm_weight, grads_.*l.norm_bias);
+  }
+  saved.*l.norm_mean = saved.*l.norm_rstd = Tensor();
+  return d_latent;
 }
 
 Tensor TransformerLayer::mla_down_bwd(SavedActivations& saved, const MlaLatents& d) {

@@ -51,18 +51,24 @@ Tensor TransformerLayer::forward_impl(const Tensor& x, SavedActivations& save, K
 Tensor TransformerLayer::attention_block_fwd(const CommContext& comm, const Tensor& x, SavedActivations& save,
                                              Keep keep) {
   const char* stage = comm.stage.c_str();
-  // The layernorm module runs the norm outside autograd: neither its output nor its
-  // statistics are kept, only its input (the checkpoint's), which the norm keeps anyway.
   const bool keep_norm = keep.any && keep.norm_outputs;
-  Tensor normed = block_norm_fwd(stage, "ln1", x, params_.ln1_weight, params_.ln1_bias,
-                                 keep_norm ? &save.ln1_mean : nullptr, keep_norm ? &save.ln1_rstd : nullptr);
-  if (keep.any) save.ln1_input = x;
+  Tensor normed = norm1_fwd(stage, x, save, keep);
   QkvHeads qkv = qkv_projection_fwd(comm, std::move(normed), if_defined(params_.qkv_bias), keep_norm, save);
   head_transforms_fwd(stage, qkv, save, keep.any);
   Tensor context = core_attention_fwd(stage, std::move(qkv), save, keep);
   Tensor out = row_parallel_linear_fwd(comm, "proj", std::move(context), params_.proj_weight);  // f̄ | ḡ
   return residual_fwd(stage, "attn_residual", std::move(out), params_.proj_bias, x, kSiteAttnOut,
                       keep.any ? &save.attn_residual_mask : nullptr);
+}
+
+Tensor TransformerLayer::norm1_fwd(const char* stage, const Tensor& x, SavedActivations& save, Keep keep) {
+  // The layernorm module runs the norm outside autograd: neither its output nor its
+  // statistics are kept, only its input (the checkpoint's), which the norm keeps anyway.
+  const bool keep_norm = keep.any && keep.norm_outputs;
+  Tensor normed = block_norm_fwd(stage, "ln1", x, params_.ln1_weight, params_.ln1_bias,
+                                 keep_norm ? &save.ln1_mean : nullptr, keep_norm ? &save.ln1_rstd : nullptr);
+  if (keep.any) save.ln1_input = x;
+  return normed;
 }
 
 Tensor TransformerLayer::mlp_block_fwd(const CommContext& comm, const Tensor& x1, SavedActivations& save, Keep keep) {

@@ -17,6 +17,8 @@
 
 namespace actbench {
 
+struct MlaLatentSlots;  // one latent's names and slots (mla_attention.cpp)
+
 class TransformerLayer final : public LayerBase {
  public:
   // Allocates parameters and gradients (uninitialised: call init_parameters()).
@@ -90,10 +92,15 @@ class TransformerLayer final : public LayerBase {
   void mla_kv_heads_bwd(QkvHeads& d_heads, Tensor& d_kv_out, Tensor& d_k_pos_emb);
   // RoPE (inverse: its backward) on the last d_r columns of each row of x [b, a/t, s, d_qk].
   void mla_rope_columns(const Tensor& x, bool inverse);
-  // A latent norm's backward (phase bwd.op): the gradient of the latent x from its output's dy;
-  // writes the norm's weight (and bias) gradients.
-  Tensor latent_norm_bwd(const char* op, const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& dweight, const Tensor& dbias);
+  // One latent (q's or kv's, mla_attention.cpp's slots): its norm and column-parallel up
+  // projection, the norm's statistics and output kept into *keep when given; and their
+  // backward, the gradient of the latent (releasing what they kept).
+  Tensor latent_up_fwd(const CommContext& comm, const MlaLatentSlots& l, const Tensor& latent,
+                       SavedActivations* keep);
+  Tensor latent_up_bwd(const CommContext& comm, const MlaLatentSlots& l, Tensor d_out, SavedActivations& saved);
+  // Norm 1 of either attention block (phase stage.ln1): its output; its input kept, and its
+  // statistics unless the layernorm module runs it outside autograd.
+  Tensor norm1_fwd(const char* stage, const Tensor& x, SavedActivations& save, Keep keep);
 
   // ---- the MoE block in place of the MLP (moe_block.cpp, docs/moe.md) ----
   Tensor moe_block_fwd(const CommContext& comm, const Tensor& x1, SavedActivations& save, Keep keep);
