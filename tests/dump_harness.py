@@ -45,3 +45,14 @@ class DumpTestCase(unittest.TestCase):
         self.assertEqual(p.returncode, 0, "%s\n%s%s" % (" ".join(cmd), p.stdout, p.stderr))
         with open(out, newline="") as f:
             return folder, list(csv.DictReader(f))
+
+    def assert_same_tensors(self, folder, reference, skip=()):
+        """The tensors both dumps hold (dx among them), bit for bit; names starting with one of
+        `skip` are left out."""
+        common = sorted(set(tensors(folder)) & set(tensors(reference)))
+        self.assertIn("dx.npy", common)
+        for name in common:
+            if name.startswith(tuple(skip)):
+                continue
+            a, b = np.load(os.path.join(folder, name)), np.load(os.path.join(reference, name))
+            self.assertTrue(np.array_equal(a, b), "%s differs from %s" % (name, reference))

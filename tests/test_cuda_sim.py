@@ -312,27 +312,33 @@ class CudaSimTest(unittest.TestCase):
                     if not has_zero_gradient(combo):
                         self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), config))
 
+    def run_against_cpu(self, tag, args, configs, np_ranks):
+        """layer_run `args` on the cuda backend (simulated rows) and on the cpu, both dumped; yields
+        each configuration's (cuda row, cpu row, cuda dump folder) inside its subTest. The bytes
+        must equal the cpu's and the formula, and the cuda dump the NumPy layer."""
+        rows = self.layer_run("cuda_" + tag, "--backend", "cuda", *args, "--config", ",".join(configs), "--dump",
+                              self.dump_dir("cuda_" + tag), np_ranks=np_ranks)
+        self.assert_simulated_rows(rows, configs)
+        cpu = self.layer_run("cpu_" + tag, "--backend", "cpu", *args, "--config", ",".join(configs), "--dump",
+                             self.dump_dir("cpu_" + tag), np_ranks=np_ranks)
+        for r, c in zip(rows, cpu):
+            with self.subTest(tag=tag, config=r["config"]):
+                self.assertEqual(r["act_bytes"], c["act_bytes"])
+                self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+                got = os.path.join(self.dump_dir("cuda_" + tag), r["config"])
+                self.assert_numpy_reference(got)
+                yield r, c, got
+
     @unittest.skipUnless(mla_dumps and MPIEXEC, "numpy or mpirun missing")
     def test_multi_latent_attention_matches_cpu_and_numpy(self):
         # DeepSeek's latent attention on the cuda backend (unfused: its kernels need v as wide as
         # q), with mla_up_proj: one rank, then two over the NCCL stand-in with SP.
         for ranks, configs in [(1, ["baseline", "selective", "full"]), (2, ["sp", "selective+sp"])]:
-            args = [*mla_dumps.SHAPE, *mla_dumps.COMBOS["q_latent_rmsnorm"], "--config", ",".join(configs),
-                    "--recompute-modules", "mla_up_proj,layernorm", "--tp", str(ranks)]
+            args = [*mla_dumps.SHAPE, *mla_dumps.COMBOS["q_latent_rmsnorm"], "--recompute-modules",
+                    "mla_up_proj,layernorm", "--tp", str(ranks)]
             tag = "mla%d" % ranks
-            np_ranks = ranks if ranks > 1 else None
-            rows = self.layer_run("cuda_" + tag, "--backend", "cuda", *args, "--dump", self.dump_dir("cuda_" + tag),
-                                  np_ranks=np_ranks)
-            self.assert_simulated_rows(rows, configs)
-            cpu = self.layer_run("cpu_" + tag, "--backend", "cpu", *args, "--dump", self.dump_dir("cpu_" + tag),
-                                 np_ranks=np_ranks)
-            for r, c in zip(rows, cpu):
-                with self.subTest(ranks=ranks, config=r["config"]):
-                    self.assertEqual(r["act_bytes"], c["act_bytes"])
-                    self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
-                    got = os.path.join(self.dump_dir("cuda_" + tag), r["config"])
-                    self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), r["config"]))
-                    self.assert_numpy_reference(got)
+            for r, _, got in self.run_against_cpu(tag, args, configs, ranks if ranks > 1 else None):
+                self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), r["config"]))
 
     @unittest.skipUnless(moe_dumps and MPIEXEC, "numpy or mpirun missing")
     def test_moe_layer_matches_cpu_and_numpy(self):
@@ -342,19 +348,9 @@ class CudaSimTest(unittest.TestCase):
         runs = [("moe1", [], None, ["baseline", "selective"]), ("moe_tp2", ["--tp", "2"], 2, ["sp", "selective+sp"]),
                 ("moe_ep2", ["--expert-model-parallel-size", "2"], 2, ["baseline", "selective"])]
         for tag, extra, ranks, configs in runs:
-            args = [*moe_dumps.SHAPE, *combo, *extra, "--config", ",".join(configs), "--recompute-modules",
-                    "moe_act,shared_experts"]
-            rows = self.layer_run("cuda_" + tag, "--backend", "cuda", *args, "--dump", self.dump_dir("cuda_" + tag),
-                                  np_ranks=ranks)
-            self.assert_simulated_rows(rows, configs)
-            cpu = self.layer_run("cpu_" + tag, "--backend", "cpu", *args, "--dump", self.dump_dir("cpu_" + tag),
-                                 np_ranks=ranks)
-            for r, c in zip(rows, cpu):
-                with self.subTest(tag=tag, config=r["config"]):
-                    self.assertEqual(r["moe_routed_rows"], c["moe_routed_rows"])  # the same routing decision
-                    self.assertEqual(r["act_bytes"], c["act_bytes"])
-                    self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
-                    self.assert_numpy_reference(os.path.join(self.dump_dir("cuda_" + tag), r["config"]))
+            args = [*moe_dumps.SHAPE, *combo, *extra, "--recompute-modules", "moe_act,shared_experts"]
+            for r, c, _ in self.run_against_cpu(tag, args, configs, ranks):
+                self.assertEqual(r["moe_routed_rows"], c["moe_routed_rows"])  # the same routing decision
 
     @unittest.skipUnless(composed, "numpy missing: run with /usr/bin/python3")
     def test_composed_options_match_cpu_and_numpy(self):

@@ -207,32 +207,53 @@ INSTANTIATE_TEST_SUITE_P(Configs, MpiMla, ::testing::Values("baseline", "sp", "s
 // experts and its own micro-batch, the tokens travel to their experts and back by all-to-all.
 // The ranks together are the single-rank layer on the concatenated batch, tensor for tensor;
 // each rank keeps the pieces for the rows it routed and the rows its experts received.
-class MpiExpertParallel : public ::testing::TestWithParam<std::string> {};
+namespace {
 
-TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
-  const int ep = g_comm->size();
-  LayerDims d{12, 2, 48, 4};
-  d.spec = theory::llama_layer_spec(2, 24);  // no dropout (hidden dropout: the test below)
+// A llama-family layer with 8 experts of width 12 (top 2), shared experts of width `shared`.
+LayerDims moe_layer(LayerDims d, double kv_heads, double shared) {
+  d.spec = theory::llama_layer_spec(kv_heads, 24);
   d.spec.moe.num_experts = 8;
   d.spec.moe.top_k = 2;
   d.spec.moe.ffn_hidden = 12;
-  d.spec.moe.shared_ffn_hidden = GetParam() == "baseline" ? 0 : 8;
-  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.f, d);
-  if (GetParam() == "selective") spec.policy.modules.moe_act = true;
+  d.spec.moe.shared_ffn_hidden = shared;
+  return d;
+}
+
+// The expert-parallel ranks (g_comm, each its own micro-batch) against the single-rank layer on
+// their concatenated batch, tensor for tensor (the aux loss is each rank's own; full recompute
+// dumps no routing). Returns the single-rank layer's tensors.
+std::vector<CanonicalTensor> expect_ranks_equal_the_whole_batch(ExperimentSpec spec, const std::string& what) {
   auto local = make_local_communicator();
   spec.ep_group = g_comm;
   auto be = make_cpu_backend();
   const auto got = run_layer_canonical(*be, *local, spec);
   ExperimentSpec single = spec;
   single.ep_group = nullptr;
-  single.dims.b = d.b * ep;
+  single.dims.b = spec.dims.b * g_comm->size();
   single.policy = parse_config("baseline");
   auto ref = run_layer_canonical(*be, *local, single);
   std::erase_if(ref, [&](const CanonicalTensor& t) {
     return t.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && t.name.starts_with("moe.topk"));
   });
-  const std::string what = "ep=" + std::to_string(ep) + " " + GetParam();
   expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+  return ref;
+}
+
+}  // namespace
+
+class MpiExpertParallel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
+  const int ep = g_comm->size();
+  // no dropout (hidden dropout: the test below)
+  const LayerDims d = moe_layer({12, 2, 48, 4}, 2, GetParam() == "baseline" ? 0 : 8);
+  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.f, d);
+  if (GetParam() == "selective") spec.policy.modules.moe_act = true;
+  const std::string what = "ep=" + std::to_string(ep) + " " + GetParam();
+  expect_ranks_equal_the_whole_batch(spec, what);
+  auto local = make_local_communicator();
+  spec.ep_group = g_comm;
+  auto be = make_cpu_backend();
   spec.dtype = DType::bf16;
   spec.warmup = 0;
   spec.iters = 1;
@@ -281,12 +302,7 @@ class MpiExpertsOverTp : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MpiExpertsOverTp, EveryTensorAndBytesEqualTheSingleRankLayer) {
   const int t = g_comm->size();
-  LayerDims d = kDims;
-  d.spec = theory::llama_layer_spec(4, 24);  // g = 4: whole groups on 4 ranks
-  d.spec.moe.num_experts = 8;
-  d.spec.moe.top_k = 2;
-  d.spec.moe.ffn_hidden = 12;
-  d.spec.moe.shared_ffn_hidden = 8;
+  const LayerDims d = moe_layer(kDims, 4, 8);  // g = 4: whole groups on 4 ranks
   ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);  // attention and hidden dropout
   if (spec.policy.recompute == Recompute::selective) spec.policy.modules.moe_act = spec.policy.modules.moe = true;
   spec.experts_over_tp = true;
@@ -325,30 +341,17 @@ INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertsOverTp, ::testing::Values("sp", "sel
 // canonical [s, ep·b, h], so every tensor (the masks among them) is the single-rank layer's.
 TEST(MpiExpertParallelDropout, HiddenDropoutMasksAreTheSingleRankLayers) {
   const int ep = g_comm->size();
-  LayerDims d{12, 2, 48, 4};
-  d.spec = theory::llama_layer_spec(2, 24);
-  d.spec.moe.num_experts = 8;
-  d.spec.moe.top_k = 2;
-  d.spec.moe.ffn_hidden = 12;
+  const LayerDims d = moe_layer({12, 2, 48, 4}, 2, 0);
   for (const char* config : {"baseline", "full"}) {
     ExperimentSpec spec = small_spec(config, DType::fp32, 0.f, d);
     spec.dims.spec.hidden_dropout = 0.25;
-    auto local = make_local_communicator();
-    spec.ep_group = g_comm;
-    auto be = make_cpu_backend();
-    const auto got = run_layer_canonical(*be, *local, spec);
-    ExperimentSpec single = spec;
-    single.ep_group = nullptr;
-    single.dims.b = d.b * ep;
-    single.policy = parse_config("baseline");
-    auto ref = run_layer_canonical(*be, *local, single);
-    std::erase_if(ref, [&](const CanonicalTensor& t) {
-      return t.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && t.name.starts_with("moe.topk"));
-    });
     const std::string what = "ep=" + std::to_string(ep) + " " + config;
-    expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+    const auto ref = expect_ranks_equal_the_whole_batch(spec, what);
     // Not blind: the masks show in y (the same layer without dropout gives another one).
-    single.dims.spec.hidden_dropout = 0;
+    ExperimentSpec single = small_spec("baseline", DType::fp32, 0.f, d);
+    single.dims.b = d.b * ep;
+    auto be = make_cpu_backend();
+    auto local = make_local_communicator();
     const auto undropped = run_layer_canonical(*be, *local, single);
     auto y_of = [](const std::vector<CanonicalTensor>& all) {
       return std::find_if(all.begin(), all.end(), [](const CanonicalTensor& t) { return t.name == "y"; })->data;
