@@ -102,7 +102,8 @@ static void validate_mla(const LayerDims& d) {
   if (d.spec.kv_heads != 0 && d.spec.kv_heads != d.a)
     fail("multi-latent attention gives every head its own k and v: --num-query-groups does not apply");
   if (d.spec.add_bias_linear || d.spec.add_qkv_bias)
-    fail("multi-latent attention's projections have no biases here: pass --disable-bias-linear (and no --add-qkv-bias)");
+    fail("multi-latent attention's projections have no biases here: pass --disable-bias-linear (and no "
+         "--add-qkv-bias)");
   if (d.spec.position != theory::PositionEmbedding::rope || d.spec.rotary_percent != 1.0)
     fail("multi-latent attention rotates its whole RoPE part (qk-pos-emb-head-dim): it needs "
          "--position-embedding-type rope and --rotary-percent 1");

@@ -113,7 +113,8 @@ void LayerBase::cp_ring_bwd(const QkvHeads& qkv, const Tensor& out, const Tensor
   // on at step i during step i+1's (they are needed only after it).
   const int64_t b = opt_.dims.b;
   const Shape q_shape = {b * heads_per_rank_, seq_, head_dim_}, kv_shape = {b * kv_heads_per_rank_, seq_, head_dim_};
-  const Shape v_shape = {b * kv_heads_per_rank_, seq_, v_head_dim_}, out_shape = {b * heads_per_rank_, seq_, v_head_dim_};
+  const Shape v_shape = {b * kv_heads_per_rank_, seq_, v_head_dim_};
+  const Shape out_shape = {b * heads_per_rank_, seq_, v_head_dim_};
   Tensor dq = be_.zeros(qkv.q.shape(), opt_.dtype);
   Tensor dq_part = be_.empty(qkv.q.shape(), opt_.dtype);
   Tensor k = qkv.k, v = qkv.v;

@@ -74,7 +74,8 @@ Tensor TransformerLayer::mla_attention_block_fwd(const CommContext& comm, const 
 TransformerLayer::MlaLatents TransformerLayer::mla_down_fwd(const CommContext& comm, const Tensor& normed) {
   const theory::MlaSpec& mla = opt_.dims.spec.mla;
   const int64_t rows = normed.dim(0), b = opt_.dims.b, h = opt_.dims.h, n = rows * b;
-  const int64_t q_rank = whole(mla.q_lora_rank), kv_rank = whole(mla.kv_lora_rank), rope = whole(mla.qk_pos_emb_head_dim);
+  const int64_t q_rank = whole(mla.q_lora_rank), kv_rank = whole(mla.kv_lora_rank);
+  const int64_t rope = whole(mla.qk_pos_emb_head_dim);
   const Tensor x = as_matrix(normed);
   MlaLatents out;
   if (q_rank > 0) {

@@ -188,7 +188,8 @@ TEST(MlaLayerEffects, UpProjFreesTheUpProjectionsInputsAndHeads) {
     RecomputeModules up{false, false, false};
     up.mla_up_proj = true;
     const ExperimentResult kept = measure_once(*be, d, t, {Recompute::none, sp, Attention::unfused, {}}, DType::bf16);
-    const ExperimentResult rebuilt = measure_once(*be, d, t, {Recompute::selective, sp, Attention::unfused, up}, DType::bf16);
+    const ExperimentResult rebuilt =
+        measure_once(*be, d, t, {Recompute::selective, sp, Attention::unfused, up}, DType::bf16);
     const std::string where = sp ? "sp" : "no sp";
     EXPECT_EQ(bytes_of(kept, "q_up_input"), e * rows * 6) << where;
     EXPECT_EQ(bytes_of(kept, "kv_up_input"), e * rows * 5) << where;

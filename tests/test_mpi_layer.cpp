@@ -19,6 +19,14 @@ namespace {
 Communicator* g_comm = nullptr;
 const LayerDims kDims = {24, 2, 48, 4};  // s and a divisible by 2 and 4; h/a = 12
 
+// A configuration as a test name: "selective+sp" -> "selective_sp".
+std::string config_param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  for (char& c : name)
+    if (c == '+') c = '_';
+  return name;
+}
+
 }  // namespace
 
 class MpiLayer : public ::testing::TestWithParam<std::string> {};
@@ -68,12 +76,7 @@ TEST_P(MpiLayer, FusedAttentionEqualsTheSingleRankPapersLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiLayer,
                          ::testing::Values("baseline", "sp", "full", "selective", "selective+sp", "full+sp"),
-                         [](const auto& param_info) {
-                           std::string c = param_info.param;
-                           for (char& ch : c)
-                             if (ch == '+') ch = '_';
-                           return c;
-                         });
+                         config_param_name);
 
 // The llama family under real ranks: GQA with 8 query heads in 4 key/value groups (so t = 2
 // and t = 4 both split whole groups), RoPE, SwiGLU; every tensor equals the single-rank layer
@@ -105,12 +108,7 @@ TEST_P(MpiLlama, EveryTensorAndBytesEqualTheSingleRankLayer) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiLlama,
                          ::testing::Values("baseline", "sp", "full", "selective", "selective+sp", "full+sp"),
-                         [](const auto& param_info) {
-                           std::string c = param_info.param;
-                           for (char& ch : c)
-                             if (ch == '+') ch = '_';
-                           return c;
-                         });
+                         config_param_name);
 
 // An MoE layer under TP + SP (expert tensor parallelism 1, as Megatron-Core's DeepSeek and Qwen
 // recipes): each rank routes its own rows to whole experts, the shared experts split like the
@@ -153,13 +151,7 @@ TEST_P(MpiMoe, EveryTensorAndBytesEqualTheSingleRankLayer) {
   EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, MpiMoe, ::testing::Values("sp", "selective+sp", "full+sp"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& c : name)
-                             if (c == '+') c = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Configs, MpiMoe, ::testing::Values("sp", "selective+sp", "full+sp"), config_param_name);
 
 // Multi-latent attention under TP, with and without SP: the down projections and latent norms
 // on every rank (their gradients summed over the group under SP), the up projections
@@ -174,12 +166,13 @@ TEST_P(MpiMla, EveryTensorAndBytesEqualTheSingleRankLayer) {
   d.spec.position = theory::PositionEmbedding::rope;
   d.spec.mla = {true, 6, 5, 4, 2, 3};  // q latent 6, kv latent 5, heads of 4 + 2 and v of 3
   ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);
-  if (spec.policy.recompute == Recompute::selective) spec.policy.modules.mla_up_proj = spec.policy.modules.layernorm = true;
+  if (spec.policy.recompute == Recompute::selective)
+    spec.policy.modules.mla_up_proj = spec.policy.modules.layernorm = true;
   auto be = make_cpu_backend();
   auto local = make_local_communicator();
   const std::string what = "mla " + GetParam() + " t=" + std::to_string(g_comm->size());
-  expect_same_tensors(run_layer_canonical(*be, *g_comm, spec), run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, d)),
-                      1e-5, 1e-4, what);
+  expect_same_tensors(run_layer_canonical(*be, *g_comm, spec),
+                      run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, d)), 1e-5, 1e-4, what);
   spec.dims.spec.mla.q_lora_rank = 0;  // and q projected from h directly
   expect_same_tensors(run_layer_canonical(*be, *g_comm, spec),
                       run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, spec.dims)), 1e-5,
@@ -195,13 +188,9 @@ TEST_P(MpiMla, EveryTensorAndBytesEqualTheSingleRankLayer) {
       << what;
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, MpiMla, ::testing::Values("baseline", "sp", "selective", "selective+sp", "full+sp"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& c : name)
-                             if (c == '+') c = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Configs, MpiMla,
+                         ::testing::Values("baseline", "sp", "selective", "selective+sp", "full+sp"),
+                         config_param_name);
 
 // Expert parallelism (--expert-model-parallel-size = the world, t = 1): each rank holds E/ep
 // experts and its own micro-batch, the tokens travel to their experts and back by all-to-all.
@@ -330,12 +319,7 @@ TEST_P(MpiExpertsOverTp, EveryTensorAndBytesEqualTheSingleRankLayer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertsOverTp, ::testing::Values("sp", "selective+sp", "full+sp"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           for (char& c : name)
-                             if (c == '+') c = '_';
-                           return name;
-                         });
+                         config_param_name);
 
 // Hidden dropout under expert parallelism: each rank draws the masks of its batch slice of the
 // canonical [s, ep·b, h], so every tensor (the masks among them) is the single-rank layer's.
