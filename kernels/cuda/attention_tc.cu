@@ -489,7 +489,7 @@ void launch_for_head_dim(const void* q, const void* k, const void* v, float scal
 
 // ---- backward --------------------------------------------------------------------------------
 // FlashAttention-2's backward: delta = rowsum(dO∘O) and a zeroed fp32 dQ accumulator first
-// (attention_bwd_prep_kernel), then one block per (key/value head, 64 keys) that loads K and V
+// (attention_bwd_prep_kernel), then one block per (key/value head, kBwdKeys keys) that loads K and V
 // once and loops over the query tiles that see them, of each query head of its GQA group:
 //   Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2(e) − lse·log2(e))   (the one recomputation of S)
 //   dPᵀ = V·dOᵀ
@@ -498,19 +498,22 @@ void launch_for_head_dim(const void* q, const void* k, const void* v, float scal
 //   dK += dSᵀ·Q                                 (scale applied once, at the store)
 //   dQ += dS·K                                  fp32 atomicAdd into the accumulator
 // and last attention_dq_convert_kernel writes dQ = scale·acc in T. Each warp owns 16 keys end
-// to end (their dK and dV accumulate in its registers across the whole loop), as each warp of
-// the forward owns 16 query rows: Sᵀ and dPᵀ are in the mma's C layout with keys as rows, so
+// to end (their dK and dV accumulate in its registers across the whole loop; at kD = 96 and
+// 128, half of their columns, a second warp the other half), as each warp of the forward owns
+// 16 query rows: Sᵀ and dPᵀ are in the mma's C layout with keys as rows, so
 // Pᵀ and dSᵀ are directly the A fragments of dV's and dK's mma (the forward's P trick), with
-// dO's and Q's B fragments by ldmatrix.trans. dQ needs dS summed over the block's 64 keys:
-// each warp stores its dSᵀ (in T) to shared memory, and after a barrier every warp computes
-// a slice of the tile's dQ (16 rows × kD / (kWarps / (rows / 16)) columns) from it by
-// ldmatrix.trans, adding it to the accumulator with one atomic per element. The atomics make
-// dQ's fp32 sum order (and so its last bits) depend on the blocks' timing.
+// dO's and Q's B fragments by ldmatrix.trans. dQ needs dS summed over the block's keys:
+// each key group's first warp stores its dSᵀ (in T) to shared memory, and after a barrier
+// every warp computes a slice of the tile's dQ (16 rows × kD / (kWarps / (rows / 16))
+// columns) from it by ldmatrix.trans, adding it to the accumulator with one atomic per
+// element. The atomics make dQ's fp32 sum order (and so its last bits) depend on the blocks'
+// timing.
 // Query tiles of 64 rows for kD = 64 and 32 for 96 and 128: a lane's dK and dV take kD fp32
-// registers, which leaves room for 16 (not 32) of Sᵀ's and dPᵀ's columns per lane.
-// Shared memory: K, V [64][kD], Q, dO [rows][kD] (swizzled as in the forward), dSᵀ
-// [64][64] (rows of 128 bytes, Swizzle<64>), and per query row lse·log2(e), delta and the
-// position: 41, 44.5 and 56.5 KiB for kD = 64, 96, 128. No pipelining yet: the query tile's
+// registers at kD = 64 and kD / 2 at 96 and 128, which leaves room for 16 (not 32) of Sᵀ's and
+// dPᵀ's columns per lane.
+// Shared memory: K, V [keys][kD], Q, dO [rows][kD] (swizzled as in the forward), dSᵀ
+// [keys][64] (rows of 128 bytes, Swizzle<64>), and per query row lse·log2(e), delta and the
+// position: 41, 28.5 and 36.5 KiB for kD = 64, 96, 128. No pipelining yet: the query tile's
 // loads are waited for at a barrier.
 
 template <int kD>
