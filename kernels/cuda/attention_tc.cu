@@ -489,7 +489,7 @@ void launch_for_head_dim(const void* q, const void* k, const void* v, float scal
 
 // ---- backward --------------------------------------------------------------------------------
 // FlashAttention-2's backward: delta = rowsum(dO∘O) and a zeroed fp32 dQ accumulator first
-// (attention_bwd_prep_kernel), then one block per (key/value head, 64 keys) that loads K and V
+// (attention_bwd_prep_kernel), then one block per (key/value head, kBwdKeys keys) that loads K and V
 // once and loops over the query tiles that see them, of each query head of its GQA group:
 //   Sᵀ = K·Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2(e) − lse·log2(e))   (the one recomputation of S)
 //   dPᵀ = V·dOᵀ
@@ -498,29 +498,39 @@ void launch_for_head_dim(const void* q, const void* k, const void* v, float scal
 //   dK += dSᵀ·Q                                 (scale applied once, at the store)
 //   dQ += dS·K                                  fp32 atomicAdd into the accumulator
 // and last attention_dq_convert_kernel writes dQ = scale·acc in T. Each warp owns 16 keys end
-// to end (their dK and dV accumulate in its registers across the whole loop), as each warp of
-// the forward owns 16 query rows: Sᵀ and dPᵀ are in the mma's C layout with keys as rows, so
+// to end (their dK and dV accumulate in its registers across the whole loop; at kD = 96 and
+// 128, half of their columns, a second warp the other half), as each warp of the forward owns
+// 16 query rows: Sᵀ and dPᵀ are in the mma's C layout with keys as rows, so
 // Pᵀ and dSᵀ are directly the A fragments of dV's and dK's mma (the forward's P trick), with
-// dO's and Q's B fragments by ldmatrix.trans. dQ needs dS summed over the block's 64 keys:
-// each warp stores its dSᵀ (in T) to shared memory, and after a barrier every warp computes
-// a slice of the tile's dQ (16 rows × kD / (kWarps / (rows / 16)) columns) from it by
-// ldmatrix.trans, adding it to the accumulator with one atomic per element. The atomics make
-// dQ's fp32 sum order (and so its last bits) depend on the blocks' timing.
+// dO's and Q's B fragments by ldmatrix.trans. dQ needs dS summed over the block's keys:
+// each key group's first warp stores its dSᵀ (in T) to shared memory, and after a barrier
+// every warp computes a slice of the tile's dQ (16 rows × kD / (kWarps / (rows / 16))
+// columns) from it by ldmatrix.trans, adding it to the accumulator with one atomic per
+// element. The atomics make dQ's fp32 sum order (and so its last bits) depend on the blocks'
+// timing.
 // Query tiles of 64 rows for kD = 64 and 32 for 96 and 128: a lane's dK and dV take kD fp32
-// registers, which leaves room for 16 (not 32) of Sᵀ's and dPᵀ's columns per lane.
-// Shared memory: K, V [64][kD], Q, dO [rows][kD] (swizzled as in the forward), dSᵀ
-// [64][64] (rows of 128 bytes, Swizzle<64>), and per query row lse·log2(e), delta and the
-// position: 41, 44.5 and 56.5 KiB for kD = 64, 96, 128. No pipelining yet: the query tile's
+// registers at kD = 64 and kD / 2 at 96 and 128, which leaves room for 16 (not 32) of Sᵀ's and
+// dPᵀ's columns per lane.
+// Shared memory: K, V [keys][kD], Q, dO [rows][kD] (swizzled as in the forward), dSᵀ
+// [keys][64] (rows of 128 bytes, Swizzle<64>), and per query row lse·log2(e), delta and the
+// position: 41, 28.5 and 36.5 KiB for kD = 64, 96, 128. No pipelining yet: the query tile's
 // loads are waited for at a barrier.
 
 template <int kD>
 constexpr int kBwdRows = kD <= 64 ? 64 : 32;
-constexpr int kBwdKeys = kWarps * kWarpRows;  // keys per block, 16 per warp
-constexpr int kDsCols = 64;                   // the dSᵀ tile's row length (queries), for every kD
+// Key groups of 16 per block: 4 for kD = 64 (each warp owns its keys' whole dK and dV rows);
+// 2 for 96 and 128, where warps w and w + 2 share a group's 16 keys and each owns half of
+// their dK and dV columns: kD fp32 accumulators per lane left ptxas spilling up to 1.4 KiB
+// (docs/kernel_efficiency.md), kD / 2 leave room. Both warps of a group compute its Sᵀ and dPᵀ.
+template <int kD>
+constexpr int kBwdKeyGroups = kD <= 64 ? kWarps : kWarps / 2;
+template <int kD>
+constexpr int kBwdKeys = kBwdKeyGroups<kD> * kWarpRows;  // keys per block
+constexpr int kDsCols = 64;                             // the dSᵀ tile's row length (queries), for every kD
 
 template <int kD>
 constexpr size_t tc_bwd_smem_bytes() {
-  return sizeof(uint16_t) * (2 * kBwdKeys * kD + 2 * kBwdRows<kD> * kD + kBwdKeys * kDsCols) +
+  return sizeof(uint16_t) * (2 * kBwdKeys<kD> * kD + 2 * kBwdRows<kD> * kD + kBwdKeys<kD> * kDsCols) +
          (2 * sizeof(float) + sizeof(int64_t)) * kBwdRows<kD>;
 }
 
@@ -593,18 +603,18 @@ __device__ __forceinline__ uint32_t kept_bits_t(const AttnDropout& dr, const Att
   return bits;
 }
 
-// This lane's fp32 accumulators of 16 key rows (g, g + 8 of the warp's) as T: scaled, rows
-// past Sk and columns past D not stored.
+// This lane's fp32 accumulators of 16 key rows (g, g + 8 of the warp's), column blocks from
+// nd0, as T: scaled, rows past Sk and columns past D not stored.
 template <class T, int kDimBlocks>
 __device__ __forceinline__ void store_key_rows(uint16_t* m, int64_t w0, int64_t Sk, int D, bool vec, int g, int t,
-                                               float mul, const float (&acc)[kDimBlocks][4]) {
+                                               int nd0, float mul, const float (&acc)[kDimBlocks][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t j = w0 + g + 8 * h;
     if (j >= Sk) continue;
 #pragma unroll
     for (int nd = 0; nd < kDimBlocks; ++nd) {
-      const int d = nd * 8 + 2 * t;
+      const int d = (nd0 + nd) * 8 + 2 * t;
       if (d >= D) continue;
       uint16_t* dst = m + j * D + d;
       if (vec) {
@@ -624,8 +634,11 @@ __global__ void __launch_bounds__(kThreads)
                             const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq_acc,
                             uint16_t* __restrict__ dk, uint16_t* __restrict__ dv, AttnPlace pl, int D, bool vec,
                             float scale, float scale_log2, AttnDropout dr, int64_t group) {
-  constexpr int kRows = kBwdRows<kD>;
+  constexpr int kRows = kBwdRows<kD>, kKeys = kBwdKeys<kD>, kGroups = kBwdKeyGroups<kD>;
   constexpr int kSteps = kD / 16, kDimBlocks = kD / 8, kQueryBlocks = kRows / 8;
+  // A warp's share of dK's and dV's columns: kOwnBlocks blocks of 8 from nd_own.
+  constexpr int kOwnBlocks = kDimBlocks / (kWarps / kGroups);
+  static_assert(kGroups * (kWarps / kGroups) == kWarps && kOwnBlocks % 2 == 0, "whole column shares per warp");
   // dQ of a query tile: kRowBlocks blocks of 16 rows × kSplits column slices, one per warp.
   constexpr int kRowBlocks = kRows / 16, kSplits = kWarps / kRowBlocks, kDqBlocks = kDimBlocks / kSplits;
   static_assert(kRowBlocks * kSplits == kWarps && kDqBlocks % 2 == 0, "whole dQ slices per warp");
@@ -633,19 +646,21 @@ __global__ void __launch_bounds__(kThreads)
   using Sw = Swizzle<kD>;
   using SwS = Swizzle<kDsCols>;
   extern __shared__ uint4 tc_smem[];
-  uint16_t* sK = reinterpret_cast<uint16_t*>(tc_smem);  // [kBwdKeys][kD]
-  uint16_t* sV = sK + kBwdKeys * kD;                     // [kBwdKeys][kD]
-  uint16_t* sQ = sV + kBwdKeys * kD;                     // [kRows][kD]
+  uint16_t* sK = reinterpret_cast<uint16_t*>(tc_smem);  // [kKeys][kD]
+  uint16_t* sV = sK + kKeys * kD;                        // [kKeys][kD]
+  uint16_t* sQ = sV + kKeys * kD;                        // [kRows][kD]
   uint16_t* sdO = sQ + kRows * kD;                       // [kRows][kD]
-  uint16_t* sdS = sdO + kRows * kD;                      // [kBwdKeys][kDsCols]: dSᵀ, queries [0, kRows)
-  int64_t* sQpos = reinterpret_cast<int64_t*>(sdS + kBwdKeys * kDsCols);  // [kRows]
+  uint16_t* sdS = sdO + kRows * kD;                      // [kKeys][kDsCols]: dSᵀ, queries [0, kRows)
+  int64_t* sQpos = reinterpret_cast<int64_t*>(sdS + kKeys * kDsCols);  // [kRows]
   float* sLse = reinterpret_cast<float*>(sQpos + kRows);                   // [kRows]: lse·log2(e)
   float* sDelta = sLse + kRows;                                            // [kRows]
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
+  // The warp's key group (16 keys of the block) and its first own column block of dK and dV.
+  const int kg = warp % kGroups, nd_own = (warp / kGroups) * kOwnBlocks;
   const int64_t S = pl.S, Sk = pl.Sk, kvh = blockIdx.x;
   const int64_t kv_base = kvh * Sk * D;
-  const int64_t n_kb = (Sk + kBwdKeys - 1) / kBwdKeys, n_qt = (S + kRows - 1) / kRows;
+  const int64_t n_kb = (Sk + kKeys - 1) / kKeys, n_qt = (S + kRows - 1) / kRows;
   const float drop_scale = dr.on ? dr.scale : 1.f;
   // ldmatrix row offsets as in the forward: b_off for B fragments of rows used as columns
   // (Q, dO: non-transposed), t_off for B fragments of [k][n] rows (Q, dO, K: .trans).
@@ -658,26 +673,26 @@ __global__ void __launch_bounds__(kThreads)
     t_off[c2] = (((lane / 8) % 2) * 8 + lane % 8) * kD + Sw::chunk(lane % 8, 2 * c2 + lane / 16) * 8;
 
   for (int64_t kb = blockIdx.y; kb < n_kb; kb += gridDim.y) {  // the first key tiles have the most rows
-    const int64_t j0 = kb * kBwdKeys, key_end = min64(j0 + kBwdKeys, Sk);
+    const int64_t j0 = kb * kKeys, key_end = min64(j0 + kKeys, Sk);
     const int64_t k_first = attention_tiles::first_position(pl.keys, j0, key_end);
     const int64_t qt0 = attention_tiles::first_seeing_query(pl.queries, S, k_first) / kRows;
     // This warp's 16 keys; w_last: their last position when all 16 are keys (a query tile
     // wholly at or after it needs no mask).
-    const int64_t w0 = j0 + warp * kWarpRows, w1 = min64(w0 + kWarpRows, Sk);
+    const int64_t w0 = j0 + kg * kWarpRows, w1 = min64(w0 + kWarpRows, Sk);
     const int64_t kpos0 = pl.key(w0 + g), kpos1 = pl.key(w0 + g + 8);
     const int64_t w_last = w1 - w0 == kWarpRows ? attention_tiles::last_position(pl.keys, w0, w1) : INT64_MAX;
 
     __syncthreads();  // the previous key tile is done with shared memory
     {
-      TileShare<kBwdKeys, kD> share;
+      TileShare<kKeys, kD> share;
       load_share(k + kv_base, j0, Sk, D, vec, share);
       store_share(sK, share);
       load_share(v + kv_base, j0, Sk, D, vec, share);
       store_share(sV, share);
     }
-    float dk_acc[kDimBlocks][4], dv_acc[kDimBlocks][4];
+    float dk_acc[kOwnBlocks][4], dv_acc[kOwnBlocks][4];
 #pragma unroll
-    for (int nd = 0; nd < kDimBlocks; ++nd)
+    for (int nd = 0; nd < kOwnBlocks; ++nd)
 #pragma unroll
       for (int i = 0; i < 4; ++i) dk_acc[nd][i] = dv_acc[nd][i] = 0.f;
 
@@ -714,8 +729,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int kk = 0; kk < kSteps; ++kk) {
           uint32_t kf[4], vf[4];
-          ldmatrix(kf, sK + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
-          ldmatrix(vf, sV + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+          ldmatrix(kf, sK + Sw::at(kg * kWarpRows + lane % 16, 2 * kk + lane / 16));
+          ldmatrix(vf, sV + Sw::at(kg * kWarpRows + lane % 16, 2 * kk + lane / 16));
 #pragma unroll
           for (int nb = 0; nb < kQueryBlocks; nb += 2) {
             uint32_t qf[4], of[4];
@@ -747,7 +762,8 @@ __global__ void __launch_bounds__(kThreads)
             dp[nb][i] = p * (dp[nb][i] * mult - sDelta[col]);
           }
 
-        // dV += (P∘keep/(1−p))ᵀ·dO and dK += dSᵀ·Q, 16 queries a step; dSᵀ to shared memory.
+        // dV += (P∘keep/(1−p))ᵀ·dO and dK += dSᵀ·Q in the warp's own columns, 16 queries a
+        // step; dSᵀ to shared memory (by the group's first warp).
 #pragma unroll
         for (int kk2 = 0; kk2 < kRows / 16; ++kk2) {
           const uint32_t pf[4] = {pack_pair<T>(s[2 * kk2][0], s[2 * kk2][1]), pack_pair<T>(s[2 * kk2][2], s[2 * kk2][3]),
@@ -758,10 +774,10 @@ __global__ void __launch_bounds__(kThreads)
                                   pack_pair<T>(dp[2 * kk2 + 1][0], dp[2 * kk2 + 1][1]),
                                   pack_pair<T>(dp[2 * kk2 + 1][2], dp[2 * kk2 + 1][3])};
 #pragma unroll
-          for (int nd = 0; nd < kDimBlocks; nd += 2) {
+          for (int nd = 0; nd < kOwnBlocks; nd += 2) {
             uint32_t of[4], qf[4];
-            ldmatrix_trans(of, sdO + kk2 * 16 * kD + t_off[nd / 2]);
-            ldmatrix_trans(qf, sQ + kk2 * 16 * kD + t_off[nd / 2]);
+            ldmatrix_trans(of, sdO + kk2 * 16 * kD + t_off[(nd_own + nd) / 2]);
+            ldmatrix_trans(qf, sQ + kk2 * 16 * kD + t_off[(nd_own + nd) / 2]);
             const uint32_t o0[2] = {of[0], of[1]}, o1[2] = {of[2], of[3]}, q0[2] = {qf[0], qf[1]},
                            q1[2] = {qf[2], qf[3]};
             mma<T>(dv_acc[nd], pf, o0);
@@ -770,15 +786,17 @@ __global__ void __launch_bounds__(kThreads)
             mma<T>(dk_acc[nd + 1], sf, q1);
           }
           // sf[0], sf[1]: rows g, g + 8, queries of block 2kk2; sf[2], sf[3] of block 2kk2 + 1.
+          if (warp < kGroups) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int row = warp * kWarpRows + g + 8 * (r % 2);
-            *reinterpret_cast<uint32_t*>(sdS + SwS::at(row, 2 * kk2 + r / 2) + 2 * t) = sf[r];
+            for (int r = 0; r < 4; ++r) {
+              const int row = kg * kWarpRows + g + 8 * (r % 2);
+              *reinterpret_cast<uint32_t*>(sdS + SwS::at(row, 2 * kk2 + r / 2) + 2 * t) = sf[r];
+            }
           }
         }
         __syncthreads();  // sdS holds the block's dSᵀ
 
-        // dQ += dS·K: this warp's 16 rows × kDqBlocks column blocks, over the block's 64 keys
+        // dQ += dS·K: this warp's 16 rows × kDqBlocks column blocks, over the block's keys
         // (16 a step): dS's A fragments by ldmatrix.trans of dSᵀ, K's B fragments by
         // ldmatrix.trans (keys are the k of this product).
         const int rb = warp % kRowBlocks, nd0 = (warp / kRowBlocks) * kDqBlocks;
@@ -786,7 +804,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int n = 0; n < kDqBlocks; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < kBwdKeys / 16; ++kk) {
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
           uint32_t af[4];
           ldmatrix_trans(af, sdS + SwS::at(kk * 16 + (lane / 16) * 8 + lane % 8, 2 * rb + (lane / 8) % 2));
 #pragma unroll
@@ -812,8 +830,8 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    store_key_rows<T>(dk + kv_base, w0, Sk, D, vec, g, t, scale, dk_acc);
-    store_key_rows<T>(dv + kv_base, w0, Sk, D, vec, g, t, 1.f, dv_acc);
+    store_key_rows<T>(dk + kv_base, w0, Sk, D, vec, g, t, nd_own, scale, dk_acc);
+    store_key_rows<T>(dv + kv_base, w0, Sk, D, vec, g, t, nd_own, 1.f, dv_acc);
   }
 }
 
@@ -834,7 +852,7 @@ void launch_bwd(const void* q, const void* k, const void* v, const void* out, co
       static_cast<const uint16_t*>(out), static_cast<const uint16_t*>(dout), delta, dq_acc, rows, D);
   CUDA_CHECK_LAUNCH();
   if (Sk > 0) {
-    const int64_t kv_heads = B / shape.group, n_kb = (Sk + kBwdKeys - 1) / kBwdKeys;
+    const int64_t kv_heads = B / shape.group, n_kb = (Sk + kBwdKeys<kD> - 1) / kBwdKeys<kD>;
     if (kv_heads > INT_MAX)
       throw InvalidArgument("attention_bwd: " + std::to_string(kv_heads) + " heads is more than one launch takes");
     // x: key/value heads (every head's first, longest key tile first), y: key tiles.
