@@ -67,10 +67,12 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
 
 // What the MoE block is built for today: expert tensor parallelism 1 (each rank's experts take
 // its own rows), which under TP needs SP as in Megatron-Core; experts without biases; expert
-// parallelism over data-parallel ranks (t = 1) or over the tensor-parallel group (ep = t).
+// parallelism over data-parallel ranks (t = 1, C = 1) or over the tensor-parallel group (ep = t);
+// context parallelism (each CP rank routes its own two chunks).
 static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
-  if (cp != 1)
-    throw InvalidArgument("an MoE layer runs without context parallelism for now (--cp 1)");
+  if (cp > 1 && ep > 1 && t == 1)
+    throw InvalidArgument("expert parallelism runs without context parallelism for now (--cp 1 with "
+                          "--expert-model-parallel-size " + std::to_string(ep) + ")");
   if (ep > 1 && t > 1 && ep != t)
     throw InvalidArgument("expert parallelism with --tp " + std::to_string(t) + " splits the experts over the "
                           "tensor-parallel group: --expert-model-parallel-size must be " + std::to_string(t) +

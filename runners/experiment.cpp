@@ -94,13 +94,14 @@ Tensor make_activation(Backend& be, Communicator& comm, const ExperimentSpec& sp
   return t;
 }
 
-// x, y, dy or dx of every rank in the canonical [s, b, h] (every rank gets it).
+// x, y, dy or dx of every rank in the canonical [s, b, h] (every rank gets it); any per-token
+// tensor [rows, b, width] (an MoE layer's routing, width k) the same way.
 std::vector<float> gather_activation(Backend& be, Communicator& comm, const ExperimentSpec& spec, const Tensor& local) {
   std::vector<float> mine(static_cast<size_t>(local.numel()));
   be.download(local, mine.data());
   std::vector<float> all = comm.gather_host(mine);  // TP ranks, in order
   if (spec.cp_group) all = spec.cp_group->gather_host(all);  // then CP ranks, in order
-  const int64_t cols = spec.dims.b * spec.dims.h, n = static_cast<int64_t>(mine.size());
+  const int64_t n = static_cast<int64_t>(mine.size()), cols = n / activation_rows(spec, comm.size(), 0, 0).count;
   std::vector<float> canonical(static_cast<size_t>(spec.dims.s * cols));
   for (int c = 0; c < spec.cp(); ++c)
     for (int r = 0; r < comm.size(); ++r) {
@@ -456,18 +457,16 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   Tensor dy = make_activation(be, comm, spec, kStreamDy);
   Tensor y = layer.forward(x);
   // An MoE layer's routing decision, as forward kept it (not under full or moe recompute):
-  // each rank routed its own rows, in the canonical order of the s·b tokens.
+  // each rank routed its own rows (its [rows, b] tokens: s/t under SP, two chunks under CP),
+  // put back in the canonical order of the s·b tokens as the activations are.
   std::vector<CanonicalTensor> routing;
   if (is_moe_layer(spec)) {
     const SavedActivations& saved = layer.saved();
     for (const auto& [name, t] : {std::pair{"moe.topk_index", &saved.router_topk_index},
                                   std::pair{"moe.topk_weight", &saved.router_topk_weight}}) {
       if (!t->defined()) continue;
-      ShardSpec rows{spec.policy.sequence_parallel ? ShardKind::rows : ShardKind::replicated,
-                     spec.dims.s * spec.dims.b, t->dim(1), comm.size(), comm.rank()};
-      std::vector<float> canonical = gather_canonical(be, comm, *t, rows);
-      if (spec.ep_group) canonical = interleave_batches(*spec.ep_group, canonical, spec.dims.s);
-      routing.push_back({name, {rows.rows * spec.ep(), rows.cols}, std::move(canonical)});
+      const int64_t k = t->dim(1);
+      routing.push_back({name, {spec.dims.s * spec.dims.b * spec.ep(), k}, gather_activation(be, comm, spec, *t)});
     }
   }
   Tensor dx = layer.backward(dy);
@@ -489,15 +488,18 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
     for (const ParamInfo& p : layer_param_table(d))
       if (p.kind != ShardKind::experts) spec.ep_group->all_reduce(layer.grads().*p.member);
   if (const MoeRoutingStats* moe = layer.moe_stats()) {
-    // The whole layer's histogram: every rank's rows summed (each routed its own under SP).
+    // The whole layer's histogram: every rank's rows summed (each routed its own under SP, CP
+    // and EP).
     const std::vector<float> mine(moe->tokens_per_expert.begin(), moe->tokens_per_expert.end());
     std::vector<float> all = comm.gather_host(mine);
+    if (spec.cp_group) all = spec.cp_group->gather_host(all);
     if (spec.ep_group) all = spec.ep_group->gather_host(all);
     std::vector<float> rows(mine.size(), 0.f);
     for (size_t i = 0; i < all.size(); ++i) rows[i % rows.size()] += all[i];
     out.push_back({"moe.tokens_per_expert", {static_cast<int64_t>(rows.size())}, rows});
     // The aux loss is each rank's over its own rows: the layer's value only on one rank.
-    if (comm.size() * spec.ep() == 1) out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
+    if (comm.size() * spec.cp() * spec.ep() == 1)
+      out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
     for (CanonicalTensor& r : routing) out.push_back(std::move(r));
   }
   for (const ParamInfo& p : layer_param_table(d)) {

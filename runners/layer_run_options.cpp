@@ -535,10 +535,10 @@ void check_kernel_report_options(const LayerRunOptions& o) {
 
 // What the layer and the backend allow, after the layer's own checks.
 void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int world) {
-  if (o.experts_over_tp() && (o.emulate_ep || o.cp != 1))
+  if (o.experts_over_tp() && o.emulate_ep)
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " with --tp " +
-                          std::to_string(o.tp) + " splits the experts over the tensor-parallel group: it runs with "
-                          "--cp 1 and, on one process, --emulate-tp (not --emulate-ep)");
+                          std::to_string(o.tp) + " splits the experts over the tensor-parallel group: on one "
+                          "process it runs with --emulate-tp (not --emulate-ep)");
   if (o.ep > 1 && !o.experts_over_tp() && (world != (o.emulate_ep ? 1 : o.ep) || o.tp != 1 || o.cp != 1))
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " runs under mpirun -np " +
                           std::to_string(o.ep) + " (or --emulate-ep on one process) with --tp 1 and --cp 1 for now " +

@@ -2,7 +2,8 @@
 // groups) equal theory's closed forms for every configuration, CP type and attention, both
 // families; per-rank bytes at (s, C) equal those at (s/C, 1) for every tensor the sequence
 // split divides (the attention probabilities are the ones it does not: s/C rows of s keys);
-// and the shapes CP cannot split are refused in one line.
+// an MoE layer's bytes at each rank's own tokens; and the shapes CP cannot split are refused in
+// one line.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -86,6 +87,58 @@ TEST(ContextParallelMemory, MetaBytesEqualTheClosedFormsPerRank) {
               ++checked;
             }
   EXPECT_GT(checked, 300);
+}
+
+// An MoE layer under CP (meta, emulated TP and CP groups): each rank routes its s·b/(tC) tokens,
+// balanced (dropless, and capped by a capacity), and keeps the closed forms' bytes at that T;
+// expert parallelism with CP is refused in one line.
+TEST(ContextParallelMemory, MoeMetaBytesEqualTheClosedFormsPerRank) {
+  int checked = 0;
+  for (double capacity : {0.0, 0.5})
+    for (int C : {2, 4})
+      for (int t : {1, 2})
+        for (const std::string& config : config_names()) {
+          LayerDims d = dims_of("llama", 64);
+          d.spec.moe.num_experts = 8;
+          d.spec.moe.top_k = 2;
+          d.spec.moe.ffn_hidden = 24;
+          d.spec.moe.shared_ffn_hidden = 16;
+          d.spec.moe.capacity_factor = capacity;
+          d.spec.hidden_dropout = 0.1;
+          LayerPolicy p = parse_config(config);
+          p.attention = Attention::fused;
+          p.cp_comm = CpCommType::p2p;
+          if (p.recompute == Recompute::selective) p.modules.moe_act = p.modules.shared_experts = true;
+          if (!valid(d, t, C, p)) continue;  // t = 2 without SP
+          const MetaRun run = run_meta(d, t, C, p);
+          const std::string what = "moe C=" + std::to_string(C) + " t=" + std::to_string(t) + " " + config +
+                                   " capacity " + std::to_string(capacity);
+          ASSERT_EQ(run.result.status, "ok") << what << ": " << run.result.message;
+          theory::Dims td = theory_dims(d, t);
+          td.cp = C;
+          // 64·2/(tC) tokens, two choices each, over 8 experts; the capacity ceil(pairs/8 · 0.5).
+          int64_t routed = 0;
+          for (int64_t rows : run.result.moe.tokens_per_expert) routed += rows;
+          const int64_t pairs = 64 * 2 / (t * C) * 2;
+          EXPECT_EQ(routed, capacity > 0 ? 8 * ((pairs / 8 + 1) / 2) : pairs) << what;
+          EXPECT_EQ(static_cast<double>(run.result.act_bytes), theory::layer_bytes(td, d.spec, p)) << what;
+          EXPECT_EQ(static_cast<double>(run.result.act_extra_bytes), theory::layer_extra_bytes(td, d.spec, p)) << what;
+          ++checked;
+        }
+  EXPECT_EQ(checked, 36);
+  LayerDims d = dims_of("llama", 64);
+  d.spec.moe.num_experts = 8;
+  d.spec.moe.top_k = 2;
+  d.spec.add_bias_linear = false;
+  LayerPolicy p = parse_config("baseline");
+  p.cp_comm = CpCommType::all_gather;
+  try {
+    validate_layer(d, 1, p, 2, 2);
+    FAIL() << "expert parallelism with CP was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("--cp 1"), std::string::npos) << e.what();
+  }
 }
 
 // A rank at (s, C) keeps what a rank at (s/C, 1) keeps, tensor by tensor, except the attention

@@ -1,8 +1,9 @@
 """The MoE layer's `layer_run --dump` against the float64 NumPy layer (tools/numpy_layer.py with
 tools/numpy_moe.py), routing decision included: softmax and sigmoid routers, shared experts,
 dropless and capacity dropping, every recompute module an MoE layer reads; one rank, under
-`mpirun -np 2 --tp 2` with sequence parallelism, with expert parallelism 2, and with the experts
-split over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2). Recompute must
+`mpirun -np 2 --tp 2` with sequence parallelism, with expert parallelism 2, with the experts
+split over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2), and with context
+parallelism 2 (alone, and with the experts over TP 2: mpirun -np 4). Recompute must
 change no value, and meta given the cpu's histogram keeps the cpu's bytes.
 
 Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXEC at mpirun),
@@ -124,6 +125,32 @@ class MoeDumpTest(DumpTestCase):
             self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
         self.assert_matches_numpy(os.path.join(dump, "sp"))
         self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
+
+    @unittest.skipUnless(MPIEXEC, "mpirun missing")
+    def test_context_parallel_ranks_match_numpy(self):
+        # --cp 2: each rank routes the rows of its two chunks (0 and 3, 1 and 2 of the 4); the
+        # dump puts the routing back in sequence order and sums the histogram over the ranks.
+        flags = SHAPE + COMBOS["pre_softmax_shared_dropout"] + ["--cp", "2", "--cp-comm-type", "all_gather"]
+        dump, rows = self.layer_run("cp2", flags + ["--config", "baseline,selective",
+                                                    "--recompute-modules", "moe_act,shared_experts"], np_ranks=2)
+        for r in rows:
+            self.assertEqual((r["status"], r["cp"]), ("ok", "2"), r["message"])
+            self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        for config in ["baseline", "selective"]:
+            with self.subTest(config=config):
+                folder = os.path.join(dump, config)
+                with open(os.path.join(folder, "layer.json")) as f:
+                    self.assertEqual(json.load(f)["cp"], 2)
+                self.assertFalse(os.path.exists(os.path.join(folder, "moe.aux_loss.npy")))  # each rank's own
+                self.assert_matches_numpy(folder)
+        # and t x C = 2 x 2 with the experts over the tensor-parallel group (each TP group
+        # exchanging its rows for its experts; the gradients summed over CP)
+        dump, rows = self.layer_run("cp2_ep_over_tp2", flags + [
+            "--tp", "2", "--expert-model-parallel-size", "2", "--config", "sp"], np_ranks=4)
+        self.assertEqual((rows[0]["status"], rows[0]["tp"], rows[0]["ep"], rows[0]["cp"]), ("ok", "2", "2", "2"),
+                         rows[0]["message"])
+        self.assertEqual(rows[0]["act_bytes"], rows[0]["act_bytes_formula"])
+        self.assert_matches_numpy(dump)  # one configuration: the folder
 
     def test_the_check_is_not_blind(self):
         dump, _ = self.layer_run("blind", SHAPE + COMBOS["softmax"] + ["--config", "baseline"])

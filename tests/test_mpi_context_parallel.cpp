@@ -1,16 +1,19 @@
 // Context parallelism under real MPI ranks (run by ctest as mpirun -np 2 and -np 4): the world
 // split t x C (Megatron's order), every CP type, unfused and fused, gpt (with dropout),
-// llama (GQA, RoPE at each rank's positions) and multi-latent attention: every tensor equals
-// the single-rank layer's up to the order of summation.
+// llama (GQA, RoPE at each rank's positions), multi-latent attention and an MoE block: every
+// tensor equals the single-rank layer's up to the order of summation.
 #include <gtest/gtest.h>
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/backend_comm.hpp"
 #include "kernels/cpu/cpu_attention.hpp"
 #include "layer_harness.hpp"
+#include "layers/theory_dims.hpp"
+#include "theory/layer_pieces.hpp"
 
 using namespace actbench;
 using namespace actbench::testing;
@@ -92,6 +95,78 @@ TEST(MpiContextParallelBalance, EveryRankComputesTheSameAttentionScores) {
       EXPECT_LT(*most - *least, total / (2.0 * C)) << cp_comm_type_name(type) << " C=" << C;
       // Whole tiles are not the unit here: each rank computed exactly the same pairs.
       EXPECT_EQ(*most, *least) << cp_comm_type_name(type) << " C=" << C;
+    }
+  }
+}
+
+// An MoE layer under CP (and t x C = 4 with SP at -np 4, the experts also split over the TP
+// group): each rank routes its own two chunks' rows (under SP its s/(tC) of them) to whole
+// experts, the shared experts split over TP, the residual dropout at the rank's positions.
+// Every tensor equals the single-rank layer's, the routing decision put back in sequence order
+// and the histogram summed over TP and CP among them; each rank's bytes equal the pieces given
+// the rows that rank routed (and, experts over TP, received).
+namespace {
+
+void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::string& config, bool experts_over_tp) {
+  LayerDims d = dims_of("llama");
+  d.spec.moe.num_experts = 4;
+  d.spec.moe.top_k = 2;
+  d.spec.moe.ffn_hidden = 12;
+  d.spec.moe.shared_ffn_hidden = 8;
+  ExperimentSpec spec = small_spec(config, DType::fp32, 0.1f, d);
+  spec.dims.spec.attention_dropout = 0;  // llama's attention
+  spec.policy.attention = Attention::fused;
+  spec.policy.cp_comm = CpCommType::p2p;
+  if (spec.policy.recompute == Recompute::selective)
+    spec.policy.modules.moe_act = spec.policy.modules.shared_experts = true;
+  auto be = make_cpu_backend();
+  ParallelGroups groups = make_parallel_groups(*be, t, C);
+  spec.cp_group = groups.cp.get();
+  spec.experts_over_tp = experts_over_tp;
+  const auto got = run_layer_canonical(*be, *groups.tp, spec);
+  ExperimentSpec single = spec;
+  single.cp_group = nullptr;
+  single.experts_over_tp = false;
+  single.policy = parse_config("baseline");
+  auto local = make_local_communicator();
+  auto ref = run_layer_canonical(*be, *local, single);
+  std::erase_if(ref, [&](const CanonicalTensor& x) {
+    return x.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && x.name.starts_with("moe.topk"));
+  });
+  const std::string what = "moe " + config + " t=" + std::to_string(t) + " C=" + std::to_string(C) +
+                           (experts_over_tp ? " experts over tp" : "");
+  expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+  const bool routed = std::any_of(got.begin(), got.end(), [](auto& x) { return x.name == "moe.topk_index"; });
+  EXPECT_EQ(routed, spec.policy.recompute != Recompute::full) << what << ": the routing is compared";
+  spec.dtype = DType::bf16;
+  spec.warmup = 0;
+  spec.iters = 1;
+  const ExperimentResult r = run_experiment(*be, *groups.tp, spec);
+  ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
+  theory::Dims td = theory_dims(d, t);
+  td.cp = C;
+  for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
+  if (experts_over_tp) {
+    td.ep = t;
+    td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
+  }
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
+  EXPECT_EQ(static_cast<double>(r.act_extra_bytes), theory::layer_extra_bytes(td, spec.dims.spec, spec.policy))
+      << what;
+  EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
+}
+
+}  // namespace
+
+TEST(MpiContextParallelMoe, EveryTensorAndBytesEqualTheSingleRankLayer) {
+  for (int C : {2, 4}) {
+    if (g_world_size % C != 0) continue;
+    const int t = g_world_size / C;
+    const std::vector<std::string> configs = t == 1 ? std::vector<std::string>{"baseline", "selective", "full"}
+                                                    : std::vector<std::string>{"sp", "selective+sp", "full+sp"};
+    for (const std::string& config : configs) {
+      expect_moe_layer_equals_the_single_rank_layer(t, C, config, false);
+      if (t > 1) expect_moe_layer_equals_the_single_rank_layer(t, C, config, true);
     }
   }
 }
