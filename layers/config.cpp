@@ -65,11 +65,25 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
   }
 }
 
-// What the MoE block is built for today: expert tensor parallelism 1 (each rank's experts take
-// its own rows), which under TP needs SP as in Megatron-Core; experts without biases; expert
-// parallelism over data-parallel ranks (t = 1, C = 1) or over the tensor-parallel group (ep = t);
-// context parallelism (each CP rank routes its own two chunks).
-static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
+// What the MoE block is built for today: under TP, SP as Megatron-Core requires; experts
+// without biases; expert tensor parallelism 1 (each rank's experts take its own rows) or over
+// the whole tensor-parallel group (etp = t, ep = 1); expert parallelism over data-parallel ranks
+// (t = 1, C = 1) or over the tensor-parallel group (ep = t); context parallelism (each CP rank
+// routes its own two chunks).
+static void validate_expert_tensor_parallel(const LayerDims& d, int t, int ep, int etp) {
+  if (etp == 1) return;
+  const std::string size = "--expert-tensor-parallel-size " + std::to_string(etp);
+  if (etp != t)
+    throw InvalidArgument(size + " splits each expert over the tensor-parallel group: it must be --tp (" +
+                          std::to_string(t) + ") or 1");
+  if (ep > 1)
+    throw InvalidArgument(size + " runs with --expert-model-parallel-size 1 for now (got " + std::to_string(ep) + ")");
+  if (d.expert_ffn() % etp != 0)
+    throw InvalidArgument("moe-ffn-hidden-size " + std::to_string(d.expert_ffn()) + " is not divisible by " + size);
+}
+
+static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int ep, int etp) {
+  validate_expert_tensor_parallel(d, t, ep, etp);
   if (cp > 1 && ep > 1 && t == 1)
     throw InvalidArgument("expert parallelism runs without context parallelism for now (--cp 1 with "
                           "--expert-model-parallel-size " + std::to_string(ep) + ")");
@@ -111,7 +125,7 @@ static void validate_mla(const LayerDims& d) {
          "--position-embedding-type rope and --rotary-percent 1");
 }
 
-void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
+void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp, int ep, int etp) {
   auto fail = [](const std::string& m) { throw InvalidArgument(m); };
   if (d.s < 1 || d.b < 1 || d.h < 1 || d.a < 1) fail("seq, batch, hidden and heads must all be >= 1");
   if (t < 1) fail("--tp must be >= 1");
@@ -146,7 +160,8 @@ void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp, int ep) {
     fail("seq " + std::to_string(d.s) + " is not divisible by tp " + std::to_string(t) + " (needed by config " +
          config_name(p) + ")");
   if (ep != 1 && !d.spec.moe.enabled()) fail("--ep needs an MoE layer (--num-experts)");
-  if (d.spec.moe.enabled()) validate_moe(d, t, p, cp, ep);
+  if (d.spec.moe.enabled()) validate_moe(d, t, p, cp, ep, etp);
+  if (!d.spec.moe.enabled() && etp != 1) fail("--expert-tensor-parallel-size applies to an MoE layer (--num-experts)");
   if (d.spec.mla.enabled) validate_mla(d);
   validate_context_parallel(d, t, p, cp);
 }

@@ -54,11 +54,17 @@ struct LayerOptions {
   // as a measured run's histogram gives them (E counts); empty: balanced routing. A backend
   // that computes routes the tokens itself and ignores it.
   std::vector<int64_t> moe_tokens_per_expert;
+  // An MoE layer's experts each split over the tensor-parallel group (Megatron's
+  // --expert-tensor-parallel-size equal to --tp): every rank holds all E experts, 1/t of each
+  // one's width, and runs them over the routed rows of every rank of the group. false: expert
+  // tensor parallelism 1, each expert whole on its rank.
+  bool expert_tensor_parallel = false;
 };
 
 // Throws InvalidArgument with one clear line when the shape cannot be split t ways (and C ways
 // for context parallelism: 2C chunks of the sequence, each split t ways under SP; an MoE
-// layer's experts ep ways) or the spec cannot be built at this shape.
-void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp = 1, int ep = 1);
+// layer's experts ep ways, and each expert's width etp ways) or the spec cannot be built at
+// this shape.
+void validate_layer(const LayerDims& d, int t, LayerPolicy p, int cp = 1, int ep = 1, int etp = 1);
 
 }  // namespace actbench

@@ -18,7 +18,7 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
       ep_comm_(ep),
       ep_size_(ep ? ep->size() : 1),
       ep_rank_(ep ? ep->rank() : 0) {
-  validate_layer(opt_.dims, tp_size_, opt_.policy, cp_size_, ep_size_);
+  validate_layer(opt_.dims, tp_size_, opt_.policy, cp_size_, ep_size_, opt_.expert_tensor_parallel ? tp_size_ : 1);
   seq_ = opt_.dims.s / cp_size_;
   seq_positions_ = cp_rank_positions(cp_rank_);
   heads_per_rank_ = opt_.dims.a / tp_size_;
@@ -28,7 +28,7 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
   attention_dropout_ = static_cast<float>(opt_.dims.spec.attention_dropout);
   hidden_dropout_ = static_cast<float>(opt_.dims.spec.hidden_dropout);
   norm_eps_ = static_cast<float>(opt_.dims.spec.norm_epsilon);
-  table_ = layer_param_table(opt_.dims);
+  table_ = layer_param_table(opt_.dims, opt_.expert_tensor_parallel);
   for (const ParamInfo& p : table_) {
     Shape shape = local_param_shape(p, p.kind == ShardKind::experts ? ep_size_ : tp_size_);
     params_.*p.member = be_.empty(shape, opt_.dtype);

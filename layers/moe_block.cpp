@@ -6,9 +6,12 @@
 //
 // What each piece keeps is theory/layer_pieces.hpp's MoE table; the moe module keeps only the
 // block's input and runs the block again in backward, moe_act drops the experts' activation
-// output, shared_experts the shared experts' two tensors. Expert tensor parallelism is 1, as
-// in Megatron-Core's DeepSeek and Qwen recipes: under TP (with SP) each rank routes its own
-// s/t rows to whole experts, and only the shared experts are split like the dense MLP.
+// output, shared_experts the shared experts' two tensors. Under TP (with SP) each rank routes
+// its own s/t rows. With expert tensor parallelism 1 (Megatron-Core's DeepSeek and Qwen
+// recipes) they go to whole experts (on every rank, or under EP to the experts' ranks); with
+// expert tensor parallelism over the TP group (Megatron-Core's default, etp = t) every rank's
+// rows go to every rank, which runs its 1/t of each expert's width over all of them, and the
+// partial outputs come back summed. The shared experts are split like the dense MLP.
 #include <algorithm>
 #include <numeric>
 #include <utility>
@@ -100,79 +103,97 @@ int64_t TransformerLayer::routed_rows(const MoeDispatch& plan, const Tensor& aux
   return kept;
 }
 
-// ---- expert parallelism: the experts' rows exchanged over the expert-parallel group ----------
+// ---- expert (tensor) parallelism: the experts' rows exchanged over their group ---------------
 
 void TransformerLayer::plan_expert_exchange(const char* stage) {
+  ExpertExchange& x = expert_exchange_;
+  x.replicated = ep_size_ == 1;  // else expert_tensor_parallel (validate_layer allows one of the two)
+  x.group = x.replicated ? &comm_ : ep_comm_;
+  x.ranks = x.group->size();
+  x.me = x.group->rank();
   // Every rank's routed rows per expert, on every rank: who sends what to whom.
   const std::vector<int64_t>& mine = moe_stats_.tokens_per_expert;
-  const int64_t E = static_cast<int64_t>(mine.size()), local = E / ep_size_;
   std::vector<float> sent(mine.begin(), mine.end());
   {
     PhaseRange phase(phase_name(stage, "moe_exchange_counts"), phase_log_);
-    sent = ep_comm_->gather_host(sent);
+    sent = x.group->gather_host(sent);
   }
-  ExpertExchange& x = expert_exchange_;
   x.counts.assign(sent.begin(), sent.end());
-  x.experts = E;
-  x.expert_rows.assign(static_cast<size_t>(local), 0);
-  x.send_rows.assign(static_cast<size_t>(ep_size_), 0);
-  x.recv_rows.assign(static_cast<size_t>(ep_size_), 0);
-  for (int j = 0; j < ep_size_; ++j) {
-    x.send_rows[j] = x.block_rows(ep_rank_, j, ep_size_);
-    x.recv_rows[j] = x.block_rows(j, ep_rank_, ep_size_);
+  x.experts = static_cast<int64_t>(mine.size());
+  x.local = x.replicated ? x.experts : x.experts / x.ranks;
+  x.expert_rows.assign(static_cast<size_t>(x.local), 0);
+  x.send_rows.assign(static_cast<size_t>(x.ranks), 0);
+  x.recv_rows.assign(static_cast<size_t>(x.ranks), 0);
+  for (int j = 0; j < x.ranks; ++j) {
+    x.send_rows[j] = x.block_rows(x.me, j);
+    x.recv_rows[j] = x.block_rows(j, x.me);
   }
-  for (int64_t e = 0; e < local; ++e)
-    for (int i = 0; i < ep_size_; ++i) x.expert_rows[e] += x.count(i, ep_rank_ * local + e);
+  for (int64_t e = 0; e < x.local; ++e)
+    for (int i = 0; i < x.ranks; ++i) x.expert_rows[e] += x.count(i, x.first_expert(x.me) + e);
   moe_stats_.expert_rows = std::accumulate(x.expert_rows.begin(), x.expert_rows.end(), int64_t{0});
 }
 
-int64_t TransformerLayer::ExpertExchange::block_rows(int from, int to, int ranks) const {
-  const int64_t local = experts / ranks;
+int64_t TransformerLayer::ExpertExchange::block_rows(int from, int to) const {
   int64_t rows = 0;
-  for (int64_t e = to * local; e < (to + 1) * local; ++e) rows += count(from, e);
+  for (int64_t e = first_expert(to); e < first_expert(to) + local; ++e) rows += count(from, e);
   return rows;
 }
 
 // Rows of the plan's order (expert 0's first) to the ranks that hold their experts. That order
-// is already one block per destination rank, so the rows go as they are, no padding; each rank
-// receives one block per source rank and reorders them expert by expert (rank 0's rows of an
-// expert first), as its grouped GEMMs read them.
+// is already one block per destination rank, so the rows go as they are, no padding (replicated:
+// all of them to every rank, MPI_Allgatherv's exchange); each rank receives one block per source
+// rank and reorders them expert by expert (rank 0's rows of an expert first), as its grouped
+// GEMMs read them.
 Tensor TransformerLayer::to_experts(const char* stage, const Tensor& rows) {
   const ExpertExchange& x = expert_exchange_;
-  const int64_t width = rows.dim(1), local = x.experts / ep_size_;
+  const int64_t width = rows.dim(1);
+  Tensor send = rows;
+  if (x.replicated) {
+    send = be_.empty({x.ranks * rows.dim(0), width}, rows.dtype());
+    for (int j = 0; j < x.ranks; ++j) copy_matrix_rows(rows, 0, send, j * rows.dim(0), rows.dim(0));
+  }
   Tensor recv = be_.empty({moe_stats_.expert_rows, width}, rows.dtype());
-  exchange(stage, rows, x.send_rows, recv, x.recv_rows);
+  exchange(stage, send, x.send_rows, recv, x.recv_rows);
+  send = Tensor();
   Tensor out = be_.empty(recv.shape(), rows.dtype());
   int64_t dst = 0;
-  for (int64_t e = 0; e < local; ++e)
-    for (int i = 0; i < ep_size_; ++i) {
-      const int64_t n = x.count(i, ep_rank_ * local + e);
-      copy_matrix_rows(recv, x.block_start(i, ep_rank_) + x.rows_before(i, ep_rank_ * local + e, local), out, dst, n);
+  for (int64_t e = x.first_expert(x.me); e < x.first_expert(x.me) + x.local; ++e)
+    for (int i = 0; i < x.ranks; ++i) {
+      const int64_t n = x.count(i, e);
+      copy_matrix_rows(recv, x.block_start(i, x.me) + x.rows_before(i, e), out, dst, n);
       dst += n;
     }
   return out;
 }
 
 // The inverse: the experts' rows back to the ranks that routed them, in their plan's order
-// (which the received blocks, in rank order, already are).
+// (which the received blocks, in rank order, already are). Replicated, every rank's experts
+// computed a partial sum of each row (their slice of the width): the blocks are summed.
 Tensor TransformerLayer::from_experts(const char* stage, const Tensor& rows, int64_t routed) {
   const ExpertExchange& x = expert_exchange_;
-  const int64_t width = rows.dim(1), local = x.experts / ep_size_;
+  const int64_t width = rows.dim(1);
   Tensor send = be_.empty(rows.shape(), rows.dtype());
   int64_t src = 0;
-  for (int64_t e = 0; e < local; ++e)
-    for (int i = 0; i < ep_size_; ++i) {
-      const int64_t n = x.count(i, ep_rank_ * local + e);
-      copy_matrix_rows(rows, src, send, x.block_start(i, ep_rank_) + x.rows_before(i, ep_rank_ * local + e, local), n);
+  for (int64_t e = x.first_expert(x.me); e < x.first_expert(x.me) + x.local; ++e)
+    for (int i = 0; i < x.ranks; ++i) {
+      const int64_t n = x.count(i, e);
+      copy_matrix_rows(rows, src, send, x.block_start(i, x.me) + x.rows_before(i, e), n);
       src += n;
     }
-  Tensor out = be_.empty({routed, width}, rows.dtype());
-  exchange(stage, send, x.recv_rows, out, x.send_rows);
-  return out;
+  const int64_t blocks = x.replicated ? x.ranks : 1;
+  Tensor out = be_.empty({blocks * routed, width}, rows.dtype());
+  exchange(stage, send, x.recv_rows, out, x.replicated ? std::vector<int64_t>(x.ranks, routed) : x.send_rows);
+  if (!x.replicated) return out;
+  PhaseRange phase(phase_name(stage, "moe_partial_sum"), phase_log_);
+  Tensor sum = out.rows(0, routed);
+  for (int j = 1; j < x.ranks; ++j) be_.add_inplace(sum, out.rows(j * routed, (j + 1) * routed));
+  Tensor result = be_.empty(sum.shape(), rows.dtype());
+  copy_matrix_rows(sum, 0, result, 0, routed);  // its own storage: the sum's buffer is freed
+  return result;
 }
 
-// Rows of `from`'s block to expert e's owner that come before expert e's (its earlier local experts').
-int64_t TransformerLayer::ExpertExchange::rows_before(int from, int64_t e, int64_t local) const {
+// Rows of `from`'s block to expert e's owner that come before expert e's (its earlier experts').
+int64_t TransformerLayer::ExpertExchange::rows_before(int from, int64_t e) const {
   int64_t rows = 0;
   for (int64_t f = (e / local) * local; f < e; ++f) rows += count(from, f);
   return rows;
@@ -180,9 +201,8 @@ int64_t TransformerLayer::ExpertExchange::rows_before(int from, int64_t e, int64
 
 // On rank `to`, where the block from rank `from` starts among the blocks it received (rank order).
 int64_t TransformerLayer::ExpertExchange::block_start(int from, int to) const {
-  const int ranks = static_cast<int>(recv_rows.size());
   int64_t rows = 0;
-  for (int i = 0; i < from; ++i) rows += block_rows(i, to, ranks);
+  for (int i = 0; i < from; ++i) rows += block_rows(i, to);
   return rows;
 }
 
@@ -195,7 +215,7 @@ void TransformerLayer::copy_matrix_rows(const Tensor& src, int64_t src_row, cons
 void TransformerLayer::exchange(const char* stage, const Tensor& send, const std::vector<int64_t>& send_rows,
                                 const Tensor& recv, const std::vector<int64_t>& recv_rows) {
   PhaseRange phase("comm." + std::string(stage) + ".all_to_all.moe_tokens", phase_log_);
-  ep_comm_->all_to_all_v(send, send_rows, recv, recv_rows);
+  expert_exchange_.group->all_to_all_v(send, send_rows, recv, recv_rows);
 }
 
 // The local experts' row counts, as the grouped GEMMs take them (i32 on the device).
@@ -263,7 +283,7 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
   }
   // Under expert parallelism the rows travel to their experts' ranks and back.
   Tensor counts = plan.tokens_per_expert;
-  if (ep_size_ > 1) {
+  if (exchanges_expert_rows()) {
     plan_expert_exchange(stage);
     permuted = to_experts(stage, permuted);
     counts = local_expert_counts();
@@ -280,7 +300,7 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
     PhaseRange phase(phase_name(stage, "experts_fc2"), phase_log_);
     be_.grouped_gemm(act, params_.experts_fc2_weight, counts, fc2);
   }
-  if (ep_size_ > 1) fc2 = from_experts(stage, fc2, N);
+  if (exchanges_expert_rows()) fc2 = from_experts(stage, fc2, N);
   {
     PhaseRange phase(phase_name(stage, "moe_unpermute"), phase_log_);
     be_.moe_unpermute(fc2, plan, weight, as_matrix(out));
@@ -291,7 +311,7 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
   into.moe_tokens_per_expert = plan.tokens_per_expert;
   into.moe_row_slot = plan.row_slot;
   into.moe_slot_row = plan.slot_row;
-  if (ep_size_ > 1) into.moe_expert_counts = counts;
+  if (exchanges_expert_rows()) into.moe_expert_counts = counts;
   into.moe_permuted = permuted;
   into.moe_act_input = fc1;
   if (keep_fc2_input) into.moe_fc2_input = act;
@@ -345,7 +365,7 @@ Tensor TransformerLayer::moe_block_bwd(const CommContext& comm, const Tensor& dy
 
 void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& saved, const Tensor& d_normed) {
   const MoeDispatch plan{saved.moe_tokens_per_expert, saved.moe_row_slot, saved.moe_slot_row};
-  const bool ep = ep_size_ > 1;
+  const bool ep = exchanges_expert_rows();
   const Tensor counts = ep ? saved.moe_expert_counts : plan.tokens_per_expert;
   const int64_t T = d_out.dim(0), h = opt_.dims.h, N = saved.moe_fc2_output.dim(0);
   const int64_t E = params_.router_weight.dim(0), k = saved.router_topk_weight.dim(1);

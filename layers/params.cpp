@@ -12,7 +12,21 @@ namespace actbench {
 int64_t ShardSpec::local_rows() const {
   return (kind == ShardKind::rows || kind == ShardKind::stacked_rows || kind == ShardKind::experts) ? rows / t : rows;
 }
-int64_t ShardSpec::local_cols() const { return kind == ShardKind::cols ? cols / t : cols; }
+int64_t ShardSpec::local_cols() const {
+  return (kind == ShardKind::cols || kind == ShardKind::stacked_cols) ? cols / t : cols;
+}
+
+// Canonical index of local (row, col) along a dimension of stacked parts, each split t ways.
+static int64_t stacked_index(const std::vector<int64_t>& parts, int t, int rank, int64_t local) {
+  int64_t before = 0, local_before = 0;  // canonical and local extents of the earlier parts
+  for (int64_t part : parts) {
+    const int64_t shard = part / t;
+    if (local < local_before + shard) return before + rank * shard + (local - local_before);
+    before += part;
+    local_before += shard;
+  }
+  return local;  // not reached for an index inside the shard
+}
 
 int64_t ShardSpec::canonical_index(int64_t local_flat) const {
   const int64_t shard_cols = local_cols();
@@ -22,25 +36,19 @@ int64_t ShardSpec::canonical_index(int64_t local_flat) const {
     case ShardKind::rows:
     case ShardKind::experts: return (rank * local_rows() + row) * cols + col;
     case ShardKind::cols: return row * cols + rank * shard_cols + col;
-    case ShardKind::stacked_rows: {
-      int64_t before = 0, local_before = 0;  // canonical and local rows of the earlier parts
-      for (int64_t part_rows : parts) {
-        const int64_t local = part_rows / t;
-        if (row < local_before + local) return (before + rank * local + (row - local_before)) * cols + col;
-        before += part_rows;
-        local_before += local;
-      }
-      return local_flat;  // not reached for a row inside the shard
-    }
+    case ShardKind::stacked_rows: return stacked_index(parts, t, rank, row) * cols + col;
+    case ShardKind::stacked_cols: return row * cols + stacked_index(parts, t, rank, col);
   }
   return local_flat;
 }
 
-// The MoE block's parameters (init streams 16..21), as Megatron-Core arranges them with expert
-// tensor parallelism 1: the router on every rank, the routed experts whole, E/ep of them on each
+// The MoE block's parameters (init streams 16..21), as Megatron-Core arranges them: the router
+// on every rank; with expert tensor parallelism 1 the routed experts whole, E/ep of them on each
 // expert-parallel rank (each TP rank routes its own s/t rows under SP, so their gradients are
-// summed over the TP group), the shared experts split over t like the dense MLP.
-static void append_moe_params(const LayerDims& d, std::vector<ParamInfo>& table) {
+// summed over the TP group); with expert tensor parallelism over TP every expert split like the
+// dense MLP (each rank computes its slice over every row of the group: nothing summed); the
+// shared experts split over t like the dense MLP.
+static void append_moe_params(const LayerDims& d, bool expert_tensor_parallel, std::vector<ParamInfo>& table) {
   using L = LayerParams;
   const theory::MoeSpec& moe = d.spec.moe;
   const int64_t h = d.h, E = static_cast<int64_t>(moe.num_experts), ffn = d.expert_ffn();
@@ -50,10 +58,18 @@ static void append_moe_params(const LayerDims& d, std::vector<ParamInfo>& table)
   const GradSum rows = GradSum::sequence_parallel;
   table.push_back({"router.weight", &L::router_weight, {E, h}, whole, rows, 16});
   if (moe.expert_bias) table.push_back({"router.bias", &L::router_bias, {E}, whole, GradSum::none, 17});
-  // Each expert-parallel rank holds E/ep experts (ShardKind::experts, over that group).
-  const ShardKind experts = ShardKind::experts;
-  table.push_back({"experts.fc1.weight", &L::experts_fc1_weight, {E, h, (gated ? 2 : 1) * ffn}, experts, rows, 18});
-  table.push_back({"experts.fc2.weight", &L::experts_fc2_weight, {E, ffn, h}, experts, rows, 19});
+  const Shape fc1 = {E, h, (gated ? 2 : 1) * ffn}, fc2 = {E, ffn, h};
+  if (expert_tensor_parallel) {
+    const std::vector<int64_t> gate_up = gated ? std::vector<int64_t>{ffn, ffn} : std::vector<int64_t>{ffn};
+    const std::vector<int64_t> each_expert(static_cast<size_t>(E), ffn);
+    table.push_back({"experts.fc1.weight", &L::experts_fc1_weight, fc1, ShardKind::stacked_cols, GradSum::none, 18,
+                     gate_up});
+    table.push_back({"experts.fc2.weight", &L::experts_fc2_weight, fc2, ShardKind::stacked_rows, GradSum::none, 19,
+                     each_expert});
+  } else {  // each expert-parallel rank holds E/ep experts (ShardKind::experts, over that group)
+    table.push_back({"experts.fc1.weight", &L::experts_fc1_weight, fc1, ShardKind::experts, rows, 18});
+    table.push_back({"experts.fc2.weight", &L::experts_fc2_weight, fc2, ShardKind::experts, rows, 19});
+  }
   if (shared == 0) return;
   if (gated)
     table.push_back({"shared.fc1.weight", &L::shared_fc1_weight, {2 * shared, h}, ShardKind::stacked_rows,
@@ -90,7 +106,7 @@ static void append_mla_params(const LayerDims& d, std::vector<ParamInfo>& table)
   table.push_back({"kv_up.weight", &L::kv_up_weight, {a * (k_nope + v), kv_rank}, ShardKind::rows, GradSum::none, 29});
 }
 
-std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
+std::vector<ParamInfo> layer_param_table(const LayerDims& d, bool expert_tensor_parallel) {
   using L = LayerParams;
   using theory::Activation, theory::Norm;
   const theory::LayerSpec& spec = d.spec;
@@ -120,7 +136,7 @@ std::vector<ParamInfo> layer_param_table(const LayerDims& d) {
   add(true, {"ln2.weight", &L::ln2_weight, {h}, ShardKind::replicated, GradSum::sequence_parallel, 6});
   add(norm_bias, {"ln2.bias", &L::ln2_bias, {h}, ShardKind::replicated, GradSum::sequence_parallel, 7});
   if (spec.moe.enabled()) {
-    append_moe_params(d, table);
+    append_moe_params(d, expert_tensor_parallel, table);
     return table;
   }
   if (spec.activation == Activation::swiglu) {
@@ -139,9 +155,14 @@ ShardSpec param_shard(const ParamInfo& p, int t, int rank) {
   ShardSpec spec;
   spec.kind = p.kind;
   spec.parts = p.parts;
-  spec.rows = p.canonical_shape[0];
-  spec.cols = 1;  // the rest of the dimensions (the experts' [E, in, out] as [E, in·out])
-  for (size_t i = 1; i < p.canonical_shape.size(); ++i) spec.cols *= p.canonical_shape[i];
+  // A 2-D view: the experts' [E, in, out] as [E, in·out] for whole experts, as [E·in, out] when
+  // each expert is split (its rows or columns stacked parts).
+  const bool split_experts = p.canonical_shape.size() == 3 && p.kind != ShardKind::experts;
+  const size_t leading = split_experts ? 2 : 1;
+  spec.rows = 1;
+  for (size_t i = 0; i < leading; ++i) spec.rows *= p.canonical_shape[i];
+  spec.cols = 1;
+  for (size_t i = leading; i < p.canonical_shape.size(); ++i) spec.cols *= p.canonical_shape[i];
   spec.t = t;
   spec.rank = rank;
   return spec;
@@ -153,6 +174,11 @@ Shape local_param_shape(const ParamInfo& p, int t) {
   if (p.kind == ShardKind::experts) {
     Shape shape = p.canonical_shape;
     shape[0] /= t;
+    return shape;
+  }
+  if (p.canonical_shape.size() == 3) {  // each expert split: its in (stacked rows) or out (stacked columns)
+    Shape shape = p.canonical_shape;
+    shape[p.kind == ShardKind::stacked_cols ? 2 : 1] /= t;
     return shape;
   }
   if (p.canonical_shape.size() == 1) return {spec.local_rows()};

@@ -42,13 +42,14 @@ enum class ShardKind {
   cols,        // contiguous block of columns (row-parallel weights)
   stacked_rows,  // rows are parts stacked (Q; K; V, gate; up): rank r holds its block of each
   experts,       // [E, ...]: a block of whole experts, over the expert-parallel group (not TP)
+  stacked_cols,  // columns are parts side by side (gate | up): rank r holds its block of each
 };
 
 struct ShardSpec {
   ShardKind kind = ShardKind::replicated;
   int64_t rows = 1, cols = 1;  // canonical 2-D view
   int t = 1, rank = 0;          // split over t ranks (the paper's t); this is rank `rank`'s shard
-  std::vector<int64_t> parts;  // stacked_rows: canonical rows of each part, in order
+  std::vector<int64_t> parts;  // stacked_rows / stacked_cols: canonical rows / columns of each part, in order
   int64_t local_rows() const;
   int64_t local_cols() const;
   int64_t local_numel() const { return local_rows() * local_cols(); }
@@ -69,7 +70,7 @@ struct ParamInfo {
   ShardKind kind;
   GradSum grad_sum;
   uint32_t init_id;                  // Philox init stream
-  std::vector<int64_t> parts = {};   // stacked_rows only: rows of each stacked part
+  std::vector<int64_t> parts = {};   // stacked_rows / stacked_cols only: rows / columns of each stacked part
 };
 
 // The parameters of a layer of d.spec, in the --dump contract's order: ln1.weight [h]
@@ -86,9 +87,14 @@ struct ParamInfo {
 // [a·d_qk, h] when L_q = 0 —, kv_down.weight [L_kv + d_r, h], kv_latent_norm.weight [L_kv]
 // (and .bias), kv_up.weight [a·(d_n + d_v), L_kv] (head j: k's d_n rows, then v's d_v), and
 // proj.weight [h, a·d_v].
-std::vector<ParamInfo> layer_param_table(const LayerDims& d);
+// With expert_tensor_parallel (Megatron's --expert-tensor-parallel-size = --tp) every rank
+// holds all E experts, each split over the TP group as the dense MLP is: experts.fc1.weight's
+// columns (gate | up each split, ShardKind::stacked_cols of the [E·h, γF_e] view) and
+// experts.fc2.weight's rows of each expert (ShardKind::stacked_rows of the [E·F_e, h] view).
+std::vector<ParamInfo> layer_param_table(const LayerDims& d, bool expert_tensor_parallel = false);
 // A parameter's shard on `rank` of `t` ranks of its group: the tensor-parallel group, or for
-// ShardKind::experts the expert-parallel group.
+// ShardKind::experts the expert-parallel group. A 3-D parameter is viewed as [E, in·out]
+// (experts) or [E·in, out] (split within each expert).
 ShardSpec param_shard(const ParamInfo& p, int t, int rank);
 // The local shape of a parameter on `rank` of `t`.
 Shape local_param_shape(const ParamInfo& p, int t);

@@ -123,23 +123,32 @@ class TransformerLayer final : public LayerBase {
   int64_t routed_rows(const MoeDispatch& plan, const Tensor& aux_loss);
   MoeRouting moe_routing() const;
 
-  // ---- expert parallelism (moe_block.cpp): the routed rows to their experts' ranks and back ----
-  // Who sends what to whom in this forward's exchange (every rank's routed rows per expert).
+  // ---- expert and expert tensor parallelism (moe_block.cpp): rows to their experts and back ----
+  // Who sends what to whom in this forward's exchange (every rank's routed rows per expert),
+  // over the expert-parallel group (each rank E/ep whole experts: its rows go to one rank) or,
+  // replicated, over the tensor-parallel group (each rank a slice of every expert: its rows go
+  // to every rank, and the experts' outputs come back as partial sums).
   struct ExpertExchange {
-    std::vector<int64_t> counts;       // [ep, E]: rank i's routed rows for expert e
+    Communicator* group = nullptr;
+    int ranks = 1, me = 0;
+    bool replicated = false;
+    std::vector<int64_t> counts;       // [ranks, E]: rank i's routed rows for expert e
     int64_t experts = 0;               // E
+    int64_t local = 0;                 // experts on each rank: E/ep, or E replicated
     std::vector<int64_t> expert_rows;  // this rank's experts' rows, from all ranks
-    std::vector<int64_t> send_rows;    // [ep]: the rows this rank routed to rank j's experts
-    std::vector<int64_t> recv_rows;    // [ep]: the rows rank j routed to this rank's experts
+    std::vector<int64_t> send_rows;    // [ranks]: the rows this rank routed to rank j's experts
+    std::vector<int64_t> recv_rows;    // [ranks]: the rows rank j routed to this rank's experts
     int64_t count(int from, int64_t e) const { return counts[static_cast<size_t>(from * experts + e)]; }
-    int64_t block_rows(int from, int to, int ranks) const;        // what `from` sends `to`
-    int64_t rows_before(int from, int64_t e, int64_t local) const;  // in that block, before expert e's
+    int64_t first_expert(int rank) const { return replicated ? 0 : rank * local; }
+    int64_t block_rows(int from, int to) const;                     // what `from` sends `to`
+    int64_t rows_before(int from, int64_t e) const;                 // in that block, before expert e's
     int64_t block_start(int from, int to) const;  // on `to`, the first row of the block from `from`
   };
+  bool exchanges_expert_rows() const { return ep_size_ > 1 || (opt_.expert_tensor_parallel && tp_size_ > 1); }
   void plan_expert_exchange(const char* stage);
   Tensor to_experts(const char* stage, const Tensor& rows);
   Tensor from_experts(const char* stage, const Tensor& rows, int64_t routed);
-  // One all_to_all_v of the expert-parallel group (phase comm.<stage>.all_to_all.moe_tokens).
+  // One all_to_all_v of the exchange's group (phase comm.<stage>.all_to_all.moe_tokens).
   void exchange(const char* stage, const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
                 const std::vector<int64_t>& recv_rows);
   void copy_matrix_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows);

@@ -15,6 +15,7 @@ double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype, int
   dims.moe_routed_rows = moe.routed;
   dims.moe_expert_rows = moe.expert;
   dims.ep = moe.ep;
+  dims.etp = moe.etp;
   return theory::layer_bytes(dims, d.spec, p, precision);
 }
 

@@ -7,10 +7,11 @@
 namespace actbench {
 
 // An MoE layer's routing as a run measured it (theory::Dims): the rank's routed rows, the rows
-// its experts processed, the expert-parallel size; rows 0: balanced routing.
+// its experts processed, the expert-parallel and expert-tensor-parallel sizes; rows 0:
+// balanced routing.
 struct MoeRows {
   double routed = 0, expert = 0;
-  int ep = 1;
+  int ep = 1, etp = 1;
 };
 double formula_bytes(const LayerDims& d, int tp, LayerPolicy p, DType dtype, int cp = 1, MoeRows moe = {});
 // block: N layers keep their input and L - N keep everything; uniform: ceil(L / N) group

@@ -45,6 +45,7 @@ LayerStack build_stack(Backend& be, Communicator& comm, const ExperimentSpec& sp
     opt.seed = spec.seed;
     opt.layer_index = static_cast<uint32_t>(i);
     opt.moe_tokens_per_expert = spec.moe_tokens_per_expert;
+    opt.expert_tensor_parallel = spec.expert_tensor_parallel;
     stack.push_back(make_layer(be, comm, opt, spec.cp_group, spec.experts_over_tp ? &comm : spec.ep_group));
     stack.back()->init_parameters();
   }
@@ -180,7 +181,8 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
 }
 
 void check_spec(const ExperimentSpec& spec, const Communicator& comm) {
-  validate_layer(spec.dims, comm.size(), spec.policy, spec.cp(), spec.expert_parallel(comm.size()));
+  validate_layer(spec.dims, comm.size(), spec.policy, spec.cp(), spec.expert_parallel(comm.size()),
+                 spec.expert_tensor_parallel_size(comm.size()));
   if (spec.layers < 1) throw InvalidArgument("--layers must be >= 1");
   if (spec.stack.method != RecomputeMethod::none) {
     if (spec.policy.recompute != Recompute::full)
@@ -481,11 +483,11 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   // Each context-parallel rank saw its rows only: the gradients are summed over the group
   // (what the data-parallel reduction over DP x CP does in training).
   if (spec.cp_group)
-    for (const ParamInfo& p : layer_param_table(d)) spec.cp_group->all_reduce(layer.grads().*p.member);
+    for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel)) spec.cp_group->all_reduce(layer.grads().*p.member);
   // Expert-parallel ranks are data-parallel ranks of everything but their experts: the other
   // gradients are summed over the group; each expert's is whole on its rank.
   if (spec.ep_group)
-    for (const ParamInfo& p : layer_param_table(d))
+    for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel))
       if (p.kind != ShardKind::experts) spec.ep_group->all_reduce(layer.grads().*p.member);
   if (const MoeRoutingStats* moe = layer.moe_stats()) {
     // The whole layer's histogram: every rank's rows summed (each routed its own under SP, CP
@@ -502,7 +504,7 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
       out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
     for (CanonicalTensor& r : routing) out.push_back(std::move(r));
   }
-  for (const ParamInfo& p : layer_param_table(d)) {
+  for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel)) {
     // The experts' blocks are gathered over the expert-parallel group (whole on every TP rank
     // without one; over TP when the experts are split over it), the rest over TP.
     const bool experts = p.kind == ShardKind::experts && !spec.experts_over_tp;

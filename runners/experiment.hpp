@@ -41,6 +41,10 @@ struct ExperimentSpec {
   bool experts_over_tp = false;
   // The expert-parallel size the layer's experts are split over, for a TP group of tp ranks.
   int expert_parallel(int tp) const { return experts_over_tp ? tp : ep(); }
+  // --expert-tensor-parallel-size = --tp: each expert split over the tensor-parallel group
+  // (LayerOptions::expert_tensor_parallel); its size for a TP group of tp ranks.
+  bool expert_tensor_parallel = false;
+  int expert_tensor_parallel_size(int tp) const { return expert_tensor_parallel ? tp : 1; }
   // MoE layers on meta: the tokens each expert processes (--moe-tokens-per-expert); empty: balanced.
   std::vector<int64_t> moe_tokens_per_expert;
   int cp() const { return cp_group ? cp_group->size() : 1; }

@@ -129,6 +129,7 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.cp_group = s.cp_group;
   spec.ep_group = s.ep_group;
   spec.experts_over_tp = o.experts_over_tp();
+  spec.expert_tensor_parallel = o.etp > 1;
   spec.moe_tokens_per_expert = o.moe_tokens_per_expert;
   return spec;
 }

@@ -64,7 +64,7 @@ struct Args {
   bool recompute_activations = false, sequence_parallel = false;
   std::string cp = "1", cp_comm_type = "p2p";
   std::string moe_tokens_per_expert;  // meta's routing of an MoE layer
-  std::string ep = "1";
+  std::string ep = "1", etp = "1";
   bool emulate_cp = false, emulate_ep = false;
   bool emulate_tp = false, print_header = false, print_schema = false, list_presets = false, json = false;
 };
@@ -173,6 +173,11 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
         "experts and its own micro-batch; the tokens travel by all-to-all. With --tp equal to it: the experts over "
         "the tensor-parallel group (SP), the micro-batch shared",
         true);
+  value("--expert-tensor-parallel-size,--etp", a.etp,
+        "an MoE layer's experts each split over the tensor-parallel group: 1 (each expert whole, as Megatron's "
+        "DeepSeek, Qwen and Mixtral recipes set it) or --tp (Megatron's own default): every rank runs 1/tp of every "
+        "expert over the routed rows of the whole group",
+        true);
   app.add_flag("--emulate-ep", a.emulate_ep,
                "one process plays rank 0 of --expert-model-parallel-size ranks, every rank routing as it does; "
                "communication modeled");
@@ -249,6 +254,7 @@ void take_run_values(const Args& a, const GivenOptions& given, LayerRunOptions& 
   o.emulate_cp = a.emulate_cp;
   o.ep = static_cast<int>(parse_int_option("--expert-model-parallel-size", a.ep, 1, kMaxInt));
   o.emulate_ep = a.emulate_ep;
+  o.etp = static_cast<int>(parse_int_option("--expert-tensor-parallel-size", a.etp, 1, kMaxInt));
   o.cp_comm_type = a.cp_comm_type;
   (void)parse_cp_comm_type(o.cp_comm_type);  // refused now, with the option's name
   o.layers = static_cast<int>(parse_int_option("--layers", a.layers, 1, kMaxLayers));
@@ -544,6 +550,8 @@ void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int worl
                           std::to_string(o.ep) + " (or --emulate-ep on one process) with --tp 1 and --cp 1 for now " +
                           "(the MPI world has " + std::to_string(world) + ")");
   if (o.emulate_ep && o.ep == 1) throw InvalidArgument("--emulate-ep needs --expert-model-parallel-size > 1");
+  if (o.etp > 1 && !dims.spec.moe.enabled())
+    throw InvalidArgument("--expert-tensor-parallel-size needs an MoE layer (--num-experts)");
   if (!o.moe_tokens_per_expert.empty()) {
     if (o.backend != "meta")
       throw InvalidArgument("--moe-tokens-per-expert is meta's: cpu and cuda route the tokens themselves");
@@ -614,7 +622,7 @@ LayerRunPlan plan_layer_run(LayerRunOptions& o, int world) {
   LayerRunPlan plan;
   plan.dims = resolve_dims(o, preset);
   plan.policies = resolve_policies(o);
-  for (LayerPolicy p : plan.policies) validate_layer(plan.dims, o.tp, p, o.cp, o.ep);
+  for (LayerPolicy p : plan.policies) validate_layer(plan.dims, o.tp, p, o.cp, o.ep, o.etp);
   check_layer_extent(plan.dims, o.layers);
   plan.dtype = parse_dtype(o.dtype);
   check_run_options(o, plan.dims, world);

@@ -27,6 +27,7 @@ struct LayerRunOptions {
   std::string cp_comm_type = "p2p";
   int ep = 1;               // --expert-model-parallel-size: an MoE layer's experts over ep ranks (the MPI world)
   bool emulate_ep = false;  // one process plays rank 0 of the ep ranks
+  int etp = 1;              // --expert-tensor-parallel-size: 1, or tp (each expert split over the TP group)
   // --tp given equal to --expert-model-parallel-size: the experts over the tensor-parallel group
   // (each rank's sequence rows to their experts), not over data-parallel ranks.
   bool experts_over_tp() const { return ep > 1 && tp == ep; }

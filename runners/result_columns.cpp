@@ -160,7 +160,9 @@ const std::vector<Column>& result_columns() {
       {"ep", "ranks",
        "expert-parallel size (`--expert-model-parallel-size`): each rank holds num_experts / ep experts and its own "
        "micro-batch; the tokens travel by all-to-all (comm.*.all_to_all.moe_tokens)"},
-      {"etp", "ranks", "expert-tensor-parallel size: 1 (each expert whole on its rank, as Megatron-Core's recipes)"},
+      {"etp", "ranks",
+       "expert-tensor-parallel size (`--expert-tensor-parallel-size`): 1, each expert whole on its rank, or tp, "
+       "each expert split over the tensor-parallel group"},
       {"moe_routing", "",
        "where layer 0's routing came from: `measured` (the run routed its tokens), `given` "
        "(`--moe-tokens-per-expert`, meta) or `balanced` (meta without it); empty when no forward routed"},

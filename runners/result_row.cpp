@@ -41,7 +41,8 @@ double routed_rows(const ExperimentResult& r) {
 }
 
 MoeRows moe_rows(const Measurement& m, int tp) {
-  return {routed_rows(m.result), static_cast<double>(m.result.moe.expert_rows), m.spec.expert_parallel(tp)};
+  return {routed_rows(m.result), static_cast<double>(m.result.moe.expert_rows), m.spec.expert_parallel(tp),
+          m.spec.expert_tensor_parallel_size(tp)};
 }
 
 // Per layer: the layer's closed form, or the stack's over its layers under a --recompute-method.
@@ -181,7 +182,7 @@ void set_moe_columns(CsvRow& row, const RunContext& run, const Measurement& m) {
   row.set("moe_router_score", when(on, theory::moe_score_name(moe.score)));
   row.set("moe_capacity_factor", when(on && moe.capacity_factor > 0, fmt_num(moe.capacity_factor, "%.17g")));
   row.set("ep", when(on, std::to_string(m.spec.expert_parallel(run.options.tp))));
-  row.set("etp", when(on, "1"));
+  row.set("etp", when(on, std::to_string(m.spec.expert_tensor_parallel_size(run.options.tp))));
   row.set("moe_routing", when(routed, routing.measured ? "measured" : (m.spec.moe_tokens_per_expert.empty() ? "balanced" : "given")));
   row.set("moe_routed_rows", when(routed, fmt_num(routed_rows(m.result))));
   const auto [fewest, most] = std::minmax_element(rows.begin(), rows.end());  // read only when routed

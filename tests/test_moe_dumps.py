@@ -2,7 +2,8 @@
 tools/numpy_moe.py), routing decision included: softmax and sigmoid routers, shared experts,
 dropless and capacity dropping, every recompute module an MoE layer reads; one rank, under
 `mpirun -np 2 --tp 2` with sequence parallelism, with expert parallelism 2, with the experts
-split over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2), and with context
+over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2), with each expert split
+over it (--expert-tensor-parallel-size 2), and with context
 parallelism 2 (alone, and with the experts over TP 2: mpirun -np 4). Recompute must
 change no value, and meta given the cpu's histogram keeps the cpu's bytes.
 
@@ -125,6 +126,21 @@ class MoeDumpTest(DumpTestCase):
             self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
         self.assert_matches_numpy(os.path.join(dump, "sp"))
         self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
+
+    @unittest.skipUnless(MPIEXEC, "mpirun missing")
+    def test_experts_split_over_the_tensor_parallel_group_match_numpy(self):
+        # --tp 2 --expert-tensor-parallel-size 2: each rank routes its s/2 rows, every rank runs
+        # half of every expert's width over both ranks' rows, the partial outputs are summed.
+        for combo in ["softmax", "pre_softmax_shared_dropout"]:
+            dump, rows = self.layer_run("etp_" + combo, SHAPE + COMBOS[combo] + [
+                "--tp", "2", "--expert-tensor-parallel-size", "2", "--config", "sp,selective+sp,full+sp",
+                "--recompute-modules", "moe_act"], np_ranks=2)
+            for r in rows:
+                self.assertEqual((r["status"], r["tp"], r["ep"], r["etp"]), ("ok", "2", "1", "2"), r["message"])
+                self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+            for config in ["sp", "selective+sp", "full+sp"]:
+                with self.subTest(combo=combo, config=config):
+                    self.assert_matches_numpy(os.path.join(dump, config), routing=config != "full+sp")
 
     @unittest.skipUnless(MPIEXEC, "mpirun missing")
     def test_context_parallel_ranks_match_numpy(self):

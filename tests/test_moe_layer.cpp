@@ -214,6 +214,62 @@ TEST(MoeLayer, EmulatedExpertParallelRankKeepsTheBalancedPieces) {
   }
 }
 
+TEST(MoeLayer, EmulatedExpertTensorParallelRankGathersEveryRowAtASliceOfTheWidth) {
+  // One process as rank 0 of t (--emulate-tp) with each expert split over the TP group: its
+  // experts run every rank's routed rows (t times its own) at F_e/t wide. Against the same rank
+  // with whole experts: fc1's input t times as many bytes, fc1's output and fc2's input the
+  // same (t times the rows, 1/t the width), the combine's input the same (the rank's own rows);
+  // and the total equals the pieces at td.etp = t.
+  auto meta = make_meta_backend();
+  LayerSpec spec = moe_cases()[2].spec;  // 8 experts, shared
+  spec.attention_dropout = spec.hidden_dropout = 0;
+  spec.kv_heads = 4;  // whole key/value heads on 4 ranks
+  for (int t : {2, 4}) {
+    auto tp = make_emulated_communicator(t);
+    ExperimentSpec run;
+    run.dims = moe_dims(spec);
+    run.policy = parse_config("sp");
+    run.warmup = 0;
+    run.iters = 1;
+    const ExperimentResult whole = run_experiment(*meta, *tp, run);
+    run.expert_tensor_parallel = true;
+    const ExperimentResult split = run_experiment(*meta, *tp, run);
+    ASSERT_EQ(split.status, "ok") << split.message;
+    const double own = 8.0 / t * 3 * 2;  // s/t rows x b, 2 choices each
+    EXPECT_EQ(whole.moe.expert_rows, own) << t;
+    EXPECT_EQ(split.moe.expert_rows, t * own) << t;
+    auto bytes = [](const ExperimentResult& r, const std::string& name) {
+      for (const auto& [n, b] : r.act_by_category)
+        if (n == name) return b;
+      return int64_t{-1};
+    };
+    EXPECT_EQ(bytes(split, "moe_permuted"), t * bytes(whole, "moe_permuted")) << t;
+    for (const char* same : {"moe_act_input", "moe_fc2_input", "moe_fc2_output", "router_scores"})
+      EXPECT_EQ(bytes(split, same), bytes(whole, same)) << t << " " << same;
+    theory::Dims td = theory_dims(run.dims, t);
+    td.etp = t;
+    EXPECT_EQ(static_cast<double>(split.act_bytes), theory::layer_bytes(td, spec, run.policy)) << t;
+  }
+}
+
+TEST(MoeLayer, ExpertTensorParallelRefusals) {
+  LayerDims d = moe_dims(moe_cases()[0].spec);  // experts 12 wide
+  d.spec.kv_heads = 4;
+  auto refused = [&](int t, int ep, int etp, const std::string& words) {
+    try {
+      validate_layer(d, t, parse_config("sp"), 1, ep, etp);
+      ADD_FAILURE() << "accepted t=" << t << " ep=" << ep << " etp=" << etp;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused(4, 1, 2, "must be --tp (4) or 1");
+  refused(2, 2, 2, "runs with --expert-model-parallel-size 1 for now");
+  d.spec.moe.ffn_hidden = 10;
+  refused(4, 1, 4, "moe-ffn-hidden-size 10 is not divisible by --expert-tensor-parallel-size 4");
+  EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 1, 1, 2));
+}
+
 TEST(MoeLayer, ModulesFreeWhatMegatronCoresFree) {
   auto meta = make_meta_backend();
   LayerSpec spec = moe_cases()[2].spec;  // shared experts

@@ -287,6 +287,41 @@ INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertParallel, ::testing::Values("baseline
 // rank's rows for them, and their gradients stay whole (no sum over TP). Every tensor equals the
 // single-rank layer's, dropout included; each rank's bytes equal the pieces with ep = t and the
 // rows it routed and received.
+namespace {
+
+// The TP group (g_comm, one micro-batch, SP) against the single-rank layer, tensor for tensor
+// (dropout included), and each rank's bytes against the pieces with the rows it routed and its
+// experts processed; ep and etp as the spec splits the experts over the group.
+void expect_tp_group_equals_the_single_rank_layer(ExperimentSpec spec, const std::string& what, int ep, int etp) {
+  const int t = g_comm->size();
+  auto be = make_cpu_backend();
+  const auto got = run_layer_canonical(*be, *g_comm, spec);
+  auto local = make_local_communicator();
+  ExperimentSpec single = small_spec("baseline", DType::fp32, spec.dims.spec.hidden_dropout, spec.dims);
+  auto ref = run_layer_canonical(*be, *local, single);
+  // The routing is dumped from what forward kept: nothing under full recompute or the moe module.
+  const bool routing_kept = spec.policy.recompute == Recompute::none ||
+                            (spec.policy.recompute == Recompute::selective && !spec.policy.modules.moe);
+  std::erase_if(ref, [&](const CanonicalTensor& x) {
+    return x.name == "moe.aux_loss" || (!routing_kept && x.name.starts_with("moe.topk"));
+  });
+  expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+  spec.dtype = DType::bf16;
+  spec.warmup = 0;
+  spec.iters = 1;
+  const ExperimentResult r = run_experiment(*be, *g_comm, spec);
+  ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
+  theory::Dims td = theory_dims(spec.dims, t);
+  td.ep = ep;
+  td.etp = etp;
+  for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
+  td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
+  EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
+}
+
+}  // namespace
+
 class MpiExpertsOverTp : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MpiExpertsOverTp, EveryTensorAndBytesEqualTheSingleRankLayer) {
@@ -295,30 +330,32 @@ TEST_P(MpiExpertsOverTp, EveryTensorAndBytesEqualTheSingleRankLayer) {
   ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);  // attention and hidden dropout
   if (spec.policy.recompute == Recompute::selective) spec.policy.modules.moe_act = spec.policy.modules.moe = true;
   spec.experts_over_tp = true;
-  auto be = make_cpu_backend();
-  const auto got = run_layer_canonical(*be, *g_comm, spec);
-  auto local = make_local_communicator();
-  ExperimentSpec single = small_spec("baseline", DType::fp32, 0.1f, d);
-  auto ref = run_layer_canonical(*be, *local, single);
-  std::erase_if(ref, [&](const CanonicalTensor& x) {
-    return x.name == "moe.aux_loss" || (spec.policy.recompute != Recompute::none && x.name.starts_with("moe.topk"));
-  });
-  const std::string what = "experts over tp, t=ep=" + std::to_string(t) + " " + GetParam();
-  expect_same_tensors(got, ref, 1e-5, 1e-4, what);
-  spec.dtype = DType::bf16;
-  spec.warmup = 0;
-  spec.iters = 1;
-  const ExperimentResult r = run_experiment(*be, *g_comm, spec);
-  ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
-  theory::Dims td = theory_dims(d, t);
-  td.ep = t;
-  for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
-  td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
-  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
-  EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
+  expect_tp_group_equals_the_single_rank_layer(spec, "experts over tp, t=ep=" + std::to_string(t) + " " + GetParam(),
+                                               t, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertsOverTp, ::testing::Values("sp", "selective+sp", "full+sp"),
+                         config_param_name);
+
+// Expert tensor parallelism over the TP group (--expert-tensor-parallel-size = --tp, SP): each
+// rank routes its s/t rows, every rank's rows go to every rank, each rank runs its 1/t slice of
+// every expert over all of them, and the partial outputs come back summed (Megatron-Core's
+// alltoall dispatcher with ETP = TP). The experts' gradients are whole slices (no sum over TP).
+class MpiExpertTensorParallel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiExpertTensorParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
+  const int t = g_comm->size();
+  LayerDims d = moe_layer(kDims, 4, 8);  // experts 12 wide: a slice of 6 or 3
+  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);
+  if (spec.policy.recompute == Recompute::selective) spec.policy.modules.moe_act = true;
+  spec.expert_tensor_parallel = true;
+  const std::string what = "etp=t=" + std::to_string(t) + " " + GetParam();
+  expect_tp_group_equals_the_single_rank_layer(spec, what + " swiglu", 1, t);
+  spec.dims.spec.activation = theory::Activation::gelu;  // fc1 one part, not gate | up
+  expect_tp_group_equals_the_single_rank_layer(spec, what + " gelu", 1, t);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertTensorParallel, ::testing::Values("sp", "selective+sp", "full+sp"),
                          config_param_name);
 
 // Hidden dropout under expert parallelism: each rank draws the masks of its batch slice of the

@@ -22,6 +22,10 @@ struct Dims {
   // processed, from every rank (0: moe_routed_rows, as balanced routing gives).
   double ep = 1;
   double moe_expert_rows = 0;
+  // Expert tensor parallelism (Megatron's --expert-tensor-parallel-size): each expert's width
+  // split over etp ranks (the TP group), which gather every one of their routed rows; 1: each
+  // expert whole on its rank.
+  double etp = 1;
 };
 
 // e: bytes per activation element (2 for bf16/fp16, 4 for fp32); mask: bytes per dropout-mask element.

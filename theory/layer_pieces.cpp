@@ -143,14 +143,16 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
   const double e = p.elem, m = p.mask, i32 = 4;
   const RecomputeModules rebuilt = recomputed(c);
   const MoeSpec& moe = spec.moe;
-  // Expert tensor parallelism 1: each rank routes its own rows (T = s·b/(tC) under SP) to
-  // whole experts; the shared experts are split over t like the dense MLP, over all s·b/C rows.
-  // Under expert parallelism the experts' tensors hold the rows they received (N_e), the
-  // combine's input the rank's own routed rows (N).
+  // Each rank routes its own rows (T = s·b/(tC) under SP); the shared experts are split over t
+  // like the dense MLP, over all s·b/C rows. The experts' tensors hold the rows they process
+  // (N_e): the rank's own routed rows N with whole experts, the rows received from the
+  // expert-parallel group under EP, and every row of the group's t ranks, F_e/etp wide, under
+  // expert tensor parallelism. The combine's input holds the rank's own routed rows (N).
   const double tokens = x.region / d.h, E = moe.num_experts, k = moe.top_k, N = moe_routed_rows(d, spec);
-  const double N_e = d.moe_expert_rows > 0 ? d.moe_expert_rows : N;
+  const double N_e = d.moe_expert_rows > 0 ? d.moe_expert_rows : N * d.etp;
   const double gated = spec.activation == Activation::swiglu ? 2 : 1;  // fc1's outputs per unit of width
-  const double width = spec.expert_ffn(d), shared_rows = d.s * d.b / d.cp, shared = moe.shared_ffn_hidden / d.t;
+  const double width = spec.expert_ffn(d) / d.etp;
+  const double shared_rows = d.s * d.b / d.cp, shared = moe.shared_ffn_hidden / d.t;
   out.push_back({"ln2_input", e * x.region});
   // Norm 2's output: the router's, the permute's and the shared experts' input, and the moe
   // checkpoint's; the layernorm module frees it as for the dense MLP.
@@ -159,8 +161,10 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
     out.push_back({"router_scores", e * tokens * E});         // the score function's output, read by its backward
     out.push_back({"router_topk_index", i32 * tokens * k});   // the choice
     out.push_back({"router_topk_weight", e * tokens * k});    // the combine's weights
-    // tokens_per_expert, row_slot, slot_row; under EP also the local experts' received rows
-    out.push_back({"moe_dispatch_plan", i32 * (E + 2 * tokens * k + (d.ep > 1 ? E / d.ep : 0))});
+    // tokens_per_expert, row_slot, slot_row; under EP or ETP also the rows the local experts
+    // received per expert
+    const bool received = d.ep > 1 || d.etp > 1;
+    out.push_back({"moe_dispatch_plan", i32 * (E + 2 * tokens * k + (received ? E / d.ep : 0))});
     out.push_back({"moe_permuted", e * N_e * d.h});             // fc1's input, grouped by expert
     out.push_back({"moe_act_input", gated * e * N_e * width});  // fc1's output (moe_act's checkpoint input)
     if (!rebuilt.moe_act) out.push_back({"moe_fc2_input", e * N_e * width});

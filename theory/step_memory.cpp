@@ -56,6 +56,7 @@ Dims StepConfig::layer_dims(const TransformerModel& m) const {
   Dims d = m.dims(seq, micro_batch, layout.t);
   d.cp = layout.cp;
   d.ep = layout.ep;  // the dispatch plan keeps the local experts' received rows under EP
+  d.etp = layout.expert_tp();  // the experts gather the group's rows, each F_e/etp wide
   return d;
 }
 
