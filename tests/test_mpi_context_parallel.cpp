@@ -107,7 +107,11 @@ TEST(MpiContextParallelBalance, EveryRankComputesTheSameAttentionScores) {
 // the rows that rank routed (and, experts over TP, received).
 namespace {
 
-void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::string& config, bool experts_over_tp) {
+// How the TP group holds the experts: each rank all of them whole, E/t whole ones each
+// (experts over TP, ep = t), or a 1/t slice of every one (expert tensor parallelism, etp = t).
+enum class Experts { whole, over_tp, split_over_tp };
+
+void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::string& config, Experts experts) {
   LayerDims d = dims_of("llama");
   d.spec.moe.num_experts = 4;
   d.spec.moe.top_k = 2;
@@ -122,11 +126,12 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
   auto be = make_cpu_backend();
   ParallelGroups groups = make_parallel_groups(*be, t, C);
   spec.cp_group = groups.cp.get();
-  spec.experts_over_tp = experts_over_tp;
+  spec.experts_over_tp = experts == Experts::over_tp;
+  spec.expert_tensor_parallel = experts == Experts::split_over_tp;
   const auto got = run_layer_canonical(*be, *groups.tp, spec);
   ExperimentSpec single = spec;
   single.cp_group = nullptr;
-  single.experts_over_tp = false;
+  single.experts_over_tp = single.expert_tensor_parallel = false;
   single.policy = parse_config("baseline");
   auto local = make_local_communicator();
   auto ref = run_layer_canonical(*be, *local, single);
@@ -134,7 +139,8 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
     return x.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && x.name.starts_with("moe.topk"));
   });
   const std::string what = "moe " + config + " t=" + std::to_string(t) + " C=" + std::to_string(C) +
-                           (experts_over_tp ? " experts over tp" : "");
+                           (experts == Experts::over_tp ? " experts over tp" : "") +
+                           (experts == Experts::split_over_tp ? " experts split over tp" : "");
   expect_same_tensors(got, ref, 1e-5, 1e-4, what);
   const bool routed = std::any_of(got.begin(), got.end(), [](auto& x) { return x.name == "moe.topk_index"; });
   EXPECT_EQ(routed, spec.policy.recompute != Recompute::full) << what << ": the routing is compared";
@@ -146,8 +152,9 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
   theory::Dims td = theory_dims(d, t);
   td.cp = C;
   for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
-  if (experts_over_tp) {
-    td.ep = t;
+  if (experts != Experts::whole) {
+    td.ep = experts == Experts::over_tp ? t : 1;
+    td.etp = experts == Experts::split_over_tp ? t : 1;
     td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
   }
   EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
@@ -165,8 +172,10 @@ TEST(MpiContextParallelMoe, EveryTensorAndBytesEqualTheSingleRankLayer) {
     const std::vector<std::string> configs = t == 1 ? std::vector<std::string>{"baseline", "selective", "full"}
                                                     : std::vector<std::string>{"sp", "selective+sp", "full+sp"};
     for (const std::string& config : configs) {
-      expect_moe_layer_equals_the_single_rank_layer(t, C, config, false);
-      if (t > 1) expect_moe_layer_equals_the_single_rank_layer(t, C, config, true);
+      expect_moe_layer_equals_the_single_rank_layer(t, C, config, Experts::whole);
+      if (t == 1) continue;
+      expect_moe_layer_equals_the_single_rank_layer(t, C, config, Experts::over_tp);
+      expect_moe_layer_equals_the_single_rank_layer(t, C, config, Experts::split_over_tp);
     }
   }
 }
