@@ -348,7 +348,7 @@ class CudaSimTest(unittest.TestCase):
         combo = moe_dumps.COMBOS["pre_softmax_shared_dropout"]
         runs = [("moe1", [], None, ["baseline", "selective"]), ("moe_tp2", ["--tp", "2"], 2, ["sp", "selective+sp"]),
                 ("moe_ep2", ["--expert-model-parallel-size", "2"], 2, ["baseline", "selective"]),
-                ("moe_etp2", ["--tp", "2", "--expert-tensor-parallel-size", "2"], 2, ["sp", "full+sp"])]
+                ("moe_etp2", ["--tp", "2", "--expert-tensor-parallel-size", "2"], 2, ["sp", "selective+sp"])]
         for tag, extra, ranks, configs in runs:
             args = [*moe_dumps.SHAPE, *combo, *extra, "--recompute-modules", "moe_act,shared_experts"]
             for r, c, _ in self.run_against_cpu(tag, args, configs, ranks):
