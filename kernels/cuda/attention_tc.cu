@@ -12,8 +12,9 @@
 // short tiles fill the tail of the launch.
 //
 // Per key tile (a tile no row of the block sees is skipped whole, attention_tiles.hpp):
-//   S = Q·Kᵀ         Q's A fragments are loaded once per query tile (ldmatrix) and stay in
-//                    registers; K's B fragments by ldmatrix (K rows are the B columns).
+//   S = Q·Kᵀ         Q's A fragments by ldmatrix from the Q tile, once per query tile (they
+//                    stay in registers) or at every k-step where holding them would spill O
+//                    (kQInRegisters); K's B fragments by ldmatrix (K rows are the B columns).
 //   online softmax   in the log2 domain: S is scaled by scale·log2(e) once, so each
 //                    probability is one exp2f; the row max is reduced over the 4 lanes that
 //                    share a row (two shuffles); the running sum l stays a per-lane partial
@@ -75,6 +76,18 @@ constexpr int tc_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 96 ? 96 : 128;
 // spilled with 64 (docs/kernel_efficiency.md has the counts).
 template <int kD>
 constexpr int kKeyTile = kD <= 64 ? 64 : 32;
+// Whether the forward holds the warp's Q fragments in registers for the whole key loop (kD / 4
+// of them) or reads them from shared memory again at each k-step (FlashAttention-2's default):
+// held wherever ptxas then keeps O and S in registers (kD = 64; 96 on sm_90), read again where
+// holding them spills (kD = 128: 260 bytes on sm_80, 64 on sm_90; 96 on sm_80: 24).
+// tools/ptxas_usage.py shows the counts; which is faster is a GPU measurement.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kQHeldUpTo = 96;
+#else
+constexpr int kQHeldUpTo = 64;
+#endif
+template <int kD>
+constexpr bool kQInRegisters = kD <= kQHeldUpTo;
 
 // A [rows][kD] tile of 16-bit elements in shared memory, each row kD / 8 chunks of 16 bytes;
 // chunk c of row r is stored at chunk c ^ f(r). Every access of the kernel touches 8
@@ -295,9 +308,13 @@ __global__ void __launch_bounds__(kThreads)
       store_share(sK, share);
     }
     __syncthreads();
-    uint32_t qf[kSteps][4];  // the warp's 16 rows of Q as A fragments, for the whole key loop
+    // The warp's 16 rows of Q as A fragments: held for the whole key loop, or read again from
+    // sQ at each k-step (kQInRegisters).
+    uint32_t qf[kQInRegisters<kD> ? kSteps : 1][4];
+    if constexpr (kQInRegisters<kD>) {
 #pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) ldmatrix(qf[kk], sQ + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+      for (int kk = 0; kk < kSteps; ++kk) ldmatrix(qf[kk], sQ + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+    }
     // The lane's ldmatrix row addresses in the key loop, as offsets: the rows a lane supplies
     // are 8·n + lane % 8, so the swizzle depends on the lane and the chunk only, and the 8-row
     // blocks (nb, kk2 below) are constant offsets. One offset per K k-step and per V pair of
@@ -325,15 +342,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int nb = 0; nb < kKeyBlocks; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk)
+      for (int kk = 0; kk < kSteps; ++kk) {
+        const uint32_t(&qa)[4] = qf[kQInRegisters<kD> ? kk : 0];
+        if constexpr (!kQInRegisters<kD>) ldmatrix(qf[0], sQ + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
 #pragma unroll
         for (int nb = 0; nb < kKeyBlocks; nb += 2) {
           uint32_t kf[4];
           ldmatrix(kf, sK + nb * 8 * kD + k_off[kk]);  // rows nb·8 + (lane / 16)·8 + lane % 8
           const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
-          mma<T>(s[nb], qf[kk], b0);
-          mma<T>(s[nb + 1], qf[kk], b1);
+          mma<T>(s[nb], qa, b0);
+          mma<T>(s[nb + 1], qa, b1);
         }
+      }
 
       // Scale into the log2 domain; mask where some key of the tile is not visible from some
       // row of the warp (the diagonal, padding keys or rows, a placed run's edge).
