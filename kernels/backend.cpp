@@ -102,7 +102,7 @@ class Contract {
 
   // A spec whose shard fits mid_global, with p in [0, 1), describing `numel` elements.
   void dropout_spec(const DropoutSpec& spec, int64_t numel, const char* of) const {
-    if (spec.outer < 0 || spec.mid_local < 0 || spec.inner < 0 || spec.mid_offset < 0 ||
+    if (spec.outer < 0 || spec.mid_local < 0 || spec.inner < 0 || spec.mid_offset < 0 || spec.outer_offset < 0 ||
         spec.mid_offset + spec.mid_local > spec.mid_global)
       fail("dropout spec shard [" + std::to_string(spec.mid_offset) + ", " +
            std::to_string(spec.mid_offset + spec.mid_local) + ") does not fit mid_global " +

@@ -36,8 +36,9 @@ inline GemmArgs gemm_args(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
 }
 
 // Where a dropout mask comes from. The local tensor is viewed as [outer, mid_local, inner]
-// and its element (o, m, i) is element ((o * mid_global + mid_offset + m) * inner_global +
-// inner_positions.at(i)) of the canonical unsharded tensor; that canonical index is the Philox
+// and its element (o, m, i) is element (((outer_offset + o) * mid_global + mid_offset + m) *
+// inner_global + inner_positions.at(i)) of the canonical unsharded tensor (outer_offset: a
+// data-parallel rank's first batch of a canonical batch of several ranks'); that canonical index is the Philox
 // counter, so the mask is the same for every t, SP or not, and when recomputed. Context
 // parallelism's attention probabilities keep only some rows of each head's [S, S]: their
 // inner index runs are placed by inner_positions in an inner_global (0: inner) of S * S.
@@ -46,7 +47,7 @@ struct DropoutSpec {
   uint64_t seed = 0;
   uint32_t layer = 0;
   uint32_t site = 0;
-  int64_t outer = 1, mid_local = 1, mid_global = 1, mid_offset = 0, inner = 1;
+  int64_t outer = 1, mid_local = 1, mid_global = 1, mid_offset = 0, inner = 1, outer_offset = 0;
   int64_t inner_global = 0;
   SeqPositions inner_positions;
   ACTBENCH_HD int64_t numel() const { return outer * mid_local * inner; }
@@ -56,7 +57,7 @@ struct DropoutSpec {
     int64_t rest = local / inner;
     int64_t m = rest % mid_local;
     int64_t o = rest / mid_local;
-    return (o * mid_global + mid_offset + m) * inner_canonical() + inner_positions.at(i);
+    return ((outer_offset + o) * mid_global + mid_offset + m) * inner_canonical() + inner_positions.at(i);
   }
   ACTBENCH_HD bool keep(int64_t local) const {
     return philox_word(seed, layer, site, static_cast<uint64_t>(canonical_index(local))) >= dropout_threshold(p);

@@ -100,10 +100,6 @@ static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int e
   if (ep < 1 || experts % ep != 0)
     throw InvalidArgument("num-experts " + std::to_string(experts) + " is not divisible by the expert-parallel size " +
                           std::to_string(ep));
-  if (ep > 1 && t == 1 && d.spec.attention_dropout > 0)
-    throw InvalidArgument("expert parallelism over data-parallel ranks runs without attention dropout for now "
-                          "(--attention-dropout 0): each rank's batch slice of the probabilities would need its own "
-                          "mask offsets");
   const double shared = d.spec.moe.shared_ffn_hidden;
   if (shared > 0 && static_cast<int64_t>(shared) % t != 0)
     throw InvalidArgument("moe-shared-expert-intermediate-size " + std::to_string(static_cast<int64_t>(shared)) +

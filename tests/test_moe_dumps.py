@@ -100,9 +100,10 @@ class MoeDumpTest(DumpTestCase):
 
     @unittest.skipUnless(MPIEXEC, "mpirun missing")
     def test_expert_parallel_ranks_match_numpy_on_the_whole_batch(self):
-        # pre_softmax_shared_dropout: hidden dropout, each rank's masks at its batch slice
+        # pre_softmax_shared_dropout: hidden and attention dropout, each rank's masks at its batch slice
         for combo in ["softmax", "sigmoid_groups_bias", "pre_softmax_shared_dropout"]:
-            dump, rows = self.layer_run("ep2_" + combo, SHAPE + COMBOS[combo] + [
+            dropout = ["--attention-dropout", "0.1"] if "dropout" in combo else []
+            dump, rows = self.layer_run("ep2_" + combo, SHAPE + COMBOS[combo] + dropout + [
                 "--expert-model-parallel-size", "2", "--config", "baseline,selective",
                 "--recompute-modules", "moe"], np_ranks=2)
             for r in rows:

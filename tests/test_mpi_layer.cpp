@@ -220,6 +220,7 @@ std::vector<CanonicalTensor> expect_ranks_equal_the_whole_batch(ExperimentSpec s
   single.ep_group = nullptr;
   single.dims.b = spec.dims.b * g_comm->size();
   single.policy = parse_config("baseline");
+  single.policy.attention = spec.policy.attention;
   auto ref = run_layer_canonical(*be, *local, single);
   std::erase_if(ref, [&](const CanonicalTensor& t) {
     return t.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && t.name.starts_with("moe.topk"));
@@ -358,15 +359,20 @@ TEST_P(MpiExpertTensorParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
 INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertTensorParallel, ::testing::Values("sp", "selective+sp", "full+sp"),
                          config_param_name);
 
-// Hidden dropout under expert parallelism: each rank draws the masks of its batch slice of the
-// canonical [s, ep·b, h], so every tensor (the masks among them) is the single-rank layer's.
-TEST(MpiExpertParallelDropout, HiddenDropoutMasksAreTheSingleRankLayers) {
+// Dropout under expert parallelism: each rank draws the masks of its batch slice of the
+// canonical [s, ep·b, h] (hidden) and [ep·b, a, s, s] (attention, unfused and fused), so every
+// tensor (the masks among them) is the single-rank layer's.
+class MpiExpertParallelDropout : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MpiExpertParallelDropout, MasksAreTheSingleRankLayers) {
   const int ep = g_comm->size();
   const LayerDims d = moe_layer({12, 2, 48, 4}, 2, 0);
   for (const char* config : {"baseline", "full"}) {
     ExperimentSpec spec = small_spec(config, DType::fp32, 0.f, d);
-    spec.dims.spec.hidden_dropout = 0.25;
-    const std::string what = "ep=" + std::to_string(ep) + " " + config;
+    if (GetParam() == "hidden") spec.dims.spec.hidden_dropout = 0.25;
+    else spec.dims.spec.attention_dropout = 0.25;
+    spec.policy.attention = GetParam() == "attention_fused" ? Attention::fused : Attention::unfused;
+    const std::string what = "ep=" + std::to_string(ep) + " " + config + " " + GetParam();
     const auto ref = expect_ranks_equal_the_whole_batch(spec, what);
     // Not blind: the masks show in y (the same layer without dropout gives another one).
     ExperimentSpec single = small_spec("baseline", DType::fp32, 0.f, d);
@@ -380,6 +386,8 @@ TEST(MpiExpertParallelDropout, HiddenDropoutMasksAreTheSingleRankLayers) {
     EXPECT_NE(y_of(ref), y_of(undropped)) << what;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Sites, MpiExpertParallelDropout, ::testing::Values("hidden", "attention", "attention_fused"));
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

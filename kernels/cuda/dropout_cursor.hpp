@@ -2,8 +2,8 @@
 // DropoutCursor: a local element index of a DropoutSpec in the spec's own digits,
 // local = (o * mid_local + m) * inner + col, each digit below its radix. Adding a fixed step
 // (itself in digits) digit by digit with carries gives the next element of a grid-stride or
-// row-stride loop and its canonical index, (o * mid_global + mid_offset + m) * inner_canonical
-// + inner_positions.at(col), with no division: the dropout kernels divide once per thread,
+// row-stride loop and its canonical index, ((outer_offset + o) * mid_global + mid_offset + m) *
+// inner_canonical + inner_positions.at(col), with no division: the dropout kernels divide once per thread,
 // where it starts and to split its step. The inner digit is local, so the jump of the inner
 // elements' position at their split (context parallelism's two chunks) is one compare where
 // the canonical index is formed. Host and device (test_cuda_host checks it against
@@ -32,7 +32,7 @@ struct DropoutCursor {
     o += step.o + carry_m;
   }
   ACTBENCH_HD uint64_t canonical(const DropoutSpec& s) const {
-    return static_cast<uint64_t>((o * s.mid_global + s.mid_offset + m) * s.inner_canonical() +
+    return static_cast<uint64_t>(((s.outer_offset + o) * s.mid_global + s.mid_offset + m) * s.inner_canonical() +
                                  s.inner_positions.at(col));
   }
 };
