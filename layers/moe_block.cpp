@@ -276,16 +276,19 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
   }
   const int64_t N = routed_rows(plan, aux);
   const Tensor& w1 = params_.experts_fc1_weight;
-  Tensor permuted = be_.empty({N, h}, opt_.dtype);
+  // The kept pairs' rows, and their weights in the same order (the pairs' plan).
+  Tensor permuted = be_.empty({N, h}, opt_.dtype), probs = be_.empty({N, 1}, opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "moe_permute"), phase_log_);
     be_.moe_permute(x, plan, permuted);
+    be_.moe_permute(weight.view({T * k, 1}), pair_plan(plan), probs);
   }
-  // Under expert parallelism the rows travel to their experts' ranks and back.
+  // Under expert parallelism the rows (and their weights) travel to their experts' ranks and back.
   Tensor counts = plan.tokens_per_expert;
   if (exchanges_expert_rows()) {
     plan_expert_exchange(stage);
     permuted = to_experts(stage, permuted);
+    probs = to_experts(stage, probs);
     counts = local_expert_counts();
   }
   const int64_t rows = permuted.dim(0);
@@ -294,7 +297,7 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
     PhaseRange phase(phase_name(stage, "experts_fc1"), phase_log_);
     be_.grouped_gemm(permuted, w1, counts, fc1);
   }
-  Tensor act = moe_experts_act(stage, fc1);
+  Tensor act = moe_weighted_act(stage, fc1, probs);
   Tensor fc2 = be_.empty({rows, h}, opt_.dtype), out = be_.empty(normed.shape(), opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "experts_fc2"), phase_log_);
@@ -302,8 +305,9 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
   }
   if (exchanges_expert_rows()) fc2 = from_experts(stage, fc2, N);
   {
+    // The combine: each token's kept rows summed (already weighted).
     PhaseRange phase(phase_name(stage, "moe_unpermute"), phase_log_);
-    be_.moe_unpermute(fc2, plan, weight, as_matrix(out));
+    be_.moe_permute_bwd(fc2, plan, as_matrix(out));
   }
   into.router_scores = scores;
   into.router_topk_index = index;
@@ -314,17 +318,27 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
   if (exchanges_expert_rows()) into.moe_expert_counts = counts;
   into.moe_permuted = permuted;
   into.moe_act_input = fc1;
+  into.moe_permuted_probs = probs;
   if (keep_fc2_input) into.moe_fc2_input = act;
-  into.moe_fc2_output = fc2;
   return out;
 }
 
-Tensor TransformerLayer::moe_experts_act(const char* stage, const Tensor& act_input) {
-  const int64_t width = params_.experts_fc2_weight.dim(1);
-  Tensor act = be_.empty({act_input.dim(0), width}, opt_.dtype);
+MoeDispatch TransformerLayer::pair_plan(const MoeDispatch& plan) {
+  return {plan.tokens_per_expert, plan.row_slot, plan.slot_row.view({plan.slot_row.numel(), 1})};
+}
+
+Tensor TransformerLayer::moe_weighted_act(const char* stage, const Tensor& act_input, const Tensor& probs) {
+  const int64_t rows = act_input.dim(0), width = params_.experts_fc2_weight.dim(1);
+  Tensor act = be_.empty({rows, width}, opt_.dtype), weighted = be_.empty({rows, width}, opt_.dtype);
   PhaseRange phase(phase_name(stage, "experts_act"), phase_log_);
   activation_fwd(act_input, act);
-  return act;
+  scale_rows(probs, act, weighted);
+  return weighted;
+}
+
+void TransformerLayer::scale_rows(const Tensor& scale, const Tensor& x, const Tensor& out) {
+  // One [1, 1] x [1, w] product per row (a batched GEMM, fp32 accumulation).
+  be_.gemm(gemm_args(false, false, 1, x.dim(1), 1, x.dim(0)), scale, x, out);
 }
 
 Tensor TransformerLayer::shared_experts_fwd(const CommContext& comm, const Tensor& normed, Tensor* act_input,
@@ -351,7 +365,8 @@ Tensor TransformerLayer::moe_block_bwd(const CommContext& comm, const Tensor& dy
                  saved.ln2_rstd);
   const bool shared = opt_.dims.spec.moe.shared_ffn_hidden > 0;
   if (!saved.router_scores.defined()) (void)moe_routed_fwd("recompute", saved.moe_input, saved, true);
-  if (!saved.moe_fc2_input.defined()) saved.moe_fc2_input = moe_experts_act("recompute", saved.moe_act_input);
+  if (!saved.moe_fc2_input.defined())
+    saved.moe_fc2_input = moe_weighted_act("recompute", saved.moe_act_input, saved.moe_permuted_probs);
   if (shared && !saved.shared_act_input.defined())
     (void)shared_experts_fwd(comm_context("recompute"), saved.moe_input, &saved.shared_act_input,
                              &saved.shared_fc2_input);
@@ -367,28 +382,25 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
   const MoeDispatch plan{saved.moe_tokens_per_expert, saved.moe_row_slot, saved.moe_slot_row};
   const bool ep = exchanges_expert_rows();
   const Tensor counts = ep ? saved.moe_expert_counts : plan.tokens_per_expert;
-  const int64_t T = d_out.dim(0), h = opt_.dims.h, N = saved.moe_fc2_output.dim(0);
+  const std::vector<int64_t>& per_expert = moe_stats_.tokens_per_expert;
+  const int64_t T = d_out.dim(0), h = opt_.dims.h, N = std::accumulate(per_expert.begin(), per_expert.end(), int64_t{0});
   const int64_t E = params_.router_weight.dim(0), k = saved.router_topk_weight.dim(1);
-  Tensor d_fc2 = be_.empty({N, h}, opt_.dtype), d_weight = be_.empty({T, k}, opt_.dtype);
+  Tensor d_fc2 = be_.empty({N, h}, opt_.dtype);
   {
     PhaseRange phase("bwd.moe_unpermute", phase_log_);
-    be_.moe_unpermute_bwd(d_out, saved.moe_fc2_output, plan, saved.router_topk_weight, d_fc2, d_weight);
-    saved.moe_fc2_output = saved.router_topk_weight = Tensor();
+    be_.moe_permute(d_out, plan, d_fc2);  // the combine's: each kept pair's row gets its token's gradient
   }
   if (ep) d_fc2 = to_experts("bwd", d_fc2);
-  Tensor d_act = be_.empty(saved.moe_fc2_input.shape(), opt_.dtype);
+  Tensor d_weighted = be_.empty(saved.moe_fc2_input.shape(), opt_.dtype);
   {
     PhaseRange phase("bwd.experts_fc2", phase_log_);
-    be_.grouped_gemm_bwd(d_fc2, saved.moe_fc2_input, params_.experts_fc2_weight, counts, d_act,
+    be_.grouped_gemm_bwd(d_fc2, saved.moe_fc2_input, params_.experts_fc2_weight, counts, d_weighted,
                          grads_.experts_fc2_weight);
     d_fc2 = saved.moe_fc2_input = Tensor();
   }
   Tensor d_fc1 = be_.empty(saved.moe_act_input.shape(), opt_.dtype);
-  {
-    PhaseRange phase("bwd.experts_act", phase_log_);
-    activation_bwd(d_act, saved.moe_act_input, d_fc1);
-    d_act = saved.moe_act_input = Tensor();
-  }
+  Tensor d_probs = moe_weighted_act_bwd(d_weighted, saved, d_fc1);
+  d_weighted = Tensor();
   Tensor d_permuted = be_.empty(saved.moe_permuted.shape(), opt_.dtype);
   {
     PhaseRange phase("bwd.experts_fc1", phase_log_);
@@ -396,11 +408,16 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
                          grads_.experts_fc1_weight);
     d_fc1 = saved.moe_permuted = saved.moe_expert_counts = Tensor();
   }
-  if (ep) d_permuted = from_experts("bwd", d_permuted, N);
+  if (ep) {
+    d_permuted = from_experts("bwd", d_permuted, N);
+    d_probs = from_experts("bwd", d_probs, N);
+  }
+  Tensor d_weight = be_.empty({T, k}, opt_.dtype);
   {
     PhaseRange phase("bwd.moe_permute", phase_log_);
     be_.moe_permute_bwd(d_permuted, plan, d_normed);  // written: the first contribution
-    d_permuted = Tensor();
+    be_.moe_permute_bwd(d_probs, pair_plan(plan), d_weight.view({T * k, 1}));  // 0 for dropped pairs
+    d_permuted = d_probs = saved.router_topk_weight = Tensor();
   }
   PhaseRange phase("bwd.router", phase_log_);
   Tensor d_logits = be_.empty({T, E}, opt_.dtype);
@@ -409,6 +426,25 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
   be_.gemm(gemm_args(true, false, E, h, T), d_logits, as_matrix(saved.moe_input), grads_.router_weight);
   saved.router_scores = saved.router_topk_index = Tensor();
   saved.moe_tokens_per_expert = saved.moe_row_slot = saved.moe_slot_row = Tensor();
+}
+
+Tensor TransformerLayer::moe_weighted_act_bwd(const Tensor& d_weighted, SavedActivations& saved, const Tensor& d_fc1) {
+  PhaseRange phase("bwd.experts_act", phase_log_);
+  const Tensor& fc1 = saved.moe_act_input;
+  const int64_t rows = d_weighted.dim(0), width = d_weighted.dim(1);
+  // d weight of a row = d weighted . act (the activation again from fc1's output, as
+  // Megatron-Core's weighted SwiGLU reads only its inputs); d act = weight x d weighted.
+  Tensor d_probs = be_.empty({rows, 1}, opt_.dtype);
+  {
+    Tensor act = be_.empty({rows, width}, opt_.dtype);
+    activation_fwd(fc1, act);
+    be_.gemm(gemm_args(false, true, 1, 1, width, rows), d_weighted, act, d_probs);
+  }
+  Tensor d_act = be_.empty({rows, width}, opt_.dtype);
+  scale_rows(saved.moe_permuted_probs, d_weighted, d_act);
+  activation_bwd(d_act, fc1, d_fc1);
+  saved.moe_act_input = saved.moe_permuted_probs = Tensor();
+  return d_probs;
 }
 
 void TransformerLayer::shared_experts_bwd(const CommContext& comm, const Tensor& d_out, SavedActivations& saved,

@@ -47,8 +47,8 @@ struct SavedActivations {
   Tensor moe_expert_counts;   // under EP: the local experts' rows from all ranks (i32, the plan's too)
   Tensor moe_permuted;        // [N, h]
   Tensor moe_act_input;       // the experts' fc1 output [N, γF_e]
-  Tensor moe_fc2_input;       // [N, F_e]
-  Tensor moe_fc2_output;      // [N, h]
+  Tensor moe_permuted_probs;  // the rows' routing weights [N, 1], which the activation multiplies in
+  Tensor moe_fc2_input;       // [N, F_e]: the weighted activation
   Tensor shared_act_input;    // the shared experts' fc1 output [s, b, γF_s]
   Tensor shared_fc2_input;    // [s, b, F_s]
 

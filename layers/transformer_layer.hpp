@@ -109,8 +109,19 @@ class TransformerLayer final : public LayerBase {
   // routed output [s, b, h]. What backward reads goes to `into` (fc2's input only when
   // keep_fc2_input); phases stage.router .. stage.moe_unpermute.
   Tensor moe_routed_fwd(const char* stage, const Tensor& normed, SavedActivations& into, bool keep_fc2_input);
-  // The experts' activation on their fc1 output: fc2's input (the moe_act module's recompute too).
-  Tensor moe_experts_act(const char* stage, const Tensor& act_input);
+  // The experts' activation on their fc1 output, each row times its routing weight
+  // (probs [rows, 1]): fc2's input (the moe_act module's recompute too). Megatron-Core (from
+  // 0.13) weights the activation so that the combine is a plain sum that keeps nothing.
+  Tensor moe_weighted_act(const char* stage, const Tensor& act_input, const Tensor& probs);
+  // Its backward from d fc2's input: d fc1 written, d probs [rows, 1] returned; releases the
+  // fc1 output and the weights it read.
+  Tensor moe_weighted_act_bwd(const Tensor& d_weighted, SavedActivations& saved, const Tensor& d_fc1);
+  // out [rows, w] = x [rows, w] with row r times scale[r] ([rows, 1]).
+  void scale_rows(const Tensor& scale, const Tensor& x, const Tensor& out);
+  // The dispatch plan over (token, choice) pairs: the T·k pairs as T·k tokens of one choice,
+  // so moe_permute gathers the kept pairs' weights [T·k, 1] into plan order and moe_permute_bwd
+  // scatters their gradients back (0 for dropped pairs).
+  static MoeDispatch pair_plan(const MoeDispatch& plan);
   // The shared experts on normed [s(/t), b, h], split over t like the MLP: their output (this
   // rank's rows); fc1's output and fc2's input go to *act_input, *fc2_input when given.
   Tensor shared_experts_fwd(const CommContext& comm, const Tensor& normed, Tensor* act_input, Tensor* fc2_input);

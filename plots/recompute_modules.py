@@ -31,9 +31,9 @@ GROUPS = [
     ("MoE input (norm 2's output): layernorm", ("moe_input",), "#dbdb8d"),
     ("router scores, top-k, dispatch plan: moe", ("router_scores", "router_topk_index", "router_topk_weight",
                                                   "moe_dispatch_plan"), "#393b79"),
-    ("experts' fc1 input and output: moe", ("moe_permuted", "moe_act_input"), "#ff9896"),
-    ("experts' fc2 input: moe_act", ("moe_fc2_input",), "#98df8a"),
-    ("experts' fc2 output (the combine's): moe", ("moe_fc2_output",), "#c5b0d5"),
+    ("experts' fc1 input and output, routing weights: moe", ("moe_permuted", "moe_act_input", "moe_permuted_probs"),
+     "#ff9896"),
+    ("experts' fc2 input (the weighted activation): moe_act", ("moe_fc2_input",), "#98df8a"),
     ("shared experts: shared_experts", ("shared_act_input", "shared_fc2_input"), "#f7b6d2"),
     # latent attention: the latents and their norms' outputs
     ("latents (q, kv), k's RoPE part", ("q_latent", "kv_latent", "k_pos_emb"), "#aec7e8"),

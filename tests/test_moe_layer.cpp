@@ -243,8 +243,9 @@ TEST(MoeLayer, EmulatedExpertTensorParallelRankGathersEveryRowAtASliceOfTheWidth
         if (n == name) return b;
       return int64_t{-1};
     };
-    EXPECT_EQ(bytes(split, "moe_permuted"), t * bytes(whole, "moe_permuted")) << t;
-    for (const char* same : {"moe_act_input", "moe_fc2_input", "moe_fc2_output", "router_scores"})
+    for (const char* gathered : {"moe_permuted", "moe_permuted_probs"})
+      EXPECT_EQ(bytes(split, gathered), t * bytes(whole, gathered)) << t << " " << gathered;
+    for (const char* same : {"moe_act_input", "moe_fc2_input", "router_scores"})
       EXPECT_EQ(bytes(split, same), bytes(whole, same)) << t << " " << same;
     theory::Dims td = theory_dims(run.dims, t);
     td.etp = t;
@@ -283,7 +284,7 @@ TEST(MoeLayer, ModulesFreeWhatMegatronCoresFree) {
   RecomputeModules core;
   const std::vector<std::string> all = names(core);
   for (const char* n : {"moe_input", "router_scores", "router_topk_index", "router_topk_weight", "moe_dispatch_plan",
-                        "moe_permuted", "moe_act_input", "moe_fc2_input", "moe_fc2_output", "shared_act_input",
+                        "moe_permuted", "moe_act_input", "moe_permuted_probs", "moe_fc2_input", "shared_act_input",
                         "shared_fc2_input"})
     EXPECT_NE(std::find(all.begin(), all.end(), n), all.end()) << n;
   auto without = [&](std::vector<std::string> gone) {
@@ -301,7 +302,7 @@ TEST(MoeLayer, ModulesFreeWhatMegatronCoresFree) {
   m = core;
   m.moe = true;
   EXPECT_EQ(names(m), without({"router_scores", "router_topk_index", "router_topk_weight", "moe_dispatch_plan",
-                               "moe_permuted", "moe_act_input", "moe_fc2_input", "moe_fc2_output",
+                               "moe_permuted", "moe_act_input", "moe_permuted_probs", "moe_fc2_input",
                                "shared_act_input", "shared_fc2_input"}));
   m = core;
   m.mlp = true;  // a dense module: nothing on an MoE layer

@@ -270,9 +270,13 @@ TEST_P(MpiExpertParallel, EveryTensorAndBytesEqualTheSingleRankLayer) {
       if (i == me && j != me) routed_away += block;
       if (j == me && i != me) served_others += block;
     }
+  // Beside the rows, each forward sends its rows' routing weights with them and backward
+  // returns their gradients (one bf16 each).
   const double forwards = spec.policy.recompute == Recompute::full ? 2 : 1, row_bytes = 2.0 * d.h;  // bf16
-  EXPECT_DOUBLE_EQ(r.comm_bytes_ep, (forwards + 1) * (routed_away + served_others) * row_bytes) << what;
-  EXPECT_NE(r.comm_bytes_ep, (forwards + 1) * 2 * (ep - 1) * largest_block * row_bytes) << what << " (padded)";
+  const double weights = 2.0 * (forwards * routed_away + served_others);
+  EXPECT_DOUBLE_EQ(r.comm_bytes_ep, (forwards + 1) * (routed_away + served_others) * row_bytes + weights) << what;
+  EXPECT_NE(r.comm_bytes_ep, (forwards + 1) * 2 * (ep - 1) * largest_block * row_bytes + weights)
+      << what << " (padded)";
   // Each rank's experts received what all ranks routed to them: together, every routed row.
   std::vector<double> totals = {static_cast<double>(r.moe.expert_rows), td.moe_routed_rows};
   std::vector<float> all = g_comm->gather_host({static_cast<float>(totals[0]), static_cast<float>(totals[1])});

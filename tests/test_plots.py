@@ -489,7 +489,7 @@ class MoeModulesFigure(RecomputeModulesFigure):
                 moe = bars[(model, attention, "core_attn,moe")]
                 self.assertEqual(set(attn) - set(moe) - {"shared_act_input", "shared_fc2_input"},
                                  {"router_scores", "router_topk_index", "router_topk_weight", "moe_dispatch_plan",
-                                  "moe_permuted", "moe_act_input", "moe_fc2_input", "moe_fc2_output"}, model)
+                                  "moe_permuted", "moe_act_input", "moe_permuted_probs", "moe_fc2_input"}, model)
                 self.assertIn("moe_input", moe)  # the checkpoint's input stays
         shared = bars[("deepseek-v3", "fused", "core_attn,moe_act,shared_experts")]
         self.assertEqual(set(bars[("deepseek-v3", "fused", "core_attn,moe_act")]) - set(shared),

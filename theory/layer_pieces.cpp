@@ -167,8 +167,10 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
     out.push_back({"moe_dispatch_plan", i32 * (E + 2 * tokens * k + (received ? E / d.ep : 0))});
     out.push_back({"moe_permuted", e * N_e * d.h});             // fc1's input, grouped by expert
     out.push_back({"moe_act_input", gated * e * N_e * width});  // fc1's output (moe_act's checkpoint input)
+    // The rows' routing weights, which the activation multiplies in (Megatron-Core from 0.13):
+    // moe_act's checkpoint input too. The combine is then a plain sum and keeps nothing.
+    out.push_back({"moe_permuted_probs", e * N_e});
     if (!rebuilt.moe_act) out.push_back({"moe_fc2_input", e * N_e * width});
-    out.push_back({"moe_fc2_output", e * N * d.h});           // the combine's backward reads it for d weight
     if (moe.shared_ffn_hidden > 0 && !rebuilt.shared_experts) {
       out.push_back({"shared_act_input", gated * e * shared_rows * shared});
       out.push_back({"shared_fc2_input", e * shared_rows * shared});

@@ -33,19 +33,21 @@
 //
 // An MoE layer (spec.moe, docs/moe.md) keeps, in place of fc1_input .. fc2_input, with T =
 // sb/(rC) this rank's tokens, N its routed rows (moe_routed_rows), N_e the rows its experts
-// processed (under expert parallelism, from every rank; N otherwise), F_e the expert
-// width (whole: expert tensor parallelism 1), F_s the shared experts' (split over t, on all
-// sb/C rows like the MLP), γ = 2 for SwiGLU else 1:
+// processed (under expert parallelism, from every rank; under expert tensor parallelism, the
+// etp ranks' together; N otherwise), F_e the expert width on the rank (split over etp), F_s the
+// shared experts' (split over t, on all sb/C rows like the MLP), γ = 2 for SwiGLU else 1. The
+// routing weights multiply the experts' activation (Megatron-Core from 0.13), so the combine
+// is a plain sum that keeps nothing:
 //   moe_input           norm 2's output: router, permute, shared  e·Th         unless layernorm
 //   router_scores       the score function's output               e·TE         unless moe
 //   router_topk_index   the choice (i32)                          4·Tk         unless moe
-//   router_topk_weight  the combine's weights                     e·Tk         unless moe
+//   router_topk_weight  the router's top-k weights                e·Tk         unless moe
 //   moe_dispatch_plan   tokens_per_expert, row_slot, slot_row     4·(E + 2Tk)  unless moe
-//                       (+ 4·E/ep under EP: the local experts' received rows)
+//                       (+ 4·E/ep under EP or ETP: the local experts' received rows)
 //   moe_permuted        the experts' fc1 input                    e·N_e·h      unless moe
 //   moe_act_input       the experts' fc1 output                   γe·N_e·F_e   unless moe
-//   moe_fc2_input       the experts' activation output            e·N_e·F_e    unless moe, moe_act
-//   moe_fc2_output      the experts' output, for d weight         e·Nh         unless moe
+//   moe_permuted_probs  the rows' weights, for the activation     e·N_e        unless moe
+//   moe_fc2_input       the weighted activation output            e·N_e·F_e    unless moe, moe_act
 //   shared_act_input    the shared experts' fc1 output            γe·(sb/C)·F_s/t  unless moe, shared_experts
 //   shared_fc2_input    the shared experts' activation output     e·(sb/C)·F_s/t   unless moe, shared_experts
 //
