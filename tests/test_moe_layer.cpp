@@ -90,6 +90,16 @@ LayerDims moe_dims(const LayerSpec& spec) {
   return d;
 }
 
+// One forward and backward of the spec's layer in configuration `config`, no warmup.
+ExperimentSpec one_step(const LayerSpec& spec, const char* config) {
+  ExperimentSpec run;
+  run.dims = moe_dims(spec);
+  run.policy = parse_config(config);
+  run.warmup = 0;
+  run.iters = 1;
+  return run;
+}
+
 theory::ByteCategories as_theory(const std::vector<std::pair<std::string, int64_t>>& measured, bool extras) {
   theory::ByteCategories out;
   for (const auto& [name, bytes] : measured)
@@ -198,11 +208,7 @@ TEST(MoeLayer, EmulatedExpertParallelRankKeepsTheBalancedPieces) {
   for (int ep : {2, 4, 8}) {
     auto tp = make_local_communicator();
     auto group = make_emulated_communicator(ep);
-    ExperimentSpec run;
-    run.dims = moe_dims(spec);
-    run.policy = parse_config("selective");
-    run.warmup = 0;
-    run.iters = 1;
+    ExperimentSpec run = one_step(spec, "selective");
     run.ep_group = group.get();
     const ExperimentResult r = run_experiment(*meta, *tp, run);
     ASSERT_EQ(r.status, "ok") << r.message;
@@ -217,20 +223,16 @@ TEST(MoeLayer, EmulatedExpertParallelRankKeepsTheBalancedPieces) {
 TEST(MoeLayer, EmulatedExpertTensorParallelRankGathersEveryRowAtASliceOfTheWidth) {
   // One process as rank 0 of t (--emulate-tp) with each expert split over the TP group: its
   // experts run every rank's routed rows (t times its own) at F_e/t wide. Against the same rank
-  // with whole experts: fc1's input t times as many bytes, fc1's output and fc2's input the
-  // same (t times the rows, 1/t the width), the combine's input the same (the rank's own rows);
-  // and the total equals the pieces at td.etp = t.
+  // with whole experts: fc1's input and the rows' routing weights t times as many bytes, fc1's
+  // output and fc2's input the same (t times the rows, 1/t the width); and the total equals
+  // the pieces at td.etp = t.
   auto meta = make_meta_backend();
   LayerSpec spec = moe_cases()[2].spec;  // 8 experts, shared
   spec.attention_dropout = spec.hidden_dropout = 0;
   spec.kv_heads = 4;  // whole key/value heads on 4 ranks
   for (int t : {2, 4}) {
     auto tp = make_emulated_communicator(t);
-    ExperimentSpec run;
-    run.dims = moe_dims(spec);
-    run.policy = parse_config("sp");
-    run.warmup = 0;
-    run.iters = 1;
+    ExperimentSpec run = one_step(spec, "sp");
     const ExperimentResult whole = run_experiment(*meta, *tp, run);
     run.expert_tensor_parallel = true;
     const ExperimentResult split = run_experiment(*meta, *tp, run);
