@@ -180,9 +180,10 @@ Tensor TransformerLayer::from_experts(const char* stage, const Tensor& rows, int
       copy_matrix_rows(rows, src, send, x.block_start(i, x.me) + x.rows_before(i, e), n);
       src += n;
     }
-  const int64_t blocks = x.replicated ? x.ranks : 1;
-  Tensor out = be_.empty({blocks * routed, width}, rows.dtype());
-  exchange(stage, send, x.recv_rows, out, x.replicated ? std::vector<int64_t>(x.ranks, routed) : x.send_rows);
+  // What this rank sent each rank comes back from it (replicated: its `routed` rows from each).
+  const int64_t back = std::accumulate(x.send_rows.begin(), x.send_rows.end(), int64_t{0});
+  Tensor out = be_.empty({back, width}, rows.dtype());
+  exchange(stage, send, x.recv_rows, out, x.send_rows);
   if (!x.replicated) return out;
   PhaseRange phase(phase_name(stage, "moe_partial_sum"), phase_log_);
   Tensor sum = out.rows(0, routed);
