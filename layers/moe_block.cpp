@@ -384,7 +384,8 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
   const bool ep = exchanges_expert_rows();
   const Tensor counts = ep ? saved.moe_expert_counts : plan.tokens_per_expert;
   const std::vector<int64_t>& per_expert = moe_stats_.tokens_per_expert;
-  const int64_t T = d_out.dim(0), h = opt_.dims.h, N = std::accumulate(per_expert.begin(), per_expert.end(), int64_t{0});
+  const int64_t N = std::accumulate(per_expert.begin(), per_expert.end(), int64_t{0});  // the rank's routed rows
+  const int64_t T = d_out.dim(0), h = opt_.dims.h;
   const int64_t E = params_.router_weight.dim(0), k = saved.router_topk_weight.dim(1);
   Tensor d_fc2 = be_.empty({N, h}, opt_.dtype);
   {

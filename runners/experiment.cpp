@@ -483,7 +483,8 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   // Each context-parallel rank saw its rows only: the gradients are summed over the group
   // (what the data-parallel reduction over DP x CP does in training).
   if (spec.cp_group)
-    for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel)) spec.cp_group->all_reduce(layer.grads().*p.member);
+    for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel))
+      spec.cp_group->all_reduce(layer.grads().*p.member);
   // Expert-parallel ranks are data-parallel ranks of everything but their experts: the other
   // gradients are summed over the group; each expert's is whole on its rank.
   if (spec.ep_group)

@@ -311,9 +311,10 @@ __global__ void __launch_bounds__(kThreads)
     // The warp's 16 rows of Q as A fragments: held for the whole key loop, or read again from
     // sQ at each k-step (kQInRegisters).
     uint32_t qf[kQInRegisters<kD> ? kSteps : 1][4];
+    const int q_row = warp * kWarpRows + lane % 16, q_chunk = lane / 16;  // the lane's ldmatrix row of Q
     if constexpr (kQInRegisters<kD>) {
 #pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) ldmatrix(qf[kk], sQ + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+      for (int kk = 0; kk < kSteps; ++kk) ldmatrix(qf[kk], sQ + Sw::at(q_row, 2 * kk + q_chunk));
     }
     // The lane's ldmatrix row addresses in the key loop, as offsets: the rows a lane supplies
     // are 8·n + lane % 8, so the swizzle depends on the lane and the chunk only, and the 8-row
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
         const uint32_t(&qa)[4] = qf[kQInRegisters<kD> ? kk : 0];
-        if constexpr (!kQInRegisters<kD>) ldmatrix(qf[0], sQ + Sw::at(warp * kWarpRows + lane % 16, 2 * kk + lane / 16));
+        if constexpr (!kQInRegisters<kD>) ldmatrix(qf[0], sQ + Sw::at(q_row, 2 * kk + q_chunk));
 #pragma unroll
         for (int nb = 0; nb < kKeyBlocks; nb += 2) {
           uint32_t kf[4];
