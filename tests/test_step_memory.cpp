@@ -556,6 +556,24 @@ TEST(StepMemoryMoe, ParametersSplitOverTensorAndExpertParallelism) {
   EXPECT_EQ(layer_parameters(m, 1, l).expert, 2 * (2 * 32 * 64 + 64 * 32) / 2.0);
 }
 
+// Expert tensor parallelism (etp = t, Megatron's default) gathers the TP group's routed rows into
+// each MoE layer's experts at 1/t of their width: counted by hand, per MoE layer at t = 2, SP, s
+// 256: T = 128 tokens, k = 2, so fc1's input holds 512 rows instead of 256 (64 wide, bf16), the
+// rows' weights 512 instead of 256, and the plan the 8 experts' received counts (i32); fc1's
+// output and fc2's input the same bytes (twice the rows, half of 32 wide).
+TEST(StepMemoryMoe, ExpertTensorParallelismGathersTheGroupsRowsIntoEachMoeLayer) {
+  const TransformerModel m = moe_model();
+  StepConfig c = config(2, 1, 4, 4);
+  c.seq = 256;
+  c.policy.sequence_parallel = true;
+  c.layout.etp = 1;
+  const double whole = chunk_bytes(m, c, 4, true, true).layers;
+  c.layout.etp = 0;  // t
+  const double split = chunk_bytes(m, c, 4, true, true).layers;
+  const double per_moe_layer = 2.0 * 256 * 64 + 2.0 * 256 + 4.0 * 8;
+  EXPECT_EQ(split - whole, 3 * per_moe_layer);  // layers 1..3 are MoE layers
+}
+
 TEST(StepMemoryMoe, TheDistributedOptimizerShardsExpertsOverTheExpertDataParallelGroup) {
   const TransformerModel m = moe_model();
   StepConfig c = config(2, 1, 4, 4);
