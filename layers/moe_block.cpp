@@ -1,7 +1,8 @@
 // The MoE block of the composed layer, in place of the MLP (docs/moe.md, "The MoE layer"):
 //
 //   n   = norm2(x1)                                   kept: moe_input (unless layernorm)
-//   out = combine(experts(permute(n, route(n W_r^T)))) + shared(n)
+//   out = sum over each token's rows of fc2(act(fc1(permute(n))) x weight) + shared(n),
+//         the weights from route(n W_r^T), multiplied into the activation (Megatron-Core 0.13+)
 //   y   = x1 + hidden_dropout(out)
 //
 // What each piece keeps is theory/layer_pieces.hpp's MoE table; the moe module keeps only the
