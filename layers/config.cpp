@@ -67,9 +67,9 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
 
 // What the MoE block is built for today: under TP, SP as Megatron-Core requires; experts
 // without biases; expert tensor parallelism 1 (each rank's experts take its own rows) or over
-// the whole tensor-parallel group (etp = t, ep = 1); expert parallelism over data-parallel ranks
-// (t = 1, C = 1) or over the tensor-parallel group (ep = t); context parallelism (each CP rank
-// routes its own two chunks).
+// the whole tensor-parallel group (etp = t, ep = 1); expert parallelism over the tensor-parallel
+// group (ep = t) or over ep/t data-parallel replicas of it (C = 1); context parallelism (each CP
+// rank routes its own two chunks).
 static void validate_expert_tensor_parallel(const LayerDims& d, int t, int ep, int etp) {
   if (etp == 1) return;
   const std::string size = "--expert-tensor-parallel-size " + std::to_string(etp);
@@ -84,13 +84,12 @@ static void validate_expert_tensor_parallel(const LayerDims& d, int t, int ep, i
 
 static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int ep, int etp) {
   validate_expert_tensor_parallel(d, t, ep, etp);
-  if (cp > 1 && ep > 1 && t == 1)
-    throw InvalidArgument("expert parallelism runs without context parallelism for now (--cp 1 with "
-                          "--expert-model-parallel-size " + std::to_string(ep) + ")");
-  if (ep > 1 && t > 1 && ep != t)
-    throw InvalidArgument("expert parallelism with --tp " + std::to_string(t) + " splits the experts over the "
-                          "tensor-parallel group: --expert-model-parallel-size must be " + std::to_string(t) +
-                          " (or 1), got " + std::to_string(ep));
+  if (cp > 1 && ep > 1 && ep != t)
+    throw InvalidArgument("expert parallelism over data-parallel ranks runs without context parallelism for now "
+                          "(--cp 1 with --expert-model-parallel-size " + std::to_string(ep) + ")");
+  if (ep > 1 && ep % t != 0)
+    throw InvalidArgument("--expert-model-parallel-size " + std::to_string(ep) + " spans whole tensor-parallel "
+                          "groups: it must be a multiple of --tp " + std::to_string(t));
   if (t > 1 && !p.sequence_parallel)
     throw InvalidArgument("an MoE layer under tensor parallelism needs sequence parallelism (config " +
                           config_name(p) + " has none), as Megatron-Core requires");

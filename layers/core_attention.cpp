@@ -392,9 +392,9 @@ DropoutSpec LayerBase::attn_dropout_spec(const AttentionGeometry& g, bool fused)
   spec.layer = opt_.layer_index;
   spec.site = kSiteAttnProbs;
   spec.outer = opt_.dims.b;
-  // Expert parallelism over data-parallel ranks: this rank's b sequences are batches
-  // [r·b, (r+1)·b) of the canonical [ep·b, a, s, s].
-  if (ep_size_ > 1 && !experts_over_tp()) spec.outer_offset = ep_rank_ * opt_.dims.b;
+  // Expert parallelism over data-parallel replicas: this rank's b sequences are batches
+  // [r·b, (r+1)·b) of the canonical [dp·b, a, s, s].
+  spec.outer_offset = dp_rank_ * opt_.dims.b;
   spec.mid_local = g.heads;
   spec.mid_global = opt_.dims.a;
   spec.mid_offset = g.head_offset;

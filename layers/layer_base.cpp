@@ -19,6 +19,13 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
       ep_size_(ep ? ep->size() : 1),
       ep_rank_(ep ? ep->rank() : 0) {
   validate_layer(opt_.dims, tp_size_, opt_.policy, cp_size_, ep_size_, opt_.expert_tensor_parallel ? tp_size_ : 1);
+  if (ep_size_ > 1 && !experts_over_tp()) {
+    if (ep_rank_ % tp_size_ != tp_rank_)  // validate_layer checked that t divides ep
+      throw InvalidArgument("expert-parallel rank " + std::to_string(ep_rank_) + " is not tensor-parallel rank " +
+                            std::to_string(tp_rank_) + " of its replica: the EP group must be the TP groups in order");
+    dp_size_ = ep_size_ / tp_size_;
+    dp_rank_ = ep_rank_ / tp_size_;
+  }
   seq_ = opt_.dims.s / cp_size_;
   seq_positions_ = cp_rank_positions(cp_rank_);
   heads_per_rank_ = opt_.dims.a / tp_size_;

@@ -174,8 +174,11 @@ class LayerBase : public Layer {
   Communicator* ep_comm_;  // the expert-parallel group (null: ep = 1)
   int ep_size_, ep_rank_;
   // The experts split over the tensor-parallel group itself (ep = t): its ranks share one
-  // micro-batch. Otherwise expert-parallel ranks are data-parallel ranks with their own.
+  // micro-batch. Otherwise the expert-parallel group is ep/t data-parallel replicas of the TP
+  // group (Megatron-Core's order: EP rank r is TP rank r % t of replica r / t), each replica
+  // its own micro-batch: batches [dp_rank·b, (dp_rank+1)·b) of the canonical ep/t·b.
   bool experts_over_tp() const { return ep_size_ > 1 && ep_comm_ == &comm_; }
+  int dp_size_ = 1, dp_rank_ = 0;  // those replicas (1, 0: none)
   int64_t seq_;            // s/C: the rows of the sequence this TP group works on
   SeqPositions seq_positions_;  // where they sit: chunks cp_rank and 2C-1-cp_rank of 2C
   int64_t heads_per_rank_, head_dim_;  // query heads on this rank (a/t); d (LayerDims::head_dim)

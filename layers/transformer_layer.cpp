@@ -126,14 +126,14 @@ DropoutSpec TransformerLayer::residual_dropout_spec(uint32_t site, const SeqPosi
   spec.layer = opt_.layer_index;
   spec.site = site;
   spec.inner = opt_.dims.h;
-  if (ep_size_ > 1 && !experts_over_tp()) {
-    // Expert parallelism over data-parallel ranks (t = 1, C = 1: one run of all s positions):
-    // this rank's b sequences are batch columns [r·b, (r+1)·b) of the canonical [s, ep·b, h],
-    // at every position.
+  if (dp_size_ > 1) {
+    // Expert parallelism over data-parallel replicas: this rank's b sequences are batch columns
+    // [r·b, (r+1)·b) of the canonical [s, dp·b, h], at each position of the run.
     spec.outer = run.rows;
+    spec.outer_offset = run.position;
     spec.mid_local = opt_.dims.b;
-    spec.mid_global = ep_size_ * opt_.dims.b;
-    spec.mid_offset = ep_rank_ * opt_.dims.b;
+    spec.mid_global = dp_size_ * opt_.dims.b;
+    spec.mid_offset = dp_rank_ * opt_.dims.b;
     return spec;
   }
   spec.mid_local = run.rows * opt_.dims.b;

@@ -77,18 +77,19 @@ std::vector<float> interleave_batches(Communicator& ep, const std::vector<float>
   return out;
 }
 
-// x or dy: drawn in the canonical [s, b, h] layout (under EP [s, ep·b, h]), this rank's rows kept.
+// x or dy: drawn in the canonical [s, b, h] layout (under EP over data-parallel replicas
+// [s, dp·b, h]), this rank's rows kept.
 Tensor make_activation(Backend& be, Communicator& comm, const ExperimentSpec& spec, uint32_t stream) {
   const auto& d = spec.dims;
   const int cp_rank = spec.cp_group ? spec.cp_group->rank() : 0;
   const ActivationRows rows = activation_rows(spec, comm.size(), comm.rank(), cp_rank);
   Tensor t = be.empty({rows.count, d.b, d.h}, spec.dtype);
   if (!be.computes()) return t;
-  // Under EP this rank's batch is slice ep_rank of the canonical ep·b.
-  const int64_t cols = d.b * d.h, ep = spec.ep(), slice = spec.ep_group ? spec.ep_group->rank() * cols : 0;
+  // Under EP over data-parallel replicas this rank's batch is slice dp_rank of the canonical dp·b.
+  const int64_t cols = d.b * d.h, dp = spec.dp(), slice = spec.dp_group ? spec.dp_group->rank() * cols : 0;
   std::vector<float> host(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) {
-    const int64_t canonical = rows.positions.at(i / cols) * ep * cols + slice + i % cols;
+    const int64_t canonical = rows.positions.at(i / cols) * dp * cols + slice + i % cols;
     host[i] = philox_uniform_pm1(spec.seed, kActivationStreamLayer, stream, static_cast<uint64_t>(canonical));
   }
   be.upload(host.data(), t);
@@ -110,7 +111,7 @@ std::vector<float> gather_activation(Backend& be, Communicator& comm, const Expe
       const float* src = all.data() + (static_cast<int64_t>(c) * comm.size() + r) * n;
       for (int64_t i = 0; i < n; ++i) canonical[rows.positions.at(i / cols) * cols + i % cols] = src[i];
     }
-  return spec.ep_group ? interleave_batches(*spec.ep_group, canonical, spec.dims.s) : canonical;
+  return spec.dp_group ? interleave_batches(*spec.dp_group, canonical, spec.dims.s) : canonical;
 }
 
 // An MoE layer's options as the references read them (null for a dense layer): the routing as
@@ -151,7 +152,7 @@ nlohmann::ordered_json layer_json(const ExperimentSpec& spec, int tp) {
   // The numbers the layer computes with are float32: each as the shortest decimal of that float.
   auto f32 = [](double v) { return std::strtod(float32_text(static_cast<float>(v)).c_str(), nullptr); };
   return {{"seq", d.s},
-          {"batch", d.b * spec.ep()},  // the canonical batch: every expert-parallel rank's slice
+          {"batch", d.b * spec.dp()},  // the canonical batch: every data-parallel replica's slice
           {"hidden", d.h},
           {"heads", d.a},
           {"tp", tp},
@@ -468,13 +469,13 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
                                   std::pair{"moe.topk_weight", &saved.router_topk_weight}}) {
       if (!t->defined()) continue;
       const int64_t k = t->dim(1);
-      routing.push_back({name, {spec.dims.s * spec.dims.b * spec.ep(), k}, gather_activation(be, comm, spec, *t)});
+      routing.push_back({name, {spec.dims.s * spec.dims.b * spec.dp(), k}, gather_activation(be, comm, spec, *t)});
     }
   }
   Tensor dx = layer.backward(dy);
 
   const auto& d = spec.dims;
-  const Shape act_shape = {d.s, d.b * spec.ep(), d.h};
+  const Shape act_shape = {d.s, d.b * spec.dp(), d.h};
   std::vector<CanonicalTensor> out;
   out.push_back({"x", act_shape, gather_activation(be, comm, spec, x)});
   out.push_back({"y", act_shape, gather_activation(be, comm, spec, y)});
@@ -485,23 +486,24 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   if (spec.cp_group)
     for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel))
       spec.cp_group->all_reduce(layer.grads().*p.member);
-  // Expert-parallel ranks are data-parallel ranks of everything but their experts: the other
-  // gradients are summed over the group; each expert's is whole on its rank.
-  if (spec.ep_group)
+  // Expert parallelism over data-parallel replicas: each replica saw its own micro-batch, so the
+  // gradients of everything but the experts are summed over them; each expert's is whole on its
+  // rank (it saw every row routed to it).
+  if (spec.dp_group)
     for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel))
-      if (p.kind != ShardKind::experts) spec.ep_group->all_reduce(layer.grads().*p.member);
+      if (p.kind != ShardKind::experts) spec.dp_group->all_reduce(layer.grads().*p.member);
   if (const MoeRoutingStats* moe = layer.moe_stats()) {
     // The whole layer's histogram: every rank's rows summed (each routed its own under SP, CP
     // and EP).
     const std::vector<float> mine(moe->tokens_per_expert.begin(), moe->tokens_per_expert.end());
     std::vector<float> all = comm.gather_host(mine);
     if (spec.cp_group) all = spec.cp_group->gather_host(all);
-    if (spec.ep_group) all = spec.ep_group->gather_host(all);
+    if (spec.dp_group) all = spec.dp_group->gather_host(all);
     std::vector<float> rows(mine.size(), 0.f);
     for (size_t i = 0; i < all.size(); ++i) rows[i % rows.size()] += all[i];
     out.push_back({"moe.tokens_per_expert", {static_cast<int64_t>(rows.size())}, rows});
     // The aux loss is each rank's over its own rows: the layer's value only on one rank.
-    if (comm.size() * spec.cp() * spec.ep() == 1)
+    if (comm.size() * spec.cp() * spec.dp() == 1)
       out.push_back({"moe.aux_loss", {1}, {static_cast<float>(moe->aux_loss)}});
     for (CanonicalTensor& r : routing) out.push_back(std::move(r));
   }
@@ -524,7 +526,7 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   // so that a failure is one error on all ranks rather than a rank left waiting in a gather.
   std::string error;
   const bool writer = comm.rank() == 0 && (!spec.cp_group || spec.cp_group->rank() == 0) &&
-                      (!spec.ep_group || spec.ep_group->rank() == 0);
+                      (!spec.dp_group || spec.dp_group->rank() == 0);
   if (writer) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -533,7 +535,7 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   std::vector<double> failed = {error.empty() ? 0.0 : 1.0};
   comm.max_inplace(failed);
   if (spec.cp_group) spec.cp_group->max_inplace(failed);
-  if (spec.ep_group) spec.ep_group->max_inplace(failed);
+  if (spec.dp_group) spec.dp_group->max_inplace(failed);
   if (failed[0] != 0.0)
     throw InvalidArgument("cannot create dump directory '" + dir + "'" + (error.empty() ? "" : ": " + error));
   const std::vector<CanonicalTensor> tensors = run_layer_canonical(be, comm, spec);
@@ -543,7 +545,7 @@ void dump_layer(Backend& be, Communicator& comm, const ExperimentSpec& spec, con
   }
   comm.barrier();
   if (spec.cp_group) spec.cp_group->barrier();
-  if (spec.ep_group) spec.ep_group->barrier();
+  if (spec.dp_group) spec.dp_group->barrier();
 }
 
 }  // namespace actbench

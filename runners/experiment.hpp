@@ -31,11 +31,17 @@ struct ExperimentSpec {
   CuptiProfiler* profiler = nullptr;  // when set, records kernel time per phase over the timed iterations
   KernelReportRecorder* kernel_report = nullptr;  // when set, counts the kernels per phase over the timed iterations
   Communicator* cp_group = nullptr;  // the context-parallel group (--cp C; null: C = 1)
-  // The expert-parallel group of an MoE layer (--ep; null: 1): its ranks hold E/ep experts each
-  // and, as data-parallel ranks of the attention, their own micro-batches (batch slices of the
-  // canonical [s, ep·b, h]).
+  // The expert-parallel group of an MoE layer (--ep; null: 1) when it spans ep/t data-parallel
+  // replicas of the TP group (Megatron-Core's order: EP rank r is TP rank r % t of replica r / t):
+  // its ranks hold E/ep experts each.
   Communicator* ep_group = nullptr;
   int ep() const { return ep_group ? ep_group->size() : 1; }
+  // Those replicas (null: one): this rank's among the ranks of its TP rank, ordered by replica.
+  // Each has its own micro-batch, batch slice dp_rank of the canonical [s, dp·b, h]; the
+  // gradients of everything but the experts are summed over it in --dump, as data parallelism
+  // would. At t = 1 it is the expert-parallel group itself.
+  Communicator* dp_group = nullptr;
+  int dp() const { return dp_group ? dp_group->size() : 1; }
   // --expert-model-parallel-size = --tp (expert tensor parallelism 1): the experts over the
   // tensor-parallel group itself, each TP rank's sequence rows travelling to their experts' ranks.
   bool experts_over_tp = false;

@@ -36,7 +36,8 @@ struct Setup {
   std::unique_ptr<KernelReportRecorder> kernel_report;
   std::unique_ptr<CsvAppender> kernel_report_csv;  // rank 0, with --kernel-report
   Communicator* cp_group = nullptr;                  // with --cp C > 1
-  Communicator* ep_group = nullptr;                  // with --expert-model-parallel-size > 1
+  Communicator* ep_group = nullptr;                  // with --expert-model-parallel-size > 1 (not --tp)
+  Communicator* dp_group = nullptr;                  // the data-parallel replicas the EP group spans
 };
 
 // --kernel-report's file: the configuration and the phase, then the simulator's kernel columns.
@@ -87,18 +88,37 @@ void prepare(LayerRunOptions& o, Setup& s, const CsvAppender& csv, int world, bo
   make_backend_for(o, s, rank0);
 }
 
-// The run's tensor-parallel group and, under --cp, its context-parallel group (emulated, or
-// the world split in Megatron's order under mpirun).
+// The run's tensor-parallel group and, under --cp, its context-parallel group, or under
+// expert parallelism over data-parallel replicas its expert-parallel group and the replicas
+// (emulated, or the world split in Megatron's order under mpirun).
 struct Groups {
-  std::unique_ptr<Communicator> world, tp, cp, ep;
+  std::unique_ptr<Communicator> world, tp, cp, ep, dp;
+  Communicator* replicas = nullptr;  // dp, or ep itself at t = 1
 };
-Groups make_groups(const LayerRunOptions& o, Backend& be, int world) {
+// The world is the expert-parallel group: ep/t replicas of a TP group of t consecutive ranks.
+Groups make_expert_parallel_groups(const LayerRunOptions& o, Backend& be) {
   Groups g;
-  if (o.ep > 1 && !o.experts_over_tp()) {  // the world is the expert-parallel group; each rank a TP group of 1
-    g.ep = o.emulate_ep ? make_backend_emulated_communicator(be, o.ep) : make_world_communicator(be);
+  const int replicas = o.ep / o.tp;
+  if (o.emulate_ep) {
+    g.ep = make_backend_emulated_communicator(be, o.ep);
+    g.tp = o.tp > 1 ? make_backend_emulated_communicator(be, o.tp) : make_backend_local_communicator(be);
+    g.dp = o.tp > 1 ? make_backend_emulated_communicator(be, replicas) : nullptr;
+  } else if (o.tp == 1) {
+    g.ep = make_world_communicator(be);
     g.tp = make_backend_local_communicator(be);
-    return g;
+  } else {
+    ParallelGroups split = make_parallel_groups(be, o.tp, replicas);  // the replicas in the place of CP's
+    g.ep = std::move(split.world);
+    g.tp = std::move(split.tp);
+    g.dp = std::move(split.cp);
   }
+  g.replicas = g.dp ? g.dp.get() : g.ep.get();
+  return g;
+}
+
+Groups make_groups(const LayerRunOptions& o, Backend& be, int world) {
+  if (o.ep > 1 && !o.experts_over_tp()) return make_expert_parallel_groups(o, be);
+  Groups g;
   if (world > 1 && o.cp > 1) {
     ParallelGroups split = make_parallel_groups(be, o.tp, o.cp);
     g.world = std::move(split.world);
@@ -128,6 +148,7 @@ ExperimentSpec experiment_spec(const LayerRunOptions& o, const Setup& s, LayerPo
   spec.kernel_report = s.kernel_report.get();
   spec.cp_group = s.cp_group;
   spec.ep_group = s.ep_group;
+  spec.dp_group = s.dp_group;
   spec.experts_over_tp = o.experts_over_tp();
   spec.expert_tensor_parallel = o.etp > 1;
   spec.moe_tokens_per_expert = o.moe_tokens_per_expert;
@@ -194,6 +215,7 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
   const Groups groups = make_groups(o, *s.be, world);
   s.cp_group = groups.cp.get();
   s.ep_group = groups.ep.get();
+  s.dp_group = groups.replicas;
   const Communicator* other = groups.cp ? groups.cp.get() : groups.ep.get();  // the group that talks when TP does not
   const CommMode mode = groups.tp->mode() != CommMode::none || !other ? groups.tp->mode() : other->mode();
   const RunContext context{*s.be, mode, o, joined_command_line(argc, argv), s.be->versions()};

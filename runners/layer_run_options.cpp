@@ -169,9 +169,10 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
         "context parallelism's attention: p2p (ring; --attention fused) | all_gather | a2a (Ulysses)", true);
   app.add_flag("--emulate-cp", a.emulate_cp, "one process plays rank 0 of --cp ranks; communication modeled");
   value("--expert-model-parallel-size,--ep", a.ep,
-        "an MoE layer's experts over this many ranks (--tp 1, under mpirun -np ep): each holds num-experts / ep "
-        "experts and its own micro-batch; the tokens travel by all-to-all. With --tp equal to it: the experts over "
-        "the tensor-parallel group (SP), the micro-batch shared",
+        "an MoE layer's experts over this many ranks (under mpirun -np ep): each holds num-experts / ep experts; "
+        "the ranks are ep / tp data-parallel replicas of the --tp ranks (default 1, SP under TP), each replica its "
+        "own micro-batch, and the tokens travel by all-to-all. With --tp equal to it: the experts over the "
+        "tensor-parallel group, the micro-batch shared",
         true);
   value("--expert-tensor-parallel-size,--etp", a.etp,
         "an MoE layer's experts each split over the tensor-parallel group: 1 (each expert whole, as Megatron's "
@@ -449,8 +450,9 @@ bool same_path(const std::string& a, const std::string& b) {
 // --tp: with --emulate-tp the preset's t unless given (a --hf-config file has none); else the
 // MPI world's size.
 void resolve_tp(LayerRunOptions& o, const ModelPreset* preset, int world) {
-  // Expert parallelism over data-parallel ranks runs at t = 1: the world (or the emulated group)
-  // is its ranks. Given --tp equal to it, the experts are split over the TP group instead.
+  // Expert parallelism over data-parallel replicas: the world (or the emulated group) is its
+  // ranks, ep/t replicas of a TP group (t = 1 unless given). Given --tp equal to it, the experts
+  // are split over the TP group instead.
   if (o.ep > 1 && !o.experts_over_tp()) {
     if (o.emulate_ep && !o.dump.empty())
       throw InvalidArgument("--dump cannot be combined with --emulate-ep (emulated values are not the layer's)");
@@ -545,10 +547,12 @@ void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int worl
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " with --tp " +
                           std::to_string(o.tp) + " splits the experts over the tensor-parallel group: on one "
                           "process it runs with --emulate-tp (not --emulate-ep)");
-  if (o.ep > 1 && !o.experts_over_tp() && (world != (o.emulate_ep ? 1 : o.ep) || o.tp != 1 || o.cp != 1))
+  if (o.ep > 1 && !o.experts_over_tp() &&
+      (world != (o.emulate_ep ? 1 : o.ep) || o.ep % o.tp != 0 || o.cp != 1 || (o.emulate_tp && !o.emulate_ep)))
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " runs under mpirun -np " +
-                          std::to_string(o.ep) + " (or --emulate-ep on one process) with --tp 1 and --cp 1 for now " +
-                          "(the MPI world has " + std::to_string(world) + ")");
+                          std::to_string(o.ep) + " (or --emulate-ep on one process) as ep / tp data-parallel "
+                          "replicas of the --tp ranks (tp " + std::to_string(o.tp) + " must divide it), with --cp 1 "
+                          "for now (the MPI world has " + std::to_string(world) + ")");
   if (o.emulate_ep && o.ep == 1) throw InvalidArgument("--emulate-ep needs --expert-model-parallel-size > 1");
   if (o.etp > 1 && !dims.spec.moe.enabled())
     throw InvalidArgument("--expert-tensor-parallel-size needs an MoE layer (--num-experts)");

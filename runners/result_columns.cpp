@@ -158,8 +158,9 @@ const std::vector<Column>& result_columns() {
       {"moe_router_score", "", "the router's score function: `softmax` or `sigmoid` (`--moe-router-score-function`)"},
       {"moe_capacity_factor", "", "`--moe-expert-capacity-factor`; empty: dropless"},
       {"ep", "ranks",
-       "expert-parallel size (`--expert-model-parallel-size`): each rank holds num_experts / ep experts and its own "
-       "micro-batch; the tokens travel by all-to-all (comm.*.all_to_all.moe_tokens)"},
+       "expert-parallel size (`--expert-model-parallel-size`): each rank holds num_experts / ep experts; the ranks are "
+       "the TP group (ep = tp) or ep / tp data-parallel replicas of it, each its own micro-batch; the tokens travel "
+       "by all-to-all (comm.*.all_to_all.moe_tokens)"},
       {"etp", "ranks",
        "expert-tensor-parallel size (`--expert-tensor-parallel-size`): 1, each expert whole on its rank, or tp, "
        "each expert split over the tensor-parallel group"},

@@ -165,9 +165,10 @@ class LayerRunTest(unittest.TestCase):
             "latent attention with query groups": (["--multi-latent-attention", "--kv-lora-rank", "16",
                                                     "--num-query-groups", "2"], "--num-query-groups"),
             "a latent width without it": (["--q-lora-rank", "8"], "--multi-latent-attention"),
-            "experts over part of the TP group": (["--num-experts", "8", "--tp", "2", "--emulate-tp",
-                                                   "--expert-model-parallel-size", "4"],
-                                                  "--expert-model-parallel-size must be 2"),
+            "EP on one process without --emulate-ep": (["--num-experts", "8", "--expert-model-parallel-size", "4"],
+                                                        "--emulate-ep on one process"),
+            "EP not whole TP groups": (["--num-experts", "8", "--tp", "4", "--emulate-ep",
+                                        "--expert-model-parallel-size", "2"], "must be a multiple of --tp 4"),
         }
         for what, (args, needle) in cases.items():
             with self.subTest(what):

@@ -2,8 +2,9 @@
 tools/numpy_moe.py), routing decision included: softmax and sigmoid routers, shared experts,
 dropless and capacity dropping, every recompute module an MoE layer reads; one rank, under
 `mpirun -np 2 --tp 2` with sequence parallelism, with expert parallelism 2, with the experts
-over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2), with each expert split
-over it (--expert-tensor-parallel-size 2), and with context
+over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2), with expert
+parallelism over two replicas of it (mpirun -np 4 --tp 2 --expert-model-parallel-size 4), with
+each expert split over it (--expert-tensor-parallel-size 2), and with context
 parallelism 2 (alone, and with the experts over TP 2: mpirun -np 4). Recompute must
 change no value, and meta given the cpu's histogram keeps the cpu's bytes.
 
@@ -125,6 +126,23 @@ class MoeDumpTest(DumpTestCase):
         for r in rows:
             self.assertEqual((r["status"], r["tp"], r["ep"]), ("ok", "2", "2"), r["message"])
             self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        self.assert_matches_numpy(os.path.join(dump, "sp"))
+        self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
+
+    @unittest.skipUnless(MPIEXEC, "mpirun missing")
+    def test_expert_parallel_over_replicas_of_the_tensor_parallel_group_match_numpy(self):
+        # mpirun -np 4 --tp 2 --expert-model-parallel-size 4: two replicas of a TP group of 2,
+        # each its own micro-batch (SP within), every rank's s/2 rows to the 2 experts of
+        # whichever rank holds them; dropout on.
+        flags = SHAPE + COMBOS["pre_softmax_shared_dropout"] + ["--attention-dropout", "0.1"]
+        dump, rows = self.layer_run("ep4_over_tp2", flags + [
+            "--tp", "2", "--expert-model-parallel-size", "4", "--config", "sp,selective+sp",
+            "--recompute-modules", "moe_act,moe"], np_ranks=4)
+        for r in rows:
+            self.assertEqual((r["status"], r["tp"], r["ep"], r["etp"]), ("ok", "2", "4", "1"), r["message"])
+            self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        with open(os.path.join(dump, "sp", "layer.json")) as f:
+            self.assertEqual(json.load(f)["batch"], 4)  # the two replicas' micro-batches
         self.assert_matches_numpy(os.path.join(dump, "sp"))
         self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
 

@@ -209,13 +209,37 @@ TEST(MoeLayer, EmulatedExpertParallelRankKeepsTheBalancedPieces) {
     auto tp = make_local_communicator();
     auto group = make_emulated_communicator(ep);
     ExperimentSpec run = one_step(spec, "selective");
-    run.ep_group = group.get();
+    run.ep_group = run.dp_group = group.get();
     const ExperimentResult r = run_experiment(*meta, *tp, run);
     ASSERT_EQ(r.status, "ok") << r.message;
     theory::Dims td = theory_dims(run.dims, 1);
     td.ep = ep;
     EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec, run.policy)) << ep;
     EXPECT_EQ(r.moe.expert_rows, 48) << ep;  // T·k = 24·2, from the ep ranks together
+    EXPECT_GT(r.comm_bytes_ep, 0.0) << ep;
+  }
+}
+
+TEST(MoeLayer, EmulatedExpertParallelOverReplicasRankKeepsTheBalancedPieces) {
+  // Rank 0 of ep ranks, ep/2 replicas of an emulated TP group of 2 (layer_run --emulate-ep
+  // --tp 2): it routes its s/2 rows (SP), and with balanced routing its experts receive as many,
+  // from all ep ranks together; it keeps the pieces at t = 2 and td.ep = ep.
+  auto meta = make_meta_backend();
+  LayerSpec spec = moe_cases()[2].spec;  // 8 experts, shared
+  spec.attention_dropout = spec.hidden_dropout = 0;
+  spec.kv_heads = 4;
+  for (int ep : {4, 8}) {
+    auto tp = make_emulated_communicator(2);
+    auto group = make_emulated_communicator(ep), replicas = make_emulated_communicator(ep / 2);
+    ExperimentSpec run = one_step(spec, "selective+sp");
+    run.ep_group = group.get();
+    run.dp_group = replicas.get();
+    const ExperimentResult r = run_experiment(*meta, *tp, run);
+    ASSERT_EQ(r.status, "ok") << r.message;
+    theory::Dims td = theory_dims(run.dims, 2);
+    td.ep = ep;
+    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec, run.policy)) << ep;
+    EXPECT_EQ(r.moe.expert_rows, 8 / 2 * 3 * 2) << ep;  // s/t rows x b, 2 choices each
     EXPECT_GT(r.comm_bytes_ep, 0.0) << ep;
   }
 }
