@@ -67,27 +67,29 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
 
 // What the MoE block is built for today: under TP, SP as Megatron-Core requires; experts
 // without biases; expert tensor parallelism 1 (each rank's experts take its own rows) or over
-// the whole tensor-parallel group (etp = t, ep = 1); expert parallelism over the tensor-parallel
-// group (ep = t) or over ep/t data-parallel replicas of it (C = 1); context parallelism (each CP
-// rank routes its own two chunks).
+// the whole tensor-parallel group (etp = t); with etp 1, expert parallelism over the
+// tensor-parallel group (ep = t) or over ep/t data-parallel replicas of it; with etp = t, over
+// ep replicas (C = 1 whenever EP spans replicas); context parallelism (each CP rank routes its
+// own two chunks).
 static void validate_expert_tensor_parallel(const LayerDims& d, int t, int ep, int etp) {
   if (etp == 1) return;
   const std::string size = "--expert-tensor-parallel-size " + std::to_string(etp);
   if (etp != t)
     throw InvalidArgument(size + " splits each expert over the tensor-parallel group: it must be --tp (" +
                           std::to_string(t) + ") or 1");
-  if (ep > 1)
-    throw InvalidArgument(size + " runs with --expert-model-parallel-size 1 for now (got " + std::to_string(ep) + ")");
   if (d.expert_ffn() % etp != 0)
     throw InvalidArgument("moe-ffn-hidden-size " + std::to_string(d.expert_ffn()) + " is not divisible by " + size);
 }
 
 static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int ep, int etp) {
   validate_expert_tensor_parallel(d, t, ep, etp);
-  if (cp > 1 && ep > 1 && ep != t)
+  // Expert parallelism over data-parallel replicas: etp = t (the EP group one TP rank's
+  // replicas), or ep a multiple of t other than t itself (the EP group whole TP groups).
+  const bool over_replicas = ep > 1 && (etp > 1 || ep != t);
+  if (cp > 1 && over_replicas)
     throw InvalidArgument("expert parallelism over data-parallel ranks runs without context parallelism for now "
                           "(--cp 1 with --expert-model-parallel-size " + std::to_string(ep) + ")");
-  if (ep > 1 && ep % t != 0)
+  if (ep > 1 && etp == 1 && ep % t != 0)
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(ep) + " spans whole tensor-parallel "
                           "groups: it must be a multiple of --tp " + std::to_string(t));
   if (t > 1 && !p.sequence_parallel)

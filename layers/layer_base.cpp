@@ -19,7 +19,10 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
       ep_size_(ep ? ep->size() : 1),
       ep_rank_(ep ? ep->rank() : 0) {
   validate_layer(opt_.dims, tp_size_, opt_.policy, cp_size_, ep_size_, opt_.expert_tensor_parallel ? tp_size_ : 1);
-  if (ep_size_ > 1 && !experts_over_tp()) {
+  if (ep_size_ > 1 && opt_.expert_tensor_parallel) {  // the EP group: this TP rank's replicas
+    dp_size_ = ep_size_;
+    dp_rank_ = ep_rank_;
+  } else if (ep_size_ > 1 && !experts_over_tp()) {  // the EP group: the TP groups of ep/t replicas
     if (ep_rank_ % tp_size_ != tp_rank_)  // validate_layer checked that t divides ep
       throw InvalidArgument("expert-parallel rank " + std::to_string(ep_rank_) + " is not tensor-parallel rank " +
                             std::to_string(tp_rank_) + " of its replica: the EP group must be the TP groups in order");
@@ -37,21 +40,34 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
   norm_eps_ = static_cast<float>(opt_.dims.spec.norm_epsilon);
   table_ = layer_param_table(opt_.dims, opt_.expert_tensor_parallel);
   for (const ParamInfo& p : table_) {
-    Shape shape = local_param_shape(p, p.kind == ShardKind::experts ? ep_size_ : tp_size_);
+    const Shape shape = local_shard(p).shape;
     params_.*p.member = be_.empty(shape, opt_.dtype);
     grads_.*p.member = be_.zeros(shape, opt_.dtype);
   }
+}
+
+LayerBase::LocalShard LayerBase::local_shard(const ParamInfo& p) const {
+  if (p.kind == ShardKind::experts)  // whole experts, E/ep of them
+    return {local_param_shape(p, ep_size_), param_shard(p, ep_size_, ep_rank_), 0};
+  if (is_expert_param(p) && ep_size_ > 1) {  // this rank's E/ep experts, each split over TP
+    const ParamInfo block = experts_block(p, ep_size_);
+    int64_t numel = 1;
+    for (int64_t n : block.canonical_shape) numel *= n;
+    return {local_param_shape(block, tp_size_), param_shard(block, tp_size_, tp_rank_), ep_rank_ * numel};
+  }
+  return {local_param_shape(p, tp_size_), param_shard(p, tp_size_, tp_rank_), 0};
 }
 
 void LayerBase::init_parameters() {
   if (!be_.computes()) return;
   for (const ParamInfo& p : table_) {
     Tensor& local = params_.*p.member;
-    ShardSpec spec = p.kind == ShardKind::experts ? param_shard(p, ep_size_, ep_rank_) : param_shard(p, tp_size_, tp_rank_);
+    const LocalShard shard = local_shard(p);
     std::vector<float> host(static_cast<size_t>(local.numel()));
     const int64_t fan_in = p.canonical_shape.size() > 1 ? p.canonical_shape[1] : 1;
     for (int64_t i = 0; i < local.numel(); ++i)
-      host[i] = param_init_value(p.init_id, opt_.seed, opt_.layer_index, spec.canonical_index(i), fan_in);
+      host[i] = param_init_value(p.init_id, opt_.seed, opt_.layer_index, shard.offset + shard.spec.canonical_index(i),
+                                 fan_in);
     be_.upload(host.data(), local);
   }
 }

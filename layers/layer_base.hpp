@@ -178,6 +178,8 @@ class LayerBase : public Layer {
   // group (Megatron-Core's order: EP rank r is TP rank r % t of replica r / t), each replica
   // its own micro-batch: batches [dp_rank·b, (dp_rank+1)·b) of the canonical ep/t·b.
   bool experts_over_tp() const { return ep_size_ > 1 && ep_comm_ == &comm_; }
+  // With expert tensor parallelism (etp = t) the expert-parallel group is the ep replicas of
+  // this TP rank instead (Megatron-Core's expert order: etp ranks, then ep).
   int dp_size_ = 1, dp_rank_ = 0;  // those replicas (1, 0: none)
   int64_t seq_;            // s/C: the rows of the sequence this TP group works on
   SeqPositions seq_positions_;  // where they sit: chunks cp_rank and 2C-1-cp_rank of 2C
@@ -192,6 +194,14 @@ class LayerBase : public Layer {
 
  private:
   void check_activation_shape(const Tensor& t, const char* what) const;
+  // Where this rank's part of a parameter lies: its shape, its shard, and where that shard's
+  // canonical tensor starts in the parameter's (the expert-parallel block of split experts).
+  struct LocalShard {
+    Shape shape;
+    ShardSpec spec;
+    int64_t offset;
+  };
+  LocalShard local_shard(const ParamInfo& p) const;
 
   // Core attention as this rank runs it: without context parallelism its a/t heads over the
   // s rows; under CP as its comm type arranges it (a2a: a/(tC) heads over all s rows in the

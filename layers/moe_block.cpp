@@ -107,13 +107,21 @@ int64_t TransformerLayer::routed_rows(const MoeDispatch& plan, const Tensor& aux
 // ---- expert (tensor) parallelism: the experts' rows exchanged over their group ---------------
 
 void TransformerLayer::plan_expert_exchange(const char* stage) {
-  ExpertExchange& x = expert_exchange_;
-  x.replicated = ep_size_ == 1;  // else expert_tensor_parallel (validate_layer allows one of the two)
-  x.group = x.replicated ? &comm_ : ep_comm_;
+  expert_exchanges_.clear();
+  std::vector<int64_t> rows = moe_stats_.tokens_per_expert;
+  if (ep_size_ > 1) rows = plan_exchange_stage(stage, ep_comm_, false, rows);
+  if (opt_.expert_tensor_parallel && tp_size_ > 1) rows = plan_exchange_stage(stage, &comm_, true, rows);
+  moe_stats_.expert_rows = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+}
+
+std::vector<int64_t> TransformerLayer::plan_exchange_stage(const char* stage, Communicator* group, bool replicated,
+                                                           const std::vector<int64_t>& mine) {
+  ExpertExchange& x = expert_exchanges_.emplace_back();
+  x.replicated = replicated;
+  x.group = group;
   x.ranks = x.group->size();
   x.me = x.group->rank();
-  // Every rank's routed rows per expert, on every rank: who sends what to whom.
-  const std::vector<int64_t>& mine = moe_stats_.tokens_per_expert;
+  // Every rank's rows per expert, on every rank: who sends what to whom.
   std::vector<float> sent(mine.begin(), mine.end());
   {
     PhaseRange phase(phase_name(stage, "moe_exchange_counts"), phase_log_);
@@ -131,7 +139,7 @@ void TransformerLayer::plan_expert_exchange(const char* stage) {
   }
   for (int64_t e = 0; e < x.local; ++e)
     for (int i = 0; i < x.ranks; ++i) x.expert_rows[e] += x.count(i, x.first_expert(x.me) + e);
-  moe_stats_.expert_rows = std::accumulate(x.expert_rows.begin(), x.expert_rows.end(), int64_t{0});
+  return x.expert_rows;
 }
 
 int64_t TransformerLayer::ExpertExchange::block_rows(int from, int to) const {
@@ -140,21 +148,37 @@ int64_t TransformerLayer::ExpertExchange::block_rows(int from, int to) const {
   return rows;
 }
 
-// Rows of the plan's order (expert 0's first) to the ranks that hold their experts. That order
-// is already one block per destination rank, so the rows go as they are, no padding (replicated:
+int64_t TransformerLayer::ExpertExchange::own_rows() const {
+  int64_t rows = 0;
+  for (int64_t e = 0; e < experts; ++e) rows += count(me, e);
+  return rows;
+}
+
+Tensor TransformerLayer::to_experts(const char* stage, Tensor rows) {
+  for (const ExpertExchange& x : expert_exchanges_) rows = stage_to_experts(stage, x, rows);
+  return rows;
+}
+
+Tensor TransformerLayer::from_experts(const char* stage, Tensor rows) {
+  for (auto x = expert_exchanges_.rbegin(); x != expert_exchanges_.rend(); ++x) rows = stage_from_experts(stage, *x, rows);
+  return rows;
+}
+
+// Rows in expert order (expert 0's first) to the ranks that hold their experts. That order is
+// already one block per destination rank, so the rows go as they are, no padding (replicated:
 // all of them to every rank, MPI_Allgatherv's exchange); each rank receives one block per source
 // rank and reorders them expert by expert (rank 0's rows of an expert first), as its grouped
-// GEMMs read them.
-Tensor TransformerLayer::to_experts(const char* stage, const Tensor& rows) {
-  const ExpertExchange& x = expert_exchange_;
+// GEMMs (or the next stage) read them.
+Tensor TransformerLayer::stage_to_experts(const char* stage, const ExpertExchange& x, const Tensor& rows) {
   const int64_t width = rows.dim(1);
   Tensor send = rows;
   if (x.replicated) {
     send = be_.empty({x.ranks * rows.dim(0), width}, rows.dtype());
     for (int j = 0; j < x.ranks; ++j) copy_matrix_rows(rows, 0, send, j * rows.dim(0), rows.dim(0));
   }
-  Tensor recv = be_.empty({moe_stats_.expert_rows, width}, rows.dtype());
-  exchange(stage, send, x.send_rows, recv, x.recv_rows);
+  const int64_t received = std::accumulate(x.expert_rows.begin(), x.expert_rows.end(), int64_t{0});
+  Tensor recv = be_.empty({received, width}, rows.dtype());
+  exchange(stage, x, send, x.send_rows, recv, x.recv_rows);
   send = Tensor();
   Tensor out = be_.empty(recv.shape(), rows.dtype());
   int64_t dst = 0;
@@ -167,11 +191,10 @@ Tensor TransformerLayer::to_experts(const char* stage, const Tensor& rows) {
   return out;
 }
 
-// The inverse: the experts' rows back to the ranks that routed them, in their plan's order
-// (which the received blocks, in rank order, already are). Replicated, every rank's experts
-// computed a partial sum of each row (their slice of the width): the blocks are summed.
-Tensor TransformerLayer::from_experts(const char* stage, const Tensor& rows, int64_t routed) {
-  const ExpertExchange& x = expert_exchange_;
+// The inverse: the experts' rows back to the ranks that sent them, in their order (which the
+// received blocks, in rank order, already are). Replicated, every rank's experts computed a
+// partial sum of each row (their slice of the width): the blocks are summed.
+Tensor TransformerLayer::stage_from_experts(const char* stage, const ExpertExchange& x, const Tensor& rows) {
   const int64_t width = rows.dim(1);
   Tensor send = be_.empty(rows.shape(), rows.dtype());
   int64_t src = 0;
@@ -181,16 +204,17 @@ Tensor TransformerLayer::from_experts(const char* stage, const Tensor& rows, int
       copy_matrix_rows(rows, src, send, x.block_start(i, x.me) + x.rows_before(i, e), n);
       src += n;
     }
-  // What this rank sent each rank comes back from it (replicated: its `routed` rows from each).
+  // What this rank sent each rank comes back from it (replicated: its own rows from each).
   const int64_t back = std::accumulate(x.send_rows.begin(), x.send_rows.end(), int64_t{0});
   Tensor out = be_.empty({back, width}, rows.dtype());
-  exchange(stage, send, x.recv_rows, out, x.send_rows);
+  exchange(stage, x, send, x.recv_rows, out, x.send_rows);
   if (!x.replicated) return out;
   PhaseRange phase(phase_name(stage, "moe_partial_sum"), phase_log_);
-  Tensor sum = out.rows(0, routed);
-  for (int j = 1; j < x.ranks; ++j) be_.add_inplace(sum, out.rows(j * routed, (j + 1) * routed));
+  const int64_t own = x.own_rows();
+  Tensor sum = out.rows(0, own);
+  for (int j = 1; j < x.ranks; ++j) be_.add_inplace(sum, out.rows(j * own, (j + 1) * own));
   Tensor result = be_.empty(sum.shape(), rows.dtype());
-  copy_matrix_rows(sum, 0, result, 0, routed);  // its own storage: the sum's buffer is freed
+  copy_matrix_rows(sum, 0, result, 0, own);  // its own storage: the sum's buffer is freed
   return result;
 }
 
@@ -214,15 +238,16 @@ void TransformerLayer::copy_matrix_rows(const Tensor& src, int64_t src_row, cons
   be_.copy_rows(src.view({1, src.dim(0), src.dim(1)}), src_row, dst.view({1, dst.dim(0), dst.dim(1)}), dst_row, rows);
 }
 
-void TransformerLayer::exchange(const char* stage, const Tensor& send, const std::vector<int64_t>& send_rows,
-                                const Tensor& recv, const std::vector<int64_t>& recv_rows) {
+void TransformerLayer::exchange(const char* stage, const ExpertExchange& x, const Tensor& send,
+                                const std::vector<int64_t>& send_rows, const Tensor& recv,
+                                const std::vector<int64_t>& recv_rows) {
   PhaseRange phase("comm." + std::string(stage) + ".all_to_all.moe_tokens", phase_log_);
-  expert_exchange_.group->all_to_all_v(send, send_rows, recv, recv_rows);
+  x.group->all_to_all_v(send, send_rows, recv, recv_rows);
 }
 
 // The local experts' row counts, as the grouped GEMMs take them (i32 on the device).
 Tensor TransformerLayer::local_expert_counts() {
-  const std::vector<int64_t>& rows = expert_exchange_.expert_rows;
+  const std::vector<int64_t>& rows = expert_exchanges_.back().expert_rows;
   Tensor t = be_.empty({static_cast<int64_t>(rows.size())}, DType::i32);
   if (be_.computes()) {
     const std::vector<float> host(rows.begin(), rows.end());
@@ -305,7 +330,7 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
     PhaseRange phase(phase_name(stage, "experts_fc2"), phase_log_);
     be_.grouped_gemm(act, params_.experts_fc2_weight, counts, fc2);
   }
-  if (exchanges_expert_rows()) fc2 = from_experts(stage, fc2, N);
+  if (exchanges_expert_rows()) fc2 = from_experts(stage, fc2);
   {
     // The combine: each token's kept rows summed (already weighted).
     PhaseRange phase(phase_name(stage, "moe_unpermute"), phase_log_);
@@ -412,8 +437,8 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
     d_fc1 = saved.moe_permuted = saved.moe_expert_counts = Tensor();
   }
   if (ep) {
-    d_permuted = from_experts("bwd", d_permuted, N);
-    d_probs = from_experts("bwd", d_probs, N);
+    d_permuted = from_experts("bwd", d_permuted);
+    d_probs = from_experts("bwd", d_probs);
   }
   Tensor d_weight = be_.empty({T, k}, opt_.dtype);
   {

@@ -151,6 +151,17 @@ std::vector<ParamInfo> layer_param_table(const LayerDims& d, bool expert_tensor_
   return table;
 }
 
+bool is_expert_param(const ParamInfo& p) { return p.canonical_shape.size() == 3; }
+
+ParamInfo experts_block(const ParamInfo& p, int ep) {
+  ParamInfo block = p;
+  const int64_t experts = p.canonical_shape[0] / ep;
+  block.canonical_shape[0] = experts;
+  // fc2's stacked rows are one part per expert; fc1's stacked columns (gate | up) are not per expert.
+  if (p.kind == ShardKind::stacked_rows) block.parts.resize(static_cast<size_t>(experts));
+  return block;
+}
+
 ShardSpec param_shard(const ParamInfo& p, int t, int rank) {
   ShardSpec spec;
   spec.kind = p.kind;

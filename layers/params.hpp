@@ -92,6 +92,14 @@ struct ParamInfo {
 // columns (gate | up each split, ShardKind::stacked_cols of the [E·h, γF_e] view) and
 // experts.fc2.weight's rows of each expert (ShardKind::stacked_rows of the [E·F_e, h] view).
 std::vector<ParamInfo> layer_param_table(const LayerDims& d, bool expert_tensor_parallel = false);
+// The routed experts' weights (experts.*, [E, in, out]): whole experts over the expert-parallel
+// group (ShardKind::experts), or each split over the TP group (expert tensor parallelism).
+bool is_expert_param(const ParamInfo& p);
+// Expert tensor parallelism with expert parallelism: each expert-parallel rank holds E/ep
+// experts, each split over its TP group. Rank ep_rank's experts as a parameter of their own
+// (canonical_shape[0] = E/ep, the stacked parts of those experts), which the TP group splits as
+// p's kind says; its element j is p's element ep_rank · numel(p) / ep + j.
+ParamInfo experts_block(const ParamInfo& p, int ep);
 // A parameter's shard on `rank` of `t` ranks of its group: the tensor-parallel group, or for
 // ShardKind::experts the expert-parallel group. A 3-D parameter is viewed as [E, in·out]
 // (experts) or [E·in, out] (split within each expert).

@@ -135,10 +135,12 @@ class TransformerLayer final : public LayerBase {
   MoeRouting moe_routing() const;
 
   // ---- expert and expert tensor parallelism (moe_block.cpp): rows to their experts and back ----
-  // Who sends what to whom in this forward's exchange (every rank's routed rows per expert),
-  // over the expert-parallel group (each rank E/ep whole experts: its rows go to one rank) or,
-  // replicated, over the tensor-parallel group (each rank a slice of every expert: its rows go
-  // to every rank, and the experts' outputs come back as partial sums).
+  // Who sends what to whom in one stage of this forward's exchange (every rank's rows per
+  // expert), over the expert-parallel group (each rank E/ep whole experts: its rows go to one
+  // rank) or, replicated, over the tensor-parallel group (each rank a slice of every expert: its
+  // rows go to every rank, and the experts' outputs come back as partial sums). Expert and
+  // expert tensor parallelism together run both, in that order (Megatron-Core's all-to-all
+  // dispatcher: the all-to-all over EP, then the gather over the expert-TP group).
   struct ExpertExchange {
     Communicator* group = nullptr;
     int ranks = 1, me = 0;
@@ -150,6 +152,7 @@ class TransformerLayer final : public LayerBase {
     std::vector<int64_t> send_rows;    // [ranks]: the rows this rank routed to rank j's experts
     std::vector<int64_t> recv_rows;    // [ranks]: the rows rank j routed to this rank's experts
     int64_t count(int from, int64_t e) const { return counts[static_cast<size_t>(from * experts + e)]; }
+    int64_t own_rows() const;  // the rows this rank brings to the stage
     int64_t first_expert(int rank) const { return replicated ? 0 : rank * local; }
     int64_t block_rows(int from, int to) const;                     // what `from` sends `to`
     int64_t rows_before(int from, int64_t e) const;                 // in that block, before expert e's
@@ -157,17 +160,23 @@ class TransformerLayer final : public LayerBase {
   };
   bool exchanges_expert_rows() const { return ep_size_ > 1 || (opt_.expert_tensor_parallel && tp_size_ > 1); }
   void plan_expert_exchange(const char* stage);
-  Tensor to_experts(const char* stage, const Tensor& rows);
-  Tensor from_experts(const char* stage, const Tensor& rows, int64_t routed);
-  // One all_to_all_v of the exchange's group (phase comm.<stage>.all_to_all.moe_tokens).
-  void exchange(const char* stage, const Tensor& send, const std::vector<int64_t>& send_rows, const Tensor& recv,
-                const std::vector<int64_t>& recv_rows);
+  // One stage over `group` for the rows this rank brings, per expert of the stage; returns the
+  // rows its experts receive, per local expert (the next stage's, or the grouped GEMMs').
+  std::vector<int64_t> plan_exchange_stage(const char* stage, Communicator* group, bool replicated,
+                                           const std::vector<int64_t>& mine);
+  Tensor to_experts(const char* stage, Tensor rows);    // through every stage
+  Tensor from_experts(const char* stage, Tensor rows);  // back through every stage
+  Tensor stage_to_experts(const char* stage, const ExpertExchange& x, const Tensor& rows);
+  Tensor stage_from_experts(const char* stage, const ExpertExchange& x, const Tensor& rows);
+  // One all_to_all_v of a stage's group (phase comm.<stage>.all_to_all.moe_tokens).
+  void exchange(const char* stage, const ExpertExchange& x, const Tensor& send, const std::vector<int64_t>& send_rows,
+                const Tensor& recv, const std::vector<int64_t>& recv_rows);
   void copy_matrix_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows);
   Tensor local_expert_counts();
 
   int64_t ffn_per_rank_;  // F/t, the MLP width on this rank
   MoeRoutingStats moe_stats_;
-  ExpertExchange expert_exchange_;
+  std::vector<ExpertExchange> expert_exchanges_;  // this forward's stages, in dispatch order
 };
 
 }  // namespace actbench

@@ -448,6 +448,23 @@ ExperimentResult run_experiment(Backend& be, Communicator& comm, const Experimen
 
 static bool is_moe_layer(const ExperimentSpec& spec) { return spec.dims.spec.moe.enabled(); }
 
+// A parameter (or its gradient) of every rank in the canonical layout: the routed experts'
+// blocks over the expert-parallel group (whole on every TP rank without one; under expert
+// tensor parallelism each block's TP slices first), the rest over TP.
+static std::vector<float> gather_param(Backend& be, Communicator& comm, const ExperimentSpec& spec,
+                                       const ParamInfo& p, const Tensor& local) {
+  if (p.kind == ShardKind::experts && !spec.experts_over_tp) {
+    std::unique_ptr<Communicator> alone = spec.ep_group ? nullptr : make_local_communicator();
+    Communicator& group = spec.ep_group ? *spec.ep_group : *alone;
+    return gather_canonical(be, group, local, param_shard(p, group.size(), group.rank()));
+  }
+  if (is_expert_param(p) && spec.ep_group) {  // this rank's E/ep experts, then the blocks in EP order
+    const ShardSpec slice = param_shard(experts_block(p, spec.ep()), comm.size(), comm.rank());
+    return spec.ep_group->gather_host(gather_canonical(be, comm, local, slice));
+  }
+  return gather_canonical(be, comm, local, param_shard(p, comm.size(), comm.rank()));
+}
+
 std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm, const ExperimentSpec& spec_in) {
   ExperimentSpec spec = spec_in;
   spec.layers = 1;
@@ -491,7 +508,7 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   // rank (it saw every row routed to it).
   if (spec.dp_group)
     for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel))
-      if (p.kind != ShardKind::experts) spec.dp_group->all_reduce(layer.grads().*p.member);
+      if (!is_expert_param(p)) spec.dp_group->all_reduce(layer.grads().*p.member);
   if (const MoeRoutingStats* moe = layer.moe_stats()) {
     // The whole layer's histogram: every rank's rows summed (each routed its own under SP, CP
     // and EP).
@@ -508,15 +525,9 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
     for (CanonicalTensor& r : routing) out.push_back(std::move(r));
   }
   for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel)) {
-    // The experts' blocks are gathered over the expert-parallel group (whole on every TP rank
-    // without one; over TP when the experts are split over it), the rest over TP.
-    const bool experts = p.kind == ShardKind::experts && !spec.experts_over_tp;
-    std::unique_ptr<Communicator> alone = experts && !spec.ep_group ? make_local_communicator() : nullptr;
-    Communicator& group = experts ? (spec.ep_group ? *spec.ep_group : *alone) : comm;
-    const ShardSpec shard = param_shard(p, group.size(), group.rank());
-    out.push_back({p.name, p.canonical_shape, gather_canonical(be, group, layer.params().*p.member, shard)});
+    out.push_back({p.name, p.canonical_shape, gather_param(be, comm, spec, p, layer.params().*p.member)});
     out.push_back({std::string("grad.") + p.name, p.canonical_shape,
-                   gather_canonical(be, group, layer.grads().*p.member, shard)});
+                   gather_param(be, comm, spec, p, layer.grads().*p.member)});
   }
   return out;
 }

@@ -93,25 +93,30 @@ void prepare(LayerRunOptions& o, Setup& s, const CsvAppender& csv, int world, bo
 // (emulated, or the world split in Megatron's order under mpirun).
 struct Groups {
   std::unique_ptr<Communicator> world, tp, cp, ep, dp;
-  Communicator* replicas = nullptr;  // dp, or ep itself at t = 1
+  Communicator* experts = nullptr;   // the expert-parallel group: ep, or dp under expert tensor parallelism
+  Communicator* replicas = nullptr;  // the data-parallel replicas: dp, or ep itself at t = 1
 };
-// The world is the expert-parallel group: ep/t replicas of a TP group of t consecutive ranks.
+// Expert parallelism over data-parallel replicas of a TP group of t consecutive ranks, in
+// Megatron-Core's order: with etp 1 the world (ep ranks, ep/t replicas) is the expert-parallel
+// group; with etp = t the world is t·ep ranks and the EP group is each TP rank's ep replicas.
 Groups make_expert_parallel_groups(const LayerRunOptions& o, Backend& be) {
   Groups g;
-  const int replicas = o.ep / o.tp;
+  const bool etp = o.etp > 1;
+  const int replicas = etp ? o.ep : o.ep / o.tp;
   if (o.emulate_ep) {
     g.ep = make_backend_emulated_communicator(be, o.ep);
     g.tp = o.tp > 1 ? make_backend_emulated_communicator(be, o.tp) : make_backend_local_communicator(be);
-    g.dp = o.tp > 1 ? make_backend_emulated_communicator(be, replicas) : nullptr;
+    if (o.tp > 1 && !etp) g.dp = make_backend_emulated_communicator(be, replicas);
   } else if (o.tp == 1) {
     g.ep = make_world_communicator(be);
     g.tp = make_backend_local_communicator(be);
   } else {
     ParallelGroups split = make_parallel_groups(be, o.tp, replicas);  // the replicas in the place of CP's
-    g.ep = std::move(split.world);
+    (etp ? g.world : g.ep) = std::move(split.world);
     g.tp = std::move(split.tp);
     g.dp = std::move(split.cp);
   }
+  g.experts = g.ep ? g.ep.get() : g.dp.get();
   g.replicas = g.dp ? g.dp.get() : g.ep.get();
   return g;
 }
@@ -214,9 +219,9 @@ int run(int argc, char** argv, std::unique_ptr<Communicator>& world_comm) {
   verdicts.check([&] { prepare(o, s, csv, world, rank0); });
   const Groups groups = make_groups(o, *s.be, world);
   s.cp_group = groups.cp.get();
-  s.ep_group = groups.ep.get();
+  s.ep_group = groups.experts;
   s.dp_group = groups.replicas;
-  const Communicator* other = groups.cp ? groups.cp.get() : groups.ep.get();  // the group that talks when TP does not
+  const Communicator* other = groups.cp ? groups.cp.get() : groups.experts;  // the group that talks when TP does not
   const CommMode mode = groups.tp->mode() != CommMode::none || !other ? groups.tp->mode() : other->mode();
   const RunContext context{*s.be, mode, o, joined_command_line(argc, argv), s.be->versions()};
   int exit_code = 0;

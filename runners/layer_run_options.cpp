@@ -177,7 +177,8 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   value("--expert-tensor-parallel-size,--etp", a.etp,
         "an MoE layer's experts each split over the tensor-parallel group: 1 (each expert whole, as Megatron's "
         "DeepSeek, Qwen and Mixtral recipes set it) or --tp (Megatron's own default): every rank runs 1/tp of every "
-        "expert over the routed rows of the whole group",
+        "expert over the routed rows of the whole group (with --expert-model-parallel-size N: of its E/N experts, "
+        "under mpirun -np tp x N)",
         true);
   app.add_flag("--emulate-ep", a.emulate_ep,
                "one process plays rank 0 of --expert-model-parallel-size ranks, every rank routing as it does; "
@@ -547,7 +548,13 @@ void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int worl
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " with --tp " +
                           std::to_string(o.tp) + " splits the experts over the tensor-parallel group: on one "
                           "process it runs with --emulate-tp (not --emulate-ep)");
-  if (o.ep > 1 && !o.experts_over_tp() &&
+  if (o.ep > 1 && !o.experts_over_tp() && o.etp > 1 &&
+      (world != (o.emulate_ep ? 1 : o.expert_parallel_world()) || o.cp != 1 || (o.emulate_tp && !o.emulate_ep)))
+    throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " with --expert-tensor-parallel-size " +
+                          std::to_string(o.etp) + " runs under mpirun -np " + std::to_string(o.expert_parallel_world()) +
+                          " (or --emulate-ep on one process) as ep data-parallel replicas of the --tp ranks, with "
+                          "--cp 1 for now (the MPI world has " + std::to_string(world) + ")");
+  if (o.ep > 1 && !o.experts_over_tp() && o.etp == 1 &&
       (world != (o.emulate_ep ? 1 : o.ep) || o.ep % o.tp != 0 || o.cp != 1 || (o.emulate_tp && !o.emulate_ep)))
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " runs under mpirun -np " +
                           std::to_string(o.ep) + " (or --emulate-ep on one process) as ep / tp data-parallel "

@@ -3,7 +3,8 @@ tools/numpy_moe.py), routing decision included: softmax and sigmoid routers, sha
 dropless and capacity dropping, every recompute module an MoE layer reads; one rank, under
 `mpirun -np 2 --tp 2` with sequence parallelism, with expert parallelism 2, with the experts
 over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2), with expert
-parallelism over two replicas of it (mpirun -np 4 --tp 2 --expert-model-parallel-size 4), with
+parallelism over two replicas of it (mpirun -np 4 --tp 2 --expert-model-parallel-size 4, and
+--expert-model-parallel-size 2 with each expert split over TP), with
 each expert split over it (--expert-tensor-parallel-size 2), and with context
 parallelism 2 (alone, and with the experts over TP 2: mpirun -np 4). Recompute must
 change no value, and meta given the cpu's histogram keeps the cpu's bytes.
@@ -145,6 +146,18 @@ class MoeDumpTest(DumpTestCase):
             self.assertEqual(json.load(f)["batch"], 4)  # the two replicas' micro-batches
         self.assert_matches_numpy(os.path.join(dump, "sp"))
         self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
+        # --expert-tensor-parallel-size 2 --expert-model-parallel-size 2: each TP rank's two
+        # replicas hold 4 experts each, every expert split over the TP group; the rows go by
+        # all-to-all over EP, then to both ranks of the TP group, and come back summed.
+        dump, rows = self.layer_run("ep2_etp2", flags + [
+            "--tp", "2", "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
+            "--config", "sp,selective+sp,full+sp", "--recompute-modules", "moe_act"], np_ranks=4)
+        for r in rows:
+            self.assertEqual((r["status"], r["tp"], r["ep"], r["etp"]), ("ok", "2", "2", "2"), r["message"])
+            self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        for config in ["sp", "selective+sp", "full+sp"]:
+            with self.subTest(config=config):
+                self.assert_matches_numpy(os.path.join(dump, config), routing=config != "full+sp")
 
     @unittest.skipUnless(MPIEXEC, "mpirun missing")
     def test_experts_split_over_the_tensor_parallel_group_match_numpy(self):

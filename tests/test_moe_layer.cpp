@@ -241,6 +241,15 @@ TEST(MoeLayer, EmulatedExpertParallelOverReplicasRankKeepsTheBalancedPieces) {
     EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec, run.policy)) << ep;
     EXPECT_EQ(r.moe.expert_rows, 8 / 2 * 3 * 2) << ep;  // s/t rows x b, 2 choices each
     EXPECT_GT(r.comm_bytes_ep, 0.0) << ep;
+    // Each expert split over the TP group too (--expert-tensor-parallel-size 2, the EP group
+    // ep replicas of this TP rank): its experts run both TP ranks' rows, half as wide.
+    run.ep_group = run.dp_group = group.get();
+    run.expert_tensor_parallel = true;
+    const ExperimentResult split = run_experiment(*meta, *tp, run);
+    ASSERT_EQ(split.status, "ok") << split.message;
+    td.etp = 2;
+    EXPECT_EQ(static_cast<double>(split.act_bytes), theory::layer_bytes(td, spec, run.policy)) << ep;
+    EXPECT_EQ(split.moe.expert_rows, 2 * r.moe.expert_rows) << ep;
   }
 }
 
@@ -291,7 +300,14 @@ TEST(MoeLayer, ExpertTensorParallelRefusals) {
     }
   };
   refused(4, 1, 2, "must be --tp (4) or 1");
-  refused(2, 2, 2, "runs with --expert-model-parallel-size 1 for now");
+  refused(2, 3, 1, "must be a multiple of --tp 2");
+  try {  // EP over replicas with context parallelism
+    validate_layer(d, 2, parse_config("sp"), 2, 2, 2);
+    ADD_FAILURE() << "accepted ep 2 over replicas with cp 2";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("without context parallelism"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 1, 2, 2));  // EP over two replicas, each expert over TP
   d.spec.moe.ffn_hidden = 10;
   refused(4, 1, 4, "moe-ffn-hidden-size 10 is not divisible by --expert-tensor-parallel-size 4");
   EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 1, 1, 2));

@@ -394,54 +394,74 @@ TEST_P(MpiExpertParallelDropout, MasksAreTheSingleRankLayers) {
 
 INSTANTIATE_TEST_SUITE_P(Sites, MpiExpertParallelDropout, ::testing::Values("hidden", "attention", "attention_fused"));
 
-// Expert parallelism over data-parallel replicas of the TP group (mpirun -np 4 --tp 2
-// --expert-model-parallel-size 4, ETP 1, SP: Megatron-Core's usual MoE layout): world rank r is
-// TP rank r % 2 of replica r / 2, each replica its own micro-batch split over its TP ranks by
-// SP; every rank routes its s/t rows to the E/4 experts of whichever rank holds them. The world
-// equals the single-rank layer on the replicas' concatenated batch, tensor for tensor, dropout
-// included (each rank draws its sequence rows of its replica's batch columns); each rank keeps
-// the pieces at t = 2, ep = 4 for the rows it routed and its experts received.
-class MpiExpertParallelOverReplicas : public ::testing::TestWithParam<std::string> {};
+// Expert parallelism over data-parallel replicas of the TP group, Megatron-Core's usual MoE
+// layouts (SP; mpirun -np 4, TP 2): world rank r is TP rank r % 2 of replica r / 2, each replica
+// its own micro-batch split over its TP ranks by SP, every rank routing its s/t rows.
+//  - expert tensor parallelism 1, --expert-model-parallel-size 4: the world is the EP group and
+//    the rows go to the E/4 whole experts of whichever rank holds them;
+//  - --expert-tensor-parallel-size 2 --expert-model-parallel-size 2: the EP group is each TP
+//    rank's two replicas (E/2 experts each), each expert split over the TP group; the rows go by
+//    all-to-all over EP, then to every rank of the TP group, and come back summed.
+// The world equals the single-rank layer on the replicas' concatenated batch, tensor for tensor,
+// dropout included (each rank draws its sequence rows of its replica's batch columns); each
+// rank keeps the pieces for the rows it routed and its experts received.
+class MpiExpertParallelOverReplicas : public ::testing::TestWithParam<std::string> {
+ protected:
+  void expect_world_equals_the_single_rank_layer(bool expert_tensor_parallel) {
+    const int t = 2, replicas = g_comm->size() / t;
+    auto be = make_cpu_backend();
+    ParallelGroups groups = make_parallel_groups(*be, t, replicas);  // the replicas in the place of CP's
+    const LayerDims d = moe_layer(kDims, 2, 8);
+    ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);  // attention and hidden dropout
+    if (spec.policy.recompute == Recompute::selective) spec.policy.modules.moe_act = true;
+    spec.expert_tensor_parallel = expert_tensor_parallel;
+    spec.ep_group = expert_tensor_parallel ? groups.cp.get() : groups.world.get();
+    spec.dp_group = groups.cp.get();
+    const int ep = spec.ep();
+    const std::string what = "t=2 ep=" + std::to_string(ep) + " etp=" + (expert_tensor_parallel ? "2 " : "1 ") +
+                             GetParam();
+    const auto got = run_layer_canonical(*be, *groups.tp, spec);
+    auto local = make_local_communicator();
+    LayerDims whole = d;
+    whole.b = d.b * replicas;
+    auto ref = run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, whole));
+    std::erase_if(ref, [&](const CanonicalTensor& x) {
+      return x.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && x.name.starts_with("moe.topk"));
+    });
+    expect_same_tensors(got, ref, 1e-5, 1e-4, what);
 
-TEST_P(MpiExpertParallelOverReplicas, EveryTensorAndBytesEqualTheSingleRankLayer) {
-  const int t = 2, ep = g_comm->size();
-  if (ep < 4) GTEST_SKIP() << "needs two replicas of a TP group of 2: mpirun -np 4";
-  auto be = make_cpu_backend();
-  ParallelGroups groups = make_parallel_groups(*be, t, ep / t);  // the replicas in the place of CP's
-  const LayerDims d = moe_layer(kDims, 2, 8);
-  ExperimentSpec spec = small_spec(GetParam(), DType::fp32, 0.1f, d);  // attention and hidden dropout
-  if (spec.policy.recompute == Recompute::selective) spec.policy.modules.moe_act = true;
-  spec.ep_group = groups.world.get();
-  spec.dp_group = groups.cp.get();
-  const std::string what = "t=2 ep=" + std::to_string(ep) + " " + GetParam();
-  const auto got = run_layer_canonical(*be, *groups.tp, spec);
-  auto local = make_local_communicator();
-  LayerDims whole = d;
-  whole.b = d.b * (ep / t);
-  auto ref = run_layer_canonical(*be, *local, small_spec("baseline", DType::fp32, 0.1f, whole));
-  std::erase_if(ref, [&](const CanonicalTensor& x) {
-    return x.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && x.name.starts_with("moe.topk"));
-  });
-  expect_same_tensors(got, ref, 1e-5, 1e-4, what);
+    spec.dtype = DType::bf16;
+    spec.warmup = 0;
+    spec.iters = 1;
+    const ExperimentResult r = run_experiment(*be, *groups.tp, spec);
+    ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
+    theory::Dims td = theory_dims(spec.dims, t);
+    td.ep = ep;
+    td.etp = expert_tensor_parallel ? t : 1;
+    for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
+    td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
+    EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
+    EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
+    // The experts received what the world routed to them (under expert tensor parallelism every
+    // rank of a TP group all of its group's rows for its EP rank's experts): together, every
+    // routed row (t times).
+    std::vector<float> all = g_comm->gather_host({static_cast<float>(r.moe.expert_rows),
+                                                  static_cast<float>(td.moe_routed_rows)});
+    double received = 0, routed = 0;
+    for (size_t i = 0; i < all.size(); i += 2) received += all[i], routed += all[i + 1];
+    EXPECT_EQ(received, routed * td.etp) << what;
+    EXPECT_GT(r.comm_bytes_ep, 0.0) << what;
+  }
+};
 
-  spec.dtype = DType::bf16;
-  spec.warmup = 0;
-  spec.iters = 1;
-  const ExperimentResult r = run_experiment(*be, *groups.tp, spec);
-  ASSERT_EQ(r.status, "ok") << what << ": " << r.message;
-  theory::Dims td = theory_dims(spec.dims, t);
-  td.ep = ep;
-  for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
-  td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
-  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
-  EXPECT_EQ(r.fwd_retained_bytes, r.act_bytes + r.act_extra_bytes) << what;
-  // Every rank's experts received what the world routed to them: together, every routed row.
-  std::vector<float> all = g_comm->gather_host({static_cast<float>(r.moe.expert_rows),
-                                                static_cast<float>(td.moe_routed_rows)});
-  double received = 0, routed = 0;
-  for (size_t i = 0; i < all.size(); i += 2) received += all[i], routed += all[i + 1];
-  EXPECT_EQ(received, routed) << what;
-  EXPECT_GT(r.comm_bytes_ep, 0.0) << what;
+TEST_P(MpiExpertParallelOverReplicas, WholeExpertsEqualTheSingleRankLayer) {
+  if (g_comm->size() < 4) GTEST_SKIP() << "needs two replicas of a TP group of 2: mpirun -np 4";
+  expect_world_equals_the_single_rank_layer(false);
+}
+
+TEST_P(MpiExpertParallelOverReplicas, ExpertsSplitOverTpEqualTheSingleRankLayer) {
+  if (g_comm->size() < 4) GTEST_SKIP() << "needs two replicas of a TP group of 2: mpirun -np 4";
+  expect_world_equals_the_single_rank_layer(true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MpiExpertParallelOverReplicas, ::testing::Values("sp", "selective+sp", "full+sp"),
