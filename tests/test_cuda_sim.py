@@ -350,9 +350,9 @@ class CudaSimTest(unittest.TestCase):
         runs = [("moe1", [], None, ["baseline", "selective"]), ("moe_tp2", ["--tp", "2"], 2, ["sp", "selective+sp"]),
                 ("moe_ep2", ["--expert-model-parallel-size", "2"], 2, ["baseline", "selective"]),
                 ("moe_etp2", ["--tp", "2", "--expert-tensor-parallel-size", "2"], 2, ["sp", "selective+sp"]),
-                ("moe_ep4_tp2", ["--tp", "2", "--expert-model-parallel-size", "4"], 4, ["sp"]),
+                ("moe_ep4_tp2", ["--tp", "2", "--expert-model-parallel-size", "4"], 4, ["sp", "selective+sp"]),
                 ("moe_ep2_etp2", ["--tp", "2", "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"],
-                 4, ["sp"])]
+                 4, ["sp", "selective+sp"])]
         for tag, extra, ranks, configs in runs:
             args = [*moe_dumps.SHAPE, *combo, *extra, "--recompute-modules", "moe_act,shared_experts"]
             for r, c, _ in self.run_against_cpu(tag, args, configs, ranks):
