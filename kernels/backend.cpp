@@ -703,6 +703,28 @@ void Backend::moe_unpermute_bwd(const Tensor& d_out, const Tensor& y, const MoeD
   moe_unpermute_bwd_impl(d_out, y, plan, topk_weight, dy, d_topk_weight);
 }
 
+void Backend::moe_weight_rows(const Tensor& x, const Tensor& weight, const Tensor& y) {
+  const Contract c("moe_weight_rows", allocator_->device(), {{"x", &x}, {"weight", &weight}, {"y", &y}});
+  c.matrix("x", x, "[N, w] with w >= 1");
+  c.shape("weight", weight, {x.dim(0), 1}, "[N, 1]");
+  c.same_shape("y", y, "x", x);
+  c.floats({{"x", &x}, {"weight", &weight}, {"y", &y}});
+  moe_weight_rows_impl(x, weight, y);
+}
+
+void Backend::moe_weight_rows_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dx,
+                                  const Tensor& d_weight) {
+  const Contract c("moe_weight_rows_bwd", allocator_->device(),
+                   {{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"dx", &dx}, {"d_weight", &d_weight}});
+  c.matrix("x", x, "[N, w] with w >= 1");
+  c.same_shape("dy", dy, "x", x);
+  c.same_shape("dx", dx, "x", x);
+  c.shape("weight", weight, {x.dim(0), 1}, "[N, 1]");
+  c.shape("d_weight", d_weight, {x.dim(0), 1}, "[N, 1]");
+  c.floats({{"dy", &dy}, {"x", &x}, {"weight", &weight}, {"dx", &dx}, {"d_weight", &d_weight}});
+  moe_weight_rows_bwd_impl(dy, x, weight, dx, d_weight);
+}
+
 void Backend::grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) {
   const Contract c("grouped_gemm", allocator_->device(),
                    {{"x", &x}, {"w", &w}, {"tokens_per_expert", &tokens_per_expert}, {"y", &y}});

@@ -311,6 +311,13 @@ class Backend {
   // dropped pairs). Both written.
   void moe_unpermute_bwd(const Tensor& d_out, const Tensor& y, const MoeDispatch& plan, const Tensor& topk_weight,
                          const Tensor& dy, const Tensor& d_topk_weight);
+  // The routing weights into the experts' rows (Megatron-Core >= 0.13 weights the experts'
+  // activation): y [N, w] = weight[r] * x[r, :] per row, weight [N, 1]; fp32 math, rounded once.
+  void moe_weight_rows(const Tensor& x, const Tensor& weight, const Tensor& y);
+  // Its backward: dx [N, w] = weight[r] * dy[r, :]; d_weight [N, 1] = dy[r] . x[r] (fp32
+  // accumulation). Both written; dx may be x itself (each element read before it is written).
+  void moe_weight_rows_bwd(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dx,
+                           const Tensor& d_weight);
   // The experts' GEMMs over their rows: x [N, in] holds tokens_per_expert [E] (i32) rows of
   // each expert in order; w [E, in, out]; y [N, out] = x_e w_e per expert. Floats of any
   // dtype, fp32 accumulation; y must not overlap x or w.
@@ -407,6 +414,13 @@ class Backend {
   virtual void moe_unpermute_impl(const Tensor& y, const MoeDispatch& plan, const Tensor& topk_weight,
                                   const Tensor& out) {
     moe_not_implemented("moe_unpermute");
+  }
+  virtual void moe_weight_rows_impl(const Tensor& x, const Tensor& weight, const Tensor& y) {
+    moe_not_implemented("moe_weight_rows");
+  }
+  virtual void moe_weight_rows_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dx,
+                                        const Tensor& d_weight) {
+    moe_not_implemented("moe_weight_rows_bwd");
   }
   virtual void moe_unpermute_bwd_impl(const Tensor& d_out, const Tensor& y, const MoeDispatch& plan,
                                       const Tensor& topk_weight, const Tensor& dy, const Tensor& d_topk_weight) {

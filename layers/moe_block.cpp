@@ -359,13 +359,8 @@ Tensor TransformerLayer::moe_weighted_act(const char* stage, const Tensor& act_i
   Tensor act = be_.empty({rows, width}, opt_.dtype), weighted = be_.empty({rows, width}, opt_.dtype);
   PhaseRange phase(phase_name(stage, "experts_act"), phase_log_);
   activation_fwd(act_input, act);
-  scale_rows(probs, act, weighted);
+  be_.moe_weight_rows(act, probs, weighted);
   return weighted;
-}
-
-void TransformerLayer::scale_rows(const Tensor& scale, const Tensor& x, const Tensor& out) {
-  // One [1, 1] x [1, w] product per row (a batched GEMM, fp32 accumulation).
-  be_.gemm(gemm_args(false, false, 1, x.dim(1), 1, x.dim(0)), scale, x, out);
 }
 
 Tensor TransformerLayer::shared_experts_fwd(const CommContext& comm, const Tensor& normed, Tensor* act_input,
@@ -462,14 +457,9 @@ Tensor TransformerLayer::moe_weighted_act_bwd(const Tensor& d_weighted, SavedAct
   const int64_t rows = d_weighted.dim(0), width = d_weighted.dim(1);
   // d weight of a row = d weighted . act (the activation again from fc1's output, as
   // Megatron-Core's weighted SwiGLU reads only its inputs); d act = weight x d weighted.
-  Tensor d_probs = be_.empty({rows, 1}, opt_.dtype);
-  {
-    Tensor act = be_.empty({rows, width}, opt_.dtype);
-    activation_fwd(fc1, act);
-    be_.gemm(gemm_args(false, true, 1, 1, width, rows), d_weighted, act, d_probs);
-  }
-  Tensor d_act = be_.empty({rows, width}, opt_.dtype);
-  scale_rows(saved.moe_permuted_probs, d_weighted, d_act);
+  Tensor d_probs = be_.empty({rows, 1}, opt_.dtype), d_act = be_.empty({rows, width}, opt_.dtype);
+  activation_fwd(fc1, d_act);  // the activation again, overwritten in place by its gradient
+  be_.moe_weight_rows_bwd(d_weighted, d_act, saved.moe_permuted_probs, d_act, d_probs);
   activation_bwd(d_act, fc1, d_fc1);
   saved.moe_act_input = saved.moe_permuted_probs = Tensor();
   return d_probs;

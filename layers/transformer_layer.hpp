@@ -116,8 +116,6 @@ class TransformerLayer final : public LayerBase {
   // Its backward from d fc2's input: d fc1 written, d probs [rows, 1] returned; releases the
   // fc1 output and the weights it read.
   Tensor moe_weighted_act_bwd(const Tensor& d_weighted, SavedActivations& saved, const Tensor& d_fc1);
-  // out [rows, w] = x [rows, w] with row r times scale[r] ([rows, 1]).
-  void scale_rows(const Tensor& scale, const Tensor& x, const Tensor& out);
   // The dispatch plan over (token, choice) pairs: the T·k pairs as T·k tokens of one choice,
   // so moe_permute gathers the kept pairs' weights [T·k, 1] into plan order and moe_permute_bwd
   // scatters their gradients back (0 for dropped pairs).

@@ -260,6 +260,29 @@ TEST_F(GpuMoe, PermuteAndCombineForwardBackward) {
     }
 }
 
+TEST_F(GpuMoe, WeightRowsForwardBackwardInPlaceToo) {
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (int64_t w : {12, 300, 1}) {  // one stride of the block, several, and rows of one element
+      const std::string what = std::string(dtype_name(dt)) + " w " + std::to_string(w);
+      const int64_t N = 29;
+      const Both x = random({N, w}, dt), p = random({N, 1}, dt, 0.f, 1.f), y = poisoned({N, w}, dt);
+      gpu_->moe_weight_rows(x.g, p.g, y.g);
+      cpu_->moe_weight_rows(x.c, p.c, y.c);
+      expect_close(y, tol_for(dt), what + " weight_rows");
+      const Both dy = random({N, w}, dt), dx = poisoned({N, w}, dt), dp = poisoned({N, 1}, dt);
+      gpu_->moe_weight_rows_bwd(dy.g, x.g, p.g, dx.g, dp.g);
+      cpu_->moe_weight_rows_bwd(dy.c, x.c, p.c, dx.c, dp.c);
+      expect_close(dx, tol_for(dt), what + " weight_rows_bwd dx");
+      expect_close(dp, tol_for(dt), what + " weight_rows_bwd d_weight");
+      // In place: x overwritten by dx, as the layer runs it.
+      const Both dp2 = poisoned({N, 1}, dt);
+      gpu_->moe_weight_rows_bwd(dy.g, x.g, p.g, x.g, dp2.g);
+      cpu_->moe_weight_rows_bwd(dy.c, x.c, p.c, x.c, dp2.c);
+      expect_close(x, tol_for(dt), what + " in place dx");
+      expect_close(dp2, tol_for(dt), what + " in place d_weight");
+    }
+}
+
 TEST_F(GpuMoe, GroupedGemmForwardBackwardWithAnEmptyExpert) {
   for (DType dt : {DType::fp32, DType::bf16}) {
     const std::vector<float> counts = {5, 0, 12, 1, 9};  // expert 1 has no rows

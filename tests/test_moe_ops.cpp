@@ -385,6 +385,29 @@ TEST_F(MoeOps, PermuteAndCombineBackwardsMatchFiniteDifferences) {
   EXPECT_TRUE(close(read(dW), finite_difference([&](const Vec& v) { return combine(y, v); }, w, g_t), kFp32Grad));
 }
 
+TEST_F(MoeOps, WeightRowsAndItsBackwardMatchFiniteDifferences) {
+  const int64_t N = 5, w = 7;
+  const Vec x = random_vec(N * w, 21), p = random_vec(N, 22), g = random_vec(N * w, 23);
+  auto weighted = [&](const Vec& xx, const Vec& pp) {
+    Vec o(N * w);
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t i = 0; i < w; ++i) o[r * w + i] = pp[r] * xx[r * w + i];
+    return o;
+  };
+  Tensor Y = out({N, w});
+  be->moe_weight_rows(make(x, {N, w}), make(p, {N, 1}), Y);
+  EXPECT_TRUE(close(read(Y), weighted(x, p), kFp32Grad));
+  Tensor dX = out({N, w}), dP = out({N, 1});
+  be->moe_weight_rows_bwd(make(g, {N, w}), make(x, {N, w}), make(p, {N, 1}), dX, dP);
+  EXPECT_TRUE(close(read(dX), finite_difference([&](const Vec& v) { return weighted(v, p); }, x, g), kFp32Grad));
+  EXPECT_TRUE(close(read(dP), finite_difference([&](const Vec& v) { return weighted(x, v); }, p, g), kFp32Grad));
+  // In place (dx the x it reads, as the layer's backward runs it): the same values.
+  Tensor inplace = make(x, {N, w}), dP2 = out({N, 1});
+  be->moe_weight_rows_bwd(make(g, {N, w}), inplace, make(p, {N, 1}), inplace, dP2);
+  EXPECT_EQ(read(inplace), read(dX));
+  EXPECT_EQ(read(dP2), read(dP));
+}
+
 // ---- grouped GEMM ----------------------------------------------------------------------------
 
 Vec grouped_ref(const Vec& x, const Vec& w, const Ints& counts, int64_t in, int64_t out) {
@@ -527,6 +550,18 @@ TEST_P(MoeContract, DispatchPermuteCombine) {
           [&] { be_->moe_unpermute_bwd(X, P, plan, Wt, t({5, h}), t({T, k})); });
   refuses("moe_unpermute_bwd", "d_topk_weight must be a float tensor",
           [&] { be_->moe_unpermute_bwd(X, P, plan, Wt, t({N, h}), t({T, k}, i32)); });
+
+  const Tensor probs = t({N, 1});
+  accepts([&] { be_->moe_weight_rows(P, probs, t({N, h})); }, "moe_weight_rows");
+  accepts([&] { be_->moe_weight_rows_bwd(P, P, probs, t({N, h}), t({N, 1})); }, "moe_weight_rows_bwd");
+  refuses("moe_weight_rows", "weight must be [N, 1] = [6, 1], got [6]", [&] { be_->moe_weight_rows(P, t({N}), P); });
+  refuses("moe_weight_rows", "y must be [6, 5] like x", [&] { be_->moe_weight_rows(P, probs, t({N, 4})); });
+  refuses("moe_weight_rows", "x must be [N, w] with w >= 1", [&] { be_->moe_weight_rows(t({N}), probs, t({N})); });
+  refuses("moe_weight_rows", "weight must be a float tensor", [&] { be_->moe_weight_rows(P, t({N, 1}, i32), P); });
+  refuses("moe_weight_rows_bwd", "dx must be [6, 5] like x",
+          [&] { be_->moe_weight_rows_bwd(P, P, probs, t({5, h}), t({N, 1})); });
+  refuses("moe_weight_rows_bwd", "d_weight must be [N, 1] = [6, 1], got [5, 1]",
+          [&] { be_->moe_weight_rows_bwd(P, P, probs, P, t({5, 1})); });
 }
 
 TEST_P(MoeContract, GroupedGemm) {

@@ -592,6 +592,22 @@ class CpuBackend final : public Backend {
     dwo.commit();
   }
 
+  void moe_weight_rows_impl(const Tensor& x, const Tensor& weight, const Tensor& y) override {
+    const FloatIn xv(x), wv(weight);
+    FloatOut yo(y);
+    cpu::moe_weight_rows(xv.data(), wv.data(), x.dim(0), x.dim(1), yo.data());
+    yo.commit();
+  }
+
+  void moe_weight_rows_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dx,
+                                const Tensor& d_weight) override {
+    const FloatIn g(dy), xv(x), wv(weight);
+    FloatOut dxo(dx), dwo(d_weight);
+    cpu::moe_weight_rows_bwd(g.data(), xv.data(), wv.data(), x.dim(0), x.dim(1), dxo.data(), dwo.data());
+    dxo.commit();
+    dwo.commit();
+  }
+
   void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) override {
     const int32_t* counts = tokens_per_expert.data_as<const int32_t>();
     cpu::moe_plan_rows(counts, w.dim(0), x.dim(0), "grouped_gemm", "x");

@@ -235,6 +235,23 @@ void moe_unpermute_bwd(const float* d_out, const float* y, const int32_t* slot_r
     }
 }
 
+void moe_weight_rows(const float* x, const float* weight, int64_t N, int64_t w, float* y) {
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t i = 0; i < w; ++i) y[r * w + i] = weight[r] * x[r * w + i];
+}
+
+void moe_weight_rows_bwd(const float* dy, const float* x, const float* weight, int64_t N, int64_t w, float* dx,
+                         float* d_weight) {
+  for (int64_t r = 0; r < N; ++r) {
+    double dot = 0;
+    for (int64_t i = 0; i < w; ++i) {  // x read before dx is written: dx may be x
+      dot += static_cast<double>(dy[r * w + i]) * x[r * w + i];
+      dx[r * w + i] = weight[r] * dy[r * w + i];
+    }
+    d_weight[r] = static_cast<float>(dot);
+  }
+}
+
 void grouped_gemm(const float* x, const float* w, const int32_t* counts, int64_t E, int64_t in, int64_t out,
                   float* y) {
   int64_t row = 0;

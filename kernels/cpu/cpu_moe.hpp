@@ -38,6 +38,10 @@ void moe_unpermute(const float* y, const int32_t* slot_row, const float* weight,
 // dy [N, h] (every row is some kept pair's), d_weight [T, k].
 void moe_unpermute_bwd(const float* d_out, const float* y, const int32_t* slot_row, const float* weight, int64_t T,
                        int64_t k, int64_t h, float* dy, float* d_weight);
+// y [N, w] = weight[r] * x[r, :]; and back: dx = weight[r] * dy[r, :], d_weight[r] = dy[r] . x[r].
+void moe_weight_rows(const float* x, const float* weight, int64_t N, int64_t w, float* y);
+void moe_weight_rows_bwd(const float* dy, const float* x, const float* weight, int64_t N, int64_t w, float* dx,
+                         float* d_weight);
 
 // x [N, in], w [E, in, out], counts [E] (summing to N): y [N, out] = x_e w_e.
 void grouped_gemm(const float* x, const float* w, const int32_t* counts, int64_t E, int64_t in, int64_t out, float* y);

@@ -443,6 +443,18 @@ class CudaBackend final : public Backend {
                             d_topk_weight.data(), stream_);
   }
 
+  void moe_weight_rows_impl(const Tensor& x, const Tensor& weight, const Tensor& y) override {
+    const DType dt = one_dtype("moe_weight_rows", {&x, &weight, &y});
+    cuda::moe_weight_rows(dt, x.data(), weight.data(), x.dim(0), x.dim(1), y.data(), stream_);
+  }
+
+  void moe_weight_rows_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& dx,
+                                const Tensor& d_weight) override {
+    const DType dt = one_dtype("moe_weight_rows_bwd", {&dy, &x, &weight, &dx, &d_weight});
+    cuda::moe_weight_rows_bwd(dt, dy.data(), x.data(), weight.data(), x.dim(0), x.dim(1), dx.data(), d_weight.data(),
+                              stream_);
+  }
+
   // Grouped GEMM: one cuBLASLt GEMM per expert over its rows. The rows per expert live on the
   // device (the dispatch wrote them), and a GEMM's shape is a host argument, so they are
   // copied to the host first: one copy and one wait per call, as Megatron-Core's dropless

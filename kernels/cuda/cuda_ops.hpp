@@ -131,5 +131,9 @@ void moe_unpermute(DType dt, const void* y, const int32_t* slot_row, const void*
                    int64_t k, int64_t h, void* out, cudaStream_t stream);
 void moe_unpermute_bwd(DType dt, const void* d_out, const void* y, const int32_t* slot_row, const void* weight,
                        int64_t N, int64_t T, int64_t k, int64_t h, void* dy, void* d_weight, cudaStream_t stream);
+// y [N, w] = weight[r] * x[r, :]; back: dx = weight[r] * dy[r, :], d_weight[r] = dy[r] . x[r].
+void moe_weight_rows(DType dt, const void* x, const void* weight, int64_t N, int64_t w, void* y, cudaStream_t stream);
+void moe_weight_rows_bwd(DType dt, const void* dy, const void* x, const void* weight, int64_t N, int64_t w, void* dx,
+                         void* d_weight, cudaStream_t stream);
 
 }  // namespace actbench::cuda

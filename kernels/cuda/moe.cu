@@ -425,6 +425,36 @@ __global__ void unpermute_bwd_kernel(const T* __restrict__ d_out, const T* __res
     }
 }
 
+// The routing weights into the experts' rows: one block per row (grid-stride), the weight read
+// once per row, the width in coalesced strides.
+template <typename T>
+__global__ void weight_rows_kernel(const T* __restrict__ x, const T* __restrict__ weight, int64_t rows, int64_t w,
+                                   T* __restrict__ y) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float p = to_float(weight[r]);
+    for (int64_t i = threadIdx.x; i < w; i += blockDim.x) y[r * w + i] = from_float<T>(p * to_float(x[r * w + i]));
+  }
+}
+
+// Its backward: dx = weight * dy along the row, and the row's dot of dy with x in the same pass
+// (block_sum: the order of the additions depends on blockDim alone).
+template <typename T>
+__global__ void weight_rows_bwd_kernel(const T* __restrict__ dy, const T* x, const T* __restrict__ weight,
+                                       int64_t rows, int64_t w, T* dx, T* __restrict__ d_weight) {
+  __shared__ float scratch[32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float p = to_float(weight[r]);
+    float dot = 0.f;
+    for (int64_t i = threadIdx.x; i < w; i += blockDim.x) {  // x read before dx is written: dx may be x
+      const float g = to_float(dy[r * w + i]);
+      dot += g * to_float(x[r * w + i]);
+      dx[r * w + i] = from_float<T>(p * g);
+    }
+    dot = block_sum(dot, scratch);
+    if (threadIdx.x == 0) d_weight[r] = from_float<T>(dot);
+  }
+}
+
 RouteShape route_shape(int64_t E, const MoeRouting& r) {
   return RouteShape{static_cast<int>(E), static_cast<int>(r.top_k), static_cast<int>(r.num_groups),
                     static_cast<int>(r.group_top_k), r.score == MoeRouting::Score::sigmoid, r.normalize, r.scaling};
@@ -560,6 +590,24 @@ void moe_unpermute_bwd(DType dt, const void* d_out, const void* y, const int32_t
                               static_cast<const S*>(d_out), static_cast<const S*>(y), slot_row,
                               static_cast<const S*>(weight), T, static_cast<int>(k), N, h, static_cast<S*>(dy),
                               static_cast<S*>(d_weight)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_weight_rows(DType dt, const void* x, const void* weight, int64_t N, int64_t w, void* y, cudaStream_t stream) {
+  if (N == 0) return;
+  ACTBENCH_DISPATCH_FLOAT(dt, "moe_weight_rows", S,
+                          weight_rows_kernel<S><<<row_blocks(N), kRowThreads, 0, stream>>>(
+                              static_cast<const S*>(x), static_cast<const S*>(weight), N, w, static_cast<S*>(y)));
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_weight_rows_bwd(DType dt, const void* dy, const void* x, const void* weight, int64_t N, int64_t w, void* dx,
+                         void* d_weight, cudaStream_t stream) {
+  if (N == 0) return;
+  ACTBENCH_DISPATCH_FLOAT(dt, "moe_weight_rows_bwd", S,
+                          weight_rows_bwd_kernel<S><<<row_blocks(N), kRowThreads, 0, stream>>>(
+                              static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(weight), N,
+                              w, static_cast<S*>(dx), static_cast<S*>(d_weight)));
   CUDA_CHECK_LAUNCH();
 }
 

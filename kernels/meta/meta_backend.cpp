@@ -63,6 +63,8 @@ class MetaBackend final : public Backend {
   void moe_unpermute_impl(const Tensor&, const MoeDispatch&, const Tensor&, const Tensor&) override {}
   void moe_unpermute_bwd_impl(const Tensor&, const Tensor&, const MoeDispatch&, const Tensor&, const Tensor&,
                               const Tensor&) override {}
+  void moe_weight_rows_impl(const Tensor&, const Tensor&, const Tensor&) override {}
+  void moe_weight_rows_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void grouped_gemm_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void grouped_gemm_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                              const Tensor&) override {}

@@ -671,6 +671,29 @@ TEST_P(SimKernels, MoeDispatchPermuteCombine) {
   }
 }
 
+TEST_P(SimKernels, MoeWeightRowsForwardBackwardInPlaceToo) {
+  // The routing weights into the experts' rows: widths of one block stride and several, and
+  // backward in place (dx the x it reads), as the layer runs it.
+  const int64_t N = 37;
+  for (int64_t w : {int64_t{9}, int64_t{600}}) {
+    const std::string wide = " w " + std::to_string(w);
+    Both x = random({N, w}, dt()), p = random({N, 1}, dt(), 0.f, 1.f), y = output({N, w}, dt());
+    cuda::moe_weight_rows(dt(), x.dev(), p.dev(), N, w, y.dev(), nullptr);
+    cpu_->moe_weight_rows(x.c, p.c, y.c);
+    expect_close(y, tol_for(dt()), name("moe_weight_rows" + wide));
+    Both dy = random({N, w}, dt()), dx = output({N, w}, dt()), dp = output({N, 1}, dt());
+    cuda::moe_weight_rows_bwd(dt(), dy.dev(), x.dev(), p.dev(), N, w, dx.dev(), dp.dev(), nullptr);
+    cpu_->moe_weight_rows_bwd(dy.c, x.c, p.c, dx.c, dp.c);
+    expect_close(dx, tol_for(dt()), name("moe_weight_rows_bwd dx" + wide));
+    expect_close(dp, tol_for(dt()), name("moe_weight_rows_bwd d_weight" + wide));
+    Both dp2 = output({N, 1}, dt());
+    cuda::moe_weight_rows_bwd(dt(), dy.dev(), x.dev(), p.dev(), N, w, x.dev(), dp2.dev(), nullptr);
+    cpu_->moe_weight_rows_bwd(dy.c, x.c, p.c, x.c, dp2.c);
+    expect_close(x, tol_for(dt()), name("moe_weight_rows_bwd in place dx" + wide));
+    expect_close(dp2, tol_for(dt()), name("moe_weight_rows_bwd in place d_weight" + wide));
+  }
+}
+
 // ---- head layout ---------------------------------------------------------------------------
 
 TEST_P(SimKernels, SplitAndMergeHeadsBitwise) {
