@@ -246,12 +246,21 @@ class Contract {
   }
 
   // x [N, in], w [E, in, out], tokens_per_expert [E] i32: returns out.
-  int64_t experts(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert) const {
+  int64_t experts(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
+                  const std::vector<int64_t>& host_rows) const {
     matrix("x", x, "[N, in]");
     if (w.ndim() != 3 || w.dim(0) < 1 || w.dim(1) != x.dim(1))
       fail("w must be [E, in = " + std::to_string(x.dim(1)) + ", out], got " + shape_str(w.shape()));
     shape("tokens_per_expert", tokens_per_expert, {w.dim(0)}, "[E]");
     dtype("tokens_per_expert", tokens_per_expert, DType::i32);
+    if (!host_rows.empty()) {
+      int64_t sum = 0;
+      bool negative = false;
+      for (int64_t n : host_rows) sum += n, negative = negative || n < 0;
+      if (static_cast<int64_t>(host_rows.size()) != w.dim(0) || negative || sum != x.dim(0))
+        fail("host_rows must be E = " + std::to_string(w.dim(0)) + " counts >= 0 summing to the " +
+             std::to_string(x.dim(0)) + " rows of x");
+    }
     return w.dim(2);
   }
 
@@ -725,22 +734,23 @@ void Backend::moe_weight_rows_bwd(const Tensor& dy, const Tensor& x, const Tenso
   moe_weight_rows_bwd_impl(dy, x, weight, dx, d_weight);
 }
 
-void Backend::grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) {
+void Backend::grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y,
+                           const std::vector<int64_t>& host_rows) {
   const Contract c("grouped_gemm", allocator_->device(),
                    {{"x", &x}, {"w", &w}, {"tokens_per_expert", &tokens_per_expert}, {"y", &y}});
-  const int64_t out = c.experts(x, w, tokens_per_expert);
+  const int64_t out = c.experts(x, w, tokens_per_expert, host_rows);
   c.shape("y", y, {x.dim(0), out}, "[N, out]");
   c.floats({{"x", &x}, {"w", &w}, {"y", &y}});
   if (overlaps(y, x) || overlaps(y, w)) c.fail("y must not overlap x or w");
-  grouped_gemm_impl(x, w, tokens_per_expert, y);
+  grouped_gemm_impl(x, w, tokens_per_expert, y, host_rows);
 }
 
 void Backend::grouped_gemm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
-                               const Tensor& dx, const Tensor& dw) {
+                               const Tensor& dx, const Tensor& dw, const std::vector<int64_t>& host_rows) {
   const Contract c("grouped_gemm_bwd", allocator_->device(),
                    {{"dy", &dy}, {"x", &x}, {"w", &w}, {"tokens_per_expert", &tokens_per_expert}, {"dx", &dx},
                     {"dw", &dw}});
-  const int64_t out = c.experts(x, w, tokens_per_expert);
+  const int64_t out = c.experts(x, w, tokens_per_expert, host_rows);
   c.shape("dy", dy, {x.dim(0), out}, "[N, out]");
   c.same_shape("dx", dx, "x", x);
   c.same_shape("dw", dw, "w", w);
@@ -748,7 +758,7 @@ void Backend::grouped_gemm_bwd(const Tensor& dy, const Tensor& x, const Tensor& 
   for (const Tensor* in : {&dy, &x, &w})
     if (overlaps(dx, *in) || overlaps(dw, *in)) c.fail("dx and dw must not overlap dy, x or w");
   if (overlaps(dx, dw)) c.fail("dx must not overlap dw");
-  grouped_gemm_bwd_impl(dy, x, w, tokens_per_expert, dx, dw);
+  grouped_gemm_bwd_impl(dy, x, w, tokens_per_expert, dx, dw, host_rows);
 }
 
 }  // namespace actbench

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/allocator.hpp"
 #include "runtime/error.hpp"
@@ -320,11 +321,15 @@ class Backend {
                            const Tensor& d_weight);
   // The experts' GEMMs over their rows: x [N, in] holds tokens_per_expert [E] (i32) rows of
   // each expert in order; w [E, in, out]; y [N, out] = x_e w_e per expert. Floats of any
-  // dtype, fp32 accumulation; y must not overlap x or w.
-  void grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y);
+  // dtype, fp32 accumulation; y must not overlap x or w. host_rows, when given, are the same
+  // counts already on the host (the layer read them once after the dispatch), so that a GPU
+  // need not copy them back and wait, as Megatron-Core's grouped GEMM takes its m_splits; they
+  // must sum to N (cpu also checks that they equal tokens_per_expert).
+  void grouped_gemm(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y,
+                    const std::vector<int64_t>& host_rows = {});
   // dx [N, in] = dy_e w_e^T, dw [E, in, out] = x_e^T dy_e (written; 0 for an expert of no rows).
   void grouped_gemm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
-                        const Tensor& dx, const Tensor& dw);
+                        const Tensor& dx, const Tensor& dw, const std::vector<int64_t>& host_rows = {});
 
  protected:
   explicit Backend(std::unique_ptr<CachingAllocator> alloc) : allocator_(std::move(alloc)) {}
@@ -426,11 +431,13 @@ class Backend {
                                       const Tensor& topk_weight, const Tensor& dy, const Tensor& d_topk_weight) {
     moe_not_implemented("moe_unpermute_bwd");
   }
-  virtual void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) {
+  virtual void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y,
+                                 const std::vector<int64_t>& host_rows) {
     moe_not_implemented("grouped_gemm");
   }
   virtual void grouped_gemm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& w,
-                                     const Tensor& tokens_per_expert, const Tensor& dx, const Tensor& dw) {
+                                     const Tensor& tokens_per_expert, const Tensor& dx, const Tensor& dw,
+                                     const std::vector<int64_t>& host_rows) {
     moe_not_implemented("grouped_gemm_bwd");
   }
 

@@ -245,6 +245,10 @@ void TransformerLayer::exchange(const char* stage, const ExpertExchange& x, cons
   x.group->all_to_all_v(send, send_rows, recv, recv_rows);
 }
 
+const std::vector<int64_t>& TransformerLayer::local_rows_per_expert() const {
+  return exchanges_expert_rows() ? expert_exchanges_.back().expert_rows : moe_stats_.tokens_per_expert;
+}
+
 // The local experts' row counts, as the grouped GEMMs take them (i32 on the device).
 Tensor TransformerLayer::local_expert_counts() {
   const std::vector<int64_t>& rows = expert_exchanges_.back().expert_rows;
@@ -322,13 +326,13 @@ Tensor TransformerLayer::moe_routed_fwd(const char* stage, const Tensor& normed,
   Tensor fc1 = be_.empty({rows, w1.dim(2)}, opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "experts_fc1"), phase_log_);
-    be_.grouped_gemm(permuted, w1, counts, fc1);
+    be_.grouped_gemm(permuted, w1, counts, fc1, local_rows_per_expert());
   }
   Tensor act = moe_weighted_act(stage, fc1, probs);
   Tensor fc2 = be_.empty({rows, h}, opt_.dtype), out = be_.empty(normed.shape(), opt_.dtype);
   {
     PhaseRange phase(phase_name(stage, "experts_fc2"), phase_log_);
-    be_.grouped_gemm(act, params_.experts_fc2_weight, counts, fc2);
+    be_.grouped_gemm(act, params_.experts_fc2_weight, counts, fc2, local_rows_per_expert());
   }
   if (exchanges_expert_rows()) fc2 = from_experts(stage, fc2);
   {
@@ -418,7 +422,7 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
   {
     PhaseRange phase("bwd.experts_fc2", phase_log_);
     be_.grouped_gemm_bwd(d_fc2, saved.moe_fc2_input, params_.experts_fc2_weight, counts, d_weighted,
-                         grads_.experts_fc2_weight);
+                         grads_.experts_fc2_weight, local_rows_per_expert());
     d_fc2 = saved.moe_fc2_input = Tensor();
   }
   Tensor d_fc1 = be_.empty(saved.moe_act_input.shape(), opt_.dtype);
@@ -428,7 +432,7 @@ void TransformerLayer::moe_routed_bwd(const Tensor& d_out, SavedActivations& sav
   {
     PhaseRange phase("bwd.experts_fc1", phase_log_);
     be_.grouped_gemm_bwd(d_fc1, saved.moe_permuted, params_.experts_fc1_weight, counts, d_permuted,
-                         grads_.experts_fc1_weight);
+                         grads_.experts_fc1_weight, local_rows_per_expert());
     d_fc1 = saved.moe_permuted = saved.moe_expert_counts = Tensor();
   }
   if (ep) {

@@ -171,6 +171,9 @@ class TransformerLayer final : public LayerBase {
                 const Tensor& recv, const std::vector<int64_t>& recv_rows);
   void copy_matrix_rows(const Tensor& src, int64_t src_row, const Tensor& dst, int64_t dst_row, int64_t rows);
   Tensor local_expert_counts();
+  // The rows of each of this rank's experts in this forward, on the host (the grouped GEMMs'
+  // shapes, read once after the dispatch): the routed histogram, or the exchange's last stage.
+  const std::vector<int64_t>& local_rows_per_expert() const;
 
   int64_t ffn_per_rank_;  // F/t, the MLP width on this rank
   MoeRoutingStats moe_stats_;

@@ -588,6 +588,17 @@ TEST_P(MoeContract, GroupedGemm) {
           [&] { be_->grouped_gemm_bwd(Y, X, W, C, t({N, in}), t({E, in, 4})); });
   refuses("grouped_gemm_bwd", "dx and dw must not overlap",
           [&] { be_->grouped_gemm_bwd(Y, X, W, C, X, t({E, in, out})); });
+  // The counts on the host too (the layer's, so that a GPU need not read them back).
+  accepts([&] { be_->grouped_gemm(X, W, C, Y, {2, 0, 4}); }, "grouped_gemm with host_rows");
+  accepts([&] { be_->grouped_gemm_bwd(Y, X, W, C, t({N, in}), t({E, in, out}), {2, 0, 4}); },
+          "grouped_gemm_bwd with host_rows");
+  const std::string host = "host_rows must be E = 3 counts >= 0 summing to the 6 rows of x";
+  refuses("grouped_gemm", host, [&] { be_->grouped_gemm(X, W, C, Y, {2, 4}); });
+  refuses("grouped_gemm", host, [&] { be_->grouped_gemm(X, W, C, Y, {2, 1, 4}); });
+  refuses("grouped_gemm_bwd", host, [&] { be_->grouped_gemm_bwd(Y, X, W, C, t({N, in}), t({E, in, out}), {-1, 3, 4}); });
+  if (be_->computes())  // cpu holds the device's counts too: they must be the host's
+    refuses("grouped_gemm", "host_rows[0] = 3 but tokens_per_expert holds 2",
+            [&] { be_->grouped_gemm(X, W, C, Y, {3, 0, 3}); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MoeContract, ::testing::Values("cpu", "meta"));

@@ -608,9 +608,21 @@ class CpuBackend final : public Backend {
     dwo.commit();
   }
 
-  void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) override {
+  // The host's counts, when given, must be the device's: a layer that passed others would run
+  // its GPU GEMMs over the wrong rows.
+  static void check_host_rows(const int32_t* counts, const std::vector<int64_t>& host_rows, const char* op) {
+    for (size_t e = 0; e < host_rows.size(); ++e)
+      if (host_rows[e] != counts[e])
+        throw InvalidArgument(std::string(op) + ": host_rows[" + std::to_string(e) + "] = " +
+                              std::to_string(host_rows[e]) + " but tokens_per_expert holds " +
+                              std::to_string(counts[e]));
+  }
+
+  void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y,
+                         const std::vector<int64_t>& host_rows) override {
     const int32_t* counts = tokens_per_expert.data_as<const int32_t>();
     cpu::moe_plan_rows(counts, w.dim(0), x.dim(0), "grouped_gemm", "x");
+    check_host_rows(counts, host_rows, "grouped_gemm");
     const FloatIn xv(x), wv(w);
     FloatOut yv(y);
     cpu::grouped_gemm(xv.data(), wv.data(), counts, w.dim(0), w.dim(1), w.dim(2), yv.data());
@@ -618,9 +630,10 @@ class CpuBackend final : public Backend {
   }
 
   void grouped_gemm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
-                             const Tensor& dx, const Tensor& dw) override {
+                             const Tensor& dx, const Tensor& dw, const std::vector<int64_t>& host_rows) override {
     const int32_t* counts = tokens_per_expert.data_as<const int32_t>();
     cpu::moe_plan_rows(counts, w.dim(0), x.dim(0), "grouped_gemm_bwd", "x");
+    check_host_rows(counts, host_rows, "grouped_gemm_bwd");
     const FloatIn g(dy), xv(x), wv(w);
     FloatOut dxo(dx), dwo(dw);
     cpu::grouped_gemm_bwd(g.data(), xv.data(), wv.data(), counts, w.dim(0), w.dim(1), w.dim(2), dxo.data(),

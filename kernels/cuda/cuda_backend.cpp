@@ -455,12 +455,15 @@ class CudaBackend final : public Backend {
                               stream_);
   }
 
-  // Grouped GEMM: one cuBLASLt GEMM per expert over its rows. The rows per expert live on the
-  // device (the dispatch wrote them), and a GEMM's shape is a host argument, so they are
-  // copied to the host first: one copy and one wait per call, as Megatron-Core's dropless
-  // grouped GEMM synchronises on tokens_per_expert. (A device-side grouped kernel would
-  // avoid the wait; these calls keep cuBLASLt's tuned kernels and fp32 accumulation.)
-  std::vector<int32_t> expert_rows(const Tensor& tokens_per_expert, int64_t rows, const char* op) {
+  // Grouped GEMM: one cuBLASLt GEMM per expert over its rows. A GEMM's shape is a host
+  // argument: the counts come from the caller's host copy (the MoE layer reads them once after
+  // the dispatch, as Megatron-Core's dropless path does, and passes them to every grouped GEMM
+  // of the layer) or, without one, from the device (the dispatch wrote them), at the cost of a
+  // copy and a wait per call. (A device-side grouped kernel would need neither; these calls
+  // keep cuBLASLt's tuned kernels and fp32 accumulation.)
+  std::vector<int32_t> expert_rows(const Tensor& tokens_per_expert, int64_t rows, const char* op,
+                                   const std::vector<int64_t>& host_rows) {
+    if (!host_rows.empty()) return {host_rows.begin(), host_rows.end()};  // the contract checked their sum
     std::vector<int32_t> counts(static_cast<size_t>(tokens_per_expert.numel()));
     CUDA_CHECK(cudaMemcpyAsync(counts.data(), tokens_per_expert.data(), tokens_per_expert.bytes(),
                                cudaMemcpyDeviceToHost, stream_));
@@ -468,9 +471,10 @@ class CudaBackend final : public Backend {
     cpu::moe_plan_rows(counts.data(), static_cast<int64_t>(counts.size()), rows, op, "x");  // the cpu's check
     return counts;
   }
-  void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y) override {
+  void grouped_gemm_impl(const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert, const Tensor& y,
+                         const std::vector<int64_t>& host_rows) override {
     const DType dt = one_dtype("grouped_gemm", {&x, &w, &y});
-    const std::vector<int32_t> counts = expert_rows(tokens_per_expert, x.dim(0), "grouped_gemm");
+    const std::vector<int32_t> counts = expert_rows(tokens_per_expert, x.dim(0), "grouped_gemm", host_rows);
     const int64_t in = w.dim(1), out = w.dim(2), es = static_cast<int64_t>(dtype_size(dt));
     int64_t row = 0;
     for (size_t e = 0; e < counts.size(); ++e) {
@@ -482,9 +486,10 @@ class CudaBackend final : public Backend {
     }
   }
   void grouped_gemm_bwd_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& tokens_per_expert,
-                             const Tensor& dx, const Tensor& dw) override {
+                             const Tensor& dx, const Tensor& dw, const std::vector<int64_t>& host_rows) override {
     const DType dt = one_dtype("grouped_gemm_bwd", {&dy, &x, &w, &dx, &dw});
-    const std::vector<int32_t> counts = expert_rows(tokens_per_expert, x.dim(0), "grouped_gemm_bwd");
+    const std::vector<int32_t> counts =
+        expert_rows(tokens_per_expert, x.dim(0), "grouped_gemm_bwd", host_rows);
     const int64_t in = w.dim(1), out = w.dim(2), es = static_cast<int64_t>(dtype_size(dt));
     int64_t row = 0;
     for (size_t e = 0; e < counts.size(); ++e) {

@@ -65,9 +65,10 @@ class MetaBackend final : public Backend {
                               const Tensor&) override {}
   void moe_weight_rows_impl(const Tensor&, const Tensor&, const Tensor&) override {}
   void moe_weight_rows_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void grouped_gemm_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void grouped_gemm_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&) override {}
+  void grouped_gemm_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const std::vector<int64_t>&) override {}
+  void grouped_gemm_bwd_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const std::vector<int64_t>&) override {}
 };
 
 }  // namespace
