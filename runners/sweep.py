@@ -5,7 +5,8 @@
              [--dry-run] [--retry-failed] [--no-wait] [--warmup W] [--iters I] [--dtype D]
              [--dropout P] [--memory-limit 80GiB] [--build DIR] [--extra "ARGS"]
 
-PLAN is a built-in plan (table4, seqlen, tp, models, longseq, llama, smoke) or a JSON plan file:
+PLAN is a built-in plan (table4, seqlen, tp, models, longseq, llama, longcontext, moe, smoke) or a
+JSON plan file:
 
     {"name": "mine",
      "fixed": {"model": "22b", "batch": 1, "tp": 8},
@@ -18,7 +19,7 @@ of a point: model hidden heads seq batch tp config attention dtype dropout layer
 the layer spec's, each named as the CSV column that records it and passed under layer_run's
 Megatron-LM flag: normalization norm_epsilon qk_layernorm activation ffn_hidden
 add_bias_linear add_qkv_bias kv_heads kv_channels position_embedding rotary_percent rotary_base
-attention_dropout hidden_dropout recompute_modules (docs/sweeps.md). A point's key is the
+attention_dropout hidden_dropout recompute_modules, and cp cp_comm_type ep etp (docs/sweeps.md). A point's key is the
 text layer_run writes in those columns (plus the backend and whether t is emulated), predicted
 by the rules layer_run writes them with (the arch column is gpt, llama or custom, as the spec
 is); a point whose key is already in the CSV is skipped, so a sweep killed at any moment is
@@ -26,7 +27,9 @@ resumed by running it again. Numbers in a plan or an option are taken only as la
 spells them (ASCII digits); a plan file is at most 4 levels deep and 1000000 points.
 
 Models: tiny 22b 175b 530b 1t (arch gpt) and llama3-8b llama3-70b llama3-405b (arch llama),
-each with layer_run's preset shape and spec (runners/facts.json) unless the plan sets them.
+each with layer_run's preset shape and spec (runners/facts.json) unless the plan sets them;
+mixtral-8x7b qwen3-30b-a3b deepseek-v3 (arch moe) with their preset's spec (a plan sets their
+shape, ep and etp, not their spec).
 "arch": "llama" on a gpt model starts from the llama spec at that shape. --dropout is the
 default of gpt points; a llama point keeps the preset's 0 unless the plan sets dropout.
 recompute_modules applies to selective configurations (else its column is empty). --extra
@@ -47,9 +50,11 @@ group: SIGINT / SIGTERM to the sweep are passed on to it, and on Linux it is sen
 when the sweep dies, however it dies.
 
 With --launcher mpi (or auto with a cuda/cpu backend and mpirun on PATH and t > 1) a point
-runs under `mpirun -np t` (Open MPI: run-as-root variables set when running as root,
---oversubscribe when t exceeds the CPUs); with emulate (the default for meta, and for auto
-without mpirun) one process plays rank 0 of t (--emulate-tp). Binaries are found in
+runs under `mpirun -np t` (t x C with context parallelism; ep, or t x ep with etp = t, with
+expert parallelism over data-parallel replicas) (Open MPI: run-as-root variables set when
+running as root, --oversubscribe when the ranks exceed the CPUs); with emulate (the default for
+meta, and for auto without mpirun) one process plays rank 0 (--emulate-tp, --emulate-cp,
+--emulate-ep). Binaries are found in
 $ACTBENCH_BUILD, --build, or the newest build*/ folder of the repository (not a simulator build). Only Python's
 standard library.
 
@@ -89,8 +94,11 @@ with open(os.path.join(HERE, "facts.json")) as _facts_file:
     FACTS = json.load(_facts_file)
 PAPER_CONFIGS = FACTS["paper_configs"]
 SELECTIVE_CONFIGS = {c["name"] for c in FACTS["configs"] if c["recompute"] == "selective"}
-# The mixtures of experts (arch moe) are not swept yet: their points would need the experts' keys.
-PRESETS = {p["name"]: p for p in FACTS["presets"] if p["arch"] != "moe"}
+PRESETS = {p["name"]: p for p in FACTS["presets"]}
+# The mixtures of experts (arch moe: Mixtral, Qwen3-MoE, DeepSeek-V3) run their preset's spec,
+# experts and latent attention included; a plan varies their shape, parallelism (ep, etp) and
+# recompute, not their spec.
+MOE_MODELS = {name for name, p in PRESETS.items() if p["arch"] == "moe"}
 PAPER_MODELS = [p["name"] for p in FACTS["presets"] if p["paper"]]
 ATTENTIONS = FACTS["attention"]
 ARCHS = tuple(FACTS["archs"])
@@ -116,7 +124,7 @@ KEY_COLUMNS = ["backend", "model", "hidden", "heads", "seq", "batch", "tp", "emu
                "norm_epsilon",
                "qk_layernorm", "activation", "add_bias_linear", "add_qkv_bias", "position_embedding",
                "rotary_percent", "rotary_base", "attention_dropout", "hidden_dropout", "recompute_modules", "cp",
-               "cp_comm_type"]
+               "cp_comm_type", "ep", "etp"]
 SHAPE_FIELDS = ("seq", "batch", "hidden", "heads", "tp")
 
 BUILTIN_PLANS = {
@@ -145,11 +153,18 @@ BUILTIN_PLANS = {
     "longcontext": {"fixed": {"model": "22b", "tp": 8, "batch": 1, "attention": "fused", "cp_comm_type": "p2p"},
                     "grid": {"seq": [32768, 65536, 131072, 262144, 524288, 1048576], "cp": [1, 2, 4, 8, 16],
                              "config": ["selective+sp", "full+sp"]}},
+    # Beyond the paper: Mixtral-8x7B's MoE layer at t = 2 (SP, fused attention) with its experts
+    # whole on each rank (ep 1), over the TP group (ep 2), over 2 and 4 replicas of it (ep 4, 8),
+    # each split over TP or not (etp), under Megatron-Core's MoE recompute modules.
+    "moe": {"fixed": {"model": "mixtral-8x7b", "tp": 2, "attention": "fused"},
+            "grid": {"ep": [1, 2, 4, 8], "etp": [1, 2], "config": ["sp", "selective+sp", "full+sp"],
+                     "recompute_modules": ["core_attn", "core_attn,moe_act", "core_attn,moe"]}},
     # A few seconds anywhere: for tests and first runs.
     "smoke": {"fixed": {"model": "tiny", "tp": 2}, "grid": {"seq": [16, 32], "config": PAPER_CONFIGS}},
 }
 
-INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers", "kv_heads", "kv_channels", "ffn_hidden", "cp"}
+INT_FIELDS = {"hidden", "heads", "seq", "batch", "tp", "layers", "kv_heads", "kv_channels", "ffn_hidden", "cp", "ep",
+              "etp"}
 TEXT_FIELDS = {"model", "config", "attention", "dtype", "arch", "cp_comm_type"}
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a")  # layer_run's --cp-comm-type
 PROBABILITY_FIELDS = {"dropout", "attention_dropout", "hidden_dropout"}
@@ -166,7 +181,14 @@ OWN_OPTIONS = {"--backend", "--model", "--hidden", "--heads", "--seq", "--batch"
                "--cp", "--context-parallel-size", "--cp-comm-type", "--emulate-cp",
                *SPEC_VALUE_FLAGS.values(), *(flag for flag, _ in SPEC_SWITCHES.values()), *ACTIVATION_FLAGS.values(),
                "--norm-eps", "--rope-theta", "--ffn-hidden-size", "--group-query-attention", "--num-query-groups",
-               "--recompute-modules", "--recompute-granularity", "--recompute-activations", "--sequence-parallel"}
+               "--recompute-modules", "--recompute-granularity", "--recompute-activations", "--sequence-parallel",
+               "--expert-model-parallel-size", "--ep", "--expert-tensor-parallel-size", "--etp", "--emulate-ep",
+               # an MoE or latent-attention spec: only an MoE preset's, which its model names
+               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+               "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-router-topk-scaling-factor",
+               "--moe-router-num-groups", "--moe-router-group-topk", "--moe-router-enable-expert-bias",
+               "--moe-expert-capacity-factor", "--moe-tokens-per-expert", "--multi-latent-attention", "--q-lora-rank",
+               "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"}
 # layer_run options that change what runs but that no key column records: refused in --extra,
 # since rows run with and without them would be the same point to a resumed sweep.
 UNKEYED_OPTIONS = {"--hf-config": "put the config's shape in the plan (arch llama, hidden, heads, kv_heads, "
@@ -387,7 +409,7 @@ def resolve(plan, given, defaults):
     family the spec starts from (llama on a gpt model: the llama spec at its shape, g = heads
     and F = 4 x hidden); the plan's spec fields edit it. dropout is the point's --dropout,
     always given: the plan's, else defaults' for a gpt point, else the preset's."""
-    p = {"dtype": "bf16", "layers": 1, "attention": "unfused", "cp": 1, "cp_comm_type": "p2p"}
+    p = {"dtype": "bf16", "layers": 1, "attention": "unfused", "cp": 1, "cp_comm_type": "p2p", "ep": 1, "etp": 1}
     p.update({k: v for k, v in defaults.items() if k != "dropout"})
     p.update(given)
     model = p.get("model", "tiny")
@@ -400,8 +422,11 @@ def resolve(plan, given, defaults):
     p["model"] = model
     for k in SHAPE_FIELDS:
         p.setdefault(k, preset[k])
-    arch = p.setdefault("arch", preset["arch"])
     where = f"plan '{plan['name']}': model {model}"
+    check_experts(where, model, given, p)
+    if model in MOE_MODELS:
+        return resolve_moe(p, preset)
+    arch = p.setdefault("arch", preset["arch"])
     if arch not in ARCHS:
         raise SweepError(f"{where}: unknown arch '{arch}' (known: {', '.join(ARCHS)})")
     if arch == "gpt" and preset["arch"] == "llama":
@@ -425,6 +450,45 @@ def resolve(plan, given, defaults):
     if selective and "recompute_modules" in given:
         p["spec_args"] += ["--recompute-modules", p["recompute_modules"]]
     return p
+
+
+def check_experts(where, model, given, p):
+    """ep and etp on an MoE model only; an MoE model's spec is its preset's (not swept)."""
+    if model not in MOE_MODELS:
+        for k in ("ep", "etp"):
+            if p[k] != 1:
+                raise SweepError(f"{where}: {k}={p[k]} needs a mixture of experts (models "
+                                 f"{', '.join(sorted(MOE_MODELS))})")
+        return
+    edited = sorted(k for k in given if k in SPEC_FIELDS or k in ("arch", "dropout"))
+    if edited:
+        raise SweepError(f"{where} runs its preset's spec: {', '.join(edited)} cannot be set on it")
+    if p["etp"] not in (1, p["tp"]):
+        raise SweepError(f"{where}: etp={p['etp']} must be 1 or tp ({p['tp']})")
+
+
+def resolve_moe(p, preset):
+    """An MoE preset's point: its spec as facts.json gives it, no spec flags, arch moe."""
+    base = preset["spec"]
+    p["arch"] = "moe"
+    p["dropout"] = base["attention_dropout"]
+    p["varied"] = sorted(k for k in ("recompute_modules",) if k in p)
+    p["spec"], p["spec_args"] = dict(base), []
+    p["kv_heads"] = int(base["kv_heads"]) or p["heads"]
+    p["kv_channels"] = int(base["kv_channels"]) or p["hidden"] // p["heads"]
+    p["ffn_hidden"] = int(base["ffn_hidden"]) or 4 * p["hidden"]
+    selective = p["config"] in SELECTIVE_CONFIGS
+    given_modules = "recompute_modules" in p
+    p["recompute_modules"] = p.get("recompute_modules", SPEC_OPTIONS["default_recompute_modules"]) \
+        if selective else ""
+    if selective and given_modules:
+        p["spec_args"] += ["--recompute-modules", p["recompute_modules"]]
+    return p
+
+
+def experts_over_tp(p):
+    """ep = tp with whole experts: the experts split over the tensor-parallel group itself."""
+    return p["ep"] > 1 and p["ep"] == p["tp"] and p["etp"] == 1
 
 
 def edited_spec(where, base, dropout, edits):
@@ -490,9 +554,12 @@ def key_texts(p):
     texts = {c: str(p[c]) for c in ("model", "hidden", "heads", "seq", "batch", "tp", "config", "attention",
                                     "dtype", "cp")}
     texts["cp_comm_type"] = p["cp_comm_type"] if int(p["cp"]) > 1 else ""
+    moe = p["model"] in MOE_MODELS
+    texts["ep"], texts["etp"] = (str(p["ep"]), str(p["etp"])) if moe else ("", "")
     texts.update(
         dropout=key_text("dropout", s["attention_dropout"]) if s["attention_dropout"] == s["hidden_dropout"] else "",
-        layers=str(p["layers"]), arch=spec_family(s), kv_heads=str(p["kv_heads"]), kv_channels=str(p["kv_channels"]),
+        layers=str(p["layers"]), arch="moe" if moe else spec_family(s), kv_heads=str(p["kv_heads"]),
+        kv_channels=str(p["kv_channels"]),
         ffn_hidden=str(p["ffn_hidden"]), normalization=s["normalization"],
         norm_epsilon=number_text.float32_text(s["norm_epsilon"]), qk_layernorm=str(int(s["qk_layernorm"])),
         activation=s["activation"], add_bias_linear=str(int(s["add_bias_linear"])),
@@ -514,6 +581,7 @@ def point_label(p):
             + (f" {texts['arch']} g={p['kv_heads']} F={p['ffn_hidden']}" if texts["arch"] != "gpt" else "")
             + (f" {p['attention']}" if p["attention"] != "unfused" else "")
             + (f" C={p['cp']} {p['cp_comm_type']}" if int(p["cp"]) > 1 else "")
+            + (f" ep={p['ep']} etp={p['etp']}" if p["model"] in MOE_MODELS else "")
             + (f" p={dropout}" if p["arch"] == "gpt" and dropout != key_text("dropout", preset_dropout) else "")
             + "".join(f" {k}={texts[k]}" for k in p["varied"]
                       if texts[k] and k not in ("dropout", "kv_heads", "ffn_hidden")))
@@ -766,13 +834,16 @@ def cpu_count():
 
 def layer_run_command(p, args, layer_run, emulated, csv_path):
     """The point's layer_run command, writing its row into csv_path."""
+    moe = p["model"] in MOE_MODELS
     cmd = [layer_run, "--backend", args.backend, "--model", p["model"], "--hidden", str(p["hidden"]),
            "--heads", str(p["heads"]), "--seq", str(p["seq"]), "--batch", str(p["batch"]), "--tp", str(p["tp"]),
            "--config", p["config"], "--attention", p["attention"], "--dtype", p["dtype"],
-           "--dropout", key_text("dropout", p["dropout"]), "--layers", str(p["layers"]), "--arch", p["arch"],
-           *p["spec_args"], "--csv", csv_path]
+           *([] if moe else ["--dropout", key_text("dropout", p["dropout"])]), "--layers", str(p["layers"]),
+           *([] if moe else ["--arch", p["arch"]]), *p["spec_args"], "--csv", csv_path]
     if int(p["cp"]) > 1:
         cmd += ["--cp", str(p["cp"]), "--cp-comm-type", p["cp_comm_type"]]
+    if moe:
+        cmd += ["--expert-model-parallel-size", str(p["ep"]), "--expert-tensor-parallel-size", str(p["etp"])]
     if args.warmup is not None:
         cmd += ["--warmup", str(args.warmup)]
     if args.iters is not None:
@@ -781,7 +852,9 @@ def layer_run_command(p, args, layer_run, emulated, csv_path):
         cmd += ["--memory-limit", args.memory_limit]
     if args.extra:
         cmd += shlex.split(args.extra)
-    if emulated:
+    if emulated and p["ep"] > 1 and not experts_over_tp(p):
+        cmd.append("--emulate-ep")  # rank 0 of the expert-parallel world (its TP group too)
+    elif emulated:
         cmd.append("--emulate-tp")
         if int(p["cp"]) > 1:
             cmd.append("--emulate-cp")
@@ -789,7 +862,11 @@ def layer_run_command(p, args, layer_run, emulated, csv_path):
 
 
 def world_size(p):
-    """The point's ranks: t x C (Megatron's order inside layer_run)."""
+    """The point's ranks: t x C (Megatron's order inside layer_run); under expert parallelism
+    over data-parallel replicas of the TP group, ep ranks (ep/t replicas) with whole experts or
+    t x ep (ep replicas) with each expert split over TP."""
+    if p["ep"] > 1 and not experts_over_tp(p):
+        return int(p["tp"]) * int(p["ep"]) if p["etp"] > 1 else int(p["ep"])
     return int(p["tp"]) * int(p["cp"])
 
 

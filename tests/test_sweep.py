@@ -89,6 +89,20 @@ class PlanExpansion(unittest.TestCase):
         self.assertEqual(len(models), 20)
         self.assertEqual({(p["model"], p["hidden"], p["heads"]) for p in models},
                          {("22b", 6144, 64), ("175b", 12288, 96), ("530b", 20480, 128), ("1t", 25600, 160)})
+        moe = self.points("moe")  # 4 ep x 2 etp x (sp, full+sp and selective+sp under 3 module sets)
+        self.assertEqual(len(moe), 4 * 2 * 5)
+        self.assertEqual({sweep.world_size(p) for p in moe if p["config"] == "sp"}, {2, 4, 8, 16})
+        self.assertEqual({(p["ep"], p["etp"]): sweep.world_size(p) for p in moe},
+                         {(1, 1): 2, (1, 2): 2, (2, 1): 2, (2, 2): 4, (4, 1): 4, (4, 2): 8, (8, 1): 8, (8, 2): 16})
+
+    def test_experts_only_on_moe_models_and_their_spec_is_the_presets(self):
+        for fixed, said in (({"model": "llama3-8b", "ep": 2}, "ep=2 needs a mixture of experts"),
+                            ({"model": "mixtral-8x7b", "kv_heads": 4}, "kv_heads cannot be set on it"),
+                            ({"model": "mixtral-8x7b", "arch": "llama"}, "arch cannot be set on it"),
+                            ({"model": "mixtral-8x7b", "tp": 2, "etp": 4}, "etp=4 must be 1 or tp (2)")):
+            with self.subTest(**fixed), self.assertRaises(sweep.SweepError) as e:
+                sweep.expand({"name": "t", "fixed": fixed, "grid": {"config": ["sp"]}}, {})
+            self.assertIn(said, str(e.exception))
 
     def test_plan_file_and_bad_fields(self):
         tmp = tempfile.mkdtemp()
@@ -708,6 +722,51 @@ class SweepRuns(unittest.TestCase):
         self.assertIn("6 points, 6 already in", r.stderr)
         self.assertIn("ran 0 ", r.stderr)
 
+    def test_moe_plan_runs_on_meta_and_resumes(self):
+        # Every parallel layout of the experts (whole, over TP, over replicas, split over TP) is
+        # a point of its own, keyed by ep and etp, emulated on meta; each row equals its formula.
+        plan = self.plan({"ep": [1, 2, 4], "etp": [1, 2], "config": ["sp", "selective+sp"]},
+                         fixed={"model": "mixtral-8x7b", "tp": 2, "seq": 1024, "recompute_modules": "core_attn,moe_act"})
+        r = self.sweep(plan, "--backend", "meta")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        header, rows = read_rows(self.csv)
+        self.assertEqual(len(rows), 12)
+        col = {c: header.index(c) for c in ("ep", "etp", "arch", "emulated", "status", "act_bytes",
+                                            "act_bytes_formula", "command", "recompute_modules")}
+        self.assertEqual({(row[col["ep"]], row[col["etp"]]) for row in rows},
+                         {(e, t) for e in ("1", "2", "4") for t in ("1", "2")})
+        for row in rows:
+            self.assertEqual((row[col["status"]], row[col["arch"]], row[col["emulated"]]), ("ok", "moe", "1"), row)
+            self.assertEqual(row[col["act_bytes"]], row[col["act_bytes_formula"]])
+            over_replicas = row[col["ep"]] == "4" or (row[col["ep"]], row[col["etp"]]) == ("2", "2")
+            self.assertEqual("--emulate-ep" in row[col["command"]], over_replicas, row[col["command"]])
+        r = self.sweep(plan, "--backend", "meta")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("12 points, 12 already in", r.stderr)
+
+    @unittest.skipUnless(MPIRUN, "mpirun not on PATH")
+    def test_moe_points_run_their_expert_parallel_world_under_mpirun(self):
+        # Qwen3-30B-A3B's layer at a small width on the cpu, t = 2: ep 2 whole (the experts over
+        # the TP group: 2 ranks), ep 4 whole (two replicas: 4), ep 2 split over TP (two replicas:
+        # 4) and ep 4 split (four replicas: 8).
+        plan = self.plan({"ep": [4, 2], "etp": [1, 2]},
+                         fixed={"model": "qwen3-30b-a3b", "tp": 2, "hidden": 64, "heads": 4, "seq": 16, "batch": 1,
+                                "config": "sp"})
+        args = [plan, "--backend", "cpu", "--launcher", "mpi", "--iters", "1", "--warmup", "0", "--dtype", "fp32"]
+        r = self.sweep(*args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        header, rows = read_rows(self.csv)
+        col = {c: header.index(c) for c in ("ep", "etp", "status", "emulated", "act_bytes", "act_bytes_formula",
+                                            "comm_mode", "message")}
+        self.assertEqual(len(rows), 4, rows)
+        for row in rows:
+            self.assertEqual((row[col["status"]], row[col["emulated"]]), ("ok", "0"), row[col["message"]])
+            self.assertEqual(row[col["act_bytes"]], row[col["act_bytes_formula"]])
+            self.assertEqual(row[col["comm_mode"]], "mpi")  # real ranks
+        r = self.sweep(*args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("4 points, 4 already in", r.stderr)
+
     def test_context_parallel_points_run_under_mpirun_and_resume(self):
         # C = 2 and C = 1 of each comm type are points of their own; C = 2 runs as 2 real ranks,
         # and cp_comm_type is empty (not a point) where C = 1.
@@ -1034,7 +1093,9 @@ class SweepRuns(unittest.TestCase):
                             ("--rope-theta=1e6", "--rope-theta: the sweep sets it"),
                             ("--norm-eps 1e-6 --rope-theta 1", "--norm-eps, --rope-theta: the sweep sets it"),
                             ("--qk-layernorm --swiglu", "--qk-layernorm, --swiglu: the sweep sets it"),
-                            ("--recompute-modules mlp", "--recompute-modules: the sweep sets it")):
+                            ("--recompute-modules mlp", "--recompute-modules: the sweep sets it"),
+                            ("--num-experts 8", "--num-experts: the sweep sets it"),
+                            ("--ep 2", "--ep: the sweep sets it")):
             r = self.sweep("llama", f"--extra={extra}")
             self.assertEqual(r.returncode, 2, extra)
             self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
