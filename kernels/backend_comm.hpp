@@ -28,6 +28,7 @@ std::unique_ptr<Communicator> make_world_communicator(Backend& backend);
 
 struct ParallelGroups {
   std::unique_ptr<Communicator> world, tp, cp;  // world: every rank (metadata, agreement, dumps)
+  std::unique_ptr<Communicator> dp;             // make_data_parallel_groups only
 };
 // Under mpirun: the world split into tensor- and context-parallel groups for `backend` (NCCL for
 // cuda, MPI otherwise). Throws InvalidArgument (one line) unless tp >= 1, cp >= 1 and tp*cp is
@@ -36,5 +37,9 @@ struct ParallelGroups {
 // group is the tp consecutive ranks with the same r / tp, a CP group the cp ranks with the same
 // r % tp, ordered by cp_rank. Every rank calls it together (it splits collectively).
 ParallelGroups make_parallel_groups(Backend& backend, int tp, int cp);
+// The same with dp data-parallel replicas of the tp x cp grid (world = tp*cp*dp): rank r has
+// tp_rank = r % tp, cp_rank = (r / tp) % cp, dp_rank = r / (tp*cp); the DP group is the dp
+// ranks of one (tp_rank, cp_rank), ordered by dp_rank.
+ParallelGroups make_data_parallel_groups(Backend& backend, int tp, int cp, int dp);
 
 }  // namespace actbench

@@ -66,6 +66,24 @@ std::unique_ptr<Communicator> split_world(Backend& backend, Communicator& world,
 
 }  // namespace
 
+ParallelGroups make_data_parallel_groups(Backend& backend, int tp, int cp, int dp) {
+  if (tp < 1 || cp < 1 || dp < 1)
+    throw InvalidArgument("parallel groups: the tensor-, context- and data-parallel sizes (" + std::to_string(tp) +
+                          ", " + std::to_string(cp) + ", " + std::to_string(dp) + ") must be >= 1");
+  ParallelGroups groups;
+  groups.world = make_world_communicator(backend);
+  const int r = groups.world->rank(), n = groups.world->size();
+  if (static_cast<int64_t>(tp) * cp * dp != n)
+    throw InvalidArgument("parallel groups: tp x cp x dp = " + std::to_string(tp) + " x " + std::to_string(cp) +
+                          " x " + std::to_string(dp) + " ranks, but the MPI world has " + std::to_string(n));
+  // Megatron-Core's order: tp fastest, then cp, then dp. Colors are unique per group kind.
+  const int tp_rank = r % tp, cp_rank = (r / tp) % cp, dp_rank = r / (tp * cp);
+  groups.tp = split_world(backend, *groups.world, r / tp, tp_rank);
+  groups.cp = split_world(backend, *groups.world, dp_rank * tp + tp_rank, cp_rank);
+  groups.dp = split_world(backend, *groups.world, cp_rank * tp + tp_rank, dp_rank);
+  return groups;
+}
+
 ParallelGroups make_parallel_groups(Backend& backend, int tp, int cp) {
   if (tp < 1 || cp < 1)
     throw InvalidArgument("parallel groups: the tensor-parallel size (" + std::to_string(tp) +

@@ -68,9 +68,8 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
 // What the MoE block is built for today: under TP, SP as Megatron-Core requires; experts
 // without biases; expert tensor parallelism 1 (each rank's experts take its own rows) or over
 // the whole tensor-parallel group (etp = t); with etp 1, expert parallelism over the
-// tensor-parallel group (ep = t) or over ep/t data-parallel replicas of it; with etp = t, over
-// ep replicas (C = 1 whenever EP spans replicas); context parallelism (each CP rank routes its
-// own two chunks).
+// tensor-parallel group (ep = t) or over ep/(t·C) data-parallel replicas of the t x C grid; with
+// etp = t, over ep replicas (C = 1); context parallelism (each CP rank routes its own two chunks).
 static void validate_expert_tensor_parallel(const LayerDims& d, int t, int ep, int etp) {
   if (etp == 1) return;
   const std::string size = "--expert-tensor-parallel-size " + std::to_string(etp);
@@ -86,9 +85,14 @@ static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int e
   // Expert parallelism over data-parallel replicas: etp = t (the EP group one TP rank's
   // replicas), or ep a multiple of t other than t itself (the EP group whole TP groups).
   const bool over_replicas = ep > 1 && (etp > 1 || ep != t);
-  if (cp > 1 && over_replicas)
-    throw InvalidArgument("expert parallelism over data-parallel ranks runs without context parallelism for now "
-                          "(--cp 1 with --expert-model-parallel-size " + std::to_string(ep) + ")");
+  if (cp > 1 && over_replicas && etp > 1)
+    throw InvalidArgument("expert parallelism over data-parallel ranks with expert tensor parallelism runs without "
+                          "context parallelism for now (--cp 1 with --expert-model-parallel-size " +
+                          std::to_string(ep) + ")");
+  if (cp > 1 && over_replicas && ep % (t * cp) != 0)
+    throw InvalidArgument("--expert-model-parallel-size " + std::to_string(ep) + " with --cp " + std::to_string(cp) +
+                          " spans whole tensor x context-parallel grids: it must be --tp or a multiple of tp x cp = " +
+                          std::to_string(t * cp));
   if (ep > 1 && etp == 1 && ep % t != 0)
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(ep) + " spans whole tensor-parallel "
                           "groups: it must be a multiple of --tp " + std::to_string(t));

@@ -22,12 +22,14 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
   if (ep_size_ > 1 && opt_.expert_tensor_parallel) {  // the EP group: this TP rank's replicas
     dp_size_ = ep_size_;
     dp_rank_ = ep_rank_;
-  } else if (ep_size_ > 1 && !experts_over_tp()) {  // the EP group: the TP groups of ep/t replicas
-    if (ep_rank_ % tp_size_ != tp_rank_)  // validate_layer checked that t divides ep
+  } else if (ep_size_ > 1 && !experts_over_tp()) {  // the EP group: the t x C grids of ep/(t·C) replicas
+    const int grid = tp_size_ * cp_size_;  // validate_layer checked that it divides ep
+    if (ep_rank_ % grid != cp_rank_ * tp_size_ + tp_rank_)
       throw InvalidArgument("expert-parallel rank " + std::to_string(ep_rank_) + " is not tensor-parallel rank " +
-                            std::to_string(tp_rank_) + " of its replica: the EP group must be the TP groups in order");
-    dp_size_ = ep_size_ / tp_size_;
-    dp_rank_ = ep_rank_ / tp_size_;
+                            std::to_string(tp_rank_) + ", context-parallel rank " + std::to_string(cp_rank_) +
+                            " of its replica: the EP group must be the t x C grids in Megatron's order");
+    dp_size_ = ep_size_ / grid;
+    dp_rank_ = ep_rank_ / grid;
   }
   seq_ = opt_.dims.s / cp_size_;
   seq_positions_ = cp_rank_positions(cp_rank_);

@@ -174,9 +174,10 @@ class LayerBase : public Layer {
   Communicator* ep_comm_;  // the expert-parallel group (null: ep = 1)
   int ep_size_, ep_rank_;
   // The experts split over the tensor-parallel group itself (ep = t): its ranks share one
-  // micro-batch. Otherwise the expert-parallel group is ep/t data-parallel replicas of the TP
-  // group (Megatron-Core's order: EP rank r is TP rank r % t of replica r / t), each replica
-  // its own micro-batch: batches [dp_rank·b, (dp_rank+1)·b) of the canonical ep/t·b.
+  // micro-batch. Otherwise the expert-parallel group is ep/(t·C) data-parallel replicas of the
+  // t x C grid (Megatron-Core's order: EP rank r is TP rank r % t, CP rank (r / t) % C of
+  // replica r / (t·C)), each replica its own micro-batch: batches [dp_rank·b, (dp_rank+1)·b) of
+  // the canonical ep/(t·C)·b.
   bool experts_over_tp() const { return ep_size_ > 1 && ep_comm_ == &comm_; }
   // With expert tensor parallelism (etp = t) the expert-parallel group is the ep replicas of
   // this TP rank instead (Megatron-Core's expert order: etp ranks, then ep).

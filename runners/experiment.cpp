@@ -499,10 +499,11 @@ std::vector<CanonicalTensor> run_layer_canonical(Backend& be, Communicator& comm
   out.push_back({"dy", act_shape, gather_activation(be, comm, spec, dy)});
   out.push_back({"dx", act_shape, gather_activation(be, comm, spec, dx)});
   // Each context-parallel rank saw its rows only: the gradients are summed over the group
-  // (what the data-parallel reduction over DP x CP does in training).
+  // (what the data-parallel reduction over DP x CP does in training), but for experts the
+  // expert-parallel group spans: those saw every row routed to them.
   if (spec.cp_group)
     for (const ParamInfo& p : layer_param_table(d, spec.expert_tensor_parallel))
-      spec.cp_group->all_reduce(layer.grads().*p.member);
+      if (!is_expert_param(p) || !spec.ep_group) spec.cp_group->all_reduce(layer.grads().*p.member);
   // Expert parallelism over data-parallel replicas: each replica saw its own micro-batch, so the
   // gradients of everything but the experts are summed over them; each expert's is whole on its
   // rank (it saw every row routed to it).

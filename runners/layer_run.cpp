@@ -96,20 +96,30 @@ struct Groups {
   Communicator* experts = nullptr;   // the expert-parallel group: ep, or dp under expert tensor parallelism
   Communicator* replicas = nullptr;  // the data-parallel replicas: dp, or ep itself at t = 1
 };
-// Expert parallelism over data-parallel replicas of a TP group of t consecutive ranks, in
-// Megatron-Core's order: with etp 1 the world (ep ranks, ep/t replicas) is the expert-parallel
-// group; with etp = t the world is t·ep ranks and the EP group is each TP rank's ep replicas.
+// Expert parallelism over data-parallel replicas, in Megatron-Core's order: with etp 1 the
+// world (ep ranks: ep/(t·C) replicas of the t x C grid) is the expert-parallel group; with
+// etp = t (C = 1) the world is t·ep ranks and the EP group is each TP rank's ep replicas.
 Groups make_expert_parallel_groups(const LayerRunOptions& o, Backend& be) {
   Groups g;
   const bool etp = o.etp > 1;
-  const int replicas = etp ? o.ep : o.ep / o.tp;
+  const int replicas = etp ? o.ep : o.ep / (o.tp * o.cp);
+  auto emulated_or_local = [&](int n) {
+    return n > 1 ? make_backend_emulated_communicator(be, n) : make_backend_local_communicator(be);
+  };
   if (o.emulate_ep) {
     g.ep = make_backend_emulated_communicator(be, o.ep);
-    g.tp = o.tp > 1 ? make_backend_emulated_communicator(be, o.tp) : make_backend_local_communicator(be);
-    if (o.tp > 1 && !etp) g.dp = make_backend_emulated_communicator(be, replicas);
-  } else if (o.tp == 1) {
+    g.tp = emulated_or_local(o.tp);
+    if (o.cp > 1) g.cp = make_backend_emulated_communicator(be, o.cp);
+    if (!etp && replicas > 1 && o.tp * o.cp > 1) g.dp = make_backend_emulated_communicator(be, replicas);
+  } else if (o.tp * o.cp == 1) {
     g.ep = make_world_communicator(be);
     g.tp = make_backend_local_communicator(be);
+  } else if (o.cp > 1) {
+    ParallelGroups split = make_data_parallel_groups(be, o.tp, o.cp, replicas);
+    g.ep = std::move(split.world);
+    g.tp = std::move(split.tp);
+    g.cp = std::move(split.cp);
+    if (replicas > 1) g.dp = std::move(split.dp);
   } else {
     ParallelGroups split = make_parallel_groups(be, o.tp, replicas);  // the replicas in the place of CP's
     (etp ? g.world : g.ep) = std::move(split.world);
@@ -117,7 +127,8 @@ Groups make_expert_parallel_groups(const LayerRunOptions& o, Backend& be) {
     g.dp = std::move(split.cp);
   }
   g.experts = g.ep ? g.ep.get() : g.dp.get();
-  g.replicas = g.dp ? g.dp.get() : g.ep.get();
+  // The replicas: their own group, or at t = C = 1 the expert-parallel group itself.
+  g.replicas = g.dp ? g.dp.get() : (o.tp * o.cp == 1 ? g.ep.get() : nullptr);
   return g;
 }
 

@@ -555,11 +555,12 @@ void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int worl
                           " (or --emulate-ep on one process) as ep data-parallel replicas of the --tp ranks, with "
                           "--cp 1 for now (the MPI world has " + std::to_string(world) + ")");
   if (o.ep > 1 && !o.experts_over_tp() && o.etp == 1 &&
-      (world != (o.emulate_ep ? 1 : o.ep) || o.ep % o.tp != 0 || o.cp != 1 || (o.emulate_tp && !o.emulate_ep)))
+      (world != (o.emulate_ep ? 1 : o.ep) || o.ep % (o.tp * o.cp) != 0 || (o.emulate_tp && !o.emulate_ep) ||
+       (o.emulate_cp && !o.emulate_ep)))
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " runs under mpirun -np " +
-                          std::to_string(o.ep) + " (or --emulate-ep on one process) as ep / tp data-parallel "
-                          "replicas of the --tp ranks (tp " + std::to_string(o.tp) + " must divide it), with --cp 1 "
-                          "for now (the MPI world has " + std::to_string(world) + ")");
+                          std::to_string(o.ep) + " (or --emulate-ep on one process) as ep / (tp x cp) data-parallel "
+                          "replicas of the --tp x --cp ranks (tp x cp = " + std::to_string(o.tp * o.cp) +
+                          " must divide it; the MPI world has " + std::to_string(world) + ")");
   if (o.emulate_ep && o.ep == 1) throw InvalidArgument("--emulate-ep needs --expert-model-parallel-size > 1");
   if (o.etp > 1 && !dims.spec.moe.enabled())
     throw InvalidArgument("--expert-tensor-parallel-size needs an MoE layer (--num-experts)");

@@ -6,7 +6,8 @@ over the tensor-parallel group (--tp 2 --expert-model-parallel-size 2), with exp
 parallelism over two replicas of it (mpirun -np 4 --tp 2 --expert-model-parallel-size 4, and
 --expert-model-parallel-size 2 with each expert split over TP), with
 each expert split over it (--expert-tensor-parallel-size 2), and with context
-parallelism 2 (alone, and with the experts over TP 2: mpirun -np 4). Recompute must
+parallelism 2 (alone, with the experts over TP 2, and with the experts over two replicas of it:
+mpirun -np 4). Recompute must
 change no value, and meta given the cpu's histogram keeps the cpu's bytes.
 
 Run by ctest with ACTBENCH_LAYER_RUN pointing at the binary (and ACTBENCH_MPIEXEC at mpirun),
@@ -199,6 +200,16 @@ class MoeDumpTest(DumpTestCase):
                          rows[0]["message"])
         self.assertEqual(rows[0]["act_bytes"], rows[0]["act_bytes_formula"])
         self.assert_matches_numpy(dump)  # one configuration: the folder
+        # and the experts over the whole world of 4: two data-parallel replicas of C = 2, each
+        # rank routing its chunks' rows to whichever rank holds their 2 experts
+        dump, rows = self.layer_run("cp2_ep4", flags + ["--expert-model-parallel-size", "4", "--config", "baseline"],
+                                    np_ranks=4)
+        self.assertEqual((rows[0]["status"], rows[0]["tp"], rows[0]["ep"], rows[0]["cp"]), ("ok", "1", "4", "2"),
+                         rows[0]["message"])
+        self.assertEqual(rows[0]["act_bytes"], rows[0]["act_bytes_formula"])
+        with open(os.path.join(dump, "layer.json")) as f:
+            self.assertEqual(json.load(f)["batch"], 4)  # the two replicas' micro-batches
+        self.assert_matches_numpy(dump)
 
     def test_the_check_is_not_blind(self):
         dump, _ = self.layer_run("blind", SHAPE + COMBOS["softmax"] + ["--config", "baseline"])

@@ -251,6 +251,25 @@ TEST(MoeLayer, EmulatedExpertParallelOverReplicasRankKeepsTheBalancedPieces) {
     EXPECT_EQ(static_cast<double>(split.act_bytes), theory::layer_bytes(td, spec, run.policy)) << ep;
     EXPECT_EQ(split.moe.expert_rows, 2 * r.moe.expert_rows) << ep;
   }
+  // Under context parallelism 2 too (--emulate-ep --tp 2 --cp 2 --ep 8): two replicas of the
+  // 2 x 2 grid, each rank routing its chunks' s/(t·C) rows; the pieces at t, C and ep with the
+  // rows its experts received (balanced routing leaves rank 0 the remainder).
+  auto tp = make_emulated_communicator(2), cp = make_emulated_communicator(2);
+  auto group = make_emulated_communicator(8), replicas = make_emulated_communicator(2);
+  spec.attention_dropout = 0;
+  ExperimentSpec run = one_step(spec, "selective+sp");
+  run.policy.attention = Attention::fused;
+  run.cp_group = cp.get();
+  run.ep_group = group.get();
+  run.dp_group = replicas.get();
+  const ExperimentResult r = run_experiment(*meta, *tp, run);
+  ASSERT_EQ(r.status, "ok") << r.message;
+  theory::Dims td = theory_dims(run.dims, 2);
+  td.cp = 2;
+  td.ep = 8;
+  td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
+  EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec, run.policy));
+  EXPECT_EQ(r.moe.expert_rows, 8 * r.moe.tokens_per_expert[0]);  // expert 0's rows from each of the 8 ranks
 }
 
 TEST(MoeLayer, EmulatedExpertTensorParallelRankGathersEveryRowAtASliceOfTheWidth) {
@@ -308,6 +327,13 @@ TEST(MoeLayer, ExpertTensorParallelRefusals) {
     EXPECT_NE(std::string(e.what()).find("without context parallelism"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 1, 2, 2));  // EP over two replicas, each expert over TP
+  EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 2, 4, 1));  // EP over the t x C grid
+  try {  // EP over part of the t x C grid
+    validate_layer(d, 1, parse_config("baseline"), 4, 2, 1);
+    ADD_FAILURE() << "accepted ep 2 over half of cp 4";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("a multiple of tp x cp = 4"), std::string::npos) << e.what();
+  }
   d.spec.moe.ffn_hidden = 10;
   refused(4, 1, 4, "moe-ffn-hidden-size 10 is not divisible by --expert-tensor-parallel-size 4");
   EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 1, 1, 2));

@@ -109,9 +109,13 @@ namespace {
 
 // How the TP group holds the experts: each rank all of them whole, E/t whole ones each
 // (experts over TP, ep = t), or a 1/t slice of every one (expert tensor parallelism, etp = t).
-enum class Experts { whole, over_tp, split_over_tp };
+// The routed experts: whole on every rank, over the TP group (ep = t), split over it (etp = t),
+// or over the whole world (ep = t x C x replicas: expert parallelism spanning the CP ranks and
+// the data-parallel replicas, each replica its own micro-batch).
+enum class Experts { whole, over_tp, split_over_tp, over_the_world };
 
-void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::string& config, Experts experts) {
+void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::string& config, Experts experts,
+                                                   int replicas = 1) {
   LayerDims d = dims_of("llama");
   d.spec.moe.num_experts = 4;
   d.spec.moe.top_k = 2;
@@ -124,13 +128,16 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
   if (spec.policy.recompute == Recompute::selective)
     spec.policy.modules.moe_act = spec.policy.modules.shared_experts = true;
   auto be = make_cpu_backend();
-  ParallelGroups groups = make_parallel_groups(*be, t, C);
+  ParallelGroups groups = make_data_parallel_groups(*be, t, C, replicas);
   spec.cp_group = groups.cp.get();
   spec.experts_over_tp = experts == Experts::over_tp;
   spec.expert_tensor_parallel = experts == Experts::split_over_tp;
+  if (experts == Experts::over_the_world) spec.ep_group = groups.world.get();
+  if (replicas > 1) spec.dp_group = groups.dp.get();
   const auto got = run_layer_canonical(*be, *groups.tp, spec);
   ExperimentSpec single = spec;
-  single.cp_group = nullptr;
+  single.cp_group = single.ep_group = single.dp_group = nullptr;
+  single.dims.b = d.b * replicas;
   single.experts_over_tp = single.expert_tensor_parallel = false;
   single.policy = parse_config("baseline");
   auto local = make_local_communicator();
@@ -139,6 +146,8 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
     return x.name == "moe.aux_loss" || (spec.policy.recompute == Recompute::full && x.name.starts_with("moe.topk"));
   });
   const std::string what = "moe " + config + " t=" + std::to_string(t) + " C=" + std::to_string(C) +
+                           " replicas=" + std::to_string(replicas) +
+                           (experts == Experts::over_the_world ? " experts over the world" : "") +
                            (experts == Experts::over_tp ? " experts over tp" : "") +
                            (experts == Experts::split_over_tp ? " experts split over tp" : "");
   expect_same_tensors(got, ref, 1e-5, 1e-4, what);
@@ -153,7 +162,7 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
   td.cp = C;
   for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
   if (experts != Experts::whole) {
-    td.ep = experts == Experts::over_tp ? t : 1;
+    td.ep = experts == Experts::over_tp ? t : experts == Experts::over_the_world ? t * C * replicas : 1;
     td.etp = experts == Experts::split_over_tp ? t : 1;
     td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
   }
@@ -177,6 +186,22 @@ TEST(MpiContextParallelMoe, EveryTensorAndBytesEqualTheSingleRankLayer) {
       expect_moe_layer_equals_the_single_rank_layer(t, C, config, Experts::over_tp);
       expect_moe_layer_equals_the_single_rank_layer(t, C, config, Experts::split_over_tp);
     }
+  }
+}
+
+// Expert parallelism over the whole world under context parallelism (Megatron-Core's expert
+// order with ETP 1: the EP group spans the TP, CP and data-parallel ranks): t x C x replicas of
+// 1 x 2 x 2, 2 x 2 x 1 and 1 x 4 x 1 at mpirun -np 4, every rank routing its own rows of its
+// chunks to whichever rank holds their experts.
+TEST(MpiContextParallelMoe, ExpertsOverTheWorldEqualTheSingleRankLayer) {
+  struct Grid {
+    int t, C, replicas;
+  };
+  for (const Grid g : {Grid{1, 2, 2}, Grid{2, 2, 1}, Grid{1, 4, 1}, Grid{1, 2, 1}}) {
+    if (g.t * g.C * g.replicas != g_world_size) continue;
+    for (const std::string& config : g.t == 1 ? std::vector<std::string>{"baseline", "selective", "full"}
+                                              : std::vector<std::string>{"sp", "selective+sp", "full+sp"})
+      expect_moe_layer_equals_the_single_rank_layer(g.t, g.C, config, Experts::over_the_world, g.replicas);
   }
 }
 
