@@ -149,10 +149,10 @@ int run_plan_search(const TheoryOptions& a) {
               "%.0f%% of peak FLOP/s\n",
               r.model.name.c_str(), r.gpus, r.gpu.label.c_str(), r.gpu.memory_bytes / kGiB, s, r.global_batch,
               a.attention.c_str(), r.distributed_optimizer ? "distributed" : "replicated", 100 * r.efficiency);
-  // A mixture of experts adds the expert-parallel size, the recompute modules and the
+  // A mixture of experts adds the expert-parallel sizes, the recompute modules and the
   // all-to-alls' share of the iteration; a dense model's table is as it was.
   const bool moe = r.model.layer.moe.enabled();
-  if (moe) std::printf("%3s %-22s ", "ep", "modules");
+  if (moe) std::printf("%3s %3s %-22s ", "ep", "etp", "modules");
   std::printf("%3s %3s %3s %2s %4s %2s %-13s %5s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s%s\n", "t", "cp", "p", "m", "dp", "b",
               "config", "stage", "weights", "grads", "optim", "activ.", "extras", "workset", "peak", "iter_s",
               "tokens/s", "MFU%", moe ? "    a2a_s" : "");
@@ -160,7 +160,7 @@ int run_plan_search(const TheoryOptions& a) {
   for (const PlanCandidate& k : plans) {
     if (!k.fits || shown == top) break;
     ++shown;
-    if (moe) std::printf("%3d %-22s ", k.ep, k.modules.empty() ? "-" : k.modules.c_str());
+    if (moe) std::printf("%3d %3d %-22s ", k.ep, k.etp, k.modules.empty() ? "-" : k.modules.c_str());
     std::printf("%3d %3d %3d %2d %4d %2g %-13s %5d %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f",
                 k.t, k.cp, k.p, k.m, k.dp, k.b, k.config.c_str(), k.stage, k.weight_bytes / kGiB, k.grad_bytes / kGiB,
                 k.optimizer_bytes / kGiB, k.activation_bytes / kGiB, k.extra_bytes / kGiB, k.working_set_bytes / kGiB,

@@ -132,12 +132,13 @@ TEST(ContextParallelMemory, MoeMetaBytesEqualTheClosedFormsPerRank) {
   d.spec.add_bias_linear = false;
   LayerPolicy p = parse_config("baseline");
   p.cp_comm = CpCommType::all_gather;
+  EXPECT_NO_THROW(validate_layer(d, 1, p, 2, 2));  // EP over the CP group
   try {
-    validate_layer(d, 1, p, 2, 2);
-    FAIL() << "expert parallelism with CP was accepted";
+    validate_layer(d, 1, p, 4, 2);  // EP over half of it
+    FAIL() << "expert parallelism over part of the CP group was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("--cp 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a multiple of tp x cp = 4"), std::string::npos) << e.what();
   }
 }
 

@@ -335,9 +335,12 @@ PlanRequest mixtral_on_64_h100() {
   return r;
 }
 
-bool same_but_ep(const PlanCandidate& x, const PlanCandidate& y) {
+bool same_layout_and_config(const PlanCandidate& x, const PlanCandidate& y) {
   return x.t == y.t && x.cp == y.cp && x.p == y.p && x.m == y.m && x.dp == y.dp && x.b == y.b &&
          x.config == y.config && x.modules == y.modules;
+}
+bool same_but_ep(const PlanCandidate& x, const PlanCandidate& y) {
+  return same_layout_and_config(x, y) && x.etp == y.etp;
 }
 
 TEST(MoePlan, Mixtral8x7bOn64H100HasPlansThatFitWithinMegatronsRules) {
@@ -346,11 +349,13 @@ TEST(MoePlan, Mixtral8x7bOn64H100HasPlansThatFitWithinMegatronsRules) {
   ASSERT_FALSE(plans.empty());
   ASSERT_TRUE(plans.front().fits);
   std::vector<int> eps;
-  bool seen_moe_module = false;
+  bool seen_moe_module = false, seen_etp = false;
   for (const PlanCandidate& k : plans) {
     EXPECT_EQ(k.t * k.cp * k.p * k.dp, 64);
     EXPECT_EQ(8 % k.ep, 0) << "ep divides the experts";
-    EXPECT_EQ((k.t * k.cp * k.dp) % k.ep, 0) << "ep divides t·C·dp";
+    EXPECT_TRUE(k.etp == 1 || k.etp == k.t) << "etp 1 or t";
+    EXPECT_EQ((k.t * k.cp * k.dp) % (k.ep * k.etp), 0) << "ep·etp divides t·C·dp";
+    seen_etp |= k.etp > 1;
     if (k.t > 1) EXPECT_NE(k.config.find("sp"), std::string::npos) << "MoE under TP needs SP: " << k.config;
     if (k.ep == 1) EXPECT_EQ(k.a2a_s, 0);
     if (k.ep > 1) EXPECT_GT(k.a2a_s, 0);
@@ -358,8 +363,9 @@ TEST(MoePlan, Mixtral8x7bOn64H100HasPlansThatFitWithinMegatronsRules) {
                         k.working_set_bytes;
     EXPECT_DOUBLE_EQ(k.total_bytes, std::max(step, k.setup_bytes) + k.headroom_bytes);
     EXPECT_EQ(k.fits, k.total_bytes <= r.gpu.memory_bytes);
-    // The stage's E/ep whole experts (fc1 gate | up, fc2; no biases) on each of its L/p layers.
-    EXPECT_DOUBLE_EQ(k.expert_params_per_gpu, 32.0 / k.p * (8 / k.ep) * 3 * 4096 * 14336);
+    // The stage's E/ep experts (fc1 gate | up, fc2; no biases), each split over etp, on each of
+    // its L/p layers.
+    EXPECT_DOUBLE_EQ(k.expert_params_per_gpu, 32.0 / k.p * (8 / k.ep) * 3 * 4096 * 14336 / k.etp);
     if (k.config.find("selective") == 0) {
       // Fused attention: only the MoE modules, one each (no shared experts in Mixtral).
       EXPECT_TRUE(k.modules == "moe_act" || k.modules == "moe") << k.modules;
@@ -372,6 +378,7 @@ TEST(MoePlan, Mixtral8x7bOn64H100HasPlansThatFitWithinMegatronsRules) {
   std::sort(eps.begin(), eps.end());
   EXPECT_EQ(eps, (std::vector<int>{1, 2, 4, 8}));
   EXPECT_TRUE(seen_moe_module);
+  EXPECT_TRUE(seen_etp);
 }
 
 // Expert parallelism shrinks each GPU's experts by ep and adds the all-to-alls: the iteration
@@ -400,9 +407,9 @@ TEST(MoePlan, ExpertParallelismTradesMemoryForAllToAllTime) {
     const double a2a = (k.microbatches + (k.p - 1.0) / k.m) * (32.0 / k.p) * bytes / link;
     EXPECT_NEAR(k.a2a_s, a2a, 1e-12 * a2a);
     // Replicated Adam: 30 bytes of HBM traffic per parameter; the experts' fp32 gradients
-    // all-reduced (2(n−1)/n of them) over their expert-data-parallel group t·C·dp/ep.
+    // all-reduced (2(n−1)/n of them) over their expert-data-parallel group t·C·dp/(ep·etp).
     auto reduce = [&](const PlanCandidate& c) {
-      const double n = static_cast<double>(c.t) * c.cp * c.dp / c.ep;
+      const double n = static_cast<double>(c.t) * c.cp * c.dp / (c.ep * c.etp);
       return 2 * (n - 1) / n * c.expert_params_per_gpu * 4 / G.network_bytes_per_s;
     };
     const double saved = 30 * experts_saved / G.hbm_bytes_per_s + reduce(*twin) - reduce(k);
@@ -410,6 +417,44 @@ TEST(MoePlan, ExpertParallelismTradesMemoryForAllToAllTime) {
     ++compared;
   }
   EXPECT_GT(compared, 100);
+}
+
+// Expert tensor parallelism (etp = t) splits each GPU's experts t ways more and adds, per MoE
+// layer and micro-batch, the TP gather of the rows the experts received and the reduce-scatter
+// of their partial outputs: against its etp = 1 twin the iteration changes by exactly that
+// NVLink time less the smaller expert reduction and Adam step.
+TEST(MoePlan, ExpertTensorParallelismTradesMemoryForTheGroupsGather) {
+  const PlanRequest r = mixtral_on_64_h100();
+  const auto plans = plan_search(r);
+  const Gpu& G = r.gpu;
+  int compared = 0;
+  for (const PlanCandidate& k : plans) {
+    if (k.etp == 1) continue;
+    ASSERT_EQ(k.etp, k.t);
+    const auto twin = std::find_if(plans.begin(), plans.end(), [&](const PlanCandidate& y) {
+      return y.etp == 1 && y.ep == k.ep && same_layout_and_config(k, y);
+    });
+    ASSERT_NE(twin, plans.end());
+    EXPECT_DOUBLE_EQ(k.expert_params_per_gpu, twin->expert_params_per_gpu / k.t);
+    EXPECT_EQ(k.a2a_s, twin->a2a_s);  // the EP all-to-alls are the same
+    const bool rerun = k.config.find("full") == 0 || k.modules == "moe";
+    const double tokens = 4096.0 * k.b / (k.t * k.cp);
+    const double bytes = (rerun ? 6 : 4) * tokens * 2 * 4096 * 2 * (k.t - 1.0);
+    EXPECT_DOUBLE_EQ(etp_exchange_bytes(r.model, 4096, k.b, k.t, k.cp, k.etp, rerun), bytes);
+    const double gather = (k.microbatches + (k.p - 1.0) / k.m) * (32.0 / k.p) * bytes / G.nvlink_bytes_per_s;
+    // Replicated Adam (30 bytes of HBM traffic per parameter) and the fp32 gradients' ring
+    // all-reduces: the dense ones over dp·C, the experts' over t·C·dp/(ep·etp). Both on the
+    // stage whose memory peaks, which the split experts may move (its embedding or final norm).
+    auto step_s = [&](const PlanCandidate& c) {
+      const double n = static_cast<double>(c.t) * c.cp * c.dp / (c.ep * c.etp), d = c.dp * c.cp;
+      const double experts = n > 1 ? 2 * (n - 1) / n * c.expert_params_per_gpu * 4 : 0.0;
+      const double dense = d > 1 ? 2 * (d - 1) / d * (c.params_per_gpu - c.expert_params_per_gpu) * 4 : 0.0;
+      return 30 * c.params_per_gpu / G.hbm_bytes_per_s + (experts + dense) / G.network_bytes_per_s;
+    };
+    EXPECT_NEAR(k.iteration_s - twin->iteration_s, gather + step_s(k) - step_s(*twin), 1e-9 * twin->iteration_s);
+    ++compared;
+  }
+  EXPECT_GT(compared, 50);
 }
 
 TEST(MoePlan, Qwen3SearchesItsManyExpertParallelSizes) {
@@ -471,8 +516,8 @@ TEST(MoePlan, DeepSeekV3Plans) {
   for (const PlanCandidate& k : plans) {
     EXPECT_TRUE(k.p == 61 || (k.p == 1 && !k.fits)) << k.p;  // 61 layers: 671B whole on one stage never fits
     seen_up_proj |= k.modules == "mla_up_proj";
-    // One layer a stage: stages 0-2 hold a dense layer, the others E/ep experts of 3·h·2048.
-    if (k.stage >= 3) EXPECT_DOUBLE_EQ(k.expert_params_per_gpu, 256.0 / k.ep * 3 * 7168 * 2048);
+    // One layer a stage: stages 0-2 hold a dense layer, the others E/ep experts of 3·h·2048/etp.
+    if (k.stage >= 3) EXPECT_DOUBLE_EQ(k.expert_params_per_gpu, 256.0 / k.ep * 3 * 7168 * 2048 / k.etp);
   }
   EXPECT_TRUE(seen_up_proj);
 }

@@ -327,9 +327,12 @@ TEST(MoeLayer, ExpertTensorParallelRefusals) {
     EXPECT_NE(std::string(e.what()).find("without context parallelism"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 1, 2, 2));  // EP over two replicas, each expert over TP
-  EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 2, 4, 1));  // EP over the t x C grid
+  LayerPolicy ring = parse_config("sp");
+  ring.attention = Attention::fused;
+  EXPECT_NO_THROW(validate_layer(d, 2, ring, 2, 4, 1));  // EP over the t x C grid
   try {  // EP over part of the t x C grid
-    validate_layer(d, 1, parse_config("baseline"), 4, 2, 1);
+    ring.sequence_parallel = false;
+    validate_layer(d, 1, ring, 4, 2, 1);
     ADD_FAILURE() << "accepted ep 2 over half of cp 4";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("a multiple of tp x cp = 4"), std::string::npos) << e.what();

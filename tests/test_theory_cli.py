@@ -226,7 +226,7 @@ class MixtureOfExperts(Base):
                  "--top", "3", "--csv", csv_path])
         self.assertEqual(r.returncode, 0, r.stderr)
         header = r.stdout.splitlines()[1].split()
-        self.assertEqual(header[:2], ["ep", "modules"])
+        self.assertEqual(header[:3], ["ep", "etp", "modules"])
         self.assertEqual(header[-1], "a2a_s")
         with open(csv_path) as f:
             rows = list(csv.DictReader(f))
@@ -234,8 +234,10 @@ class MixtureOfExperts(Base):
         gib = float(r.stdout.split("(", 1)[1].split(" GiB)", 1)[0])  # the GPU's memory, as the title says
         self.assertLessEqual(int(rows[0]["total_bytes"]), gib * 2**30 * 1.001)
         self.assertEqual(sorted({int(row["ep"]) for row in rows}), [1, 2, 4, 8])
+        self.assertEqual({row["etp"] for row in rows}, {"1", "2", "4", "8"})  # 1 or t, each t searched
         for row in rows:
             self.assertEqual(float(row["a2a_s"]) == 0, row["ep"] == "1", row)
+            self.assertIn(row["etp"], ("1", row["tp"]), row)
             if int(row["tp"]) > 1:
                 self.assertIn("sp", row["config"], row)  # Megatron-Core's MoE under TP needs SP
 

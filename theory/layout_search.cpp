@@ -131,12 +131,19 @@ double ep_exchange_bytes(const TransformerModel& m, double s, double b, int t, i
   return exchanges * tokens * m.layer.moe.top_k * m.h * e * (ep - 1.0) / ep;
 }
 
+double etp_exchange_bytes(const TransformerModel& m, double s, double b, int t, int C, int etp, bool recompute_moe) {
+  if (etp == 1) return 0;
+  const double e = 2, tokens = s * b / (static_cast<double>(t) * C);  // the rank's rows (SP under t > 1)
+  const double exchanges = recompute_moe ? 6 : 4;
+  return exchanges * tokens * m.layer.moe.top_k * m.h * e * (etp - 1.0);
+}
+
 namespace {
 
 struct Layout {
   int t = 1, cp = 1, p = 1, m = 1, dp = 1;
   double b = 1;
-  int ep = 1;
+  int ep = 1, etp = 1;
 };
 
 // The MoE layers of each pipeline stage, all its chunks (virtual stage chunk·p + stage holds
@@ -167,14 +174,17 @@ LayerTime layer_time(const PlanRequest& r, double s, const Layout& l, const Laye
   const double ring = t > 1 ? (t - 1.0) / t : 0.0;
   // Per block (attention, MLP) fwd: an all-reduce (or all-gather + reduce-scatter pair); bwd:
   // the same plus, under SP, the saved input's all-gather; full recompute repeats the
-  // forward's. An MoE block has them only for its shared experts: with expert tensor
-  // parallelism 1 the routed experts take whole tokens by all-to-all instead.
+  // forward's. An MoE block has them only for its shared experts: the routed experts take
+  // whole tokens by all-to-all instead, and with expert tensor parallelism gather them over
+  // the TP group (etp_exchange_bytes) and reduce-scatter their partial outputs back.
   const bool moe = spec.moe.enabled(), shared = spec.moe.shared_ffn_hidden > 0;
   const double blocks = moe && !shared ? 1 : 2;
   double comm_bytes = blocks * 2 * ring * e * sbh * 2 + (c.sequence_parallel ? blocks * ring * e * sbh : 0);
   if (c.recompute == Recompute::full) comm_bytes += blocks * 2 * ring * e * sbh;
   const bool selective = c.recompute == Recompute::selective;
   if (moe && shared && selective && c.modules.moe) comm_bytes += 2 * ring * e * sbh;  // the shared experts' again
+  if (moe) comm_bytes += etp_exchange_bytes(M, s, b, l.t, l.cp, l.etp, c.recompute == Recompute::full ||
+                                                                          (selective && c.modules.moe));
   // Context parallelism's exchange: within a node while t·C ≤ 8; p2p hidden behind attention.
   const bool attention_again = c.recompute == Recompute::full || (selective && c.modules.core_attn);
   const double cp_link = t * C <= 8 ? G.nvlink_bytes_per_s : G.network_bytes_per_s;
@@ -216,8 +226,8 @@ void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolic
   const double p2p_s = l.p > 1 ? 2 * (N * l.m + l.p - 1) * e * sbh / split / G.network_bytes_per_s : 0.0;
   const double pipeline_s = schedule * stage_s + p2p_s;
   k.a2a_s = schedule * a2a_s;
-  // Gradients reduce over dp·C; the experts' over their expert-data-parallel group t·C·dp/ep.
-  const double replicas = static_cast<double>(l.dp) * l.cp, expert_replicas = t * C * l.dp / l.ep;
+  // Gradients reduce over dp·C; the experts' over their expert-data-parallel group t·C·dp/(ep·etp).
+  const double replicas = static_cast<double>(l.dp) * l.cp, expert_replicas = t * C * l.dp / (l.ep * l.etp);
   const double dp_ring = replicas > 1 ? (replicas - 1) / replicas : 0.0;
   const double ep_ring = expert_replicas > 1 ? (expert_replicas - 1) / expert_replicas : 0.0;
   const double experts = k.expert_params_per_gpu, params = k.params_per_gpu - experts;
@@ -288,12 +298,13 @@ void add_configs(const PlanRequest& r, double s, const Layout& l, int N, const s
                  std::vector<PlanCandidate>& out) {
   for (const auto& [name, c] : searched_policies(r, s, l)) {
     PlanCandidate k;
-    k.t = l.t, k.cp = l.cp, k.p = l.p, k.m = l.m, k.dp = l.dp, k.ep = l.ep, k.b = l.b, k.microbatches = N;
+    k.t = l.t, k.cp = l.cp, k.p = l.p, k.m = l.m, k.dp = l.dp, k.ep = l.ep, k.etp = l.etp, k.b = l.b;
+    k.microbatches = N;
     k.config = name;
     k.modules = recomputed_modules_text(c);
     StepConfig step;
     step.layout.t = l.t, step.layout.cp = l.cp, step.layout.p = l.p, step.layout.vp = l.m, step.layout.dp = l.dp;
-    step.layout.ep = l.ep, step.layout.etp = 1;
+    step.layout.ep = l.ep, step.layout.etp = l.etp;
     step.seq = s, step.micro_batch = l.b, step.global_batch = r.global_batch;
     step.policy = c;
     step.distributed_optimizer = r.distributed_optimizer;
@@ -304,13 +315,19 @@ void add_configs(const PlanRequest& r, double s, const Layout& l, int N, const s
   }
 }
 
-// The expert-parallel sizes of t·C·dp ranks: the divisors of it that divide E (Megatron's
-// rule with expert tensor parallelism 1); 1 alone for a dense model.
-std::vector<int> expert_parallel_sizes(const TransformerModel& M, int ranks) {
-  if (!M.layer.moe.enabled()) return {1};
-  std::vector<int> out;
-  for (const int ep : divisors(ranks))
-    if (std::fmod(M.layer.moe.num_experts, ep) == 0) out.push_back(ep);
+// The expert layouts (ep, etp) of t·C·dp ranks: etp 1 (each expert whole) or t (each split
+// over the TP group, Megatron-Core's default) where t divides the expert width, and ep dividing
+// E with ep·etp dividing t·C·dp (Megatron's rule); (1, 1) alone for a dense model.
+std::vector<std::pair<int, int>> expert_layouts(const TransformerModel& M, int t, int ranks) {
+  if (!M.layer.moe.enabled()) return {{1, 1}};
+  const double width = M.layer.expert_ffn(M.dims(1, 1, 1));
+  std::vector<std::pair<int, int>> out;
+  for (const int etp : {1, t}) {
+    if (etp > 1 && (t == 1 || std::fmod(width, etp) != 0)) continue;
+    for (const int ep : divisors(ranks / etp))
+      if (std::fmod(M.layer.moe.num_experts, ep) == 0) out.push_back({ep, etp});
+    if (t == 1) break;
+  }
   return out;
 }
 
@@ -367,8 +384,8 @@ std::vector<PlanCandidate> plan_search(const PlanRequest& r) {
             if (std::fmod(B / dp, b) != 0) continue;
             const int N = static_cast<int>(B / dp / b);
             if (m > 1 && N % p != 0) continue;  // Megatron's interleaved schedule needs N % p == 0
-            for (const int ep : expert_parallel_sizes(M, t * C * dp))
-              add_configs(r, s, Layout{t, C, p, m, dp, b, ep}, N, stage_moe, out);
+            for (const auto& [ep, etp] : expert_layouts(M, t, t * C * dp))
+              add_configs(r, s, Layout{t, C, p, m, dp, b, ep, etp}, N, stage_moe, out);
           }
         }
       }

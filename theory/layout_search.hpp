@@ -77,15 +77,22 @@ double cp_exchange_bytes(const TransformerModel& m, double s, double b, int t, i
                          bool recompute_attention);
 
 // Bytes one rank sends per MoE layer and micro-batch for expert parallelism's all-to-alls
-// (ep ranks, expert tensor parallelism 1, bf16): each exchange sends the rank's T = s·b/(t·C)
+// (ep ranks, bf16): each exchange sends the rank's T = s·b/(t·C)
 // tokens' k choices, h wide, (ep − 1)/ep of them to other ranks under balanced routing; four
 // exchanges (dispatch and combine forward, their gradients backward) and the forward's two
 // again when `recompute_moe` (the moe module or full recompute reruns the block).
 double ep_exchange_bytes(const TransformerModel& m, double s, double b, int t, int C, int ep, bool recompute_moe);
+// Bytes one rank sends per MoE layer and micro-batch for expert tensor parallelism over etp
+// ranks (Megatron-Core's all-to-all dispatcher after the EP exchange): the rows its experts
+// received, T·k under balanced routing, gathered from the other etp − 1 ranks and their partial
+// outputs reduce-scattered back, h wide in bf16: T·k·h·2·(etp − 1) per exchange, four
+// exchanges and six when `recompute_moe`, as for the all-to-alls; 0 at etp = 1.
+double etp_exchange_bytes(const TransformerModel& m, double s, double b, int t, int C, int etp, bool recompute_moe);
 
 struct PlanCandidate {
   int t = 1, cp = 1, p = 1, m = 1, dp = 1;
-  int ep = 1;  // expert parallel (1 for a dense model); expert tensor parallelism is 1
+  int ep = 1;   // expert parallel (1 for a dense model)
+  int etp = 1;  // expert tensor parallel: 1 (each expert whole) or t (each split over the TP group)
   double b = 1, microbatches = 1;
   std::string config;  // baseline, sp, selective, selective+sp, full, full+sp
   std::string modules;  // selective recompute's modules ("core_attn", "moe_act", ...); "" otherwise
