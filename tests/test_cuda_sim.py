@@ -344,15 +344,18 @@ class CudaSimTest(unittest.TestCase):
     def test_moe_layer_matches_cpu_and_numpy(self):
         # The MoE block on the cuda backend (routing, dispatch, grouped GEMMs, shared experts,
         # hidden dropout): one rank, TP 2 + SP with whole experts and with each split over TP,
-        # expert parallelism 2, and over two replicas of TP 2 expert parallelism 4 (experts whole)
-        # and 2 (each split over TP), over the NCCL stand-in.
+        # expert parallelism 2, over two replicas of TP 2 expert parallelism 4 (experts whole)
+        # and 2 (each split over TP), and expert parallelism 4 over two replicas of CP 2, over
+        # the NCCL stand-in.
         combo = moe_dumps.COMBOS["pre_softmax_shared_dropout"]
         runs = [("moe1", [], None, ["baseline", "selective"]), ("moe_tp2", ["--tp", "2"], 2, ["sp", "selective+sp"]),
                 ("moe_ep2", ["--expert-model-parallel-size", "2"], 2, ["baseline", "selective"]),
                 ("moe_etp2", ["--tp", "2", "--expert-tensor-parallel-size", "2"], 2, ["sp", "selective+sp"]),
                 ("moe_ep4_tp2", ["--tp", "2", "--expert-model-parallel-size", "4"], 4, ["sp", "selective+sp"]),
                 ("moe_ep2_etp2", ["--tp", "2", "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"],
-                 4, ["sp", "selective+sp"])]
+                 4, ["sp", "selective+sp"]),
+                ("moe_cp2_ep4", ["--cp", "2", "--cp-comm-type", "all_gather", "--expert-model-parallel-size", "4"], 4,
+                 ["baseline", "selective"])]
         for tag, extra, ranks, configs in runs:
             args = [*moe_dumps.SHAPE, *combo, *extra, "--recompute-modules", "moe_act,shared_experts"]
             for r, c, _ in self.run_against_cpu(tag, args, configs, ranks):
