@@ -170,9 +170,9 @@ GivenOptions declare_options(CLI::App& app, Args& a) {
   app.add_flag("--emulate-cp", a.emulate_cp, "one process plays rank 0 of --cp ranks; communication modeled");
   value("--expert-model-parallel-size,--ep", a.ep,
         "an MoE layer's experts over this many ranks (under mpirun -np ep): each holds num-experts / ep experts; "
-        "the ranks are ep / tp data-parallel replicas of the --tp ranks (default 1, SP under TP), each replica its "
-        "own micro-batch, and the tokens travel by all-to-all. With --tp equal to it: the experts over the "
-        "tensor-parallel group, the micro-batch shared",
+        "the ranks are ep / (tp x cp) data-parallel replicas of the --tp x --cp ranks (--tp default 1, SP under "
+        "TP), each replica its own micro-batch, and the tokens travel by all-to-all. With --tp equal to it: the "
+        "experts over the tensor-parallel group, the micro-batch shared",
         true);
   value("--expert-tensor-parallel-size,--etp", a.etp,
         "an MoE layer's experts each split over the tensor-parallel group: 1 (each expert whole, as Megatron's "
