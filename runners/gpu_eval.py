@@ -32,6 +32,8 @@ sanitize, or single steps; default: all but cputests and sanitize):
   sweep_seqlen_fused   then with --attention fused,
   sweep_longcontext    then the longcontext plan (22B, t = 8 and C = 1..16 emulated, 32k..1M
                        tokens, ring attention): each rank's time and bytes
+  sweep_moe            then the moe plan (Mixtral-8x7B's layer, t = 2 and the expert layouts
+                       ep 1..8 x etp 1, 2 emulated, the MoE recompute modules): rank 0's time
   cputests       the cpu gtests (of a portable bundle: bin/cpu_tests.tar.xz); not in the default
   sanitize_memcheck   compute-sanitizer memcheck / racecheck (shared memory) on test_gpu_ops, the
   sanitize_racecheck  kernels at small shapes (worth one run when kernels change); not in the default
@@ -52,7 +54,7 @@ OUTDIR gets log.txt (everything), steps.csv (step, status, seconds, detail; stat
 timeout | skipped), summary.txt (also printed) and results.tar.gz:
   results/  CSVs and JSON to keep: table4_<dev>.csv, table4_<dev>_cupti.csv,
             table4_fused_<dev>.csv, peer_torch_<dev>.csv, bench_*_<dev>.json,
-            attention_*_<dev>*, seqlen_cuda_<dev>.csv, longcontext_cuda_<dev>.csv
+            attention_*_<dev>*, seqlen_cuda_<dev>.csv, longcontext_cuda_<dev>.csv, moe_cuda_<dev>.csv
   raw/      test XML, nvidia-smi, versions, the CUPTI run's own rows, the peer's table
 A JSON file that does not parse after a step (a benchmark cut at its timeout) is moved to
 raw/NAME.partial and named in the step's detail.
@@ -90,7 +92,7 @@ GROUPS = {  # --steps names, in the order the steps run
     "bench": ["bench_kernels", "bench_layer"],
     "peer": ["peer"],
     "attention": ["attention_s2048", "attention_s8192", "attention_s32768", "attention_sdpa"],
-    "sweep": ["sweep_seqlen", "sweep_seqlen_fused", "sweep_longcontext"],
+    "sweep": ["sweep_seqlen", "sweep_seqlen_fused", "sweep_longcontext", "sweep_moe"],
     "cputests": ["cputests"],
     "sanitize": ["sanitize_memcheck", "sanitize_racecheck"],
 }
@@ -100,12 +102,12 @@ DEFAULT_STEPS = [s for g, steps in GROUPS.items() if g not in ("cputests", "sani
 CAP = {"tests": 150, "table4": 120, "table4_cupti": 120, "table4_fused": 120, "bench_kernels": 150,
        "bench_layer": 120, "peer": 240, "attention_s2048": 90, "attention_s8192": 90, "attention_s32768": 120,
        "attention_sdpa": 150, "sweep_seqlen": 300, "sweep_seqlen_fused": 300, "sweep_longcontext": 300,
-       "cputests": 240,
+       "sweep_moe": 300, "cputests": 240,
        "sanitize_memcheck": 300, "sanitize_racecheck": 240}
 MIN = {"tests": 20, "table4": 30, "table4_cupti": 30, "table4_fused": 30, "bench_kernels": 30,
        "bench_layer": 30, "peer": 60, "attention_s2048": 20, "attention_s8192": 20, "attention_s32768": 20,
        "attention_sdpa": 30, "sweep_seqlen": 60, "sweep_seqlen_fused": 60, "sweep_longcontext": 60,
-       "cputests": 30,
+       "sweep_moe": 60, "cputests": 30,
        "sanitize_memcheck": 60, "sanitize_racecheck": 60}
 RESERVE_S = 10         # seconds of the budget kept for the last packing
 SWEEP_POINT_MAX_S = 90  # one sweep point's timeout, at most
@@ -832,13 +834,15 @@ class Evaluation:
         self.pack_results()
 
     def steps_sweep(self):
-        """The sequence-length sweeps (resumable rows; whatever time is left), then long context."""
+        """The sequence-length sweeps (resumable rows; whatever time is left), then long context
+        and the MoE expert layouts."""
         common = ["--backend", "cuda", "--launcher", "emulate", "--build", self.view]
         common += ["--warmup", "1", "--iters", "2"] if self.opts.quick else ["--warmup", "2", "--iters", "5"]
         seqlen = ["seqlen", "--csv", self.result(f"seqlen_cuda_{self.dev}.csv")]
         longcontext = ["longcontext", "--csv", self.result(f"longcontext_cuda_{self.dev}.csv")]
+        moe = ["moe", "--csv", self.result(f"moe_cuda_{self.dev}.csv")]
         for step, args in (("sweep_seqlen", seqlen), ("sweep_seqlen_fused", seqlen + ["--attention", "fused"]),
-                           ("sweep_longcontext", longcontext)):
+                           ("sweep_longcontext", longcontext), ("sweep_moe", moe)):
             t = self.gate(step, "layer_run")
             if t is not None:
                 self.run_step(step, [sys.executable, os.path.join(HERE, "sweep.py"), *args, *common,

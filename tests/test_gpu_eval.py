@@ -36,7 +36,8 @@ import gpu_eval  # noqa: E402
 
 ALL_STEPS = ["tests", "table4", "table4_cupti", "table4_fused", "bench_kernels", "bench_layer", "peer",
              "attention_s2048", "attention_s8192", "attention_s32768", "attention_sdpa", "sweep_seqlen",
-             "sweep_seqlen_fused", "sweep_longcontext", "cputests", "sanitize_memcheck", "sanitize_racecheck"]
+             "sweep_seqlen_fused", "sweep_longcontext", "sweep_moe", "cputests", "sanitize_memcheck",
+             "sanitize_racecheck"]
 # No torch probe (it takes seconds): the python the peer steps would use is one that cannot run.
 NO_TORCH = ["--python", "/nonexistent/python3"]
 
@@ -193,7 +194,8 @@ class Session(unittest.TestCase):
             self.assertEqual(rows[step]["status"], "skipped", rows[step])
             self.assertIn("time budget", rows[step]["detail"])
         text = read(os.path.join(self.out, "summary.txt"))
-        self.assertIn("--steps table4,table4_cupti,table4_fused,sweep_seqlen,sweep_seqlen_fused,sweep_longcontext", text)
+        self.assertIn("--steps table4,table4_cupti,table4_fused,sweep_seqlen,sweep_seqlen_fused,sweep_longcontext,"
+                      "sweep_moe", text)
         self.assertIn("resumes", text)
 
     def test_second_run_resumes_and_the_archive_holds_both(self):
@@ -246,7 +248,7 @@ class Session(unittest.TestCase):
     def test_list_steps_and_help(self):
         out = subprocess.run([sys.executable, RUNNER, "--list-steps"], capture_output=True, text=True, timeout=30).stdout
         self.assertIn("table4: table4 table4_cupti table4_fused\n", out)
-        self.assertTrue(out.endswith("default: " + " ".join(ALL_STEPS[:14]) + "\n"), out)
+        self.assertTrue(out.endswith("default: " + " ".join(ALL_STEPS[:15]) + "\n"), out)
         out = subprocess.run(["bash", WRAPPER, "--help"], capture_output=True, text=True, timeout=30).stdout
         self.assertIn("--unpack OUTDIR_OR_TARBALL", out)
 
