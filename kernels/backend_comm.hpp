@@ -29,6 +29,7 @@ std::unique_ptr<Communicator> make_world_communicator(Backend& backend);
 struct ParallelGroups {
   std::unique_ptr<Communicator> world, tp, cp;  // world: every rank (metadata, agreement, dumps)
   std::unique_ptr<Communicator> dp;             // make_data_parallel_groups only
+  std::unique_ptr<Communicator> tp_peers;       // with_tp_peers: the ranks of one tp_rank, by r / tp
 };
 // Under mpirun: the world split into tensor- and context-parallel groups for `backend` (NCCL for
 // cuda, MPI otherwise). Throws InvalidArgument (one line) unless tp >= 1, cp >= 1 and tp*cp is
@@ -39,7 +40,9 @@ struct ParallelGroups {
 ParallelGroups make_parallel_groups(Backend& backend, int tp, int cp);
 // The same with dp data-parallel replicas of the tp x cp grid (world = tp*cp*dp): rank r has
 // tp_rank = r % tp, cp_rank = (r / tp) % cp, dp_rank = r / (tp*cp); the DP group is the dp
-// ranks of one (tp_rank, cp_rank), ordered by dp_rank.
-ParallelGroups make_data_parallel_groups(Backend& backend, int tp, int cp, int dp);
+// ranks of one (tp_rank, cp_rank), ordered by dp_rank. with_tp_peers adds the cp*dp ranks of
+// one tp_rank, ordered by r / tp (Megatron-Core's expert-parallel group under expert tensor
+// parallelism = tp).
+ParallelGroups make_data_parallel_groups(Backend& backend, int tp, int cp, int dp, bool with_tp_peers = false);
 
 }  // namespace actbench

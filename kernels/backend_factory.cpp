@@ -66,7 +66,7 @@ std::unique_ptr<Communicator> split_world(Backend& backend, Communicator& world,
 
 }  // namespace
 
-ParallelGroups make_data_parallel_groups(Backend& backend, int tp, int cp, int dp) {
+ParallelGroups make_data_parallel_groups(Backend& backend, int tp, int cp, int dp, bool with_tp_peers) {
   if (tp < 1 || cp < 1 || dp < 1)
     throw InvalidArgument("parallel groups: the tensor-, context- and data-parallel sizes (" + std::to_string(tp) +
                           ", " + std::to_string(cp) + ", " + std::to_string(dp) + ") must be >= 1");
@@ -81,6 +81,7 @@ ParallelGroups make_data_parallel_groups(Backend& backend, int tp, int cp, int d
   groups.tp = split_world(backend, *groups.world, r / tp, tp_rank);
   groups.cp = split_world(backend, *groups.world, dp_rank * tp + tp_rank, cp_rank);
   groups.dp = split_world(backend, *groups.world, cp_rank * tp + tp_rank, dp_rank);
+  if (with_tp_peers) groups.tp_peers = split_world(backend, *groups.world, tp_rank, r / tp);
   return groups;
 }
 

@@ -69,7 +69,8 @@ static void validate_context_parallel(const LayerDims& d, int t, LayerPolicy p, 
 // without biases; expert tensor parallelism 1 (each rank's experts take its own rows) or over
 // the whole tensor-parallel group (etp = t); with etp 1, expert parallelism over the
 // tensor-parallel group (ep = t) or over ep/(t·C) data-parallel replicas of the t x C grid; with
-// etp = t, over ep replicas (C = 1); context parallelism (each CP rank routes its own two chunks).
+// etp = t, over each TP rank's C x ep/C peers; context parallelism (each CP rank routes its own
+// two chunks).
 static void validate_expert_tensor_parallel(const LayerDims& d, int t, int ep, int etp) {
   if (etp == 1) return;
   const std::string size = "--expert-tensor-parallel-size " + std::to_string(etp);
@@ -85,11 +86,11 @@ static void validate_moe(const LayerDims& d, int t, LayerPolicy p, int cp, int e
   // Expert parallelism over data-parallel replicas: etp = t (the EP group one TP rank's
   // replicas), or ep a multiple of t other than t itself (the EP group whole TP groups).
   const bool over_replicas = ep > 1 && (etp > 1 || ep != t);
-  if (cp > 1 && over_replicas && etp > 1)
-    throw InvalidArgument("expert parallelism over data-parallel ranks with expert tensor parallelism runs without "
-                          "context parallelism for now (--cp 1 with --expert-model-parallel-size " +
-                          std::to_string(ep) + ")");
-  if (cp > 1 && over_replicas && ep % (t * cp) != 0)
+  if (cp > 1 && over_replicas && etp > 1 && ep % cp != 0)
+    throw InvalidArgument("--expert-model-parallel-size " + std::to_string(ep) + " with --expert-tensor-parallel-size " +
+                          std::to_string(etp) + " and --cp " + std::to_string(cp) + " spans whole context-parallel "
+                          "groups: it must be a multiple of cp (" + std::to_string(cp) + ")");
+  if (cp > 1 && over_replicas && etp == 1 && ep % (t * cp) != 0)
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(ep) + " with --cp " + std::to_string(cp) +
                           " spans whole tensor x context-parallel grids: it must be --tp or a multiple of tp x cp = " +
                           std::to_string(t * cp));

@@ -19,9 +19,12 @@ LayerBase::LayerBase(Backend& be, Communicator& comm, LayerOptions opt, Communic
       ep_size_(ep ? ep->size() : 1),
       ep_rank_(ep ? ep->rank() : 0) {
   validate_layer(opt_.dims, tp_size_, opt_.policy, cp_size_, ep_size_, opt_.expert_tensor_parallel ? tp_size_ : 1);
-  if (ep_size_ > 1 && opt_.expert_tensor_parallel) {  // the EP group: this TP rank's replicas
-    dp_size_ = ep_size_;
-    dp_rank_ = ep_rank_;
+  if (ep_size_ > 1 && opt_.expert_tensor_parallel) {  // the EP group: this TP rank's CP x replica peers
+    if (ep_rank_ % cp_size_ != cp_rank_)  // validate_layer checked that C divides ep
+      throw InvalidArgument("expert-parallel rank " + std::to_string(ep_rank_) + " is not context-parallel rank " +
+                            std::to_string(cp_rank_) + " of its replica: the EP group must be in Megatron's order");
+    dp_size_ = ep_size_ / cp_size_;
+    dp_rank_ = ep_rank_ / cp_size_;
   } else if (ep_size_ > 1 && !experts_over_tp()) {  // the EP group: the t x C grids of ep/(t·C) replicas
     const int grid = tp_size_ * cp_size_;  // validate_layer checked that it divides ep
     if (ep_rank_ % grid != cp_rank_ * tp_size_ + tp_rank_)

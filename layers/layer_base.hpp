@@ -179,8 +179,8 @@ class LayerBase : public Layer {
   // replica r / (t·C)), each replica its own micro-batch: batches [dp_rank·b, (dp_rank+1)·b) of
   // the canonical ep/(t·C)·b.
   bool experts_over_tp() const { return ep_size_ > 1 && ep_comm_ == &comm_; }
-  // With expert tensor parallelism (etp = t) the expert-parallel group is the ep replicas of
-  // this TP rank instead (Megatron-Core's expert order: etp ranks, then ep).
+  // With expert tensor parallelism (etp = t) the expert-parallel group is this TP rank's peers
+  // instead, C of each of ep/C replicas (Megatron-Core's expert order: etp ranks, then ep).
   int dp_size_ = 1, dp_rank_ = 0;  // those replicas (1, 0: none)
   int64_t seq_;            // s/C: the rows of the sequence this TP group works on
   SeqPositions seq_positions_;  // where they sit: chunks cp_rank and 2C-1-cp_rank of 2C

@@ -98,37 +98,35 @@ struct Groups {
 };
 // Expert parallelism over data-parallel replicas, in Megatron-Core's order: with etp 1 the
 // world (ep ranks: ep/(t·C) replicas of the t x C grid) is the expert-parallel group; with
-// etp = t (C = 1) the world is t·ep ranks and the EP group is each TP rank's ep replicas.
+// etp = t the world is t·ep ranks (ep/C replicas) and the EP group is each TP rank's C·ep/C
+// peers.
 Groups make_expert_parallel_groups(const LayerRunOptions& o, Backend& be) {
   Groups g;
   const bool etp = o.etp > 1;
-  const int replicas = etp ? o.ep : o.ep / (o.tp * o.cp);
-  auto emulated_or_local = [&](int n) {
-    return n > 1 ? make_backend_emulated_communicator(be, n) : make_backend_local_communicator(be);
-  };
+  const int replicas = o.ep / (etp ? o.cp : o.tp * o.cp);
   if (o.emulate_ep) {
     g.ep = make_backend_emulated_communicator(be, o.ep);
-    g.tp = emulated_or_local(o.tp);
+    g.tp = o.tp > 1 ? make_backend_emulated_communicator(be, o.tp) : make_backend_local_communicator(be);
     if (o.cp > 1) g.cp = make_backend_emulated_communicator(be, o.cp);
-    if (!etp && replicas > 1 && o.tp * o.cp > 1) g.dp = make_backend_emulated_communicator(be, replicas);
-  } else if (o.tp * o.cp == 1) {
+    if (replicas > 1) g.dp = make_backend_emulated_communicator(be, replicas);
+    g.experts = g.ep.get();
+  } else if (o.tp * o.cp == 1) {  // the world is the EP group and the replicas
     g.ep = make_world_communicator(be);
     g.tp = make_backend_local_communicator(be);
-  } else if (o.cp > 1) {
-    ParallelGroups split = make_data_parallel_groups(be, o.tp, o.cp, replicas);
-    g.ep = std::move(split.world);
-    g.tp = std::move(split.tp);
-    g.cp = std::move(split.cp);
-    if (replicas > 1) g.dp = std::move(split.dp);
+    g.experts = g.ep.get();
+    g.replicas = g.ep.get();
+    return g;
   } else {
-    ParallelGroups split = make_parallel_groups(be, o.tp, replicas);  // the replicas in the place of CP's
-    (etp ? g.world : g.ep) = std::move(split.world);
+    // With etp = t at C = 1 the TP rank's peers are its replicas: the DP group serves both.
+    ParallelGroups split = make_data_parallel_groups(be, o.tp, o.cp, replicas, etp && o.cp > 1);
+    g.world = std::move(split.world);
     g.tp = std::move(split.tp);
-    g.dp = std::move(split.cp);
+    if (o.cp > 1) g.cp = std::move(split.cp);
+    if (replicas > 1) g.dp = std::move(split.dp);
+    g.ep = std::move(split.tp_peers);
+    g.experts = !etp ? g.world.get() : g.ep ? g.ep.get() : g.dp.get();
   }
-  g.experts = g.ep ? g.ep.get() : g.dp.get();
-  // The replicas: their own group, or at t = C = 1 the expert-parallel group itself.
-  g.replicas = g.dp ? g.dp.get() : (o.tp * o.cp == 1 ? g.ep.get() : nullptr);
+  g.replicas = g.dp.get();
   return g;
 }
 

@@ -549,11 +549,13 @@ void check_run_options(const LayerRunOptions& o, const LayerDims& dims, int worl
                           std::to_string(o.tp) + " splits the experts over the tensor-parallel group: on one "
                           "process it runs with --emulate-tp (not --emulate-ep)");
   if (o.ep > 1 && !o.experts_over_tp() && o.etp > 1 &&
-      (world != (o.emulate_ep ? 1 : o.expert_parallel_world()) || o.cp != 1 || (o.emulate_tp && !o.emulate_ep)))
+      (world != (o.emulate_ep ? 1 : o.expert_parallel_world()) || o.ep % o.cp != 0 ||
+       (o.emulate_tp && !o.emulate_ep) || (o.emulate_cp && !o.emulate_ep)))
     throw InvalidArgument("--expert-model-parallel-size " + std::to_string(o.ep) + " with --expert-tensor-parallel-size " +
                           std::to_string(o.etp) + " runs under mpirun -np " + std::to_string(o.expert_parallel_world()) +
-                          " (or --emulate-ep on one process) as ep data-parallel replicas of the --tp ranks, with "
-                          "--cp 1 for now (the MPI world has " + std::to_string(world) + ")");
+                          " (or --emulate-ep on one process) as ep / cp data-parallel replicas of the --tp x --cp "
+                          "ranks (cp " + std::to_string(o.cp) + " must divide it; the MPI world has " +
+                          std::to_string(world) + ")");
   if (o.ep > 1 && !o.experts_over_tp() && o.etp == 1 &&
       (world != (o.emulate_ep ? 1 : o.ep) || o.ep % (o.tp * o.cp) != 0 || (o.emulate_tp && !o.emulate_ep) ||
        (o.emulate_cp && !o.emulate_ep)))

@@ -31,8 +31,8 @@ struct LayerRunOptions {
   // --tp given equal to --expert-model-parallel-size: the experts over the tensor-parallel group
   // (each rank's sequence rows to their experts), not over data-parallel ranks.
   bool experts_over_tp() const { return ep > 1 && tp == ep && etp == 1; }
-  // The ranks expert parallelism over data-parallel replicas runs on: ep/tp replicas of the TP
-  // group (etp 1), or ep replicas of it (etp = tp).
+  // The ranks expert parallelism over data-parallel replicas runs on: ep/(tp·cp) replicas of the
+  // tp x cp grid (etp 1), or ep/cp replicas of it (etp = tp).
   int expert_parallel_world() const { return etp > 1 ? tp * ep : ep; }
   uint64_t seed = 1234;
   double link_gbps = 450.0;

@@ -210,6 +210,14 @@ class MoeDumpTest(DumpTestCase):
         with open(os.path.join(dump, "layer.json")) as f:
             self.assertEqual(json.load(f)["batch"], 4)  # the two replicas' micro-batches
         self.assert_matches_numpy(dump)
+        # and each expert split over TP 2, the experts over each TP rank's two CP peers
+        dump, rows = self.layer_run("cp2_tp2_etp2_ep2", flags + [
+            "--tp", "2", "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
+            "--config", "sp"], np_ranks=4)
+        self.assertEqual((rows[0]["status"], rows[0]["tp"], rows[0]["ep"], rows[0]["etp"], rows[0]["cp"]),
+                         ("ok", "2", "2", "2", "2"), rows[0]["message"])
+        self.assertEqual(rows[0]["act_bytes"], rows[0]["act_bytes_formula"])
+        self.assert_matches_numpy(dump)
 
     def test_the_check_is_not_blind(self):
         dump, _ = self.layer_run("blind", SHAPE + COMBOS["softmax"] + ["--config", "baseline"])

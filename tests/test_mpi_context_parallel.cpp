@@ -111,8 +111,9 @@ namespace {
 // (experts over TP, ep = t), or a 1/t slice of every one (expert tensor parallelism, etp = t).
 // The routed experts: whole on every rank, over the TP group (ep = t), split over it (etp = t),
 // or over the whole world (ep = t x C x replicas: expert parallelism spanning the CP ranks and
-// the data-parallel replicas, each replica its own micro-batch).
-enum class Experts { whole, over_tp, split_over_tp, over_the_world };
+// the data-parallel replicas, each replica its own micro-batch), or split over TP and spread over
+// each TP rank's CP x replica peers (etp = t, ep = C x replicas).
+enum class Experts { whole, over_tp, split_over_tp, over_the_world, split_over_tp_and_peers };
 
 void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::string& config, Experts experts,
                                                    int replicas = 1) {
@@ -128,11 +129,13 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
   if (spec.policy.recompute == Recompute::selective)
     spec.policy.modules.moe_act = spec.policy.modules.shared_experts = true;
   auto be = make_cpu_backend();
-  ParallelGroups groups = make_data_parallel_groups(*be, t, C, replicas);
+  const bool peers = experts == Experts::split_over_tp_and_peers;
+  ParallelGroups groups = make_data_parallel_groups(*be, t, C, replicas, peers);
   spec.cp_group = groups.cp.get();
   spec.experts_over_tp = experts == Experts::over_tp;
-  spec.expert_tensor_parallel = experts == Experts::split_over_tp;
+  spec.expert_tensor_parallel = experts == Experts::split_over_tp || peers;
   if (experts == Experts::over_the_world) spec.ep_group = groups.world.get();
+  if (peers) spec.ep_group = groups.tp_peers.get();
   if (replicas > 1) spec.dp_group = groups.dp.get();
   const auto got = run_layer_canonical(*be, *groups.tp, spec);
   ExperimentSpec single = spec;
@@ -148,6 +151,7 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
   const std::string what = "moe " + config + " t=" + std::to_string(t) + " C=" + std::to_string(C) +
                            " replicas=" + std::to_string(replicas) +
                            (experts == Experts::over_the_world ? " experts over the world" : "") +
+                           (peers ? " experts split over tp, over its peers" : "") +
                            (experts == Experts::over_tp ? " experts over tp" : "") +
                            (experts == Experts::split_over_tp ? " experts split over tp" : "");
   expect_same_tensors(got, ref, 1e-5, 1e-4, what);
@@ -162,8 +166,11 @@ void expect_moe_layer_equals_the_single_rank_layer(int t, int C, const std::stri
   td.cp = C;
   for (int64_t rows : r.moe.tokens_per_expert) td.moe_routed_rows += static_cast<double>(rows);
   if (experts != Experts::whole) {
-    td.ep = experts == Experts::over_tp ? t : experts == Experts::over_the_world ? t * C * replicas : 1;
-    td.etp = experts == Experts::split_over_tp ? t : 1;
+    td.ep = experts == Experts::over_tp          ? t
+            : experts == Experts::over_the_world ? t * C * replicas
+            : peers                              ? C * replicas
+                                                 : 1;
+    td.etp = spec.expert_tensor_parallel ? t : 1;
     td.moe_expert_rows = static_cast<double>(r.moe.expert_rows);
   }
   EXPECT_EQ(static_cast<double>(r.act_bytes), theory::layer_bytes(td, spec.dims.spec, spec.policy)) << what;
@@ -200,8 +207,11 @@ TEST(MpiContextParallelMoe, ExpertsOverTheWorldEqualTheSingleRankLayer) {
   for (const Grid g : {Grid{1, 2, 2}, Grid{2, 2, 1}, Grid{1, 4, 1}, Grid{1, 2, 1}}) {
     if (g.t * g.C * g.replicas != g_world_size) continue;
     for (const std::string& config : g.t == 1 ? std::vector<std::string>{"baseline", "selective", "full"}
-                                              : std::vector<std::string>{"sp", "selective+sp", "full+sp"})
+                                              : std::vector<std::string>{"sp", "selective+sp", "full+sp"}) {
       expect_moe_layer_equals_the_single_rank_layer(g.t, g.C, config, Experts::over_the_world, g.replicas);
+      // each expert split over TP, the experts over the TP rank's C peers
+      if (g.t > 1) expect_moe_layer_equals_the_single_rank_layer(g.t, g.C, config, Experts::split_over_tp_and_peers);
+    }
   }
 }
 
