@@ -345,8 +345,8 @@ class CudaSimTest(unittest.TestCase):
         # The MoE block on the cuda backend (routing, dispatch, grouped GEMMs, shared experts,
         # hidden dropout): one rank, TP 2 + SP with whole experts and with each split over TP,
         # expert parallelism 2, over two replicas of TP 2 expert parallelism 4 (experts whole)
-        # and 2 (each split over TP), and expert parallelism 4 over two replicas of CP 2, over
-        # the NCCL stand-in.
+        # and 2 (each split over TP), expert parallelism 4 over two replicas of CP 2, and each
+        # expert split over TP 2 with EP over its CP 2 peers, over the NCCL stand-in.
         combo = moe_dumps.COMBOS["pre_softmax_shared_dropout"]
         runs = [("moe1", [], None, ["baseline", "selective"]), ("moe_tp2", ["--tp", "2"], 2, ["sp", "selective+sp"]),
                 ("moe_ep2", ["--expert-model-parallel-size", "2"], 2, ["baseline", "selective"]),
@@ -355,7 +355,10 @@ class CudaSimTest(unittest.TestCase):
                 ("moe_ep2_etp2", ["--tp", "2", "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"],
                  4, ["sp", "selective+sp"]),
                 ("moe_cp2_ep4", ["--cp", "2", "--cp-comm-type", "all_gather", "--expert-model-parallel-size", "4"], 4,
-                 ["baseline", "selective"])]
+                 ["baseline", "selective"]),
+                ("moe_cp2_etp2_ep2", ["--tp", "2", "--cp", "2", "--cp-comm-type", "all_gather",
+                                      "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"], 4,
+                 ["sp"])]
         for tag, extra, ranks, configs in runs:
             args = [*moe_dumps.SHAPE, *combo, *extra, "--recompute-modules", "moe_act,shared_experts"]
             for r, c, _ in self.run_against_cpu(tag, args, configs, ranks):
