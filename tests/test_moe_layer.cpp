@@ -320,16 +320,17 @@ TEST(MoeLayer, ExpertTensorParallelRefusals) {
   };
   refused(4, 1, 2, "must be --tp (4) or 1");
   refused(2, 3, 1, "must be a multiple of --tp 2");
-  try {  // EP over replicas with context parallelism
-    validate_layer(d, 2, parse_config("sp"), 2, 2, 2);
-    ADD_FAILURE() << "accepted ep 2 over replicas with cp 2";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("without context parallelism"), std::string::npos) << e.what();
-  }
   EXPECT_NO_THROW(validate_layer(d, 2, parse_config("sp"), 1, 2, 2));  // EP over two replicas, each expert over TP
   LayerPolicy ring = parse_config("sp");
   ring.attention = Attention::fused;
   EXPECT_NO_THROW(validate_layer(d, 2, ring, 2, 4, 1));  // EP over the t x C grid
+  EXPECT_NO_THROW(validate_layer(d, 2, ring, 2, 2, 2));  // each expert over TP, EP over the CP peers
+  try {  // each expert over TP, EP over half of the CP peers
+    validate_layer(d, 2, ring, 4, 2, 2);
+    ADD_FAILURE() << "accepted ep 2 with etp 2 over half of cp 4";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("it must be a multiple of cp (4)"), std::string::npos) << e.what();
+  }
   try {  // EP over part of the t x C grid
     ring.sequence_parallel = false;
     validate_layer(d, 1, ring, 4, 2, 1);
