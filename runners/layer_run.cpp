@@ -93,13 +93,13 @@ void prepare(LayerRunOptions& o, Setup& s, const CsvAppender& csv, int world, bo
 // (emulated, or the world split in Megatron's order under mpirun).
 struct Groups {
   std::unique_ptr<Communicator> world, tp, cp, ep, dp;
-  Communicator* experts = nullptr;   // the expert-parallel group: ep, or dp under expert tensor parallelism
-  Communicator* replicas = nullptr;  // the data-parallel replicas: dp, or ep itself at t = 1
+  Communicator* experts = nullptr;   // the expert-parallel group: the world (etp 1), a TP rank's peers (etp = t)
+  Communicator* replicas = nullptr;  // the data-parallel replicas: dp (null: one), or at t = C = 1 the EP group
 };
 // Expert parallelism over data-parallel replicas, in Megatron-Core's order: with etp 1 the
 // world (ep ranks: ep/(t·C) replicas of the t x C grid) is the expert-parallel group; with
-// etp = t the world is t·ep ranks (ep/C replicas) and the EP group is each TP rank's C·ep/C
-// peers.
+// etp = t the world is t·ep ranks (ep/C replicas) and the EP group is each TP rank's ep peers
+// (its C CP ranks in each replica).
 Groups make_expert_parallel_groups(const LayerRunOptions& o, Backend& be) {
   Groups g;
   const bool etp = o.etp > 1;
