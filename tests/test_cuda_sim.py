@@ -358,7 +358,7 @@ class CudaSimTest(unittest.TestCase):
                  ["baseline", "selective"]),
                 ("moe_cp2_etp2_ep2", ["--tp", "2", "--cp", "2", "--cp-comm-type", "all_gather",
                                       "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"], 4,
-                 ["sp"])]
+                 ["sp", "selective+sp"])]
         for tag, extra, ranks, configs in runs:
             args = [*moe_dumps.SHAPE, *combo, *extra, "--recompute-modules", "moe_act,shared_experts"]
             for r, c, _ in self.run_against_cpu(tag, args, configs, ranks):
