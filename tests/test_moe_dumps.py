@@ -53,6 +53,12 @@ class MoeDumpTest(DumpTestCase):
         for name, err, scale, ok in results:
             self.assertTrue(ok, "%s: %s max|err| %.3e vs max|ref| %.3e" % (folder, name, err, scale))
 
+    def assert_rows_ran(self, rows, **columns):
+        """Every row ok with these column values (text, as the CSV holds them), its bytes its formula's."""
+        for r in rows:
+            self.assertEqual({k: r[k] for k in ("status", *columns)}, dict(status="ok", **columns), r["message"])
+            self.assertEqual(r["act_bytes"], r["act_bytes_formula"], r["config"])
+
     def test_one_rank_matches_numpy_and_recompute_changes_no_value(self):
         for combo, flags in COMBOS.items():
             for modules in MODULES:
@@ -109,9 +115,7 @@ class MoeDumpTest(DumpTestCase):
             dump, rows = self.layer_run("ep2_" + combo, SHAPE + COMBOS[combo] + dropout + [
                 "--expert-model-parallel-size", "2", "--config", "baseline,selective",
                 "--recompute-modules", "moe"], np_ranks=2)
-            for r in rows:
-                self.assertEqual((r["status"], r["ep"]), ("ok", "2"), r["message"])
-                self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+            self.assert_rows_ran(rows, ep="2")
             with open(os.path.join(dump, "baseline", "layer.json")) as f:
                 self.assertEqual(json.load(f)["batch"], 4)  # the two ranks' micro-batches
             self.assert_matches_numpy(os.path.join(dump, "baseline"))
@@ -125,9 +129,7 @@ class MoeDumpTest(DumpTestCase):
         dump, rows = self.layer_run("ep_over_tp", flags + [
             "--tp", "2", "--expert-model-parallel-size", "2", "--config", "sp,selective+sp",
             "--recompute-modules", "moe_act,moe"], np_ranks=2)
-        for r in rows:
-            self.assertEqual((r["status"], r["tp"], r["ep"]), ("ok", "2", "2"), r["message"])
-            self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        self.assert_rows_ran(rows, tp="2", ep="2")
         self.assert_matches_numpy(os.path.join(dump, "sp"))
         self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
 
@@ -140,9 +142,7 @@ class MoeDumpTest(DumpTestCase):
         dump, rows = self.layer_run("ep4_over_tp2", flags + [
             "--tp", "2", "--expert-model-parallel-size", "4", "--config", "sp,selective+sp",
             "--recompute-modules", "moe_act,moe"], np_ranks=4)
-        for r in rows:
-            self.assertEqual((r["status"], r["tp"], r["ep"], r["etp"]), ("ok", "2", "4", "1"), r["message"])
-            self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        self.assert_rows_ran(rows, tp="2", ep="4", etp="1")
         with open(os.path.join(dump, "sp", "layer.json")) as f:
             self.assertEqual(json.load(f)["batch"], 4)  # the two replicas' micro-batches
         self.assert_matches_numpy(os.path.join(dump, "sp"))
@@ -153,9 +153,7 @@ class MoeDumpTest(DumpTestCase):
         dump, rows = self.layer_run("ep2_etp2", flags + [
             "--tp", "2", "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
             "--config", "sp,selective+sp,full+sp", "--recompute-modules", "moe_act"], np_ranks=4)
-        for r in rows:
-            self.assertEqual((r["status"], r["tp"], r["ep"], r["etp"]), ("ok", "2", "2", "2"), r["message"])
-            self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        self.assert_rows_ran(rows, tp="2", ep="2", etp="2")
         for config in ["sp", "selective+sp", "full+sp"]:
             with self.subTest(config=config):
                 self.assert_matches_numpy(os.path.join(dump, config), routing=config != "full+sp")
@@ -168,9 +166,7 @@ class MoeDumpTest(DumpTestCase):
             dump, rows = self.layer_run("etp_" + combo, SHAPE + COMBOS[combo] + [
                 "--tp", "2", "--expert-tensor-parallel-size", "2", "--config", "sp,selective+sp,full+sp",
                 "--recompute-modules", "moe_act"], np_ranks=2)
-            for r in rows:
-                self.assertEqual((r["status"], r["tp"], r["ep"], r["etp"]), ("ok", "2", "1", "2"), r["message"])
-                self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+            self.assert_rows_ran(rows, tp="2", ep="1", etp="2")
             for config in ["sp", "selective+sp", "full+sp"]:
                 with self.subTest(combo=combo, config=config):
                     self.assert_matches_numpy(os.path.join(dump, config), routing=config != "full+sp")
@@ -182,9 +178,7 @@ class MoeDumpTest(DumpTestCase):
         flags = SHAPE + COMBOS["pre_softmax_shared_dropout"] + ["--cp", "2", "--cp-comm-type", "all_gather"]
         dump, rows = self.layer_run("cp2", flags + ["--config", "baseline,selective",
                                                     "--recompute-modules", "moe_act,shared_experts"], np_ranks=2)
-        for r in rows:
-            self.assertEqual((r["status"], r["cp"]), ("ok", "2"), r["message"])
-            self.assertEqual(r["act_bytes"], r["act_bytes_formula"])
+        self.assert_rows_ran(rows, cp="2")
         for config in ["baseline", "selective"]:
             with self.subTest(config=config):
                 folder = os.path.join(dump, config)
@@ -196,17 +190,13 @@ class MoeDumpTest(DumpTestCase):
         # exchanging its rows for its experts; the gradients summed over CP)
         dump, rows = self.layer_run("cp2_ep_over_tp2", flags + [
             "--tp", "2", "--expert-model-parallel-size", "2", "--config", "sp"], np_ranks=4)
-        self.assertEqual((rows[0]["status"], rows[0]["tp"], rows[0]["ep"], rows[0]["cp"]), ("ok", "2", "2", "2"),
-                         rows[0]["message"])
-        self.assertEqual(rows[0]["act_bytes"], rows[0]["act_bytes_formula"])
+        self.assert_rows_ran(rows, tp="2", ep="2", cp="2")
         self.assert_matches_numpy(dump)  # one configuration: the folder
         # and the experts over the whole world of 4: two data-parallel replicas of C = 2, each
         # rank routing its chunks' rows to whichever rank holds their 2 experts
         dump, rows = self.layer_run("cp2_ep4", flags + ["--expert-model-parallel-size", "4", "--config", "baseline"],
                                     np_ranks=4)
-        self.assertEqual((rows[0]["status"], rows[0]["tp"], rows[0]["ep"], rows[0]["cp"]), ("ok", "1", "4", "2"),
-                         rows[0]["message"])
-        self.assertEqual(rows[0]["act_bytes"], rows[0]["act_bytes_formula"])
+        self.assert_rows_ran(rows, tp="1", ep="4", cp="2")
         with open(os.path.join(dump, "layer.json")) as f:
             self.assertEqual(json.load(f)["batch"], 4)  # the two replicas' micro-batches
         self.assert_matches_numpy(dump)
@@ -214,9 +204,7 @@ class MoeDumpTest(DumpTestCase):
         dump, rows = self.layer_run("cp2_tp2_etp2_ep2", flags + [
             "--tp", "2", "--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
             "--config", "sp"], np_ranks=4)
-        self.assertEqual((rows[0]["status"], rows[0]["tp"], rows[0]["ep"], rows[0]["etp"], rows[0]["cp"]),
-                         ("ok", "2", "2", "2", "2"), rows[0]["message"])
-        self.assertEqual(rows[0]["act_bytes"], rows[0]["act_bytes_formula"])
+        self.assert_rows_ran(rows, tp="2", ep="2", etp="2", cp="2")
         self.assert_matches_numpy(dump)
 
     def test_the_check_is_not_blind(self):
