@@ -441,13 +441,19 @@ def resolve(plan, given, defaults):
         edits.setdefault("ffn_hidden", int(base["ffn_hidden"]) or 4 * p["hidden"])
     p["varied"] = sorted(k for k in given if k in SPEC_FIELDS or k == "recompute_modules")
     p["spec"], p["spec_args"] = edited_spec(f"{where}, arch {arch}", base, p["dropout"], edits)
+    return with_spec_columns(p, "recompute_modules" in given)
+
+
+def with_spec_columns(p, modules_given):
+    """p with the columns its spec fills (g, d, F as layer_run writes them) and its recompute
+    modules (a selective configuration's: given, or layer_run's default; else none)."""
     p["kv_heads"] = int(p["spec"]["kv_heads"]) or p["heads"]
     p["kv_channels"] = int(p["spec"]["kv_channels"]) or p["hidden"] // p["heads"]  # the head size d
     p["ffn_hidden"] = int(p["spec"]["ffn_hidden"]) or 4 * p["hidden"]
     selective = p["config"] in SELECTIVE_CONFIGS
     p["recompute_modules"] = p.get("recompute_modules", SPEC_OPTIONS["default_recompute_modules"]) \
         if selective else ""
-    if selective and "recompute_modules" in given:
+    if selective and modules_given:
         p["spec_args"] += ["--recompute-modules", p["recompute_modules"]]
     return p
 
@@ -474,16 +480,7 @@ def resolve_moe(p, preset):
     p["dropout"] = base["attention_dropout"]
     p["varied"] = sorted(k for k in ("recompute_modules",) if k in p)
     p["spec"], p["spec_args"] = dict(base), []
-    p["kv_heads"] = int(base["kv_heads"]) or p["heads"]
-    p["kv_channels"] = int(base["kv_channels"]) or p["hidden"] // p["heads"]
-    p["ffn_hidden"] = int(base["ffn_hidden"]) or 4 * p["hidden"]
-    selective = p["config"] in SELECTIVE_CONFIGS
-    given_modules = "recompute_modules" in p
-    p["recompute_modules"] = p.get("recompute_modules", SPEC_OPTIONS["default_recompute_modules"]) \
-        if selective else ""
-    if selective and given_modules:
-        p["spec_args"] += ["--recompute-modules", p["recompute_modules"]]
-    return p
+    return with_spec_columns(p, "recompute_modules" in p)
 
 
 def experts_over_tp(p):
