@@ -59,6 +59,18 @@ class MoeDumpTest(DumpTestCase):
             self.assertEqual({k: r[k] for k in ("status", *columns)}, dict(status="ok", **columns), r["message"])
             self.assertEqual(r["act_bytes"], r["act_bytes_formula"], r["config"])
 
+    def run_layout_with_dropout(self, name, layout, np_ranks, **columns):
+        """A parallel layout of the layer with hidden and attention dropout, sp and selective+sp
+        (moe_act, moe) against NumPy, its rows checked (assert_rows_ran); returns the dump."""
+        flags = SHAPE + COMBOS["pre_softmax_shared_dropout"] + ["--attention-dropout", "0.1"]
+        dump, rows = self.layer_run(name, flags + layout + ["--config", "sp,selective+sp",
+                                                            "--recompute-modules", "moe_act,moe"],
+                                    np_ranks=np_ranks)
+        self.assert_rows_ran(rows, **columns)
+        self.assert_matches_numpy(os.path.join(dump, "sp"))
+        self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
+        return dump
+
     def test_one_rank_matches_numpy_and_recompute_changes_no_value(self):
         for combo, flags in COMBOS.items():
             for modules in MODULES:
@@ -125,28 +137,19 @@ class MoeDumpTest(DumpTestCase):
     def test_experts_over_the_tensor_parallel_group_match_numpy(self):
         # --tp 2 --expert-model-parallel-size 2: each rank routes its s/2 rows, its 4 experts
         # receive both ranks' rows for them (expert tensor parallelism 1), dropout on.
-        flags = SHAPE + COMBOS["pre_softmax_shared_dropout"] + ["--attention-dropout", "0.1"]
-        dump, rows = self.layer_run("ep_over_tp", flags + [
-            "--tp", "2", "--expert-model-parallel-size", "2", "--config", "sp,selective+sp",
-            "--recompute-modules", "moe_act,moe"], np_ranks=2)
-        self.assert_rows_ran(rows, tp="2", ep="2")
-        self.assert_matches_numpy(os.path.join(dump, "sp"))
-        self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
+        self.run_layout_with_dropout("ep_over_tp", ["--tp", "2", "--expert-model-parallel-size", "2"], 2,
+                                     tp="2", ep="2")
 
     @unittest.skipUnless(MPIEXEC, "mpirun missing")
     def test_expert_parallel_over_replicas_of_the_tensor_parallel_group_match_numpy(self):
         # mpirun -np 4 --tp 2 --expert-model-parallel-size 4: two replicas of a TP group of 2,
         # each its own micro-batch (SP within), every rank's s/2 rows to the 2 experts of
         # whichever rank holds them; dropout on.
-        flags = SHAPE + COMBOS["pre_softmax_shared_dropout"] + ["--attention-dropout", "0.1"]
-        dump, rows = self.layer_run("ep4_over_tp2", flags + [
-            "--tp", "2", "--expert-model-parallel-size", "4", "--config", "sp,selective+sp",
-            "--recompute-modules", "moe_act,moe"], np_ranks=4)
-        self.assert_rows_ran(rows, tp="2", ep="4", etp="1")
+        dump = self.run_layout_with_dropout("ep4_over_tp2", ["--tp", "2", "--expert-model-parallel-size", "4"], 4,
+                                            tp="2", ep="4", etp="1")
         with open(os.path.join(dump, "sp", "layer.json")) as f:
             self.assertEqual(json.load(f)["batch"], 4)  # the two replicas' micro-batches
-        self.assert_matches_numpy(os.path.join(dump, "sp"))
-        self.assert_matches_numpy(os.path.join(dump, "selective+sp"), routing=False)
+        flags = SHAPE + COMBOS["pre_softmax_shared_dropout"] + ["--attention-dropout", "0.1"]
         # --expert-tensor-parallel-size 2 --expert-model-parallel-size 2: each TP rank's two
         # replicas hold 4 experts each, every expert split over the TP group; the rows go by
         # all-to-all over EP, then to both ranks of the TP group, and come back summed.
