@@ -71,6 +71,18 @@ const std::vector<Flag>& flag_table() {
       {"moe-layer-freq", Kind::value, Use::read},
       {"moe-grouped-gemm", Kind::on_off, Use::read},
       {"moe-token-dispatcher-type", Kind::value, Use::read},
+      // how Megatron-Core's router and dispatcher keep their bookkeeping (docs/moe.md)
+      {"moe-router-dtype", Kind::value, Use::read},
+      {"moe-router-load-balancing-type", Kind::list, Use::read},
+      {"moe-aux-loss-coeff", Kind::list, Use::read},
+      {"moe-z-loss-coeff", Kind::value, Use::read},
+      {"moe-permute-fusion", Kind::on_off, Use::read},
+      // read and checked; they change which tokens drop, when the bias moves, which stream
+      // the shared experts run on, what is logged: no byte counted here
+      {"moe-token-drop-policy", Kind::value, Use::read},
+      {"moe-router-bias-update-rate", Kind::value, Use::read},
+      {"moe-shared-expert-overlap", Kind::on_off, Use::read},
+      {"moe-per-layer-logging", Kind::on_off, Use::read},
       // multi-latent attention
       {"multi-latent-attention", Kind::on_off, Use::read},
       {"q-lora-rank", Kind::value, Use::read},
@@ -121,8 +133,6 @@ const std::vector<Flag>& flag_table() {
       {"use-flash-attn", Kind::on_off, Use::read},
       // what the model cannot express
       {"moe-pad-expert-input-to-capacity", Kind::on_off, Use::refuse, "padding each expert's tokens to its capacity"},
-      {"moe-router-dtype", Kind::value, Use::refuse, "a router in another precision than the activations'"},
-      {"moe-permute-fusion", Kind::on_off, Use::refuse, "Transformer Engine's fused permutation (what it keeps)"},
       {"moe-layer-recompute", Kind::on_off, Use::refuse, "the old MoE recompute (give --recompute-modules moe)"},
       {"moe-extended-tp", Kind::on_off, Use::refuse, "extended tensor parallelism of the experts"},
       {"hierarchical-context-parallel-sizes", Kind::list, Use::refuse,
@@ -140,6 +150,8 @@ const std::vector<Flag>& flag_table() {
       {"cpu-offloading", Kind::on_off, Use::unmodelled},
       {"tp-comm-overlap", Kind::on_off, Use::unmodelled},
       {"mtp-num-layers", Kind::value, Use::unmodelled},
+      {"moe-router-fusion", Kind::on_off, Use::unmodelled},
+      {"moe-input-jitter-eps", Kind::value, Use::unmodelled},
       {"rampup-batch-size", Kind::list, Use::unmodelled},
       {"num-distributed-optimizer-instances", Kind::value, Use::unmodelled},
       {"enable-cuda-graph", Kind::on_off, Use::unmodelled},
@@ -166,6 +178,24 @@ bool is_value(const std::string& word) { return !is_flag(word) && word != ")" &&
 
 [[noreturn]] void fail(const std::string& where, const std::string& problem) {
   throw InvalidArgument(where + ": " + problem);
+}
+
+// A list flag's words (apply_megatron_words joins them with commas).
+std::vector<std::string> list_words(const std::string& list) {
+  std::vector<std::string> words;
+  for (size_t begin = 0;;) {
+    const size_t comma = list.find(',', begin);
+    words.push_back(list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    if (comma == std::string::npos) return words;
+    begin = comma + 1;
+  }
+}
+
+// One number of a list flag, within [min, max], the error naming the flag.
+double real_value(const std::string& flag, const std::string& text, double min, double max) {
+  const double v = parse_real_option(flag, text);
+  if (!(v >= min && v <= max)) throw InvalidArgument(flag + " must lie in " + real_range_text(min, max) + ", got " + text);
+  return v;
 }
 
 }  // namespace
@@ -270,11 +300,7 @@ class Values {
     return integer(name, min, max, 0);
   }
   double real(const std::string& name, double min, double max, double fallback) const {
-    if (!has(name)) return fallback;
-    const double v = parse_real_option("--" + name, text(name));
-    if (!(v >= min && v <= max))
-      throw InvalidArgument("--" + name + " must lie in " + real_range_text(min, max) + ", got " + text(name));
-    return v;
+    return has(name) ? real_value("--" + name, text(name), min, max) : fallback;
   }
 
  private:
@@ -318,6 +344,37 @@ theory::TransformerModel model_from_flags(const Values& v) {
   return m;
 }
 
+// Megatron-Core's router precision and losses, and its permutation (what they keep:
+// docs/moe.md, "Megatron-Core's routing bookkeeping"). A load-balancing loss runs in training
+// when its type is listed with a coefficient above 0: one coefficient for one type, or the
+// i-th coefficient for the i-th type (Megatron's TopKRouter.get_aux_loss_coeff).
+theory::MegatronRouting megatron_routing_of(const Values& v) {
+  theory::MegatronRouting r;
+  if (v.has("moe-router-dtype")) {
+    const std::string& dtype = v.text("moe-router-dtype");
+    if (dtype != "fp32" && dtype != "fp64")
+      throw InvalidArgument("--moe-router-dtype must be fp32 or fp64, got '" + printable(dtype) + "'");
+    r.router_bytes = dtype == "fp32" ? 4 : 8;
+  }
+  const std::vector<std::string> types = list_words(v.text("moe-router-load-balancing-type", "aux_loss"));
+  const std::vector<std::string> coeffs = list_words(v.text("moe-aux-loss-coeff", "0"));
+  for (size_t i = 0; i < types.size(); ++i) {
+    const std::string& type = types[i];
+    if (type == "sinkhorn")
+      throw InvalidArgument("--moe-router-load-balancing-type sinkhorn: Sinkhorn routing is not modelled by theory memory");
+    if (type != "aux_loss" && type != "seq_aux_loss" && type != "global_aux_loss" && type != "none")
+      throw InvalidArgument("--moe-router-load-balancing-type must be aux_loss, seq_aux_loss, global_aux_loss or none, "
+                            "got '" + printable(type) + "'");
+    const double coeff = i < coeffs.size() ? real_value("--moe-aux-loss-coeff", coeffs[i], 0, 1e6) : 0;
+    if (type != "none" && coeff > 0) r.aux_loss = true;
+  }
+  for (size_t i = types.size(); i < coeffs.size(); ++i) real_value("--moe-aux-loss-coeff", coeffs[i], 0, 1e6);
+  // Megatron computes the z-loss whenever a coefficient is given, 0 included.
+  if (v.has("moe-z-loss-coeff")) r.z_loss = v.real("moe-z-loss-coeff", 0, 1e6, 0) >= 0;
+  r.permute_fusion = v.on("moe-permute-fusion");
+  return r;
+}
+
 // Megatron's MoE flags as edits of the layer's experts (a base model's, or none); without
 // experts (--num-experts absent or 0) Megatron ignores them, as here once checked.
 void apply_moe_flags(const Values& v, theory::TransformerModel& m) {
@@ -343,6 +400,7 @@ void apply_moe_flags(const Values& v, theory::TransformerModel& m) {
   e.capacity_factor = v.real("moe-expert-capacity-factor", 1e-6, 1e6, e.capacity_factor);
   if (v.has("moe-layer-freq"))
     m.moe_layers = theory::moe_layer_pattern(v.text("moe-layer-freq"), static_cast<int>(m.L), "--moe-layer-freq");
+  e.megatron = megatron_routing_of(v);
   theory::check_moe_spec(e);
 }
 
@@ -445,13 +503,7 @@ theory::TrainingPrecision precision_of(const Values& v) {
 // Megatron's --cp-comm-type: one type, or one per layer; the model takes one for every layer.
 CpCommType cp_comm_of(const Values& v) {
   const std::string list = v.text("cp-comm-type", "p2p");
-  std::vector<std::string> types;
-  for (size_t begin = 0;;) {
-    const size_t comma = list.find(',', begin);
-    types.push_back(list.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
-    if (comma == std::string::npos) break;
-    begin = comma + 1;
-  }
+  const std::vector<std::string> types = list_words(list);
   std::string why;
   for (const std::string& type : types) {
     if (type == "a2a+p2p") why = "hierarchical context parallelism (a2a+p2p) is not modelled by theory memory";
@@ -550,6 +602,11 @@ void check_conditional_values(const Values& v) {
   if (v.has("moe-router-score-function")) theory::parse_moe_score(v.text("moe-router-score-function"));
   if (v.has("moe-router-topk-scaling-factor")) v.real("moe-router-topk-scaling-factor", 1e-6, 1e6, 1);
   if (v.has("moe-expert-capacity-factor")) v.real("moe-expert-capacity-factor", 1e-6, 1e6, 1);
+  megatron_routing_of(v);
+  if (v.has("moe-router-bias-update-rate")) v.real("moe-router-bias-update-rate", 0, 1e6, 0);
+  const std::string drop = v.text("moe-token-drop-policy", "probs");
+  if (drop != "probs" && drop != "position")
+    throw InvalidArgument("--moe-token-drop-policy must be probs or position, got '" + printable(drop) + "'");
   // The dispatcher moves tokens between expert-parallel ranks; what each expert keeps is the same.
   const std::string dispatcher = v.text("moe-token-dispatcher-type", "allgather");
   if (dispatcher != "allgather" && dispatcher != "alltoall" && dispatcher != "flex")

@@ -632,3 +632,100 @@ TEST(LayerSpecTheory, CheckRefusesWhatCannotBeBuilt) {
     EXPECT_EQ(std::string(e.what()), "num-query-groups 12 must divide the heads (32)");
   }
 }
+
+// ---------------------------------------------------------------- Megatron-Core's routing
+
+namespace {
+
+// 8 tokens of width 16 (s 8, b 1, t 1), 4 experts, top-2, experts 8 wide, 16-bit.
+const Dims kRouting{8, 1, 16, 2, 1};
+
+LayerSpec routing_spec(MoeScore score, bool bias, double groups, MegatronRouting megatron) {
+  LayerSpec spec = gpt_layer_spec();
+  spec.activation = Activation::swiglu;
+  spec.moe.num_experts = 4;
+  spec.moe.top_k = 2;
+  spec.moe.ffn_hidden = 8;
+  spec.moe.score = score;
+  spec.moe.expert_bias = bias;
+  spec.moe.num_groups = groups;
+  spec.moe.group_top_k = groups > 0 ? 1 : 0;
+  spec.moe.megatron = megatron;
+  return spec;
+}
+
+// The categories only the routing bookkeeping differs in.
+ByteCategories routing_part(const ByteCategories& all) {
+  ByteCategories out;
+  for (const auto& entry : all)
+    if (entry.first.rfind("router_", 0) == 0 || entry.first == "moe_dispatch_plan" || entry.first == "moe_permute_map" ||
+        entry.first == "moe_permuted_probs")
+      out.push_back(entry);
+  return out;
+}
+ByteCategories the_rest(ByteCategories all) {
+  const ByteCategories routing = routing_part(all);
+  std::erase_if(all, [&](const auto& entry) { return std::find(routing.begin(), routing.end(), entry) != routing.end(); });
+  return all;
+}
+
+}  // namespace
+
+TEST(MegatronRoutingTheory, DeepSeekStyleSigmoidByHand) {
+  // Sigmoid with the expert bias and groups, an fp32 router, aux loss and z-loss, unfused
+  // permutation: T = 8, N = N_e = 16, r = 4.
+  const LayerSpec spec = routing_spec(MoeScore::sigmoid, true, 2, {.router_bytes = 4, .aux_loss = true, .z_loss = true});
+  const ByteCategories megatron = layer_bytes_by_category(kRouting, spec, LayerPolicy{}, {}, Bookkeeping::megatron);
+  EXPECT_EQ(routing_part(megatron), (ByteCategories{
+                                        {"router_scores", 128},       // fp32 sigmoid [8, 4]; the fp32 cast is itself
+                                        {"router_topk_index", 128},   // int64 [8, 2]
+                                        {"router_topk_weight", 96},   // fp32 [8, 2] and [8, 1]
+                                        {"router_aux_scores", 160},   // fp32 [8, 4] and the row sums [8]
+                                        {"router_z_loss", 160},       // fp32 logits [8, 4] and logsumexp [8]
+                                        {"moe_permute_map", 288},     // int64 [16]; fp32 and bool [4, 8]
+                                        {"moe_permuted_probs", 64}}));  // fp32 [16]
+  // Everything else is the measured layer's, piece for piece.
+  const ByteCategories actbench = layer_bytes_by_category(kRouting, spec, LayerPolicy{});
+  EXPECT_EQ(the_rest(megatron), the_rest(actbench));
+  EXPECT_EQ(routing_part(actbench), (ByteCategories{{"router_scores", 64},
+                                                    {"router_topk_index", 64},
+                                                    {"router_topk_weight", 32},
+                                                    {"moe_dispatch_plan", 4 * (4 + 2 * 16)},
+                                                    {"moe_permuted_probs", 32}}));
+  // A 16-bit router: gather keeps the scores' 16-bit cast too, the weights and logits are 16-bit.
+  const LayerSpec half = routing_spec(MoeScore::sigmoid, true, 2, {.aux_loss = true, .z_loss = true});
+  const ByteCategories h = layer_bytes_by_category(kRouting, half, LayerPolicy{}, {}, Bookkeeping::megatron);
+  EXPECT_EQ(bytes_of(h, "router_scores"), 128 + 64);
+  EXPECT_EQ(bytes_of(h, "router_topk_weight"), 48);
+  EXPECT_EQ(bytes_of(h, "router_z_loss"), 80);
+  EXPECT_EQ(bytes_of(h, "router_aux_scores"), 160);  // fp32 whatever the router's type
+  EXPECT_EQ(bytes_of(h, "moe_permute_map"), 128 + 3 * 32);
+  EXPECT_EQ(bytes_of(h, "moe_permuted_probs"), 32);
+}
+
+TEST(MegatronRoutingTheory, SoftmaxGroupsCapacityAndTheFusedPermutation) {
+  // Softmax over the chosen logits (4·T·k fp32), groups without a bias keep their mask, no
+  // losses; Transformer Engine's row map [8, 9] int32, and under EP 2 (2 experts a rank) the
+  // chunk sort's two int32 maps of the 16 received rows.
+  LayerSpec spec = routing_spec(MoeScore::softmax, false, 2, {.permute_fusion = true});
+  Dims d = kRouting;
+  d.ep = 2;
+  const ByteCategories fused = layer_bytes_by_category(d, spec, LayerPolicy{}, {}, Bookkeeping::megatron);
+  EXPECT_EQ(routing_part(fused), (ByteCategories{{"router_scores", 64},
+                                                 {"router_topk_index", 128},
+                                                 {"router_group_mask", 32},
+                                                 {"moe_permute_map", 288 + 128},
+                                                 {"moe_permuted_probs", 32}}));
+  d.ep = 4;  // one expert a rank: nothing to sort
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(d, spec, LayerPolicy{}, {}, Bookkeeping::megatron), "moe_permute_map"), 288);
+  // --moe-router-pre-softmax: the fp32 softmax over all E; a capacity factor keeps the drop mask.
+  spec.moe.pre_softmax = true;
+  spec.moe.capacity_factor = 1;
+  const ByteCategories pre = layer_bytes_by_category(kRouting, spec, LayerPolicy{}, {}, Bookkeeping::megatron);
+  EXPECT_EQ(bytes_of(pre, "router_scores"), 128);
+  EXPECT_EQ(bytes_of(pre, "router_capacity_mask"), 32);
+  // The moe module frees all of it; under full recompute there is only the layer's input.
+  const LayerPolicy moe_module{Recompute::selective, false, Attention::unfused, {.moe = true}};
+  EXPECT_EQ(routing_part(layer_bytes_by_category(kRouting, spec, moe_module, {}, Bookkeeping::megatron)),
+            ByteCategories{});
+}

@@ -376,11 +376,15 @@ TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRef
   EXPECT_EQ(f.values.at("hidden-size"), "64");
   EXPECT_EQ(f.unmodelled, (std::vector<std::string>{"--fp8-format"}));
   const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 ";
-  for (const char* bad : {"--num-experts 8 --moe-permute-fusion", "--num-experts 6 --expert-model-parallel-size 4",
+  for (const char* bad : {"--num-experts 8 --moe-router-dtype bf16", "--num-experts 6 --expert-model-parallel-size 4",
                           "--expert-model-parallel-size 2", "--num-experts 8 --moe-router-topk 9",
                           "--num-experts 8 --moe-layer-freq [1,0,1]", "--num-experts 8 --moe-router-score-function relu",
                           "--num-experts 8 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2",
-                          "--moe-token-dispatcher-type ring", "--q-lora-rank 0", "--num-experts 8 --moe-router-dtype fp32",
+                          "--moe-token-dispatcher-type ring", "--q-lora-rank 0",
+                          "--num-experts 8 --moe-router-load-balancing-type sinkhorn",
+                          "--num-experts 8 --moe-router-load-balancing-type balanced", "--moe-aux-loss-coeff -1",
+                          "--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0 x",
+                          "--moe-z-loss-coeff big", "--moe-token-drop-policy random", "--moe-router-bias-update-rate -1",
                           "--context-parallel-size 3",
                           "--context-parallel-size 2 --cp-comm-type a2a+p2p", "--hierarchical-context-parallel-sizes 2 2",
                           "--context-parallel-size 2 --cp-comm-type p2p p2p a2a", "--cp-comm-type ring",
@@ -398,7 +402,8 @@ TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRef
         InvalidArgument);
   }
   EXPECT_NO_THROW(megatron_run(flags_of(base + "--context-parallel-size 1 --num-experts 0"), std::nullopt, 0));
-  EXPECT_NO_THROW(megatron_run(flags_of(base + "--num-experts 8 --multi-latent-attention --moe-router-dtype 1"),
+  EXPECT_NO_THROW(megatron_run(flags_of(base + "--num-experts 8 --multi-latent-attention --moe-router-dtype fp64 "
+                                                 "--moe-permute-fusion --moe-shared-expert-overlap"),
                                std::nullopt, 0));
   MegatronFlags strict;
   EXPECT_THROW(apply_megatron_words({"--tensor-model-paralel-size", "2"}, true, "cli", strict), InvalidArgument);
@@ -558,9 +563,10 @@ TEST(StepMemoryMoe, ParametersSplitOverTensorAndExpertParallelism) {
 
 // Expert tensor parallelism (etp = t, Megatron's default) gathers the TP group's routed rows into
 // each MoE layer's experts at 1/t of their width: counted by hand, per MoE layer at t = 2, SP, s
-// 256: T = 128 tokens, k = 2, so fc1's input holds 512 rows instead of 256 (64 wide, bf16), the
-// rows' weights 512 instead of 256, and the plan the 8 experts' received counts (i32); fc1's
-// output and fc2's input the same bytes (twice the rows, half of 32 wide).
+// 256: T = 128 tokens, k = 2, so fc1's input holds 512 rows instead of 256 (64 wide, bf16) and
+// the rows' weights 512 instead of 256; fc1's output and fc2's input the same bytes (twice the
+// rows, half of 32 wide). Megatron's unfused permutation keeps nothing for the received rows
+// (they are sorted by a split and a cat).
 TEST(StepMemoryMoe, ExpertTensorParallelismGathersTheGroupsRowsIntoEachMoeLayer) {
   const TransformerModel m = moe_model();
   StepConfig c = config(2, 1, 4, 4);
@@ -570,7 +576,7 @@ TEST(StepMemoryMoe, ExpertTensorParallelismGathersTheGroupsRowsIntoEachMoeLayer)
   const double whole = chunk_bytes(m, c, 4, true, true).layers;
   c.layout.etp = 0;  // t
   const double split = chunk_bytes(m, c, 4, true, true).layers;
-  const double per_moe_layer = 2.0 * 256 * 64 + 2.0 * 256 + 4.0 * 8;
+  const double per_moe_layer = 2.0 * 256 * 64 + 2.0 * 256;
   EXPECT_EQ(split - whole, 3 * per_moe_layer);  // layers 1..3 are MoE layers
 }
 
@@ -715,4 +721,26 @@ TEST(MegatronArgs, MixtureOfExpertsAndLatentAttentionFlags) {
             (std::vector<bool>{true, false, false, true, false, false, true}));
   // MoE flags without experts change nothing (Megatron ignores them), once their values are checked
   EXPECT_FALSE(megatron_run(flags_of(base + "--moe-router-topk 4"), std::nullopt, 0).model.layer.moe.enabled());
+}
+
+TEST(MegatronArgs, RouterPrecisionLossesAndPermutationFlags) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 4 "
+                           "--tensor-model-parallel-size 2 --sequence-parallel --num-experts 4 ";
+  auto routing = [&](const std::string& flags) {
+    return megatron_run(flags_of(base + flags), std::nullopt, 0).model.layer.moe.megatron;
+  };
+  // Megatron's defaults: the router in the activations' type, aux_loss at coefficient 0 (off)
+  EXPECT_EQ(routing(""), MegatronRouting{});
+  const MegatronRouting all = routing("--moe-router-dtype fp32 --moe-aux-loss-coeff 1e-3 --moe-z-loss-coeff 1e-3 "
+                                      "--moe-permute-fusion --moe-token-drop-policy position");
+  EXPECT_EQ(all, (MegatronRouting{.router_bytes = 4, .aux_loss = true, .z_loss = true, .permute_fusion = true}));
+  EXPECT_EQ(routing("--moe-router-dtype fp64").router_bytes, 8);
+  EXPECT_TRUE(routing("--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-4").aux_loss);
+  EXPECT_TRUE(routing("--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-4").aux_loss);
+  EXPECT_FALSE(routing("--moe-router-load-balancing-type none --moe-aux-loss-coeff 1e-2").aux_loss);
+  EXPECT_FALSE(routing("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0").aux_loss);
+  // a coefficient per type, the i-th for the i-th: only the listed types with one above 0 run
+  EXPECT_TRUE(routing("--moe-router-load-balancing-type none seq_aux_loss --moe-aux-loss-coeff 0 1e-3").aux_loss);
+  EXPECT_FALSE(routing("--moe-router-load-balancing-type seq_aux_loss none --moe-aux-loss-coeff 0 1e-3").aux_loss);
+  EXPECT_FALSE(routing("--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0").aux_loss);
 }

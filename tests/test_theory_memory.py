@@ -98,6 +98,26 @@ class LaunchScripts(unittest.TestCase):
                 self.assertGreater(int(rows[-1]["output_bytes"]), 0)
                 self.assertIn("GiB per GPU", r.stdout)
 
+    def test_a_deepseek_recipe_with_megatrons_router_flags(self):
+        # --moe-router-dtype, the aux loss and --moe-permute-fusion are read, not refused, and
+        # change only the MoE stages' saved tensors: the router's bookkeeping, per MoE layer.
+        script = os.path.join(SCRIPTS, "deepseek_v3_proxy.sh")
+        r, (header, rows) = self.memory_csv(["--megatron-args", script])
+        self.assertEqual(r.stderr, "")
+        self.assertEqual(len(rows), 4)
+        self.assertIn("13 of 16 layers, ep=32 etp=1", r.stdout)
+        _, (_, plain) = self.memory_csv(["--megatron-args", script, "--moe-aux-loss-coeff", "0",
+                                         "--moe-router-load-balancing-type", "none"])
+        for got, without in zip(rows, plain):
+            self.assertEqual(got["rest_bytes"], without["rest_bytes"])
+            self.assertEqual(got["microbatches_in_flight"], without["microbatches_in_flight"])
+            self.assertGreater(int(got["activation_bytes"]), int(without["activation_bytes"]))
+        # the aux loss's fp32 sigmoid and row sums: 4 x 4096 x (256 + 1) bytes per MoE layer and
+        # micro-batch; stage 3 holds 1 micro-batch of its 4 MoE layers at its peak
+        last, last_plain = rows[-1], plain[-1]
+        self.assertEqual(int(last["microbatches_in_flight"]), 1)
+        self.assertEqual(int(last["activation_bytes"]) - int(last_plain["activation_bytes"]), 4 * 4 * 4096 * 257)
+
     def test_the_command_line_overrides_the_script(self):
         script = os.path.join(SCRIPTS, "llama3_8b.sh")
         _, (_, base) = self.memory_csv(["--megatron-args", script])
@@ -165,7 +185,8 @@ class BadInput(unittest.TestCase):
 
     def test_bad_scripts_are_one_line_naming_the_flag(self):
         cases = {
-            "--num-experts 8 --moe-permute-fusion": ["--moe-permute-fusion", "not modelled"],
+            "--num-experts 8 --moe-router-dtype bf16": ["--moe-router-dtype", "fp32 or fp64", "bf16"],
+            "--num-experts 8 --moe-router-load-balancing-type sinkhorn": ["sinkhorn", "not modelled"],
             "--num-experts 6 --expert-model-parallel-size 4": ["--num-experts (6)", "--expert-model-parallel-size (4)"],
             "--expert-model-parallel-size 2": ["--expert-model-parallel-size 2", "mixture of experts"],
             "--num-experts 8 --expert-model-parallel-size 2 --expert-tensor-parallel-size 4":

@@ -134,11 +134,70 @@ void mlp_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision
   if (spec.hidden_dropout > 0) out.push_back({"mlp_residual_mask", m * x.region});
 }
 
+// Bytes per element of the router's logits and routing weights: the activations' (e), or
+// Megatron-Core's --moe-router-dtype.
+double router_elem(const MoeSpec& moe, double e, Bookkeeping b) {
+  return b == Bookkeeping::megatron && moe.megatron.router_bytes > 0 ? moe.megatron.router_bytes : e;
+}
+
+// The permutation's bookkeeping under Megatron-Core's all-to-all dispatcher (0.13 to 0.15).
+// Unfused: index_select (and the unpermute's scatter_add) keep the N rows' int64 token
+// indices, and masked_select of the weights keeps its input, the transposed weights [E, T]
+// in the router's type r, and its mask, the transposed routing map (E·T booleans). Fused
+// (Transformer Engine's moe_permute_with_probs, TE 2.6+): one int32 row map [T, 2E + 1],
+// which the unpermute reuses; under EP or ETP the received rows are sorted by local expert
+// (more than one on the rank) by TE's chunk sort twice, each keeping an int32 map of the
+// N_e rows (the unfused sort is a split and a cat, which keep nothing).
+double megatron_permute_map_bytes(const Dims& d, const MoeSpec& moe, double tokens, double N, double N_e, double r) {
+  const double E = moe.num_experts;
+  if (!moe.megatron.permute_fusion) return 8 * N + (r + 1) * E * tokens;
+  const bool sorted = (d.ep > 1 || d.etp > 1) && E / d.ep > 1;
+  return 4 * tokens * (2 * E + 1) + (sorted ? 2 * 4 * N_e : 0);
+}
+
+// What Megatron-Core's router and token dispatcher keep for backward (docs/moe.md,
+// "Megatron-Core's routing bookkeeping"), in place of the layer's router_* and plan pieces:
+// the T tokens of the rank, N routed rows, N_e rows its experts process, r the router's bytes
+// per element. torch ops keep what their backward reads: softmax and sigmoid their output,
+// topk / gather / scatter the int64 index (one tensor for all three), gather also its input,
+// a division both operands, masked_select its input and mask, masked_fill its mask,
+// logsumexp its input and output, index_select its index.
+void megatron_routing(const Dims& d, const MoeSpec& moe, double tokens, double N, double N_e, double e,
+                      ByteCategories& out) {
+  const double E = moe.num_experts, k = moe.top_k, fp32 = 4, i64 = 8;
+  const double r = router_elem(moe, e, Bookkeeping::megatron);
+  const bool sigmoid = moe.score == MoeScore::sigmoid;
+  // The score function, computed in fp32 whatever the router's type: softmax over all E
+  // (--moe-router-pre-softmax) or the sigmoid, or softmax over the k chosen logits. With the
+  // expert bias the sigmoid's weights are gathered from its output cast to the router's type,
+  // which gather keeps: a second [T, E] unless the router is fp32 (the cast is then the same
+  // tensor).
+  double scores = fp32 * tokens * (sigmoid || moe.pre_softmax ? E : k);
+  if (sigmoid && moe.expert_bias && r != fp32) scores += r * tokens * E;
+  out.push_back({"router_scores", scores});
+  out.push_back({"router_topk_index", i64 * tokens * k});
+  // The sigmoid's weights are normalised by a division (k > 1), which keeps the chosen
+  // scores and their sum in the router's type.
+  if (sigmoid && k > 1) out.push_back({"router_topk_weight", r * tokens * (k + 1)});
+  // Device-limited routing masks the experts outside the chosen groups; the top-k over the
+  // masked scores keeps the mask unless the scores it picks from are the biased ones, whose
+  // values are dropped.
+  if (moe.num_groups > 1 && !(sigmoid && moe.expert_bias)) out.push_back({"router_group_mask", tokens * E});
+  // With a capacity, the dropped pairs are masked out of the weights (a product that keeps
+  // its boolean [T, E] mask).
+  if (moe.capacity_factor > 0) out.push_back({"router_capacity_mask", tokens * E});
+  // The load-balancing loss's own scores: fp32 softmax, or the sigmoid and its row sums.
+  if (moe.megatron.aux_loss) out.push_back({"router_aux_scores", fp32 * tokens * (E + (sigmoid ? 1 : 0))});
+  // The z-loss's logsumexp keeps the logits and its result (which the square reads too).
+  if (moe.megatron.z_loss) out.push_back({"router_z_loss", r * tokens * (E + 1)});
+  out.push_back({"moe_permute_map", megatron_permute_map_bytes(d, moe, tokens, N, N_e, r)});
+}
+
 // Norm 2, then the MoE block in place of the MLP (docs/moe.md's block): the router, its
 // routing and dispatch plan, the experts' grouped GEMMs and the combine, the shared experts,
 // the residual dropout. Tokens are this rank's rows (s·b/(r·C)); the routed rows N those its
 // experts process (moe_routed_rows).
-void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p,
+void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, Bookkeeping b,
                ByteCategories& out) {
   const double e = p.elem, m = p.mask, i32 = 4;
   const RecomputeModules rebuilt = recomputed(c);
@@ -158,18 +217,23 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
   // checkpoint's; the layernorm module frees it as for the dense MLP.
   if (!rebuilt.layernorm) out.push_back({"moe_input", e * x.region});
   if (!rebuilt.moe) {
-    out.push_back({"router_scores", e * tokens * E});         // the score function's output, read by its backward
-    out.push_back({"router_topk_index", i32 * tokens * k});   // the choice
-    out.push_back({"router_topk_weight", e * tokens * k});    // the combine's weights
-    // tokens_per_expert, row_slot, slot_row; under EP or ETP also the rows the local experts
-    // received per expert
-    const bool received = d.ep > 1 || d.etp > 1;
-    out.push_back({"moe_dispatch_plan", i32 * (E + 2 * tokens * k + (received ? E / d.ep : 0))});
+    if (b == Bookkeeping::megatron) {
+      megatron_routing(d, moe, tokens, N, N_e, e, out);
+    } else {
+      out.push_back({"router_scores", e * tokens * E});         // the score function's output, read by its backward
+      out.push_back({"router_topk_index", i32 * tokens * k});   // the choice
+      out.push_back({"router_topk_weight", e * tokens * k});    // the combine's weights
+      // tokens_per_expert, row_slot, slot_row; under EP or ETP also the rows the local experts
+      // received per expert
+      const bool received = d.ep > 1 || d.etp > 1;
+      out.push_back({"moe_dispatch_plan", i32 * (E + 2 * tokens * k + (received ? E / d.ep : 0))});
+    }
     out.push_back({"moe_permuted", e * N_e * d.h});             // fc1's input, grouped by expert
     out.push_back({"moe_act_input", gated * e * N_e * width});  // fc1's output (moe_act's checkpoint input)
     // The rows' routing weights, which the activation multiplies in (Megatron-Core from 0.13):
-    // moe_act's checkpoint input too. The combine is then a plain sum and keeps nothing.
-    out.push_back({"moe_permuted_probs", e * N_e});
+    // moe_act's checkpoint input too, in the router's type. The combine is then a plain sum
+    // and keeps nothing.
+    out.push_back({"moe_permuted_probs", router_elem(moe, e, b) * N_e});
     if (!rebuilt.moe_act) out.push_back({"moe_fc2_input", e * N_e * width});
     if (moe.shared_ffn_hidden > 0 && !rebuilt.shared_experts) {
       out.push_back({"shared_act_input", gated * e * shared_rows * shared});
@@ -187,7 +251,8 @@ double sum_of(const ByteCategories& categories) {
 
 }  // namespace
 
-ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p) {
+ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p,
+                                       Bookkeeping b) {
   const Extents x = extents_of(d, spec, c);
   if (c.recompute == Recompute::full) return {{"layer_input", p.elem * x.region}};
   ByteCategories out;
@@ -196,7 +261,7 @@ ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, Lay
   else
     attention_block(x, spec, c, p, out);
   if (spec.moe.enabled())
-    moe_block(d, x, spec, c, p, out);
+    moe_block(d, x, spec, c, p, b, out);
   else
     mlp_block(x, spec, c, p, out);
   return out;
@@ -212,8 +277,8 @@ double moe_routed_rows(const Dims& d, const LayerSpec& spec) {
   return std::min(pairs, moe.num_experts * std::ceil(pairs / moe.num_experts * moe.capacity_factor));
 }
 
-double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p) {
-  return sum_of(layer_bytes_by_category(d, spec, c, p));
+double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p, Bookkeeping b) {
+  return sum_of(layer_bytes_by_category(d, spec, c, p, b));
 }
 
 ByteCategories layer_extra_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c) {

@@ -83,10 +83,31 @@ namespace actbench::theory {
 
 using ByteCategories = std::vector<std::pair<std::string, double>>;
 
+// Whose routing bookkeeping an MoE layer keeps: the measured layer's (router_scores,
+// router_topk_index, router_topk_weight, moe_dispatch_plan above), or Megatron-Core's router
+// and token dispatcher's, with MoeSpec::megatron's router type, losses and permutation
+// (theory memory; docs/moe.md "Megatron-Core's routing bookkeeping"):
+//   router_scores       the score function's fp32 output            4·TE (sigmoid, pre-softmax), else 4·Tk
+//                       (+ r·TE: sigmoid with the expert bias, the cast gather reads, unless r = 4)
+//   router_topk_index   the choice (int64: topk, gather, scatter)   8·Tk
+//   router_topk_weight  sigmoid's normalisation: chosen scores, sum r·T(k+1)        sigmoid, k > 1
+//   router_group_mask   device-limited routing's expert mask        TE           groups, unless sigmoid + bias
+//   router_capacity_mask  the dropped pairs' mask                   TE           capacity factor
+//   router_aux_scores   the load-balancing loss's fp32 scores       4·TE (+4·T sigmoid)   aux loss
+//   router_z_loss       logsumexp's input and output                r·T(E + 1)   z-loss
+//   moe_permute_map     unfused: int64 row indices, the transposed weights and map   8N + (r+1)·TE
+//                       fused (TE 2.6+): int32 row map, and under EP/ETP two chunk-sort maps
+//                                                                   4·T(2E+1) (+ 8·N_e)
+//   moe_permuted_probs  the rows' weights in the router's type      r·N_e
+// r is --moe-router-dtype's bytes (else e). Every other piece is the same under both.
+enum class Bookkeeping { actbench, megatron };
+
 // (category, bytes) in the order of the table above; categories this layer does not keep are
 // left out. Names match layers/saved_activations.hpp and the two presets' functions.
-ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {});
-double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {});
+ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {},
+                                       Bookkeeping b = Bookkeeping::actbench);
+double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {},
+                   Bookkeeping b = Bookkeeping::actbench);
 
 // An MoE layer's routed rows on one rank: d.moe_routed_rows when given (a measured
 // histogram's sum), else balanced routing of the rank's own T = s·b/(tC) tokens: all T·k

@@ -18,6 +18,18 @@ enum class PositionEmbedding { rope, none };             // inside the layer: Ro
 
 enum class MoeScore { softmax, sigmoid };  // --moe-router-score-function
 
+// How Megatron-Core's router and token dispatcher implement the routing, where that changes
+// what they keep for backward but no value: theory memory's whole-step model reads it
+// (layer_pieces.hpp, Bookkeeping::megatron); the measured layer keeps its own bookkeeping and
+// never reads it (docs/moe.md, "Megatron-Core's routing bookkeeping").
+struct MegatronRouting {
+  double router_bytes = 0;      // --moe-router-dtype fp32: 4, fp64: 8; 0: the activations' type
+  bool aux_loss = false;        // a load-balancing loss in training (its coefficient > 0)
+  bool z_loss = false;          // --moe-z-loss-coeff given (Megatron computes it at 0 too)
+  bool permute_fusion = false;  // --moe-permute-fusion: Transformer Engine's permutation
+  bool operator==(const MegatronRouting&) const = default;
+};
+
 // A mixture-of-experts MLP in place of the dense one (Megatron-Core's MoELayer): a router
 // (linear h -> E, no bias) picks top_k experts per token, the tokens are permuted by expert,
 // run through the experts' MLPs (the spec's activation, width ffn_hidden each) as grouped
@@ -39,6 +51,7 @@ struct MoeSpec {
   double group_top_k = 0;      // --moe-router-group-topk
   bool expert_bias = false;    // --moe-router-enable-expert-bias (aux-loss-free balancing)
   double capacity_factor = 0;  // --moe-expert-capacity-factor; 0: dropless
+  MegatronRouting megatron;    // Megatron-Core's bookkeeping (theory memory only)
   bool operator==(const MoeSpec&) const = default;
 
   bool enabled() const { return num_experts > 0; }

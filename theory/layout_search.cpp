@@ -87,7 +87,8 @@ void fill_memory(const TransformerModel& M, const StepConfig& c, double headroom
   k.weight_bytes = top.weight_bytes;
   k.grad_bytes = top.grad_bytes;
   k.optimizer_bytes = top.optimizer_bytes;
-  k.per_layer_activation_bytes = layer_bytes(d, M.layer, c.policy) + layer_extra_bytes(d, M.layer, c.policy);
+  k.per_layer_activation_bytes =
+      layer_bytes(d, M.layer, c.policy, {}, Bookkeeping::megatron) + layer_extra_bytes(d, M.layer, c.policy);
   k.activation_bytes = top.activation_bytes;
   k.layers_in_flight = k.activation_bytes / k.per_layer_activation_bytes;
   k.extra_bytes = top.embedding_bytes + top.output_bytes;

@@ -188,7 +188,7 @@ LayerPolicy keeps_all(LayerPolicy c) {
 }
 
 double saved_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p) {
-  return layer_bytes(d, spec, c, p) + layer_extra_bytes(d, spec, c);
+  return layer_bytes(d, spec, c, p, Bookkeeping::megatron) + layer_extra_bytes(d, spec, c);
 }
 
 // Full recompute's checkpoint of one layer (or group): its input (the rank's s/C rows), split
