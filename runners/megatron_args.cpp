@@ -83,6 +83,10 @@ const std::vector<Flag>& flag_table() {
       {"moe-router-bias-update-rate", Kind::value, Use::read},
       {"moe-shared-expert-overlap", Kind::on_off, Use::read},
       {"moe-per-layer-logging", Kind::on_off, Use::read},
+      // multi-token prediction (DeepSeek-V3's), on the last stage
+      {"mtp-num-layers", Kind::value, Use::read},
+      {"mtp-loss-scaling-factor", Kind::value, Use::read},
+      {"mtp-use-repeated-layer", Kind::on_off, Use::refuse, "one MTP layer's weights applied to every MTP depth"},
       // multi-latent attention
       {"multi-latent-attention", Kind::on_off, Use::read},
       {"q-lora-rank", Kind::value, Use::read},
@@ -149,7 +153,6 @@ const std::vector<Flag>& flag_table() {
       {"fp16-lm-cross-entropy", Kind::on_off, Use::unmodelled},
       {"cpu-offloading", Kind::on_off, Use::unmodelled},
       {"tp-comm-overlap", Kind::on_off, Use::unmodelled},
-      {"mtp-num-layers", Kind::value, Use::unmodelled},
       {"moe-router-fusion", Kind::on_off, Use::unmodelled},
       {"moe-input-jitter-eps", Kind::value, Use::unmodelled},
       {"rampup-batch-size", Kind::list, Use::unmodelled},
@@ -466,6 +469,8 @@ void apply_layer_flags(const Values& v, theory::TransformerModel& m) {
     m.max_positions = static_cast<double>(v.integer("max-position-embeddings", 1, kMaxPositions, 0));
   apply_moe_flags(v, m);
   apply_mla_flags(v, s);
+  if (v.has("mtp-num-layers")) m.mtp_layers = static_cast<int>(v.integer("mtp-num-layers", 0, kMaxModelLayers, 0));
+  if (v.has("mtp-loss-scaling-factor")) v.real("mtp-loss-scaling-factor", 0, 1e6, 0.1);
 }
 
 double dtype_bytes(const std::string& flag, const std::string& name) {

@@ -327,6 +327,7 @@ std::string run_text(const MegatronRun& r) {
                   l.kv_lora_rank, l.qk_head_dim, l.qk_pos_emb_head_dim, l.v_head_dim);
     options += mla;
   }
+  if (m.mtp_layers > 0) options += " +mtp " + std::to_string(m.mtp_layers) + " (last stage)";
   const std::string cp_text = c.layout.cp > 1 ? " cp=" + std::to_string(c.layout.cp) + " (" +
                                                     cp_comm_type_name(c.policy.cp_comm) + ")"
                                               : "";

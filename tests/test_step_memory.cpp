@@ -744,3 +744,82 @@ TEST(MegatronArgs, RouterPrecisionLossesAndPermutationFlags) {
   EXPECT_FALSE(routing("--moe-router-load-balancing-type seq_aux_loss none --moe-aux-loss-coeff 0 1e-3").aux_loss);
   EXPECT_FALSE(routing("--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0").aux_loss);
 }
+
+// ---- multi-token prediction (--mtp-num-layers) ----
+
+TEST(StepMemoryMtp, TheLastStageHoldsEachMtpLayerAndAnEmbeddingCopy) {
+  TransformerModel m = moe_model();  // untied, RMSNorm, h 64, vocab 1000 (padded to 1024 at t = 2)
+  StepConfig c = config(2, 2, 4, 16);
+  c.seq = 256;
+  c.policy.sequence_parallel = true;
+  c.layout.ep = 4, c.layout.etp = 1;
+  const std::vector<StageMemory> plain = step_memory(m, c);
+  m.mtp_layers = 2;
+  const std::vector<StageMemory> mtp = step_memory(m, c);
+  EXPECT_EQ(mtp[0].parameters, plain[0].parameters);  // stage 0 is untouched
+  // Per MTP layer: the last layer's parameters (an MoE layer), enorm, hnorm and the final norm
+  // (64 each), eh_proj 64 x 128 over t = 2; once, the embedding copy (1024 / 2 rows of 64).
+  const LayerParameters last = layer_parameters(m, 3, c.layout);
+  EXPECT_EQ(mtp[1].parameters - plain[1].parameters, 2 * (last.total() + 3 * 64 + 64 * 128 / 2) + 512 * 64);
+  EXPECT_EQ(mtp[1].expert_parameters - plain[1].expert_parameters, 2 * last.expert);
+  // A tied output layer reads the embedding copy: no weight of its own, the same count as the
+  // tied copy it held before.
+  m.tied_embeddings = true;
+  m.mtp_layers = 0;
+  const double tied = step_memory(m, c)[1].parameters;
+  m.mtp_layers = 2;
+  EXPECT_EQ(step_memory(m, c)[1].parameters - tied, 2 * (last.total() + 3 * 64 + 64 * 128 / 2));
+  // At p = 1 the stage's own embedding serves the lookups.
+  StepConfig one = config(2, 1, 4, 16);
+  one.seq = 256, one.policy.sequence_parallel = true, one.layout.ep = 4, one.layout.etp = 1;
+  m.tied_embeddings = false;
+  m.mtp_layers = 0;
+  const double alone = step_memory(m, one)[0].parameters;
+  m.mtp_layers = 1;
+  EXPECT_EQ(step_memory(m, one)[0].parameters - alone, last.total() + 3 * 64 + 64 * 128 / 2);
+}
+
+TEST(StepMemoryMtp, EachMtpLayerKeepsItsLayerLookupNormsAndLossByHand) {
+  TransformerModel m = moe_model();
+  StepConfig c = config(2, 2, 4, 16);
+  c.seq = 256;
+  c.policy.sequence_parallel = true;
+  c.layout.ep = 4, c.layout.etp = 1;
+  const ChunkBytes plain = chunk_bytes(m, c, 2, false, true, 2);
+  m.mtp_layers = 1;
+  const ChunkBytes mtp = chunk_bytes(m, c, 2, false, true, 2);
+  // The layer: the last layer's saved tensors (one more of layer 3's: the chunk is layers 2, 3).
+  EXPECT_EQ(mtp.layers - plain.layers, plain.layers / 2);
+  // s·b = 256 rows, 128 under SP; one [128, 64] bf16 tensor is 16384 bytes, RMSNorm's fp32
+  // statistics 4 x 128. The lookup: int64 ids 8 x 256, at t = 2 the shard's ids and the masked
+  // rows' indices 8 x 256 + 8 x 128. enorm and hnorm: input and statistics each; eh_proj's
+  // input 2 x 16384; the final norm: input and statistics; the loss: fp32 softmax 4 x 256 x 512,
+  // mask and targets 9 x 256, rolled labels' mask and per-token loss 8 x 256; the concatenated
+  // buffer's one more [128, 64].
+  const double rows = 16384, stats = 512, lookup = 2048 + 2048 + 1024;
+  const double loss = 4.0 * 256 * 512 + 9 * 256 + 8 * 256;
+  EXPECT_EQ(mtp.output - plain.output, lookup + 2 * (rows + stats) + 2 * rows + rows + stats + loss + rows);
+  EXPECT_EQ(mtp.embedding, 0);
+  // Full recompute keeps the MTP layer's checkpointed input ([128, 64] under SP).
+  c.policy.recompute = Recompute::full;
+  c.stack = {RecomputeMethod::uniform, 1};
+  m.mtp_layers = 0;
+  const double full_plain = chunk_bytes(m, c, 2, false, true, 2).layers;
+  m.mtp_layers = 1;
+  EXPECT_EQ(chunk_bytes(m, c, 2, false, true, 2).layers - full_plain, rows);
+}
+
+TEST(MegatronArgs, MultiTokenPredictionFlags) {
+  const std::string base = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 4 "
+                           "--pipeline-model-parallel-size 2 ";
+  EXPECT_EQ(megatron_run(flags_of(base), std::nullopt, 0).model.mtp_layers, 0);  // Megatron's default: none
+  const MegatronRun r = megatron_run(flags_of(base + "--mtp-num-layers 1 --mtp-loss-scaling-factor 0.1"), std::nullopt, 0);
+  EXPECT_EQ(r.model.mtp_layers, 1);
+  EXPECT_GT(step_memory(r.model, r.step)[1].parameters,
+            step_memory(megatron_run(flags_of(base), std::nullopt, 0).model, r.step)[1].parameters);
+  for (const char* bad : {"--mtp-num-layers -1", "--mtp-num-layers x", "--mtp-num-layers 1 --mtp-use-repeated-layer",
+                          "--mtp-loss-scaling-factor -2"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(megatron_run(flags_of(base + bad), std::nullopt, 0), InvalidArgument);
+  }
+}

@@ -117,6 +117,13 @@ class LaunchScripts(unittest.TestCase):
         last, last_plain = rows[-1], plain[-1]
         self.assertEqual(int(last["microbatches_in_flight"]), 1)
         self.assertEqual(int(last["activation_bytes"]) - int(last_plain["activation_bytes"]), 4 * 4 * 4096 * 257)
+        # DeepSeek-V3's multi-token prediction: one more MoE layer and the embedding's copy on the
+        # last stage (129280 x 7168 at t = 1), nothing elsewhere
+        r, (_, mtp) = self.memory_csv(["--megatron-args", script, "--mtp-num-layers", "1"])
+        self.assertIn("+mtp 1 (last stage)", r.stdout)
+        self.assertEqual([row["parameters"] for row in mtp[:3]], [row["parameters"] for row in rows[:3]])
+        self.assertGreater(int(mtp[3]["parameters"]) - int(rows[3]["parameters"]), 129280 * 7168)
+        self.assertGreater(int(mtp[3]["output_bytes"]), int(rows[3]["output_bytes"]))
 
     def test_the_command_line_overrides_the_script(self):
         script = os.path.join(SCRIPTS, "llama3_8b.sh")

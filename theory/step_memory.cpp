@@ -182,6 +182,22 @@ double output_parameters(const TransformerModel& m, double t, bool shares_embedd
   return final_norm + (shares_embedding ? 0 : padded_vocab(m, t) * m.h / t);
 }
 
+// Megatron-Core's multi-token prediction block on the last stage (TransformerModel::mtp_layers):
+// per MTP layer, enorm and hnorm, eh_proj (2h -> h, column-parallel, no bias), one layer of the
+// last layer's spec and a final norm; with p > 1 the stage also holds a copy of the word
+// embedding for the MTP lookups (shared with stage 0 like a tied output layer, which then
+// needs no weight of its own).
+LayerParameters mtp_parameters(const TransformerModel& m, const StepLayout& l) {
+  LayerParameters out;
+  if (m.mtp_layers == 0) return out;
+  const LayerParameters layer = layer_parameters(m, static_cast<int>(m.L) - 1, l);
+  const double norm = m.layer.normalization == Norm::layernorm ? 2 : 1;
+  out.dense = m.mtp_layers * (layer.dense + 3 * norm * m.h + 2 * m.h * m.h / l.t);
+  out.expert = m.mtp_layers * layer.expert;
+  if (l.p > 1 && !m.tied_embeddings) out.dense += embedding_parameters(m, l.t);
+  return out;
+}
+
 LayerPolicy keeps_all(LayerPolicy c) {
   c.recompute = Recompute::none;
   return c;
@@ -381,18 +397,36 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
       case RecomputeMethod::none: out.layers = n * ckpt; break;
     }
   }
-  if (first) {
-    out.embedding = 8 * sb;                                  // token ids (int64), kept by the lookup
-    if (t > 1) out.embedding += 8 * sb + 8 * sb * (t - 1) / t;  // the shard's ids, and the masked rows' indices
-    if (m.learned_positions) out.embedding += 8 * sb;        // position ids
-    if (m.layer.hidden_dropout > 0) out.embedding += p.mask * sb * d.h / r;  // embedding dropout mask
-  }
+  // What one embedding lookup keeps: the token ids (int64), at t > 1 the shard's ids and the
+  // masked rows' indices, position ids with learned positions, the dropout mask.
+  double lookup = 8 * sb;
+  if (t > 1) lookup += 8 * sb + 8 * sb * (t - 1) / t;
+  if (m.learned_positions) lookup += 8 * sb;
+  if (m.layer.hidden_dropout > 0) lookup += p.mask * sb * d.h / r;
+  const double stats = m.layer.normalization == Norm::layernorm ? 8 : 4;  // a norm's fp32 statistics per row
+  const double rows = e * sb * d.h / r;                                   // one [s·b/r, h] tensor
+  // The loss over the vocabulary shard: fp32 softmax, target mask (bool), local targets (int64).
+  const double loss = 4 * sb * padded_vocab(m, t) / t + 9 * sb;
+  if (first) out.embedding = lookup;
   if (last) {
-    const double stats = m.layer.normalization == Norm::layernorm ? 8 : 4;
-    out.output = e * sb * d.h / r + stats * sb / r;  // final norm: input and fp32 statistics
-    out.output += e * sb * d.h / r;                  // output layer: its input (the shard, under SP)
-    out.output += 4 * sb * padded_vocab(m, t) / t;   // cross entropy: fp32 softmax, vocab-parallel
-    out.output += 9 * sb;                            // and its target mask (bool) and local targets (int64)
+    out.output = rows + stats * sb / r;  // final norm: input and fp32 statistics
+    out.output += rows;                  // output layer: its input (the shard, under SP)
+    out.output += loss;
+  }
+  if (last && m.mtp_layers > 0) {
+    // Each MTP layer: its lookup of the shifted ids, enorm's and hnorm's inputs and statistics
+    // (hnorm's input is the previous layer's output: the decoder's final norm output for the
+    // first), eh_proj's input (the two norms' outputs concatenated, 2h wide), the layer of the
+    // last layer's spec (full recompute: its checkpointed input), the final norm's input and
+    // statistics, and its own loss with the rolled labels' mask and per-token loss (fp32). The
+    // output layer reads the decoder's and every MTP layer's output from one concatenated
+    // buffer: D more rows than the output layer's input above.
+    const double D = m.mtp_layers;
+    const LayerSpec spec = m.layer_spec(static_cast<int>(m.L) - 1);
+    const double layer = c.policy.recompute == Recompute::full ? checkpoint_bytes(d, c) : saved_bytes(d, spec, c.policy, p);
+    out.layers += D * layer;
+    out.output += D * (lookup + 2 * (rows + stats * sb / r) + 2 * rows + rows + stats * sb / r + loss + 8 * sb);
+    out.output += D * rows;
   }
   return out;
 }
@@ -424,7 +458,14 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
         expert_parameters += lp.expert;
       }
       if (first) chunk_parameters += embedding_parameters(m, t);
-      if (last) chunk_parameters += output_parameters(m, t, m.tied_embeddings && p == 1);
+      if (last) {
+        // With MTP on a later stage, a tied output layer reads the stage's embedding copy.
+        const bool shares = m.tied_embeddings && (p == 1 || m.mtp_layers > 0);
+        const LayerParameters mtp = mtp_parameters(m, l);
+        chunk_parameters += output_parameters(m, t, shares) + mtp.total();
+        if (shares && p > 1) chunk_parameters += embedding_parameters(m, t);  // the copy itself
+        expert_parameters += mtp.expert;
+      }
       s.layers += n;
       s.parameters += chunk_parameters;
       last_chunk_parameters = chunk_parameters;
@@ -457,6 +498,11 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
       extra.grad_working_set_bytes = transients[op.chunk].grads;
       if (last) extra.loss_working_set_bytes = loss_transient;
       peak.candidate(op_text(op), extra);
+      if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, first of the stage's, its layers alive
+        StageMemory lookup;
+        lookup.embedding_grad_bytes = embedding_grad;
+        peak.candidate(op_text(op) + " (mtp embedding)", lookup);
+      }
       if (first) {  // the lookup's backward: this micro-batch's layers are freed by now
         StageMemory lookup;
         lookup.embedding_grad_bytes = embedding_grad;

@@ -28,6 +28,10 @@ struct TransformerModel {
   // mlp_only_layers); empty: every layer. The others are dense: `layer` with its MoE off, their
   // MLP layer.ffn_hidden wide (the experts' width is layer.moe.ffn_hidden).
   std::vector<bool> moe_layers;
+  // Megatron's --mtp-num-layers D (DeepSeek-V3's multi-token prediction): D more layers of the
+  // last layer's spec on the last pipeline stage, each predicting one token further with its
+  // own embedding lookup, norms, eh_proj and loss (step_memory.hpp). 0: none, Megatron's default.
+  int mtp_layers = 0;
 
   Dims dims(double s, double b, double t) const { return {s, b, h, a, t}; }
   double position_rows() const { return max_positions > 0 ? max_positions : seq; }
