@@ -373,7 +373,10 @@ theory::MegatronRouting megatron_routing_of(const Values& v) {
   }
   for (size_t i = types.size(); i < coeffs.size(); ++i) real_value("--moe-aux-loss-coeff", coeffs[i], 0, 1e6);
   // Megatron computes the z-loss whenever a coefficient is given, 0 included.
-  if (v.has("moe-z-loss-coeff")) r.z_loss = v.real("moe-z-loss-coeff", 0, 1e6, 0) >= 0;
+  if (v.has("moe-z-loss-coeff")) {
+    v.real("moe-z-loss-coeff", 0, 1e6, 0);
+    r.z_loss = true;
+  }
   r.permute_fusion = v.on("moe-permute-fusion");
   return r;
 }

@@ -735,6 +735,7 @@ TEST(MegatronArgs, RouterPrecisionLossesAndPermutationFlags) {
                                       "--moe-permute-fusion --moe-token-drop-policy position");
   EXPECT_EQ(all, (MegatronRouting{.router_bytes = 4, .aux_loss = true, .z_loss = true, .permute_fusion = true}));
   EXPECT_EQ(routing("--moe-router-dtype fp64").router_bytes, 8);
+  EXPECT_TRUE(routing("--moe-z-loss-coeff 0").z_loss);  // Megatron computes it whenever a coefficient is given
   EXPECT_TRUE(routing("--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-4").aux_loss);
   EXPECT_TRUE(routing("--moe-router-load-balancing-type global_aux_loss --moe-aux-loss-coeff 1e-4").aux_loss);
   EXPECT_FALSE(routing("--moe-router-load-balancing-type none --moe-aux-loss-coeff 1e-2").aux_loss);
