@@ -185,8 +185,8 @@ double output_parameters(const TransformerModel& m, double t, bool shares_embedd
 // Megatron-Core's multi-token prediction block on the last stage (TransformerModel::mtp_layers):
 // per MTP layer, enorm and hnorm, eh_proj (2h -> h, column-parallel, no bias), one layer of the
 // last layer's spec and a final norm; with p > 1 the stage also holds a copy of the word
-// embedding for the MTP lookups (shared with stage 0 like a tied output layer, which then
-// needs no weight of its own).
+// embedding for the MTP lookups (shared with stage 0; a tied output layer reads it and needs
+// no weight of its own).
 LayerParameters mtp_parameters(const TransformerModel& m, const StepLayout& l) {
   LayerParameters out;
   if (m.mtp_layers == 0) return out;
@@ -194,7 +194,7 @@ LayerParameters mtp_parameters(const TransformerModel& m, const StepLayout& l) {
   const double norm = m.layer.normalization == Norm::layernorm ? 2 : 1;
   out.dense = m.mtp_layers * (layer.dense + 3 * norm * m.h + 2 * m.h * m.h / l.t);
   out.expert = m.mtp_layers * layer.expert;
-  if (l.p > 1 && !m.tied_embeddings) out.dense += embedding_parameters(m, l.t);
+  if (l.p > 1) out.dense += embedding_parameters(m, l.t);
   return out;
 }
 
@@ -405,11 +405,12 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
   if (m.layer.hidden_dropout > 0) lookup += p.mask * sb * d.h / r;
   const double stats = m.layer.normalization == Norm::layernorm ? 8 : 4;  // a norm's fp32 statistics per row
   const double rows = e * sb * d.h / r;                                   // one [s·b/r, h] tensor
+  const double norm_input = rows + stats * sb / r;                        // what a norm keeps
   // The loss over the vocabulary shard: fp32 softmax, target mask (bool), local targets (int64).
   const double loss = 4 * sb * padded_vocab(m, t) / t + 9 * sb;
   if (first) out.embedding = lookup;
   if (last) {
-    out.output = rows + stats * sb / r;  // final norm: input and fp32 statistics
+    out.output = norm_input;             // final norm: input and fp32 statistics
     out.output += rows;                  // output layer: its input (the shard, under SP)
     out.output += loss;
   }
@@ -425,8 +426,9 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
     const LayerSpec spec = m.layer_spec(static_cast<int>(m.L) - 1);
     const double layer = c.policy.recompute == Recompute::full ? checkpoint_bytes(d, c) : saved_bytes(d, spec, c.policy, p);
     out.layers += D * layer;
-    out.output += D * (lookup + 2 * (rows + stats * sb / r) + 2 * rows + rows + stats * sb / r + loss + 8 * sb);
-    out.output += D * rows;
+    const double eh_proj_input = 2 * rows, mtp_labels = 8 * sb;
+    out.output += D * (lookup + 3 * norm_input + eh_proj_input + loss + mtp_labels);  // enorm, hnorm, final norm
+    out.output += D * rows;  // the concatenated buffer's rows
   }
   return out;
 }
@@ -463,7 +465,6 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
         const bool shares = m.tied_embeddings && (p == 1 || m.mtp_layers > 0);
         const LayerParameters mtp = mtp_parameters(m, l);
         chunk_parameters += output_parameters(m, t, shares) + mtp.total();
-        if (shares && p > 1) chunk_parameters += embedding_parameters(m, t);  // the copy itself
         expert_parameters += mtp.expert;
       }
       s.layers += n;
