@@ -324,6 +324,34 @@ TEST(Pipeline, InterleavedOrderByHand) {
   EXPECT_DOUBLE_EQ(5.0 / 4.0, interleave_factor(2, 2));
 }
 
+TEST(Pipeline, InterleavedWithAsManyMicroBatchesAsStagesAndMicroBatchGroups) {
+  // N = p = 4, m = 3 (Megatron-LM since 0.10): no all-forwards-first special case. The last
+  // stage warms up (m−1)·p = 8 forwards and holds 9; stage 0's 2·3 + 8 = 14 reach all 12.
+  EXPECT_EQ(max_in_flight(pipeline_order(4, 4, 3)), (std::vector<int>{12, 12, 11, 9}));
+  // A group of G micro-batches runs through every chunk before the next group: G = 3, N = 6,
+  // p = 2, m = 2: stage 1 runs micro-batches 0–2 on chunk 0, then 0 on chunk 1, then pairs.
+  const auto order = pipeline_order(2, 6, 2, 3);
+  const std::vector<std::tuple<bool, int, int>> stage1 = {
+      {true, 0, 0}, {true, 1, 0}, {true, 2, 0}, {true, 0, 1}, {false, 0, 1}, {true, 1, 1}, {false, 1, 1}};
+  for (size_t i = 0; i < stage1.size(); ++i) {
+    EXPECT_EQ(order[1][i].forward, std::get<0>(stage1[i])) << i;
+    EXPECT_EQ(order[1][i].microbatch, std::get<1>(stage1[i])) << i;
+    EXPECT_EQ(order[1][i].chunk, std::get<2>(stage1[i])) << i;
+  }
+  // A last group of what is left: N = 7, G = 5, p = 2 leaves 2 = p; every op runs once.
+  const auto short_group = pipeline_order(2, 7, 2, 5);
+  for (const auto& ops : short_group) {
+    std::set<std::tuple<bool, int, int>> seen;
+    for (const PipelineOp& op : ops) seen.insert({op.forward, op.microbatch, op.chunk});
+    EXPECT_EQ(seen.size(), 2u * 7 * 2);
+  }
+  // Megatron's rules: p <= G <= N, and N mod G is 0 or at least p.
+  EXPECT_THROW(pipeline_order(4, 8, 2, 3), std::invalid_argument);
+  EXPECT_THROW(pipeline_order(4, 8, 2, 9), std::invalid_argument);
+  EXPECT_THROW(pipeline_order(4, 9, 2, 7), std::invalid_argument);
+  EXPECT_NO_THROW(pipeline_order(4, 9, 2, 5));  // 9 mod 5 = 4 = p
+}
+
 TEST(Pipeline, InterleavedInFlightMatchesThePapersFactor) {
   // 175B: p = 8, m = 3, N = 64: stage 0 holds 8·3 + 7 = 31 chunks of 4 layers = 124 = 96 × 1.2917.
   const auto inflight = max_in_flight(pipeline_order(8, 64, 3));

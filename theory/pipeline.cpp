@@ -7,26 +7,47 @@
 
 namespace actbench::theory {
 
+void check_interleaved_group(int p, int microbatches, int group) {
+  const std::string N = std::to_string(microbatches), P = std::to_string(p), G = std::to_string(group);
+  if (group < p || group > microbatches)
+    throw std::invalid_argument("pipeline: the interleaved schedule's micro-batch group (" + G +
+                                ") must lie in [p = " + P + ", micro-batches = " + N + "]");
+  const int last = microbatches % group;
+  if (last > 0 && last < p)
+    throw std::invalid_argument("pipeline: the interleaved schedule needs the micro-batches (" + N +
+                                ") mod its micro-batch group (" + G + ") to be 0 or at least p (" + P + ")");
+}
+
 namespace {
 
-// Megatron-LM schedules.py, forward_backward_pipelining_with_interleaving: the k-th
-// forward (backward) op of a stage works on this chunk and microbatch.
-PipelineOp interleaved_op(int k, bool forward, int p, int m) {
-  const int in_group = k % (p * m);
-  int chunk = in_group / p;
+// Megatron-LM schedules.py, forward_backward_pipelining_with_interleaving: the micro-batches
+// run in groups of G (--microbatch-group-size-per-virtual-pipeline-stage, default p), each
+// group through chunk 0, then chunk 1, ...; the last group holds what is left (N mod G, or
+// G). The k-th forward (backward) op of a stage works on this chunk (backward: from the last
+// chunk down) and microbatch.
+PipelineOp interleaved_op(int k, bool forward, int microbatches, int m, int group) {
+  const int groups = (microbatches + group - 1) / group, per_group = group * m;
+  const int index = std::min(k / per_group, groups - 1);
+  const int size = index == groups - 1 ? microbatches - index * group : group;
+  const int offset = k - index * per_group;
+  int chunk = offset / size;
   if (!forward) chunk = m - 1 - chunk;
-  return {forward, (k / (p * m)) * p + k % p, chunk};
+  return {forward, index * group + offset % size, chunk};
 }
 
 // One stage's order, op by op: `warmup` forwards, then one forward and one backward at a
 // time (the steady phase), then the remaining backwards.
 struct StageOrder {
-  int p = 1, m = 1, total = 0, warmup = 0;
+  int p = 1, m = 1, microbatches = 1, group = 1, total = 0, warmup = 0;
 
   int size() const { return 2 * total; }
   int steady() const { return total - warmup; }
-  PipelineOp forward(int k) const { return m == 1 ? PipelineOp{true, k, 0} : interleaved_op(k, true, p, m); }
-  PipelineOp backward(int k) const { return m == 1 ? PipelineOp{false, k, 0} : interleaved_op(k, false, p, m); }
+  PipelineOp forward(int k) const {
+    return m == 1 ? PipelineOp{true, k, 0} : interleaved_op(k, true, microbatches, m, group);
+  }
+  PipelineOp backward(int k) const {
+    return m == 1 ? PipelineOp{false, k, 0} : interleaved_op(k, false, microbatches, m, group);
+  }
   PipelineOp at(int i) const {
     if (i < warmup) return forward(i);
     const int j = i - warmup;
@@ -35,33 +56,30 @@ struct StageOrder {
   }
 };
 
-StageOrder stage_order(int p, int microbatches, int m, int stage) {
+StageOrder stage_order(int p, int microbatches, int m, int stage, int group) {
   if (p < 1 || microbatches < 1 || m < 1)
     throw std::invalid_argument("pipeline: p, microbatches and m must be >= 1");
-  if (m > 1 && microbatches % p != 0)
-    throw std::invalid_argument("pipeline: the interleaved schedule needs the microbatches (" +
-                                std::to_string(microbatches) + ") to be a multiple of p (" + std::to_string(p) + ")");
   StageOrder o;
   o.p = p;
   o.m = m;
+  o.microbatches = microbatches;
+  o.group = group > 0 ? group : p;
   o.total = microbatches * m;
-  if (m == 1) {
-    o.warmup = std::min(p - stage - 1, microbatches);
-  } else if (microbatches == p) {
-    o.warmup = o.total;  // Megatron: all forwards first when N == p
-  } else {
-    o.warmup = std::min((p - stage - 1) * 2 + (m - 1) * p, o.total);
-  }
+  if (m > 1) check_interleaved_group(p, microbatches, o.group);
+  // Megatron's warm-up: 1F1B's p - stage - 1; interleaved, 2(p - stage - 1) + (m - 1)·G, all
+  // of the ops' forwards first when that reaches them.
+  const int warmup = m == 1 ? p - stage - 1 : (p - stage - 1) * 2 + (m - 1) * o.group;
+  o.warmup = std::min(warmup, o.total);
   return o;
 }
 
 }  // namespace
 
-std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int m) {
-  stage_order(p, microbatches, m, 0);  // throws for p, N, m it cannot schedule
+std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int m, int group) {
+  stage_order(p, microbatches, m, 0, group);  // throws for p, N, m it cannot schedule
   std::vector<std::vector<PipelineOp>> order(p);
   for (int stage = 0; stage < p; ++stage) {
-    const StageOrder o = stage_order(p, microbatches, m, stage);
+    const StageOrder o = stage_order(p, microbatches, m, stage, group);
     auto& ops = order[stage];
     ops.reserve(o.size());
     for (int i = 0; i < o.size(); ++i) ops.push_back(o.at(i));
@@ -69,20 +87,24 @@ std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int
   return order;
 }
 
-std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage) {
+std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage, int group) {
   if (stage < 0 || stage >= p) throw std::invalid_argument("pipeline: stage out of range");
-  const StageOrder o = stage_order(p, microbatches, m, stage);
-  const int prefix = o.warmup + 2 * std::min(o.steady(), p * m);
+  const StageOrder o = stage_order(p, microbatches, m, stage, group);
+  // The chunks repeat every G·m ops while the groups are whole; a short last group changes
+  // the pattern at the end, so then every op is walked.
+  const int period = o.group * m;
+  const bool whole_groups = m == 1 || microbatches % o.group == 0;
+  const int prefix = whole_groups ? o.warmup + 2 * std::min(o.steady(), period) : o.size();
   std::vector<PipelineOp> ops;
   ops.reserve(prefix);
   for (int i = 0; i < prefix; ++i) ops.push_back(o.at(i));
   return ops;
 }
 
-StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m) {
+StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m, int group) {
   StageZeroPeaks peaks;
   int live = 0, first_chunk_live = 0;
-  for (const PipelineOp& op : stage_peak_ops(p, microbatches, m, 0)) {
+  for (const PipelineOp& op : stage_peak_ops(p, microbatches, m, 0, group)) {
     const int step = op.forward ? 1 : -1;  // a backward frees its chunk's activations when it ends
     live += step;
     if (op.chunk == 0) first_chunk_live += step;
@@ -172,8 +194,8 @@ PipelineResult simulate_pipeline(int p, int microbatches, int m, const PipelineC
   return r;
 }
 
-int first_chunk_microbatches_in_flight(int p, int microbatches, int m) {
-  return stage_zero_in_flight(p, microbatches, m).first_chunk_microbatches;
+int first_chunk_microbatches_in_flight(int p, int microbatches, int m, int group) {
+  return stage_zero_in_flight(p, microbatches, m, group).first_chunk_microbatches;
 }
 
 }  // namespace actbench::theory

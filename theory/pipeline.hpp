@@ -14,10 +14,16 @@ struct PipelineOp {
 };
 
 // The order in which each of the p stages runs its forward and backward passes for N
-// microbatches (m = 1: 1F1B; m > 1: Megatron's interleaved schedule, which needs N % p == 0).
-// Warm-up forwards, then one forward + one backward at a time, then the cool-down backwards.
-// Throws std::invalid_argument for p, N, m it cannot schedule.
-std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int m = 1);
+// microbatches (m = 1: 1F1B; m > 1: Megatron's interleaved schedule, the micro-batches in
+// groups of `group` (Megatron's --microbatch-group-size-per-virtual-pipeline-stage; 0: p),
+// which must lie in [p, N] with N mod group 0 or at least p). Warm-up forwards (1F1B:
+// p − stage − 1; interleaved: 2(p − stage − 1) + (m − 1)·group, or all of them when that
+// reaches N·m), then one forward + one backward at a time, then the cool-down backwards.
+// Throws std::invalid_argument for p, N, m, group it cannot schedule.
+std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int m = 1, int group = 0);
+
+// Throws std::invalid_argument unless Megatron's interleaved schedule takes this group size.
+void check_interleaved_group(int p, int microbatches, int group);
 
 // Chunk-microbatches stage `stage` holds at its peak (forwards whose backward has not yet
 // run), from the order alone: p − stage for 1F1B (N ≥ p); for interleaved stage 0 holds
@@ -28,23 +34,23 @@ std::vector<int> max_in_flight(const std::vector<std::vector<PipelineOp>>& order
 // the ones whose embedding output, embedding dropout mask and token ids are alive. 1F1B:
 // min(p, N); interleaved (m > 1): 2p once N >= 2p, since chunk 0 runs p·(m−1) + 2(p−1)
 // warm-up forwards ahead of the first backward. Counted on the schedule (stage_zero_in_flight), not assumed.
-int first_chunk_microbatches_in_flight(int p, int microbatches, int m = 1);
+int first_chunk_microbatches_in_flight(int p, int microbatches, int m = 1, int group = 0);
 
 // Stage 0's two peaks, counted on its order: the chunk-microbatches it holds
 // (max_in_flight(order)[0]) and the micro-batches its chunk 0 holds
-// (first_chunk_microbatches_in_flight). Only the warm-up and one period (p·m steps) of the
-// steady phase are walked, so the cost grows with p·m, not with the micro-batches.
+// (first_chunk_microbatches_in_flight). Only the warm-up and one period (G·m steps, G the group) of
+// the steady phase are walked, so the cost grows with G·m, not with the micro-batches.
 // The ops of stage `stage` that hold all of its memory peaks, in order: its warm-up forwards
-// and one period (p·m forward/backward pairs) of its steady phase. Afterwards the live set of
-// chunk-microbatches repeats (the chunk an op works on repeats every p·m ops of each kind) and
-// the cool-down only frees. Throws std::invalid_argument like pipeline_order.
-std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage);
+// and one period (G·m forward/backward pairs) of its steady phase. Afterwards the live set of
+// chunk-microbatches repeats (the chunk an op works on repeats every G·m ops of each kind) and
+// the cool-down only frees; with a short last group every op is returned. Throws std::invalid_argument like pipeline_order.
+std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage, int group = 0);
 
 struct StageZeroPeaks {
   int chunks = 0;
   int first_chunk_microbatches = 0;
 };
-StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m = 1);
+StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m = 1, int group = 0);
 
 struct PipelineCosts {
   // Duration of one microbatch's forward / backward on each virtual stage (size p·m,
