@@ -153,17 +153,17 @@ int run_plan_search(const TheoryOptions& a) {
   // all-to-alls' share of the iteration; a dense model's table is as it was.
   const bool moe = r.model.layer.moe.enabled();
   if (moe) std::printf("%3s %3s %-22s ", "ep", "etp", "modules");
-  std::printf("%3s %3s %3s %2s %4s %2s %-13s %5s %8s %8s %8s %8s %7s %7s %8s %9s %10s %6s%s\n", "t", "cp", "p", "m", "dp", "b",
-              "config", "stage", "weights", "grads", "optim", "activ.", "extras", "workset", "peak", "iter_s",
+  std::printf("%3s %3s %3s %2s %4s %2s %-13s %5s %8s %8s %8s %6s %8s %7s %7s %8s %9s %10s %6s%s\n", "t", "cp", "p", "m", "dp",
+              "b", "config", "stage", "weights", "grads", "optim", "libs", "activ.", "extras", "workset", "peak", "iter_s",
               "tokens/s", "MFU%", moe ? "    a2a_s" : "");
   int shown = 0;
   for (const PlanCandidate& k : plans) {
     if (!k.fits || shown == top) break;
     ++shown;
     if (moe) std::printf("%3d %3d %-22s ", k.ep, k.etp, k.modules.empty() ? "-" : k.modules.c_str());
-    std::printf("%3d %3d %3d %2d %4d %2g %-13s %5d %7.2fG %7.2fG %7.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f",
+    std::printf("%3d %3d %3d %2d %4d %2g %-13s %5d %7.2fG %7.2fG %7.2fG %5.2fG %7.2fG %6.2fG %6.2fG %7.2fG %9.3f %10.0f %6.1f",
                 k.t, k.cp, k.p, k.m, k.dp, k.b, k.config.c_str(), k.stage, k.weight_bytes / kGiB, k.grad_bytes / kGiB,
-                k.optimizer_bytes / kGiB, k.activation_bytes / kGiB, k.extra_bytes / kGiB, k.working_set_bytes / kGiB,
+                k.optimizer_bytes / kGiB, k.workspace_bytes / kGiB, k.activation_bytes / kGiB, k.extra_bytes / kGiB, k.working_set_bytes / kGiB,
                 k.total_bytes / kGiB, k.iteration_s, k.tokens_per_s, k.mfu_percent);
     if (moe) std::printf(" %9.3f", k.a2a_s);
     std::printf("\n");
@@ -357,19 +357,20 @@ int run_memory(const TheoryOptions& a) {
   const Gpu* device = a.gpu.empty() ? nullptr : &named("--gpu", [&]() -> const Gpu& { return plan_gpu(a.gpu); });
   const std::vector<StageMemory> stages = step_memory(r.model, r.step);
   std::printf("%s\n", run_text(r).c_str());
-  std::printf("%5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s%s  %s\n", "stage", "layers", "mbs", "weights", "grads",
-              "optim", "REST", "activ.", "emb+out", "workset", "PEAK", device ? "  fits" : "", "peak at");
+  std::printf("%5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s %9s%s  %s\n", "stage", "layers", "mbs", "weights", "grads",
+              "optim", "libs", "REST", "activ.", "emb+out", "workset", "PEAK", device ? "  fits" : "", "peak at");
   for (const StageMemory& s : stages) {
     const double workset = s.recompute_working_set_bytes + s.grad_working_set_bytes + s.loss_working_set_bytes +
                            s.embedding_grad_bytes;
-    std::printf("%5d %6d %4d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG%s  %s\n", s.stage, s.layers,
-                s.microbatches_in_flight, s.weight_bytes / kGiB, s.grad_bytes / kGiB, s.optimizer_bytes / kGiB,
-                s.rest_bytes / kGiB, s.activation_bytes / kGiB, (s.embedding_bytes + s.output_bytes) / kGiB,
+    std::printf("%5d %6d %4d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG%s  %s\n", s.stage,
+                s.layers, s.microbatches_in_flight, s.weight_bytes / kGiB, s.grad_bytes / kGiB, s.optimizer_bytes / kGiB,
+                s.workspace_bytes / kGiB, s.rest_bytes / kGiB, s.activation_bytes / kGiB, (s.embedding_bytes + s.output_bytes) / kGiB,
                 workset / kGiB, s.peak_bytes / kGiB,
                 device ? (s.peak_bytes <= device->memory_bytes ? "   yes" : "    no") : "", s.peak_at.c_str());
   }
-  std::printf("GiB per GPU, as torch.cuda.memory_stats() counts allocated bytes; not modelled: library workspaces, "
-              "NCCL buffers, allocator rounding and fragmentation (reserved > allocated)\n");
+  std::printf("GiB per GPU, as torch.cuda.memory_stats() counts allocated bytes; libs: cuBLAS and Transformer "
+              "Engine workspaces (modelled sizes); not modelled: NCCL buffers, allocator rounding and fragmentation "
+              "(reserved > allocated)\n");
   if (!a.csv.empty()) write_table(a.csv, memory_table(stages));
   return 0;
 }

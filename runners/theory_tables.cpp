@@ -354,7 +354,7 @@ Table search_table(const PlanRequest& r, const std::vector<PlanCandidate>& plans
            "interleave", "dp", "microbatch", "microbatches", "config", "peak_stage", "params_per_gpu", "weight_bytes",
            "grad_bytes", "optimizer_bytes", "per_layer_activation_bytes", "layers_in_flight", "activation_bytes",
            "extra_bytes", "working_set_bytes", "headroom_bytes", "total_bytes", "fits", "iteration_s",
-           "tokens_per_s", "mfu_percent", "cp_comm_type", "ep", "recompute_modules", "a2a_s", "etp"},
+           "tokens_per_s", "mfu_percent", "cp_comm_type", "ep", "recompute_modules", "a2a_s", "etp", "workspace_bytes"},
           {}};
   const double s = r.seq > 0 ? r.seq : r.model.seq;
   for (const PlanCandidate& k : plans)
@@ -365,7 +365,8 @@ Table search_table(const PlanRequest& r, const std::vector<PlanCandidate>& plans
            fmt(k.layers_in_flight), fmt_bytes(k.activation_bytes), fmt_bytes(k.extra_bytes),
            fmt_bytes(k.working_set_bytes), fmt_bytes(k.headroom_bytes), fmt_bytes(k.total_bytes),
            k.fits ? "1" : "0", fmt(k.iteration_s, "%.6g"), fmt(k.tokens_per_s, "%.6g"), fmt(k.mfu_percent, "%.4g"),
-           k.cp > 1 ? cp_comm_type_name(r.cp_comm) : "", fmt(k.ep), k.modules, fmt(k.a2a_s, "%.6g"), fmt(k.etp)});
+           k.cp > 1 ? cp_comm_type_name(r.cp_comm) : "", fmt(k.ep), k.modules, fmt(k.a2a_s, "%.6g"), fmt(k.etp),
+           fmt_bytes(k.workspace_bytes)});
   return t;
 }
 

@@ -117,7 +117,7 @@ TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
     const PlanCandidate& k = plans[i];
     EXPECT_EQ(k.t * k.cp * k.p * k.dp, 64);
     EXPECT_EQ(std::fmod(8, k.t), 0);  // kv-heads split whole
-    const double step = k.weight_bytes + k.grad_bytes + k.optimizer_bytes + k.activation_bytes + k.extra_bytes +
+    const double step = k.weight_bytes + k.grad_bytes + k.optimizer_bytes + k.workspace_bytes + k.activation_bytes + k.extra_bytes +
                         k.working_set_bytes;
     EXPECT_DOUBLE_EQ(k.total_bytes, std::max(step, k.setup_bytes) + k.headroom_bytes);
     EXPECT_EQ(k.fits, k.total_bytes <= r.gpu.memory_bytes);
@@ -359,7 +359,7 @@ TEST(MoePlan, Mixtral8x7bOn64H100HasPlansThatFitWithinMegatronsRules) {
     if (k.t > 1) EXPECT_NE(k.config.find("sp"), std::string::npos) << "MoE under TP needs SP: " << k.config;
     if (k.ep == 1) EXPECT_EQ(k.a2a_s, 0);
     if (k.ep > 1) EXPECT_GT(k.a2a_s, 0);
-    const double step = k.weight_bytes + k.grad_bytes + k.optimizer_bytes + k.activation_bytes + k.extra_bytes +
+    const double step = k.weight_bytes + k.grad_bytes + k.optimizer_bytes + k.workspace_bytes + k.activation_bytes + k.extra_bytes +
                         k.working_set_bytes;
     EXPECT_DOUBLE_EQ(k.total_bytes, std::max(step, k.setup_bytes) + k.headroom_bytes);
     EXPECT_EQ(k.fits, k.total_bytes <= r.gpu.memory_bytes);

@@ -555,7 +555,7 @@ class TheoryLlamaTest(unittest.TestCase):
         fits = [row for row in rows if row["fits"] == "1"]
         self.assertTrue(fits)
         for row in rows:
-            parts = sum(int(row[k]) for k in ["weight_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
+            parts = sum(int(row[k]) for k in ["weight_bytes", "grad_bytes", "optimizer_bytes", "workspace_bytes", "activation_bytes",
                                              "extra_bytes", "working_set_bytes", "headroom_bytes"])
             self.assertLessEqual(abs(parts - int(row["total_bytes"])), 7, row)  # each rounded to a byte
             self.assertEqual(int(row["tp"]) * int(row["cp"]) * int(row["pp"]) * int(row["dp"]), 64)

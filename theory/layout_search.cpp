@@ -87,6 +87,7 @@ void fill_memory(const TransformerModel& M, const StepConfig& c, double headroom
   k.weight_bytes = top.weight_bytes;
   k.grad_bytes = top.grad_bytes;
   k.optimizer_bytes = top.optimizer_bytes;
+  k.workspace_bytes = top.workspace_bytes;
   k.per_layer_activation_bytes =
       layer_bytes(d, M.layer, c.policy, {}, Bookkeeping::megatron) + layer_extra_bytes(d, M.layer, c.policy);
   k.activation_bytes = top.activation_bytes;
@@ -309,6 +310,8 @@ void add_configs(const PlanRequest& r, double s, const Layout& l, int N, const s
     step.seq = s, step.micro_batch = l.b, step.global_batch = r.global_batch;
     step.policy = c;
     step.distributed_optimizer = r.distributed_optimizer;
+    // As Megatron-Core runs: Transformer Engine, grouped GEMM for the experts.
+    step.workspace_bytes = library_workspace_bytes(true, r.model.layer.moe.enabled());
     fill_memory(r.model, step, r.headroom_bytes, k);
     k.fits = k.total_bytes <= r.gpu.memory_bytes;
     fill_time(r, s, l, c, stage_moe, k);

@@ -100,6 +100,7 @@ struct PlanCandidate {
   double params_per_gpu = 0;
   double expert_params_per_gpu = 0;  // of them, the routed experts'
   double weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+  double workspace_bytes = 0;  // library workspaces (step_memory.hpp's library_workspace_bytes)
   // One layer's saved tensors (norm statistics included) and how many layers' worth the stage
   // holds at its peak.
   double per_layer_activation_bytes = 0, layers_in_flight = 0, activation_bytes = 0;

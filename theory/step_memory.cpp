@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 
 #include "runtime/error.hpp"  // InvalidArgument: header only
 #include "theory/layer_pieces.hpp"
@@ -19,6 +20,23 @@ std::string text(double v) {
 }
 
 bool whole(double v) { return std::isfinite(v) && std::floor(v) == v; }
+
+// The layers [from, from + n) come in two specs only, dense and MoE (TransformerModel::
+// layer_spec): f is evaluated once for each kind present and multiplied by its count, so a
+// stage of a million layers costs two evaluations, not a million.
+template <class F>
+double sum_over_layers(const TransformerModel& m, int from, int n, F f) {
+  int dense = -1, moe = -1, dense_count = 0;
+  for (int i = from; i < from + n; ++i) {
+    if (!m.is_moe_layer(i)) {
+      if (dense_count++ == 0) dense = i;
+    } else if (moe < 0) {
+      moe = i;
+    }
+  }
+  const int moe_count = n - dense_count;
+  return (dense_count > 0 ? dense_count * f(dense) : 0.0) + (moe_count > 0 ? moe_count * f(moe) : 0.0);
+}
 
 // Megatron splits --num-layers over p ranks (the first and last may be given their own
 // counts, or count the embedding / loss as a layer), then each rank's over its vp chunks.
@@ -66,6 +84,19 @@ std::vector<int> virtual_stage_layers(const TransformerModel& m, const StepLayou
   require(whole(m.L) && m.L >= 1, "--num-layers must be a whole number >= 1");
   const int L = static_cast<int>(m.L), p = l.p, vp = l.vp, V = p * vp;
   std::vector<int> out(V, 0);
+  if (!l.stage_layers.empty()) {
+    require(l.first_stage_layers == 0 && l.last_stage_layers == 0 && !l.embedding_in_split && !l.loss_in_split,
+            "--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-pipeline-num-layers or "
+            "--account-for-embedding/loss-in-pipeline-split");
+    require(static_cast<int>(l.stage_layers.size()) == V,
+            "--pipeline-model-parallel-layout has " + std::to_string(l.stage_layers.size()) + " stages, not " +
+                std::to_string(p) + " pipeline stages x " + std::to_string(vp) + " virtual stages");
+    int sum = 0;
+    for (int n : l.stage_layers) require(n >= 0, "a pipeline layout's stage cannot hold fewer than 0 layers"), sum += n;
+    require(sum == L, "--pipeline-model-parallel-layout places " + std::to_string(sum) + " decoder layers, not --num-layers (" +
+                          std::to_string(L) + ")");
+    return l.stage_layers;
+  }
   if (l.embedding_in_split || l.loss_in_split) {
     require(l.first_stage_layers == 0 && l.last_stage_layers == 0,
             "--account-for-embedding/loss-in-pipeline-split cannot be combined with "
@@ -101,9 +132,10 @@ LayerParameters latent_attention(const LayerSpec& s, double h, double a, double 
   const MlaSpec& m = s.mla;
   const double qk = m.qk_head_dim + m.qk_pos_emb_head_dim, q_rows = a * qk, kv_up_rows = a * (m.qk_head_dim + m.v_head_dim);
   double split = m.kv_lora_rank * kv_up_rows + h * a * m.v_head_dim;  // kv up-projection, output projection
-  double whole = (m.kv_lora_rank + m.qk_pos_emb_head_dim) * h + norm * m.kv_lora_rank;  // kv down-projection, its norm
+  const double latent_norm = m.latent_norms ? norm : 0;
+  double whole = (m.kv_lora_rank + m.qk_pos_emb_head_dim) * h + latent_norm * m.kv_lora_rank;  // kv down-projection, its norm
   if (m.q_lora_rank > 0) {
-    whole += m.q_lora_rank * h + norm * m.q_lora_rank;  // q down-projection and its norm
+    whole += m.q_lora_rank * h + latent_norm * m.q_lora_rank;  // q down-projection and its norm
     split += q_rows * m.q_lora_rank;                    // q up-projection
   } else {
     split += q_rows * h;  // q projected from h directly
@@ -312,9 +344,14 @@ void check(const TransformerModel& m, const StepConfig& c) {
   require(whole(n) && n >= 1, "--global-batch-size (" + text(c.global_batch) + ") must be a multiple of "
                               "--micro-batch-size x data-parallel size (" + text(c.micro_batch) + " x " +
                               std::to_string(l.dp) + ")");
-  require(l.vp == 1 || std::fmod(n, l.p) == 0,
-          "the interleaved schedule needs the micro-batches (" + text(n) + ") to be a multiple of the pipeline size (" +
-              std::to_string(l.p) + ")");
+  if (l.vp > 1) {
+    try {
+      check_interleaved_group(l.p, static_cast<int>(std::min(n, 1e9)), l.vp_group > 0 ? l.vp_group : l.p);
+    } catch (const std::invalid_argument& e) {
+      throw InvalidArgument(std::string(e.what()).substr(std::string("pipeline: ").size()) +
+                            " (--microbatch-group-size-per-virtual-pipeline-stage, default the pipeline size)");
+    }
+  }
   require(whole(m.h) && whole(m.a) && m.h >= 1 && m.a >= 1, "--hidden-size and --num-attention-heads must be whole numbers >= 1");
   require(m.vocab >= 1, "the vocabulary size must be at least 1");
   check_layer_spec(m.dims(c.seq, c.micro_batch, l.t), m.layer);
@@ -385,14 +422,14 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
   // Layer i's saved tensors under `policy` (its own spec: dense or MoE).
   auto kept = [&](int i, LayerPolicy policy) { return saved_bytes(d, m.layer_spec(first_layer + i), policy, p); };
   if (c.policy.recompute != Recompute::full) {
-    for (int i = 0; i < layers; ++i) out.layers += kept(i, c.policy);
+    out.layers = sum_over_layers(m, first_layer, layers, [&](int i) { return kept(i - first_layer, c.policy); });
   } else {
     const double n = layers, k = std::min<double>(c.stack.num_layers, n), ckpt = checkpoint_bytes(d, c);
     switch (c.stack.method) {
       case RecomputeMethod::uniform: out.layers = std::ceil(n / c.stack.num_layers) * ckpt; break;
       case RecomputeMethod::block:
-        out.layers = k * ckpt;
-        for (int i = static_cast<int>(k); i < layers; ++i) out.layers += kept(i, keeps_all(c.policy));
+        out.layers = k * ckpt + sum_over_layers(m, first_layer + static_cast<int>(k), layers - static_cast<int>(k),
+                                                [&](int i) { return kept(i - first_layer, keeps_all(c.policy)); });
         break;
       case RecomputeMethod::none: out.layers = n * ckpt; break;
     }
@@ -433,6 +470,11 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
   return out;
 }
 
+double library_workspace_bytes(bool transformer_engine, bool grouped_gemm) {
+  constexpr double kWorkspace = 32.0 * 1024 * 1024, kGroupedGemmStreams = 4;
+  return (transformer_engine ? 3 : 2) * kWorkspace + (grouped_gemm ? kGroupedGemmStreams * kWorkspace : 0);
+}
+
 std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig& c) {
   check(m, c);
   const StepLayout& l = c.layout;
@@ -454,11 +496,8 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
       const int n = layers[chunk * p + stage], from = first_layer[chunk * p + stage];
       const bool first = stage == 0 && chunk == 0, last = stage == p - 1 && chunk == vp - 1;
       double chunk_parameters = 0;
-      for (int i = from; i < from + n; ++i) {
-        const LayerParameters lp = layer_parameters(m, i, l);
-        chunk_parameters += lp.total();
-        expert_parameters += lp.expert;
-      }
+      chunk_parameters += sum_over_layers(m, from, n, [&](int i) { return layer_parameters(m, i, l).total(); });
+      expert_parameters += sum_over_layers(m, from, n, [&](int i) { return layer_parameters(m, i, l).expert; });
       if (first) chunk_parameters += embedding_parameters(m, t);
       if (last) {
         // With MTP on a later stage, a tied output layer reads the stage's embedding copy.
@@ -481,12 +520,13 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     const double dense_shards = c.distributed_optimizer ? l.dp * l.cp : 1, expert_shards = c.distributed_optimizer ? l.expert_dp() : 1;
     s.optimizer_bytes = (prec.master + prec.optimizer_state) *
                         ((s.parameters - expert_parameters) / dense_shards + expert_parameters / expert_shards);
-    s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes;
+    s.workspace_bytes = c.workspace_bytes;
+    s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.workspace_bytes;
     // 16-bit logits beside their fp32 copy at the loss (none when activations are fp32).
     const double loss_transient = prec.activation < 4 ? prec.activation * sb * V / t : 0;
     const double embedding_grad = prec.weight * embedding_parameters(m, t);
     PeakTracker peak;
-    for (const PipelineOp& op : stage_peak_ops(p, N, vp, stage)) {
+    for (const PipelineOp& op : stage_peak_ops(p, N, vp, stage, l.vp_group)) {
       const bool first = stage == 0 && op.chunk == 0, last = stage == p - 1 && op.chunk == vp - 1;
       StageMemory extra;
       if (op.forward) {

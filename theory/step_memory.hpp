@@ -32,8 +32,8 @@
 // the first chunk's backward the embedding's dense weight gradient. Before the first step the
 // distributed optimizer's setup can peak higher (setup_peak_bytes).
 //
-// Not modelled (a real run adds them): library workspaces (cuBLAS/TE, NCCL buffers), the
-// allocator's rounding of each tensor to 512 bytes, the distributed optimizer's buffer
+// Library workspaces are StepConfig::workspace_bytes. Not modelled (a real run adds them):
+// NCCL's buffers (outside PyTorch's allocator), the allocator's rounding of each tensor to 512 bytes, the distributed optimizer's buffer
 // padding (≤ 64 elements per parameter), transients inside a forward op.
 #include <string>
 #include <vector>
@@ -62,6 +62,12 @@ struct StepLayout {
   // --account-for-embedding/loss-in-pipeline-split (each counts as one layer of the split).
   int first_stage_layers = 0, last_stage_layers = 0;
   bool embedding_in_split = false, loss_in_split = false;
+  // Megatron's --pipeline-model-parallel-layout: the layers of each virtual stage, index
+  // chunk·p + stage, p·vp of them (empty: the splits above). A stage may hold none.
+  std::vector<int> stage_layers;
+  // The interleaved schedule's micro-batch group (Megatron's
+  // --microbatch-group-size-per-virtual-pipeline-stage; 0: p), pipeline.hpp.
+  int vp_group = 0;
   // Expert parallelism (Megatron's --expert-model-parallel-size, --expert-tensor-parallel-size):
   // an MoE layer's experts are split over ep ranks (whole experts each) and each expert's
   // weights over etp (0: t, Megatron's default). ep·etp must divide t·C·dp; the experts'
@@ -83,6 +89,9 @@ struct StepConfig {
   bool distributed_optimizer = false;
   bool gradient_accumulation_fusion = true;   // weight gradients go straight into main_grad
   TrainingPrecision precision;
+  // Library workspaces PyTorch's allocator holds from the first step on (cuBLAS, Transformer
+  // Engine): on every stage, at rest and at the peak. megatron_args.hpp sizes them.
+  double workspace_bytes = 0;
 
   double microbatches() const;  // global_batch / (micro_batch · dp)
   int world_size() const;       // t · cp · p · dp
@@ -112,6 +121,12 @@ LayerParameters layer_parameters(const TransformerModel& m, int i, const StepLay
 // one entry per layer.
 void check_expert_layout(const TransformerModel& m, const StepLayout& l);
 
+// The library workspaces a Megatron-LM run holds through PyTorch's allocator from its first
+// step on, at Hopper's and later GPUs' sizes (docs/step_memory.md, "What each stage holds"):
+// 32 MiB each for two PyTorch cuBLAS workspaces and, under Transformer Engine, TE's own; TE's
+// grouped GEMM adds one for each of its 4 streams.
+double library_workspace_bytes(bool transformer_engine, bool grouped_gemm);
+
 // One stage of the step. Bytes are per GPU of that stage.
 struct StageMemory {
   int stage = 0;
@@ -119,7 +134,8 @@ struct StageMemory {
   double parameters = 0;   // on one GPU
   double expert_parameters = 0;  // of them, the routed experts' (split over ep·etp)
   double weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-  double rest_bytes = 0;   // weights + gradients + optimizer state
+  double workspace_bytes = 0;  // StepConfig::workspace_bytes
+  double rest_bytes = 0;   // weights + gradients + optimizer state + workspaces
   // At the peak:
   // Chunk-micro-batches whose layers' saved tensors are alive: forward ran, backward has not
   // yet passed through them (at the embedding's backward, its micro-batch's layers are freed).
