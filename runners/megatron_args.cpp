@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 #include <sstream>
 
 #include "runners/hf_config.hpp"  // kMaxModelWidth, kMaxVocab, kMaxPositions
 #include "runners/options.hpp"
+#include "runners/pipeline_layout.hpp"
 #include "runtime/error.hpp"
 #include "runtime/user_file.hpp"
 #include "theory/layout_search.hpp"  // kMaxPlanGpus, kMaxGlobalBatch
@@ -15,8 +17,9 @@ namespace {
 
 enum class Kind { on_off, value, list };
 // read: the model reads it; refuse: a layer or layout the model cannot express;
-// unmodelled: changes memory in a way the model leaves out (one warning line names them).
-enum class Use { read, refuse, unmodelled };
+// unmodelled: changes memory in a way the model leaves out (one warning line names them);
+// presence: only whether it is given counts (its value, a path, may be a shell variable).
+enum class Use { read, refuse, unmodelled, presence };
 
 struct Flag {
   const char* name;
@@ -56,6 +59,8 @@ const std::vector<Flag>& flag_table() {
       {"vocab-size", Kind::value, Use::read},
       {"tokenizer-type", Kind::value, Use::read},
       {"make-vocab-size-divisible-by", Kind::value, Use::read},
+      {"vocab-file", Kind::value, Use::presence},  // with --merge-file and no --tokenizer-type: GPT-2's BPE
+      {"merge-file", Kind::value, Use::presence},
       // mixture of experts (docs/moe.md)
       {"num-experts", Kind::value, Use::read},
       {"moe-router-topk", Kind::value, Use::read},
@@ -98,6 +103,8 @@ const std::vector<Flag>& flag_table() {
       {"tensor-model-parallel-size", Kind::value, Use::read},
       {"pipeline-model-parallel-size", Kind::value, Use::read},
       {"num-layers-per-virtual-pipeline-stage", Kind::value, Use::read},
+      {"pipeline-model-parallel-layout", Kind::value, Use::read},
+      {"microbatch-group-size-per-virtual-pipeline-stage", Kind::value, Use::read},
       {"num-virtual-stages-per-pipeline-rank", Kind::value, Use::read},
       {"decoder-first-pipeline-num-layers", Kind::value, Use::read},
       {"decoder-last-pipeline-num-layers", Kind::value, Use::read},
@@ -141,8 +148,8 @@ const std::vector<Flag>& flag_table() {
       {"moe-extended-tp", Kind::on_off, Use::refuse, "extended tensor parallelism of the experts"},
       {"hierarchical-context-parallel-sizes", Kind::list, Use::refuse,
        "hierarchical context parallelism (--cp-comm-type a2a+p2p)"},
-      {"pipeline-model-parallel-layout", Kind::value, Use::refuse,
-       "a custom pipeline layout (give --decoder-first/last-pipeline-num-layers)"},
+      {"experimental-attention-variant", Kind::value, Use::refuse,
+       "an attention other than softmax attention (gated delta net, ...)"},
       {"use-torch-fsdp2", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
       {"use-custom-fsdp", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
       {"use-megatron-fsdp", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
@@ -160,6 +167,14 @@ const std::vector<Flag>& flag_table() {
       {"enable-cuda-graph", Kind::on_off, Use::unmodelled},
       {"external-cuda-graph", Kind::on_off, Use::unmodelled},
       {"optimizer-cpu-offload", Kind::on_off, Use::unmodelled},
+      {"attention-output-gate", Kind::on_off, Use::unmodelled},
+      {"moe-shared-expert-gate", Kind::on_off, Use::unmodelled},
+      {"fine-grained-activation-offloading", Kind::on_off, Use::unmodelled},
+      {"offload-modules", Kind::list, Use::unmodelled},
+      {"overlap-moe-expert-parallel-comm", Kind::on_off, Use::unmodelled},
+      {"delay-wgrad-compute", Kind::on_off, Use::unmodelled},
+      {"cuda-graph-impl", Kind::value, Use::unmodelled},
+      {"fp8-recipe", Kind::value, Use::unmodelled},
       // torchrun's, for the world size
       {"nproc_per_node", Kind::value, Use::read},
       {"nproc-per-node", Kind::value, Use::read},
@@ -192,6 +207,21 @@ std::vector<std::string> list_words(const std::string& list) {
     if (comma == std::string::npos) return words;
     begin = comma + 1;
   }
+}
+
+// A list's words joined by single commas, as a Python list written in a configuration also
+// comes: "[a b]", "[a, b]" and "a b" are all "a,b".
+std::string list_text(const std::string& joined) {
+  std::string out, word;
+  for (char c : joined + ",") {
+    if (c == ',' || c == ' ') {
+      if (!word.empty()) out += (out.empty() ? "" : ",") + word;
+      word.clear();
+    } else if (c != '[' && c != ']') {
+      word += c;
+    }
+  }
+  return out;
 }
 
 // One number of a list flag, within [min, max], the error naming the flag.
@@ -259,8 +289,14 @@ void apply_megatron_words(const std::vector<std::string>& words, bool strict, co
     } else if (flag->kind == Kind::list && !inline_value) {
       while (i + 1 < words.size() && is_value(words[i + 1])) value += (value.empty() ? "" : ",") + words[++i];
     }
+    if (flag->kind == Kind::list) value = list_text(value);
+    // A shell variable ($TP) is an error only if nothing later (the command line) gives the value.
+    if (flag->use == Use::presence) value = "1";
     if (value.find('$') != std::string::npos && flag->use != Use::unmodelled)
-      fail(where, shown + " is '" + printable(value) + "', a shell variable: write its value");
+      flags.unresolved[name] = where + ": " + shown + " is '" + printable(value) +
+                               "', a shell variable: give its value (" + shown + " VALUE on the command line)";
+    else
+      flags.unresolved.erase(name);
     if (flag->use == Use::unmodelled) {
       if (std::find(flags.unmodelled.begin(), flags.unmodelled.end(), shown) == flags.unmodelled.end())
         flags.unmodelled.push_back(shown);
@@ -270,10 +306,76 @@ void apply_megatron_words(const std::vector<std::string>& words, bool strict, co
   }
 }
 
+namespace {
+
+// A line's text without its trailing "# comment" (a # that starts a word) and outer blanks.
+std::string yaml_value_text(const std::string& line) {
+  std::string text = line;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t')) text.resize(i);
+  const size_t first = text.find_first_not_of(" \t\r"), last = text.find_last_not_of(" \t\r");
+  return first == std::string::npos ? "" : text.substr(first, last - first + 1);
+}
+
+bool is_yaml_model_config(const std::string& text) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    if (yaml_value_text(line) == "MODEL_ARGS:" && line.rfind("MODEL_ARGS:", 0) == 0) return true;
+  return false;
+}
+
+// Megatron-LM's test configuration (model_config.yaml): the `--flag: value` entries of its
+// MODEL_ARGS map become the words its launcher passes: `true` the bare flag, `false` (or
+// null) nothing, any other value split into shell words. Other top-level keys are skipped.
+std::vector<std::string> yaml_model_args_words(const std::string& text, const std::string& where) {
+  std::vector<std::string> words;
+  std::istringstream lines(text);
+  bool in_model_args = false;
+  int line_number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++line_number;
+    const std::string entry = yaml_value_text(line);
+    if (entry.empty()) continue;
+    const bool indented = line[0] == ' ' || line[0] == '\t';
+    if (!indented) {
+      in_model_args = entry == "MODEL_ARGS:";
+      continue;
+    }
+    if (!in_model_args) continue;
+    const size_t colon = entry.find(':');
+    const std::string here = where + " line " + std::to_string(line_number);
+    if (entry.rfind("--", 0) != 0 || colon == std::string::npos)
+      fail(here, "a MODEL_ARGS entry is '--flag: value', got '" + printable(entry) + "'");
+    const std::string flag = entry.substr(0, colon), value = yaml_value_text(entry.substr(colon + 1));
+    if (value == "false" || value == "False" || value == "null" || value == "~") continue;
+    words.push_back(flag);
+    if (value == "true" || value == "True" || value.empty()) continue;
+    for (const std::string& word : shell_words(value, here)) words.push_back(word);
+  }
+  return words;
+}
+
+// The world size Megatron-LM's test names carry (`gpt3_..._1N8G_...`: 1 node of 8 GPUs) in
+// any folder of the path; 0 when none says it.
+int64_t world_size_in_test_name(const std::string& path) {
+  static const std::regex nodes_by_gpus("(^|[_/])([0-9]{1,3})N([0-9]{1,2})G([_/]|$)");
+  std::smatch m;
+  if (!std::regex_search(path, m, nodes_by_gpus)) return 0;
+  return std::stoll(m[2].str()) * std::stoll(m[3].str());
+}
+
+}  // namespace
+
 MegatronFlags read_megatron_args(const std::string& path) {
   const std::string where = "--megatron-args " + path;
+  const std::string text = read_user_file(where, path);
   MegatronFlags flags;
-  apply_megatron_words(shell_words(read_user_file(where, path), where), false, where, flags);
+  if (is_yaml_model_config(text)) {
+    apply_megatron_words(yaml_model_args_words(text, where), false, where, flags);
+    const int64_t gpus = world_size_in_test_name(path);
+    if (gpus > 0 && !flags.has("world-size")) flags.values["world-size"] = std::to_string(gpus);
+  } else
+    apply_megatron_words(shell_words(text, where), false, where, flags);
   return flags;
 }
 
@@ -311,6 +413,7 @@ class Values {
 };
 
 void refuse_what_is_not_modelled(const MegatronFlags& flags) {
+  if (!flags.unresolved.empty()) throw InvalidArgument(flags.unresolved.begin()->second);
   for (const Flag& f : flag_table()) {
     if (f.use != Use::refuse || !flags.has(f.name)) continue;
     const std::string& v = flags.values.at(f.name);
@@ -323,7 +426,9 @@ void refuse_what_is_not_modelled(const MegatronFlags& flags) {
 
 // The tokenizer's vocabulary, before Megatron pads it.
 double vocab_of(const Values& v) {
-  const std::string tokenizer = v.text("tokenizer-type", "");
+  // Megatron's training scripts name GPT-2's BPE by its vocabulary and merges files alone.
+  const bool bpe_files = v.has("vocab-file") && v.has("merge-file");
+  const std::string tokenizer = v.text("tokenizer-type", bpe_files ? "GPT2BPETokenizer" : "");
   if (tokenizer == "GPT2BPETokenizer") return 50257;
   if (v.has("vocab-size")) {
     const double size = static_cast<double>(v.integer("vocab-size", 1, kMaxVocab, 0));
@@ -361,17 +466,24 @@ theory::MegatronRouting megatron_routing_of(const Values& v) {
   }
   const std::vector<std::string> types = list_words(v.text("moe-router-load-balancing-type", "aux_loss"));
   const std::vector<std::string> coeffs = list_words(v.text("moe-aux-loss-coeff", "0"));
-  for (size_t i = 0; i < types.size(); ++i) {
+  // Megatron-Core routes by Sinkhorn only when it is the one type given (no aux loss with it).
+  if (types.size() == 1 && types[0] == "sinkhorn") {
+    for (const std::string& coeff : coeffs)
+      if (real_value("--moe-aux-loss-coeff", coeff, 0, 1e6) != 0)
+        throw InvalidArgument("--moe-router-load-balancing-type sinkhorn takes no aux loss: --moe-aux-loss-coeff must be 0");
+    r.sinkhorn = true;
+  }
+  for (size_t i = 0; i < types.size() && !r.sinkhorn; ++i) {
     const std::string& type = types[i];
     if (type == "sinkhorn")
-      throw InvalidArgument("--moe-router-load-balancing-type sinkhorn: Sinkhorn routing is not modelled by theory memory");
+      throw InvalidArgument("--moe-router-load-balancing-type sinkhorn is a routing of its own: give it alone");
     if (type != "aux_loss" && type != "seq_aux_loss" && type != "global_aux_loss" && type != "none")
       throw InvalidArgument("--moe-router-load-balancing-type must be aux_loss, seq_aux_loss, global_aux_loss or none, "
                             "got '" + printable(type) + "'");
     const double coeff = i < coeffs.size() ? real_value("--moe-aux-loss-coeff", coeffs[i], 0, 1e6) : 0;
     if (type != "none" && coeff > 0) r.aux_loss = true;
   }
-  for (size_t i = types.size(); i < coeffs.size(); ++i) real_value("--moe-aux-loss-coeff", coeffs[i], 0, 1e6);
+  for (size_t i = types.size(); i < coeffs.size() && !r.sinkhorn; ++i) real_value("--moe-aux-loss-coeff", coeffs[i], 0, 1e6);
   // Megatron computes the z-loss whenever a coefficient is given, 0 included.
   if (v.has("moe-z-loss-coeff")) {
     v.real("moe-z-loss-coeff", 0, 1e6, 0);
@@ -412,15 +524,18 @@ void apply_moe_flags(const Values& v, theory::TransformerModel& m) {
 
 // --multi-latent-attention with Megatron-LM's defaults (q from h directly, kv_lora_rank 32,
 // heads of 128 + 64 for q and k, 128 for v), or the base model's latent attention, each edited
-// by the rank and head flags given.
+// by the rank and head flags given. Megatron-Core's --qk-layernorm is, with latent attention,
+// the latents' norms (its q_layernorm and kv_layernorm): without it there are none.
 void apply_mla_flags(const Values& v, theory::LayerSpec& s) {
   theory::MlaSpec& a = s.mla;
   if (v.on("multi-latent-attention") && !a.enabled) {
     a = {};
     a.enabled = true;
     a.kv_lora_rank = 32;
+    a.latent_norms = v.on("qk-layernorm");
   }
   if (!a.enabled) return;
+  s.qk_layernorm = false;
   auto width = [&](const char* flag, double fallback) {
     return static_cast<double>(v.integer(flag, 1, kMaxModelWidth, static_cast<int64_t>(fallback)));
   };
@@ -527,6 +642,13 @@ CpCommType cp_comm_of(const Values& v) {
   throw InvalidArgument(message);
 }
 
+// The run's library workspaces: Transformer Engine's (the default --transformer-impl) and its
+// grouped GEMM's (--moe-grouped-gemm on an MoE model) besides PyTorch's.
+double workspace_bytes_of(const Values& v, const theory::TransformerModel& m) {
+  const bool te = v.text("transformer-impl", "transformer_engine") == "transformer_engine";
+  return theory::library_workspace_bytes(te, te && v.on("moe-grouped-gemm") && m.layer.moe.enabled());
+}
+
 LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
   LayerPolicy c;
   c.sequence_parallel = v.on("sequence-parallel") && t > 1;  // Megatron turns SP off at t = 1
@@ -551,6 +673,27 @@ LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
   return c;
 }
 
+// --pipeline-model-parallel-layout: its stages give vp (stages / p) and each one's layers;
+// the other ways of splitting the layers are Megatron's alternatives to it.
+void apply_pipeline_layout(const Values& v, theory::StepLayout& l) {
+  const std::string& text = v.text("pipeline-model-parallel-layout");
+  for (const char* other : {"num-layers-per-virtual-pipeline-stage", "decoder-first-pipeline-num-layers",
+                            "decoder-last-pipeline-num-layers", "account-for-embedding-in-pipeline-split",
+                            "account-for-loss-in-pipeline-split"})
+    if (v.has(other))
+      throw InvalidArgument("--pipeline-model-parallel-layout and --" + std::string(other) + ": give one");
+  const PipelineLayout layout = parse_pipeline_layout(text);
+  const int stages = static_cast<int>(layout.stage_layers.size());
+  if (stages % l.p != 0)
+    throw InvalidArgument("--pipeline-model-parallel-layout " + printable(text) + " has " + std::to_string(stages) +
+                          " stages: not a multiple of --pipeline-model-parallel-size (" + std::to_string(l.p) + ")");
+  if (v.has("num-virtual-stages-per-pipeline-rank") && l.vp != stages / l.p)
+    throw InvalidArgument("--num-virtual-stages-per-pipeline-rank " + std::to_string(l.vp) + " disagrees with the " +
+                          std::to_string(stages / l.p) + " the pipeline layout's stages give");
+  l.vp = stages / l.p;
+  l.stage_layers = layout.stage_layers;
+}
+
 theory::StepLayout layout_of(const Values& v) {
   const int64_t max = theory::kMaxPlanGpus;
   theory::StepLayout l;
@@ -566,6 +709,8 @@ theory::StepLayout layout_of(const Values& v) {
   l.last_stage_layers = static_cast<int>(v.integer("decoder-last-pipeline-num-layers", 1, kMaxModelLayers, 0));
   l.embedding_in_split = v.on("account-for-embedding-in-pipeline-split");
   l.loss_in_split = v.on("account-for-loss-in-pipeline-split");
+  if (v.has("pipeline-model-parallel-layout")) apply_pipeline_layout(v, l);
+  l.vp_group = static_cast<int>(v.integer("microbatch-group-size-per-virtual-pipeline-stage", 1, 1 << 24, 0));
   return l;
 }
 
@@ -642,12 +787,19 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   apply_layer_flags(v, run.model);
   theory::StepConfig& c = run.step;
   c.layout = layout_of(v);
+  if (v.has("pipeline-model-parallel-layout")) {
+    const int placed = parse_pipeline_layout(v.text("pipeline-model-parallel-layout")).mtp_layers;
+    if (placed != run.model.mtp_layers)
+      throw InvalidArgument("--pipeline-model-parallel-layout places " + std::to_string(placed) +
+                            " MTP layers (m), --mtp-num-layers gives " + std::to_string(run.model.mtp_layers));
+  }
   if (v.has("num-layers-per-virtual-pipeline-stage")) c.layout.vp = virtual_stages_from_layers(v, run.model, c.layout.p);
   c.policy = policy_of(v, c.layout.t, c.stack);
   c.distribute_saved_activations = v.on("distribute-saved-activations");
   c.distributed_optimizer = v.on("use-distributed-optimizer");
   c.gradient_accumulation_fusion = !v.on("no-gradient-accumulation-fusion");
   c.precision = precision_of(v);
+  c.workspace_bytes = workspace_bytes_of(v, run.model);
   c.seq = run.model.seq;
   c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));
   run.world_size = world_size_of(v, gpus);

@@ -13,7 +13,13 @@
 // --nproc_per_node × --nnodes give the world size. Flags that change no memory are ignored;
 // flags that change memory but are not modelled are collected for one warning line; flags
 // the model cannot express (hierarchical context parallelism, Sinkhorn routing, FSDP, ...)
-// are refused. A value the reader needs that is a shell variable ($TP) is refused naming it.
+// are refused. A value the reader needs that is a shell variable ($TP) is refused naming it,
+// unless the command line gives it.
+//
+// The file may instead be Megatron-LM's own test configuration (a model_config.yaml with a
+// MODEL_ARGS map of `--flag: value`): its entries are read as the words its launcher passes,
+// and a test folder named as Megatron names them (`..._1N8G_...`: nodes × GPUs per node) gives
+// the world size when the file has none.
 #include <map>
 #include <optional>
 #include <string>
@@ -29,7 +35,8 @@ namespace actbench {
 struct MegatronFlags {
   std::map<std::string, std::string> values;
   std::vector<std::string> unmodelled;  // flags given that change memory but are not modelled
-  int launcher_processes = 0;           // torchrun's --nproc_per_node × --nnodes (0: not given)
+  // flags whose value is still a shell variable ($TP) → the error line, unless a later word gives it
+  std::map<std::string, std::string> unresolved;
   bool has(const std::string& name) const { return values.count(name) > 0; }
 };
 

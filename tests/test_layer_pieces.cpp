@@ -703,6 +703,23 @@ TEST(MegatronRoutingTheory, DeepSeekStyleSigmoidByHand) {
   EXPECT_EQ(bytes_of(h, "moe_permuted_probs"), 32);
 }
 
+TEST(MegatronRoutingTheory, SinkhornKeepsTheActivatedLogitsAndTheRoutingMask) {
+  // Sinkhorn chooses without gradient: no top-k index, no group mask, no aux loss. k = 2:
+  // the fp32 softmax over all 4 experts [8, 4], times the routing map (bool [8, 4]).
+  LayerSpec spec = routing_spec(MoeScore::softmax, false, 2, {.sinkhorn = true});
+  const ByteCategories two = layer_bytes_by_category(kRouting, spec, LayerPolicy{}, {}, Bookkeeping::megatron);
+  EXPECT_EQ(routing_part(two), (ByteCategories{{"router_scores", 128},
+                                               {"router_routing_mask", 32},
+                                               {"moe_permute_map", 8 * 16 + 3 * 32},
+                                               {"moe_permuted_probs", 32}}));
+  // k = 1: the sigmoid of the logits in the router's type (16-bit here: [8, 4] x 2 bytes).
+  spec.moe.top_k = 1;
+  const ByteCategories one = layer_bytes_by_category(kRouting, spec, LayerPolicy{}, {}, Bookkeeping::megatron);
+  EXPECT_EQ(bytes_of(one, "router_scores"), 64);
+  EXPECT_EQ(bytes_of(one, "router_routing_mask"), 32);
+  EXPECT_EQ(bytes_of(one, "router_topk_index"), 0);
+}
+
 TEST(MegatronRoutingTheory, SoftmaxGroupsCapacityAndTheFusedPermutation) {
   // Softmax over the chosen logits (4·T·k fp32), groups without a bias keep their mask, no
   // losses; Transformer Engine's row map [8, 9] int32, and under EP 2 (2 experts a rank) the

@@ -6,12 +6,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "runners/closed_form.hpp"
 #include "runners/megatron_args.hpp"
+#include "runners/pipeline_layout.hpp"
 #include "runtime/error.hpp"
 #include "theory/layer_pieces.hpp"
 #include "theory/pipeline.hpp"
@@ -381,7 +384,7 @@ TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRef
                           "--num-experts 8 --moe-layer-freq [1,0,1]", "--num-experts 8 --moe-router-score-function relu",
                           "--num-experts 8 --expert-model-parallel-size 2 --expert-tensor-parallel-size 2",
                           "--moe-token-dispatcher-type ring", "--q-lora-rank 0",
-                          "--num-experts 8 --moe-router-load-balancing-type sinkhorn",
+                          "--num-experts 8 --moe-router-load-balancing-type sinkhorn seq_aux_loss",
                           "--num-experts 8 --moe-router-load-balancing-type balanced", "--moe-aux-loss-coeff -1",
                           "--moe-router-load-balancing-type aux_loss seq_aux_loss --moe-aux-loss-coeff 0 x",
                           "--moe-z-loss-coeff big", "--moe-token-drop-policy random", "--moe-router-bias-update-rate -1",
@@ -823,4 +826,154 @@ TEST(MegatronArgs, MultiTokenPredictionFlags) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(megatron_run(flags_of(base + bad), std::nullopt, 0), InvalidArgument);
   }
+}
+
+// ---- Megatron-LM's test configurations (model_config.yaml) and pipeline layouts ----
+
+namespace {
+
+// Writes `text` to dir/name under a fresh folder of the system's temporary directory.
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::filesystem::path folder = std::filesystem::temp_directory_path() / "actbench_test_step_memory" / dir;
+  std::filesystem::create_directories(folder);
+  const std::filesystem::path path = folder / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+const char* const kModelConfig = R"(ENV_VARS:
+  CUDA_DEVICE_MAX_CONNECTIONS: 1
+  --num-layers: 99
+MODEL_ARGS:
+  # Distributed args
+  --tensor-model-parallel-size: 2
+  --pipeline-model-parallel-size: 2
+  --sequence-parallel: true
+  --use-distributed-optimizer: false
+  --num-layers: 8 # eight
+  --hidden-size: 64
+  --num-attention-heads: 4
+  --seq-length: 128
+  --micro-batch-size: 2
+  --global-batch-size: 16
+  --vocab-file: ${DATA_PATH}/bpe/vocab.json
+  --merge-file: ${DATA_PATH}/bpe/merges.txt
+  --data-path: ${DATA_PATH}/text
+  --recompute-granularity: selective
+  --recompute-modules: "[layernorm core_attn]"
+  --moe-layer-freq: ([0]*2+[1]*6)
+  --num-experts: 4
+  --bf16: true
+TEST_TYPE: regular
+METRICS:
+  - "lm loss"
+)";
+
+}  // namespace
+
+TEST(MegatronArgs, MegatronsTestConfigurationIsReadAsItsLauncherPassesIt) {
+  const MegatronFlags f = read_megatron_args(write_file("gpt3_mcore_tp2_pp2_1N8G_moe", "model_config.yaml", kModelConfig));
+  EXPECT_EQ(f.values.at("num-layers"), "8");               // MODEL_ARGS's, not ENV_VARS's, comment dropped
+  EXPECT_EQ(f.values.at("sequence-parallel"), "1");        // true: the bare switch
+  EXPECT_FALSE(f.has("use-distributed-optimizer"));        // false: not passed
+  EXPECT_EQ(f.values.at("recompute-modules"), "layernorm,core_attn");  // a Python list's brackets dropped
+  EXPECT_EQ(f.values.at("moe-layer-freq"), "([0]*2+[1]*6)");
+  EXPECT_EQ(f.values.at("world-size"), "8");                // 1N8G: one node of 8 GPUs
+  const MegatronRun r = megatron_run(f, std::nullopt, 0);
+  EXPECT_EQ(r.model.vocab, 50257);  // the BPE vocabulary and merges files: GPT-2's tokenizer
+  EXPECT_EQ((std::vector<int>{r.step.layout.t, r.step.layout.p, r.step.layout.dp}), (std::vector<int>{2, 2, 2}));
+  EXPECT_TRUE(r.step.policy.modules.layernorm && r.step.policy.modules.core_attn);
+  EXPECT_EQ(r.model.moe_layer_count(), 6);
+  EXPECT_NO_THROW(step_memory(r.model, r.step));
+  // Without the test's name the GPU count must come from elsewhere.
+  EXPECT_FALSE(read_megatron_args(write_file("plain", "model_config.yaml", kModelConfig)).has("world-size"));
+  // An entry that is not `--flag: value` is one line naming the line.
+  EXPECT_THROW(read_megatron_args(write_file("bad", "model_config.yaml", "MODEL_ARGS:\n  num-layers: 2\n")),
+               InvalidArgument);
+}
+
+TEST(MegatronArgs, AShellVariableIsAnErrorOnlyIfNothingGivesItsValue) {
+  MegatronFlags f = flags_of("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 4 "
+                             "--tensor-model-parallel-size ${TP} --data-path $DATA");
+  try {
+    megatron_run(f, std::nullopt, 0);
+    ADD_FAILURE() << "a shell variable's value was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--tensor-model-parallel-size is '${TP}'"), std::string::npos) << e.what();
+  }
+  apply_megatron_words({"--tensor-model-parallel-size", "2"}, true, "cli", f);
+  EXPECT_EQ(megatron_run(f, std::nullopt, 0).step.layout.t, 2);
+}
+
+TEST(MegatronArgs, PipelineLayoutStringsUnrollAsMegatronParsesThem) {
+  const PipelineLayout deepseek = parse_pipeline_layout("Et*3|(tt|)*6tmL");
+  EXPECT_EQ(deepseek.stage_layers, (std::vector<int>{3, 2, 2, 2, 2, 2, 2, 1}));
+  EXPECT_EQ(deepseek.mtp_layers, 1);
+  EXPECT_EQ(deepseek.decoder_layers(), 16);
+  // a launcher's escapes and Megatron's cosmetic commas; stages may hold no layer
+  EXPECT_EQ(parse_pipeline_layout(R"(Et*3\|\(tt\|\)*6mL)").stage_layers, (std::vector<int>{3, 2, 2, 2, 2, 2, 2, 0}));
+  EXPECT_EQ(parse_pipeline_layout("E|t*4,|t,t,t,t|L").stage_layers, (std::vector<int>{0, 4, 4, 0}));
+  EXPECT_EQ(parse_pipeline_layout("E(t)*2|(t|)*2tL").stage_layers, (std::vector<int>{2, 1, 1, 1}));
+  for (const char* bad : {"tt|L", "Ett|", "Et|L|t", "EtLt", "Et|m|tL", "EtmtL", "Etx|L", "Et*9999999L", "E(tt|L",
+                          "EEt|L", "Et|LL"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(parse_pipeline_layout(bad), InvalidArgument);
+  }
+}
+
+TEST(MegatronArgs, APipelineLayoutGivesTheVirtualStagesAndTheirLayers) {
+  const std::string base = "--num-layers 8 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 "
+                           "--pipeline-model-parallel-size 2 --global-batch-size 4 ";
+  const MegatronRun r = megatron_run(flags_of(base + "--pipeline-model-parallel-layout E|tttt|tttt|L"), std::nullopt, 0);
+  EXPECT_EQ(r.step.layout.vp, 2);
+  EXPECT_EQ(virtual_stage_layers(r.model, r.step.layout), (std::vector<int>{0, 4, 4, 0}));
+  const std::vector<StageMemory> stages = step_memory(r.model, r.step);
+  EXPECT_EQ(stages[0].layers, 4);
+  EXPECT_EQ(stages[1].layers, 4);
+  // The same layers as --decoder-first/last: stage 0 its 3, stage 1 the other 5.
+  const MegatronRun layout = megatron_run(flags_of(base + "--pipeline-model-parallel-layout Ettt|t*5L"), std::nullopt, 0);
+  const MegatronRun uneven = megatron_run(flags_of(base + "--decoder-first-pipeline-num-layers 3"), std::nullopt, 0);
+  const std::vector<StageMemory> a = step_memory(layout.model, layout.step), b = step_memory(uneven.model, uneven.step);
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(a[s].peak_bytes, b[s].peak_bytes) << s;
+  // MTP layers where --mtp-num-layers says, and on the last stage
+  EXPECT_NO_THROW(megatron_run(flags_of(base + "--mtp-num-layers 1 --pipeline-model-parallel-layout Ettt|t*5mL"),
+                               std::nullopt, 0));
+  for (const char* bad : {"--pipeline-model-parallel-layout Ettt|t*4L", "--pipeline-model-parallel-layout Et*8|L|t",
+                          "--pipeline-model-parallel-layout Ett|t*3|t*3L",
+                          "--pipeline-model-parallel-layout Ettt|t*5mL",
+                          "--mtp-num-layers 1 --pipeline-model-parallel-layout Ettt|t*5L",
+                          "--pipeline-model-parallel-layout Ettt|t*5L --decoder-first-pipeline-num-layers 3",
+                          "--pipeline-model-parallel-layout Ettt|t*5L --num-virtual-stages-per-pipeline-rank 2"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(
+        {
+          const MegatronRun run = megatron_run(flags_of(base + bad), std::nullopt, 0);
+          step_memory(run.model, run.step);
+        },
+        InvalidArgument);
+  }
+}
+
+TEST(MegatronArgs, SinkhornRoutingAndLatentNormsAsMegatronCoreBuildsThem) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 4 "
+                           "--tensor-model-parallel-size 2 --sequence-parallel --num-experts 4 ";
+  EXPECT_TRUE(megatron_run(flags_of(base + "--moe-router-load-balancing-type sinkhorn --moe-router-topk 1"),
+                           std::nullopt, 0)
+                  .model.layer.moe.megatron.sinkhorn);
+  for (const char* bad : {"--moe-router-load-balancing-type sinkhorn --moe-aux-loss-coeff 1e-2",
+                          "--moe-router-load-balancing-type sinkhorn aux_loss"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(megatron_run(flags_of(base + bad), std::nullopt, 0), InvalidArgument);
+  }
+  // With latent attention --qk-layernorm is the latents' norms; without it they are absent.
+  const std::string mla = base + "--multi-latent-attention --q-lora-rank 16 --kv-lora-rank 8 ";
+  const MegatronRun normed = megatron_run(flags_of(mla + "--qk-layernorm"), std::nullopt, 0);
+  const MegatronRun bare = megatron_run(flags_of(mla), std::nullopt, 0);
+  EXPECT_TRUE(normed.model.layer.mla.latent_norms);
+  EXPECT_FALSE(normed.model.layer.qk_layernorm);
+  EXPECT_FALSE(bare.model.layer.mla.latent_norms);
+  // LayerNorm: weight and bias over each latent, 16 + 8 wide, on every rank
+  EXPECT_EQ(layer_parameters(normed.model, 0, normed.step.layout).dense -
+                layer_parameters(bare.model, 0, bare.step.layout).dense,
+            2 * (16 + 8));
 }

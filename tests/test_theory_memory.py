@@ -89,7 +89,7 @@ class LaunchScripts(unittest.TestCase):
                 self.assertEqual(len(rows), p)
                 self.assertEqual([int(row["stage"]) for row in rows], list(range(p)))
                 for row in rows:
-                    rest = sum(int(row[k]) for k in ("weight_bytes", "grad_bytes", "optimizer_bytes"))
+                    rest = sum(int(row[k]) for k in ("weight_bytes", "grad_bytes", "optimizer_bytes", "workspace_bytes"))
                     self.assertEqual(int(row["rest_bytes"]), rest)
                     self.assertEqual(int(row["step_peak_bytes"]), rest + sum(int(row[k]) for k in TERMS))
                     self.assertEqual(int(row["peak_bytes"]),
@@ -193,7 +193,7 @@ class BadInput(unittest.TestCase):
     def test_bad_scripts_are_one_line_naming_the_flag(self):
         cases = {
             "--num-experts 8 --moe-router-dtype bf16": ["--moe-router-dtype", "fp32 or fp64", "bf16"],
-            "--num-experts 8 --moe-router-load-balancing-type sinkhorn": ["sinkhorn", "not modelled"],
+            "--num-experts 8 --moe-router-load-balancing-type sinkhorn aux_loss": ["sinkhorn", "alone"],
             "--num-experts 6 --expert-model-parallel-size 4": ["--num-experts (6)", "--expert-model-parallel-size (4)"],
             "--expert-model-parallel-size 2": ["--expert-model-parallel-size 2", "mixture of experts"],
             "--num-experts 8 --expert-model-parallel-size 2 --expert-tensor-parallel-size 4":

@@ -95,12 +95,14 @@ void mla_attention_block(const Dims& d, const Extents& x, const LayerSpec& spec,
   if (!rebuilt.layernorm) out.push_back({"qkv_input", e * x.region});
   // Each latent (the fused norm's input; mla_up_proj's checkpoint input) is kept either way;
   // the norm's output (the up projection's input) unless mla_up_proj rebuilds it.
+  // Without latent norms the up projection reads the latent itself.
+  const bool normed = mla.latent_norms && !rebuilt.mla_up_proj;
   if (q_latent) {
     out.push_back({"q_latent", latent(mla.q_lora_rank)});
-    if (!rebuilt.mla_up_proj) out.push_back({"q_up_input", latent(mla.q_lora_rank)});
+    if (normed) out.push_back({"q_up_input", latent(mla.q_lora_rank)});
   }
   out.push_back({"kv_latent", latent(mla.kv_lora_rank)});
-  if (!rebuilt.mla_up_proj) out.push_back({"kv_up_input", latent(mla.kv_lora_rank)});
+  if (normed) out.push_back({"kv_up_input", latent(mla.kv_lora_rank)});
   // mla_up_proj's checkpoint also keeps its third input, k's RoPE part before rotation: whole
   // rows on every rank (gathered under SP before the checkpoint).
   if (rebuilt.mla_up_proj) out.push_back({"k_pos_emb", e * sb * mla.qk_pos_emb_head_dim / d.cp});
@@ -167,6 +169,17 @@ void megatron_routing(const Dims& d, const MoeSpec& moe, double tokens, double N
   const double E = moe.num_experts, k = moe.top_k, fp32 = 4, i64 = 8;
   const double r = router_elem(moe, e, Bookkeeping::megatron);
   const bool sigmoid = moe.score == MoeScore::sigmoid;
+  if (moe.megatron.sinkhorn) {
+    // Sinkhorn picks the experts without gradient; the weights are the sigmoid (k = 1, in the
+    // router's type) or the fp32 softmax of the logits, times the routing map, a product
+    // that keeps its boolean [T, E] mask. No group limit, no top-k gather, no aux loss.
+    out.push_back({"router_scores", (k == 1 ? r : fp32) * tokens * E});
+    out.push_back({"router_routing_mask", tokens * E});
+    if (moe.capacity_factor > 0) out.push_back({"router_capacity_mask", tokens * E});
+    if (moe.megatron.z_loss) out.push_back({"router_z_loss", r * tokens * (E + 1)});
+    out.push_back({"moe_permute_map", megatron_permute_map_bytes(d, moe, tokens, N, N_e, r)});
+    return;
+  }
   // The score function, computed in fp32 whatever the router's type: softmax over all E
   // (--moe-router-pre-softmax) or the sigmoid, or softmax over the k chosen logits. With the
   // expert bias the sigmoid's weights are gathered from its output cast to the router's type,
@@ -292,7 +305,7 @@ ByteCategories layer_extra_bytes_by_category(const Dims& d, const LayerSpec& spe
   if (block_norms) out.push_back({"ln1_stats", per_row * rows});
   // MLA's latent norms: one row per token on the norm region's rows; inside mla_up_proj's
   // checkpoint they run without autograd in forward and keep nothing.
-  if (spec.mla.enabled && !recomputed(c).mla_up_proj) {
+  if (spec.mla.enabled && spec.mla.latent_norms && !recomputed(c).mla_up_proj) {
     if (spec.mla.q_lora_rank > 0) out.push_back({"q_latent_norm_stats", per_row * rows});
     out.push_back({"kv_latent_norm_stats", per_row * rows});
   }

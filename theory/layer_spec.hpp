@@ -27,6 +27,9 @@ struct MegatronRouting {
   bool aux_loss = false;        // a load-balancing loss in training (its coefficient > 0)
   bool z_loss = false;          // --moe-z-loss-coeff given (Megatron computes it at 0 too)
   bool permute_fusion = false;  // --moe-permute-fusion: Transformer Engine's permutation
+  // --moe-router-load-balancing-type sinkhorn: the choice made without gradient (Sinkhorn's
+  // balanced scores), the weights the sigmoid (k = 1) or fp32 softmax of the logits, masked
+  bool sinkhorn = false;
   bool operator==(const MegatronRouting&) const = default;
 };
 
@@ -71,6 +74,9 @@ struct MlaSpec {
   double qk_head_dim = 128;         // --qk-head-dim (HF qk_nope_head_dim)
   double qk_pos_emb_head_dim = 64;  // --qk-pos-emb-head-dim (HF qk_rope_head_dim)
   double v_head_dim = 128;          // --v-head-dim
+  // A norm on each latent before its up projection (DeepSeek's q_a_layernorm, kv_a_layernorm);
+  // Megatron-Core builds them only with --qk-layernorm.
+  bool latent_norms = true;
   bool operator==(const MlaSpec&) const = default;
 };
 
