@@ -82,6 +82,8 @@ const std::vector<Flag>& flag_table() {
       {"moe-aux-loss-coeff", Kind::list, Use::read},
       {"moe-z-loss-coeff", Kind::value, Use::read},
       {"moe-permute-fusion", Kind::on_off, Use::read},
+      {"moe-shared-expert-gate", Kind::on_off, Use::read},
+      {"no-bias-swiglu-fusion", Kind::on_off, Use::read},
       // read and checked; they change which tokens drop, when the bias moves, which stream
       // the shared experts run on, what is logged: no byte counted here
       {"moe-token-drop-policy", Kind::value, Use::read},
@@ -168,7 +170,6 @@ const std::vector<Flag>& flag_table() {
       {"external-cuda-graph", Kind::on_off, Use::unmodelled},
       {"optimizer-cpu-offload", Kind::on_off, Use::unmodelled},
       {"attention-output-gate", Kind::on_off, Use::unmodelled},
-      {"moe-shared-expert-gate", Kind::on_off, Use::unmodelled},
       {"fine-grained-activation-offloading", Kind::on_off, Use::unmodelled},
       {"offload-modules", Kind::list, Use::unmodelled},
       {"overlap-moe-expert-parallel-comm", Kind::on_off, Use::unmodelled},
@@ -490,6 +491,7 @@ theory::MegatronRouting megatron_routing_of(const Values& v) {
     r.z_loss = true;
   }
   r.permute_fusion = v.on("moe-permute-fusion");
+  r.shared_expert_gate = v.on("moe-shared-expert-gate");
   return r;
 }
 
@@ -519,6 +521,12 @@ void apply_moe_flags(const Values& v, theory::TransformerModel& m) {
   if (v.has("moe-layer-freq"))
     m.moe_layers = theory::moe_layer_pattern(v.text("moe-layer-freq"), static_cast<int>(m.L), "--moe-layer-freq");
   e.megatron = megatron_routing_of(v);
+  // Megatron-Core fuses the weighted activation for SwiGLU alone (its bias-SwiGLU kernel);
+  // any other activation is act(fc1) times the weights.
+  e.megatron.unfused_weighted_activation =
+      m.layer.activation != theory::Activation::swiglu || v.on("no-bias-swiglu-fusion");
+  if (e.megatron.shared_expert_gate && e.shared_ffn_hidden == 0)
+    throw InvalidArgument("--moe-shared-expert-gate gates the shared experts: it needs --moe-shared-expert-intermediate-size");
   theory::check_moe_spec(e);
 }
 

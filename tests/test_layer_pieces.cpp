@@ -720,6 +720,29 @@ TEST(MegatronRoutingTheory, SinkhornKeepsTheActivatedLogitsAndTheRoutingMask) {
   EXPECT_EQ(bytes_of(one, "router_topk_index"), 0);
 }
 
+TEST(MegatronRoutingTheory, AnUnfusedWeightedActivationKeepsItsOutput) {
+  // act(fc1)·weight unfused: the product keeps act(fc1), N_e = 16 rows of 8 (SwiGLU: silu of
+  // the gate and the GLU product, 2 x 8 wide), 16-bit; moe_act frees it.
+  const LayerSpec spec = routing_spec(MoeScore::softmax, false, 0, {.unfused_weighted_activation = true});
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(kRouting, spec, LayerPolicy{}, {}, Bookkeeping::megatron), "moe_act_output"),
+            2 * 2 * 16 * 8);
+  const LayerPolicy moe_act{Recompute::selective, false, Attention::unfused, {.moe_act = true}};
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(kRouting, spec, moe_act, {}, Bookkeeping::megatron), "moe_act_output"), 0);
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(kRouting, spec, LayerPolicy{}), "moe_act_output"), 0);
+}
+
+TEST(MegatronRoutingTheory, TheSharedExpertGateKeepsTheSharedOutputAndItsScore) {
+  // 8 rows of width 16, shared experts 8 wide: the product keeps their [8, 16] output and the
+  // [8, 1] sigmoid score, 16-bit; the shared_experts module frees both with the rest.
+  LayerSpec spec = routing_spec(MoeScore::softmax, false, 0, {.shared_expert_gate = true});
+  spec.moe.shared_ffn_hidden = 8;
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(kRouting, spec, LayerPolicy{}, {}, Bookkeeping::megatron), "shared_gate"),
+            2 * 8 * (16 + 1));
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(kRouting, spec, LayerPolicy{}), "shared_gate"), 0);  // the measured layer's
+  const LayerPolicy shared{Recompute::selective, false, Attention::unfused, {.shared_experts = true}};
+  EXPECT_EQ(bytes_of(layer_bytes_by_category(kRouting, spec, shared, {}, Bookkeeping::megatron), "shared_gate"), 0);
+}
+
 TEST(MegatronRoutingTheory, SoftmaxGroupsCapacityAndTheFusedPermutation) {
   // Softmax over the chosen logits (4·T·k fp32), groups without a bias keep their mask, no
   // losses; Transformer Engine's row map [8, 9] int32, and under EP 2 (2 experts a rank) the

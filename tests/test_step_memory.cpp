@@ -732,10 +732,13 @@ TEST(MegatronArgs, RouterPrecisionLossesAndPermutationFlags) {
   auto routing = [&](const std::string& flags) {
     return megatron_run(flags_of(base + flags), std::nullopt, 0).model.layer.moe.megatron;
   };
-  // Megatron's defaults: the router in the activations' type, aux_loss at coefficient 0 (off)
-  EXPECT_EQ(routing(""), MegatronRouting{});
+  // Megatron's defaults: the router in the activations' type, aux_loss at coefficient 0 (off);
+  // GeLU experts weight their activation unfused, SwiGLU ones in the fused kernel unless told
+  EXPECT_EQ(routing(""), MegatronRouting{.unfused_weighted_activation = true});
+  EXPECT_EQ(routing("--swiglu"), MegatronRouting{});
+  EXPECT_TRUE(routing("--swiglu --no-bias-swiglu-fusion").unfused_weighted_activation);
   const MegatronRouting all = routing("--moe-router-dtype fp32 --moe-aux-loss-coeff 1e-3 --moe-z-loss-coeff 1e-3 "
-                                      "--moe-permute-fusion --moe-token-drop-policy position");
+                                      "--moe-permute-fusion --moe-token-drop-policy position --swiglu");
   EXPECT_EQ(all, (MegatronRouting{.router_bytes = 4, .aux_loss = true, .z_loss = true, .permute_fusion = true}));
   EXPECT_EQ(routing("--moe-router-dtype fp64").router_bytes, 8);
   EXPECT_TRUE(routing("--moe-z-loss-coeff 0").z_loss);  // Megatron computes it whenever a coefficient is given
@@ -965,6 +968,15 @@ TEST(MegatronArgs, SinkhornRoutingAndLatentNormsAsMegatronCoreBuildsThem) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(megatron_run(flags_of(base + bad), std::nullopt, 0), InvalidArgument);
   }
+  // Qwen2-MoE's shared-expert gate: one h-vector per MoE layer, and it needs shared experts.
+  const std::string shared = base + "--moe-shared-expert-intermediate-size 32 ";
+  const MegatronRun gated = megatron_run(flags_of(shared + "--moe-shared-expert-gate"), std::nullopt, 0);
+  const MegatronRun ungated = megatron_run(flags_of(shared), std::nullopt, 0);
+  EXPECT_TRUE(gated.model.layer.moe.megatron.shared_expert_gate);
+  EXPECT_EQ(layer_parameters(gated.model, 0, gated.step.layout).dense -
+                layer_parameters(ungated.model, 0, ungated.step.layout).dense,
+            64);
+  EXPECT_THROW(megatron_run(flags_of(base + "--moe-shared-expert-gate"), std::nullopt, 0), InvalidArgument);
   // With latent attention --qk-layernorm is the latents' norms; without it they are absent.
   const std::string mla = base + "--multi-latent-attention --q-lora-rank 16 --kv-lora-rank 8 ";
   const MegatronRun normed = megatron_run(flags_of(mla + "--qk-layernorm"), std::nullopt, 0);

@@ -248,9 +248,18 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
     // and keeps nothing.
     out.push_back({"moe_permuted_probs", router_elem(moe, e, b) * N_e});
     if (!rebuilt.moe_act) out.push_back({"moe_fc2_input", e * N_e * width});
+    // Megatron-Core's unfused weighted activation: act(fc1) (SwiGLU: silu(gate) and the GLU
+    // product both), which the multiplication by the weights keeps; inside moe_act's checkpoint
+    // nothing is kept.
+    if (b == Bookkeeping::megatron && moe.megatron.unfused_weighted_activation && !rebuilt.moe_act)
+      out.push_back({"moe_act_output", gated * e * N_e * width});
     if (moe.shared_ffn_hidden > 0 && !rebuilt.shared_experts) {
       out.push_back({"shared_act_input", gated * e * shared_rows * shared});
       out.push_back({"shared_fc2_input", e * shared_rows * shared});
+      // Megatron-Core's gate multiplies the shared experts' output (the rank's rows after fc2)
+      // by the sigmoid of one logit per row: the product keeps both, the sigmoid its output.
+      if (b == Bookkeeping::megatron && moe.megatron.shared_expert_gate)
+        out.push_back({"shared_gate", e * tokens * (d.h + 1)});
     }
   }
   if (spec.hidden_dropout > 0) out.push_back({"mlp_residual_mask", m * x.region});

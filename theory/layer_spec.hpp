@@ -30,6 +30,12 @@ struct MegatronRouting {
   // --moe-router-load-balancing-type sinkhorn: the choice made without gradient (Sinkhorn's
   // balanced scores), the weights the sigmoid (k = 1) or fp32 softmax of the logits, masked
   bool sinkhorn = false;
+  // --moe-shared-expert-gate (Qwen2-MoE's shared_expert_gate): the shared experts' output
+  // scaled by sigmoid(x·w), w one h-vector per layer
+  bool shared_expert_gate = false;
+  // The experts' weighted activation act(fc1)·weight runs unfused (anything but SwiGLU with
+  // Megatron's bias-SwiGLU fusion): the product keeps the activation's output too.
+  bool unfused_weighted_activation = false;
   bool operator==(const MegatronRouting&) const = default;
 };
 

@@ -178,6 +178,7 @@ LayerParameters layer_parameters(const TransformerModel& m, int i, const StepLay
   const MoeSpec& e = s.moe;
   out.dense += e.num_experts * h;  // the router, whole on every tensor-parallel rank
   if (e.shared_ffn_hidden > 0) out.dense += mlp_parameters(s, h, e.shared_ffn_hidden, t);
+  if (e.shared_ffn_hidden > 0 && e.megatron.shared_expert_gate) out.dense += h;  // the gate's [1, h], whole
   out.expert = e.num_experts / l.ep * mlp_parameters(s, h, s.expert_ffn(d), l.expert_tp());
   return out;
 }
