@@ -291,8 +291,8 @@ void apply_megatron_words(const std::vector<std::string>& words, bool strict, co
       while (i + 1 < words.size() && is_value(words[i + 1])) value += (value.empty() ? "" : ",") + words[++i];
     }
     if (flag->kind == Kind::list) value = list_text(value);
-    // A shell variable ($TP) is an error only if nothing later (the command line) gives the value.
     if (flag->use == Use::presence) value = "1";
+    // A shell variable ($TP) is an error only if nothing later (the command line) gives the value.
     if (value.find('$') != std::string::npos && flag->use != Use::unmodelled)
       flags.unresolved[name] = where + ": " + shown + " is '" + printable(value) +
                                "', a shell variable: give its value (" + shown + " VALUE on the command line)";
@@ -681,9 +681,9 @@ LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
   return c;
 }
 
-// --pipeline-model-parallel-layout: its stages give vp (stages / p) and each one's layers;
-// the other ways of splitting the layers are Megatron's alternatives to it.
-void apply_pipeline_layout(const Values& v, theory::StepLayout& l) {
+// --pipeline-model-parallel-layout: its stages give vp (stages / p) and each one's layers, its
+// m's the model's MTP layers; the other ways of splitting the layers are Megatron's alternatives.
+void apply_pipeline_layout(const Values& v, int mtp_layers, theory::StepLayout& l) {
   const std::string& text = v.text("pipeline-model-parallel-layout");
   for (const char* other : {"num-layers-per-virtual-pipeline-stage", "decoder-first-pipeline-num-layers",
                             "decoder-last-pipeline-num-layers", "account-for-embedding-in-pipeline-split",
@@ -691,6 +691,9 @@ void apply_pipeline_layout(const Values& v, theory::StepLayout& l) {
     if (v.has(other))
       throw InvalidArgument("--pipeline-model-parallel-layout and --" + std::string(other) + ": give one");
   const PipelineLayout layout = parse_pipeline_layout(text);
+  if (layout.mtp_layers != mtp_layers)
+    throw InvalidArgument("--pipeline-model-parallel-layout places " + std::to_string(layout.mtp_layers) +
+                          " MTP layers (m), --mtp-num-layers gives " + std::to_string(mtp_layers));
   const int stages = static_cast<int>(layout.stage_layers.size());
   if (stages % l.p != 0)
     throw InvalidArgument("--pipeline-model-parallel-layout " + printable(text) + " has " + std::to_string(stages) +
@@ -702,7 +705,7 @@ void apply_pipeline_layout(const Values& v, theory::StepLayout& l) {
   l.stage_layers = layout.stage_layers;
 }
 
-theory::StepLayout layout_of(const Values& v) {
+theory::StepLayout layout_of(const Values& v, int mtp_layers) {
   const int64_t max = theory::kMaxPlanGpus;
   theory::StepLayout l;
   l.t = static_cast<int>(v.integer("tensor-model-parallel-size", 1, max, 1));
@@ -717,7 +720,7 @@ theory::StepLayout layout_of(const Values& v) {
   l.last_stage_layers = static_cast<int>(v.integer("decoder-last-pipeline-num-layers", 1, kMaxModelLayers, 0));
   l.embedding_in_split = v.on("account-for-embedding-in-pipeline-split");
   l.loss_in_split = v.on("account-for-loss-in-pipeline-split");
-  if (v.has("pipeline-model-parallel-layout")) apply_pipeline_layout(v, l);
+  if (v.has("pipeline-model-parallel-layout")) apply_pipeline_layout(v, mtp_layers, l);
   l.vp_group = static_cast<int>(v.integer("microbatch-group-size-per-virtual-pipeline-stage", 1, 1 << 24, 0));
   return l;
 }
@@ -794,13 +797,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   run.model = base ? *base : model_from_flags(v);
   apply_layer_flags(v, run.model);
   theory::StepConfig& c = run.step;
-  c.layout = layout_of(v);
-  if (v.has("pipeline-model-parallel-layout")) {
-    const int placed = parse_pipeline_layout(v.text("pipeline-model-parallel-layout")).mtp_layers;
-    if (placed != run.model.mtp_layers)
-      throw InvalidArgument("--pipeline-model-parallel-layout places " + std::to_string(placed) +
-                            " MTP layers (m), --mtp-num-layers gives " + std::to_string(run.model.mtp_layers));
-  }
+  c.layout = layout_of(v, run.model.mtp_layers);
   if (v.has("num-layers-per-virtual-pipeline-stage")) c.layout.vp = virtual_stages_from_layers(v, run.model, c.layout.p);
   c.policy = policy_of(v, c.layout.t, c.stack);
   c.distribute_saved_activations = v.on("distribute-saved-activations");

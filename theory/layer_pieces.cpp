@@ -157,29 +157,11 @@ double megatron_permute_map_bytes(const Dims& d, const MoeSpec& moe, double toke
   return 4 * tokens * (2 * E + 1) + (sorted ? 2 * 4 * N_e : 0);
 }
 
-// What Megatron-Core's router and token dispatcher keep for backward (docs/moe.md,
-// "Megatron-Core's routing bookkeeping"), in place of the layer's router_* and plan pieces:
-// the T tokens of the rank, N routed rows, N_e rows its experts process, r the router's bytes
-// per element. torch ops keep what their backward reads: softmax and sigmoid their output,
-// topk / gather / scatter the int64 index (one tensor for all three), gather also its input,
-// a division both operands, masked_select its input and mask, masked_fill its mask,
-// logsumexp its input and output, index_select its index.
-void megatron_routing(const Dims& d, const MoeSpec& moe, double tokens, double N, double N_e, double e,
-                      ByteCategories& out) {
+// The top-k router's choice (TopKRouter): its score function, the int64 choice, the
+// sigmoid's normalisation, device-limited routing's mask. r the router's bytes per element.
+void megatron_topk_choice(const MoeSpec& moe, double tokens, double r, ByteCategories& out) {
   const double E = moe.num_experts, k = moe.top_k, fp32 = 4, i64 = 8;
-  const double r = router_elem(moe, e, Bookkeeping::megatron);
   const bool sigmoid = moe.score == MoeScore::sigmoid;
-  if (moe.megatron.sinkhorn) {
-    // Sinkhorn picks the experts without gradient; the weights are the sigmoid (k = 1, in the
-    // router's type) or the fp32 softmax of the logits, times the routing map, a product
-    // that keeps its boolean [T, E] mask. No group limit, no top-k gather, no aux loss.
-    out.push_back({"router_scores", (k == 1 ? r : fp32) * tokens * E});
-    out.push_back({"router_routing_mask", tokens * E});
-    if (moe.capacity_factor > 0) out.push_back({"router_capacity_mask", tokens * E});
-    if (moe.megatron.z_loss) out.push_back({"router_z_loss", r * tokens * (E + 1)});
-    out.push_back({"moe_permute_map", megatron_permute_map_bytes(d, moe, tokens, N, N_e, r)});
-    return;
-  }
   // The score function, computed in fp32 whatever the router's type: softmax over all E
   // (--moe-router-pre-softmax) or the sigmoid, or softmax over the k chosen logits. With the
   // expert bias the sigmoid's weights are gathered from its output cast to the router's type,
@@ -196,6 +178,33 @@ void megatron_routing(const Dims& d, const MoeSpec& moe, double tokens, double N
   // masked scores keeps the mask unless the scores it picks from are the biased ones, whose
   // values are dropped.
   if (moe.num_groups > 1 && !(sigmoid && moe.expert_bias)) out.push_back({"router_group_mask", tokens * E});
+}
+
+// Sinkhorn's choice is made without gradient (from Sinkhorn-balanced fp32 scores): nothing
+// of it is kept. The weights are the sigmoid (k = 1, in the router's type) or the fp32 softmax
+// of the logits, times the routing map, a product that keeps its boolean [T, E] mask.
+void megatron_sinkhorn_choice(const MoeSpec& moe, double tokens, double r, ByteCategories& out) {
+  const double E = moe.num_experts, fp32 = 4;
+  out.push_back({"router_scores", (moe.top_k == 1 ? r : fp32) * tokens * E});
+  out.push_back({"router_routing_mask", tokens * E});
+}
+
+// What Megatron-Core's router and token dispatcher keep for backward (docs/moe.md,
+// "Megatron-Core's routing bookkeeping"), in place of the layer's router_* and plan pieces:
+// the T tokens of the rank, N routed rows, N_e rows its experts process, r the router's bytes
+// per element. torch ops keep what their backward reads: softmax and sigmoid their output,
+// topk / gather / scatter the int64 index (one tensor for all three), gather also its input,
+// a division both operands, masked_select its input and mask, masked_fill its mask,
+// logsumexp its input and output, index_select its index.
+void megatron_routing(const Dims& d, const MoeSpec& moe, double tokens, double N, double N_e, double e,
+                      ByteCategories& out) {
+  const double E = moe.num_experts, fp32 = 4;
+  const double r = router_elem(moe, e, Bookkeeping::megatron);
+  const bool sigmoid = moe.score == MoeScore::sigmoid;
+  if (moe.megatron.sinkhorn)
+    megatron_sinkhorn_choice(moe, tokens, r, out);
+  else
+    megatron_topk_choice(moe, tokens, r, out);
   // With a capacity, the dropped pairs are masked out of the weights (a product that keeps
   // its boolean [T, E] mask).
   if (moe.capacity_factor > 0) out.push_back({"router_capacity_mask", tokens * E});
