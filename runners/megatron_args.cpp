@@ -133,6 +133,19 @@ const std::vector<Flag>& flag_table() {
       {"fp16", Kind::on_off, Use::read},
       {"accumulate-allreduce-grads-in-fp32", Kind::on_off, Use::read},
       {"use-distributed-optimizer", Kind::on_off, Use::read},
+      {"num-distributed-optimizer-instances", Kind::value, Use::read},
+      {"grad-reduce-in-bf16", Kind::on_off, Use::read},
+      // Megatron-FSDP (docs/step_memory.md, "What each stage holds")
+      {"use-megatron-fsdp", Kind::on_off, Use::read},
+      {"use-custom-fsdp", Kind::on_off, Use::read},  // its old name
+      {"data-parallel-sharding-strategy", Kind::value, Use::read},
+      {"outer-dp-sharding-strategy", Kind::value, Use::read},
+      {"expert-outer-dp-sharding-strategy", Kind::value, Use::read},
+      {"megatron-fsdp-main-params-dtype", Kind::value, Use::read},
+      {"megatron-fsdp-main-grads-dtype", Kind::value, Use::read},
+      {"megatron-fsdp-version", Kind::value, Use::read},
+      {"fsdp-double-buffer", Kind::on_off, Use::unmodelled},
+      {"use-nccl-ub", Kind::on_off, Use::unmodelled},
       {"optimizer", Kind::value, Use::read},
       {"sgd-momentum", Kind::value, Use::read},
       {"use-precision-aware-optimizer", Kind::on_off, Use::read},
@@ -152,9 +165,7 @@ const std::vector<Flag>& flag_table() {
        "hierarchical context parallelism (--cp-comm-type a2a+p2p)"},
       {"experimental-attention-variant", Kind::value, Use::refuse,
        "an attention other than softmax attention (gated delta net, ...)"},
-      {"use-torch-fsdp2", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
-      {"use-custom-fsdp", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
-      {"use-megatron-fsdp", Kind::on_off, Use::refuse, "FSDP sharding of the parameters"},
+      {"use-torch-fsdp2", Kind::on_off, Use::refuse, "PyTorch FSDP2's sharding (Megatron-FSDP's is modelled)"},
       // changes memory, not modelled
       {"fp8-format", Kind::value, Use::unmodelled},
       {"fp8-param-gather", Kind::on_off, Use::unmodelled},
@@ -165,7 +176,6 @@ const std::vector<Flag>& flag_table() {
       {"moe-router-fusion", Kind::on_off, Use::unmodelled},
       {"moe-input-jitter-eps", Kind::value, Use::unmodelled},
       {"rampup-batch-size", Kind::list, Use::unmodelled},
-      {"num-distributed-optimizer-instances", Kind::value, Use::unmodelled},
       {"enable-cuda-graph", Kind::on_off, Use::unmodelled},
       {"external-cuda-graph", Kind::on_off, Use::unmodelled},
       {"optimizer-cpu-offload", Kind::on_off, Use::unmodelled},
@@ -628,7 +638,42 @@ theory::TrainingPrecision precision_of(const Values& v) {
   }
   if (aware && p.master > 0) p.master = dtype_bytes("main-params-dtype", v.text("main-params-dtype", "fp32"));
   if (aware && v.has("main-grads-dtype")) p.grad = dtype_bytes("main-grads-dtype", v.text("main-grads-dtype"));
+  if (v.on("grad-reduce-in-bf16")) p.grad = 2;
+  if (v.on("use-megatron-fsdp") || v.on("use-custom-fsdp")) {
+    // Megatron-FSDP's own buffers: its main weights (the optimizer's copy) and main gradients.
+    if (p.master > 0 && v.has("megatron-fsdp-main-params-dtype"))
+      p.master = dtype_bytes("megatron-fsdp-main-params-dtype", v.text("megatron-fsdp-main-params-dtype"));
+    const std::string grads = v.text("megatron-fsdp-main-grads-dtype", "auto");
+    if (grads != "auto") p.grad = dtype_bytes("megatron-fsdp-main-grads-dtype", grads);
+  }
   return p;
+}
+
+theory::DpShard dp_shard_of(const Values& v, const char* flag, const char* fallback) {
+  const std::string name = v.text(flag, fallback);
+  if (const std::optional<theory::DpShard> s = theory::find_dp_shard(name)) return *s;
+  throw InvalidArgument("--" + std::string(flag) + " must be no_shard, optim, optim_grads or optim_grads_params, got '" +
+                        printable(name) + "'");
+}
+
+// An outer strategy: no_shard, or optim (the optimizer state sharded across the replicas too).
+bool outer_optimizer_of(const Values& v, const char* flag) {
+  const theory::DpShard s = dp_shard_of(v, flag, "no_shard");
+  if (s != theory::DpShard::none && s != theory::DpShard::optimizer)
+    throw InvalidArgument("--" + std::string(flag) + " must be no_shard or optim (the replicas hold whole "
+                          "gradients and weights)");
+  return s == theory::DpShard::optimizer;
+}
+
+theory::DataParallelSharding sharding_of(const Values& v) {
+  theory::DataParallelSharding z;
+  z.instances = static_cast<int>(v.integer("num-distributed-optimizer-instances", 1, theory::kMaxPlanGpus, 1));
+  z.fsdp = v.on("use-megatron-fsdp") || v.on("use-custom-fsdp");
+  if (v.has("megatron-fsdp-version")) v.integer("megatron-fsdp-version", 1, 2, 1);
+  z.level = dp_shard_of(v, "data-parallel-sharding-strategy", "no_shard");
+  z.outer_optimizer = outer_optimizer_of(v, "outer-dp-sharding-strategy");
+  z.expert_outer_optimizer = outer_optimizer_of(v, "expert-outer-dp-sharding-strategy");
+  return z;
 }
 
 // Megatron's --cp-comm-type: one type, or one per layer; the model takes one for every layer.
@@ -802,6 +847,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.policy = policy_of(v, c.layout.t, c.stack);
   c.distribute_saved_activations = v.on("distribute-saved-activations");
   c.distributed_optimizer = v.on("use-distributed-optimizer");
+  c.sharding = sharding_of(v);
   c.gradient_accumulation_fusion = !v.on("no-gradient-accumulation-fusion");
   c.precision = precision_of(v);
   c.workspace_bytes = workspace_bytes_of(v, run.model);

@@ -12,7 +12,7 @@
 // script) and any word that is not a flag or a flag's value are skipped, and torchrun's
 // --nproc_per_node × --nnodes give the world size. Flags that change no memory are ignored;
 // flags that change memory but are not modelled are collected for one warning line; flags
-// the model cannot express (hierarchical context parallelism, Sinkhorn routing, FSDP, ...)
+// the model cannot express (hierarchical context parallelism, PyTorch FSDP2, ...)
 // are refused. A value the reader needs that is a shell variable ($TP) is refused naming it,
 // unless the command line gives it.
 //

@@ -137,6 +137,7 @@ int run_plan_search(const TheoryOptions& a) {
     }
   }
   r.distributed_optimizer = a.distributed_optimizer;
+  if (!a.fsdp_strategy.empty()) r.sharding.fsdp = true, r.sharding.level = *find_dp_shard(a.fsdp_strategy);
   r.attention = parse_attention(a.attention);
   r.headroom_bytes = static_cast<double>(a.headroom);
   r.efficiency = a.efficiency;
@@ -148,7 +149,10 @@ int run_plan_search(const TheoryOptions& a) {
   std::printf("%s on %d x %s (%.1f GiB), s=%.0f, global batch %g sequences, %s attention, %s optimizer, "
               "%.0f%% of peak FLOP/s\n",
               r.model.name.c_str(), r.gpus, r.gpu.label.c_str(), r.gpu.memory_bytes / kGiB, s, r.global_batch,
-              a.attention.c_str(), r.distributed_optimizer ? "distributed" : "replicated", 100 * r.efficiency);
+              a.attention.c_str(),
+              r.sharding.fsdp ? ("Megatron-FSDP " + a.fsdp_strategy).c_str()
+                              : (r.distributed_optimizer ? "distributed" : "replicated"),
+              100 * r.efficiency);
   // A mixture of experts adds the expert-parallel sizes, the recompute modules and the
   // all-to-alls' share of the iteration; a dense model's table is as it was.
   const bool moe = r.model.layer.moe.enabled();
@@ -303,6 +307,23 @@ MegatronRun memory_run(const TheoryOptions& a) {
   return run;
 }
 
+// How the data-parallel group shares the state: ", distributed optimizer", ", Megatron-FSDP
+// optim_grads_params over 2 replicas (outer optim)", or nothing when every rank holds all.
+std::string sharding_text(const StepConfig& c) {
+  const DataParallelSharding& z = c.sharding;
+  std::string out;
+  if (z.fsdp) out = std::string(", Megatron-FSDP ") + dp_shard_name(z.level);
+  else if (c.distributed_optimizer) out = ", distributed optimizer";
+  if (z.instances > 1) {
+    out += " over " + std::to_string(z.instances) + " replicas";
+    if (z.fsdp && (z.outer_optimizer || z.expert_outer_optimizer))
+      out += z.outer_optimizer && z.expert_outer_optimizer ? " (outer optim)"
+             : z.outer_optimizer                          ? " (outer optim, experts no_shard)"
+                                                          : " (experts' outer optim)";
+  }
+  return out;
+}
+
 std::string run_text(const MegatronRun& r) {
   const TransformerModel& m = r.model;
   const StepConfig& c = r.step;
@@ -347,7 +368,7 @@ std::string run_text(const MegatronRun& r) {
                     ? (std::string(" ") + recompute_method_name(c.stack.method) + " " + std::to_string(c.stack.num_layers)).c_str()
                     : "",
                 attention_name(c.policy.attention), c.precision.weight, c.precision.grad, c.precision.master,
-                c.precision.optimizer_state, c.distributed_optimizer ? ", distributed optimizer" : "");
+                c.precision.optimizer_state, sharding_text(c).c_str());
   return text;
 }
 
@@ -360,8 +381,7 @@ int run_memory(const TheoryOptions& a) {
   std::printf("%5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s %9s%s  %s\n", "stage", "layers", "mbs", "weights", "grads",
               "optim", "libs", "REST", "activ.", "emb+out", "workset", "PEAK", device ? "  fits" : "", "peak at");
   for (const StageMemory& s : stages) {
-    const double workset = s.recompute_working_set_bytes + s.grad_working_set_bytes + s.loss_working_set_bytes +
-                           s.embedding_grad_bytes;
+    const double workset = s.working_set_bytes();
     std::printf("%5d %6d %4d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG%s  %s\n", s.stage,
                 s.layers, s.microbatches_in_flight, s.weight_bytes / kGiB, s.grad_bytes / kGiB, s.optimizer_bytes / kGiB,
                 s.workspace_bytes / kGiB, s.rest_bytes / kGiB, s.activation_bytes / kGiB, (s.embedding_bytes + s.output_bytes) / kGiB,

@@ -145,6 +145,8 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
              plan.add_flag("--distributed-optimizer", distributed_optimizer,
                            "with --gpus: Adam state sharded over data-parallel ranks"),
              kSearch);
+  opts.value(plan, "--data-parallel-sharding-strategy", kSearch,
+             "with --gpus: Megatron-FSDP in place of DDP, no_shard | optim | optim_grads | optim_grads_params");
   opts.value(plan, "--attention", kSearch, "with --gpus: fused | unfused", "fused");
   opts.value(plan, "--efficiency", kSearch, "with --gpus: achieved fraction of peak FLOP/s, in (0, 1]", "0.5");
   opts.value(plan, "--top", kSearch, "with --gpus: plans to print", "10");
@@ -255,6 +257,12 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
   if (!(o.efficiency > 0 && o.efficiency <= 1))
     throw InvalidArgument("--efficiency must be in (0, 1], got " + opts.text(plan, "--efficiency"));
   o.top = static_cast<int>(parse_int_option("--top", opts.text(plan, "--top"), 1, kMaxTheoryTop));
+  if (opts.given(plan, "--data-parallel-sharding-strategy")) {
+    o.fsdp_strategy = opts.text(plan, "--data-parallel-sharding-strategy");
+    if (!theory::find_dp_shard(o.fsdp_strategy))
+      throw InvalidArgument("--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or "
+                            "optim_grads_params, got '" + printable(o.fsdp_strategy) + "'");
+  }
   o.cp_comm_type = opts.text(plan, "--cp-comm-type");
   parse_cp_comm_type(o.cp_comm_type);  // refused here, in one line, before any search
   o.max_cp = static_cast<int>(parse_int_option("--max-cp", opts.text(plan, "--max-cp"), 1, theory::kMaxPlanGpus));

@@ -51,6 +51,7 @@ struct TheoryOptions {
   bool distributed_optimizer = false;
   double efficiency = 0.5;
   int top = 10;
+  std::string fsdp_strategy;  // the layout search's Megatron-FSDP strategy; empty: Megatron's DDP
   std::string cp_comm_type = "p2p";  // the layout search's context-parallel exchange
   int max_cp = 64;                   // and its largest context-parallel size
 };

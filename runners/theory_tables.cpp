@@ -235,8 +235,7 @@ Table longcontext() {
         const StageMemory st = step_memory(m, c).front();
         const Dims d = c.layer_dims(m);
         const double per_layer = layer_bytes(d, m.layer, c.policy) + layer_extra_bytes(d, m.layer, c.policy);
-        const double working = st.recompute_working_set_bytes + st.grad_working_set_bytes +
-                               st.loss_working_set_bytes + st.embedding_grad_bytes;
+        const double working = st.working_set_bytes();
         auto fits = [&](const char* g) { return st.peak_bytes <= gpu(g).memory_bytes ? "1" : "0"; };
         t.add({m.name, fmt(m.h), fmt(m.a), fmt(m.L), "8", fmt(C), "p2p", fmt(s), "fused", name, fmt_bytes(per_layer),
                fmt(st.activation_bytes / kGiB, "%.4f"), fmt((st.embedding_bytes + st.output_bytes) / kGiB, "%.4f"),

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <cmath>
 
 #include "theory/flops.hpp"
@@ -159,6 +161,42 @@ TEST(LayoutSearch, Llama70bOn64H100At8kHasPlansThatFitAndAddUp) {
   // The distributed optimizer shards Adam's 12 bytes over dp.
   r.distributed_optimizer = true;
   for (const PlanCandidate& k : plan_search(r)) EXPECT_DOUBLE_EQ(k.optimizer_bytes, 6 * k.weight_bytes / (k.dp * k.cp));
+}
+
+// Megatron-FSDP's ZeRO-3 in the search: the weights and gradients of every candidate divided
+// over its data-parallel group as the optimizer state is, so more layouts fit; it sends more
+// per step (two all-gathers and a reduce-scatter per micro-batch), so at equal layout it is
+// never faster than the distributed optimizer.
+TEST(LayoutSearch, MegatronFsdpShardsEveryCandidatesWeightsAndCostsTraffic) {
+  PlanRequest r;
+  r.model = plan_model("llama3-70b");
+  r.gpu = plan_gpu("h100");
+  r.gpus = 64;
+  r.seq = 4096;
+  r.global_batch = 64;
+  r.distributed_optimizer = true;
+  const std::vector<PlanCandidate> ddp = plan_search(r);
+  r.sharding.fsdp = true, r.sharding.level = DpShard::parameters;
+  const std::vector<PlanCandidate> zero3 = plan_search(r);
+  ASSERT_EQ(ddp.size(), zero3.size());
+  auto key = [](const PlanCandidate& k) {
+    return std::make_tuple(k.t, k.cp, k.p, k.m, k.dp, k.b, k.config, k.modules, k.ep, k.etp);
+  };
+  std::map<decltype(key(ddp.front())), const PlanCandidate*> by_layout;
+  for (const PlanCandidate& k : ddp) by_layout[key(k)] = &k;
+  int fits_ddp = 0, fits_zero3 = 0;
+  for (const PlanCandidate& k : zero3) {
+    const PlanCandidate& d = *by_layout.at(key(k));
+    const double shards = k.dp * k.cp;
+    // the candidate's peak stage may differ between the two: its own parameters are the base
+    EXPECT_DOUBLE_EQ(k.weight_bytes, 2 * k.params_per_gpu / shards);
+    EXPECT_DOUBLE_EQ(k.grad_bytes, 4 * k.params_per_gpu / shards);
+    EXPECT_DOUBLE_EQ(k.optimizer_bytes, 12 * k.params_per_gpu / shards);
+    EXPECT_DOUBLE_EQ(d.weight_bytes, 2 * d.params_per_gpu);
+    if (k.dp * k.cp > 1 && k.microbatches > 1) EXPECT_GT(k.iteration_s, d.iteration_s);
+    fits_ddp += d.fits, fits_zero3 += k.fits;
+  }
+  EXPECT_GT(fits_zero3, fits_ddp);
 }
 
 // A million tokens: no layout without context parallelism fits 64 H100s, the search finds

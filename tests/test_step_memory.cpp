@@ -279,6 +279,100 @@ TEST(StepMemory, BadLayoutsAreOneLine) {
   EXPECT_THROW(step_memory(m, c), InvalidArgument);
 }
 
+// ---- Megatron-FSDP and hybrid replicas ----
+
+// Each level shards one more kind of state over the data-parallel group: the bytes are the
+// tensor-by-tensor count times its bytes, divided where the level says.
+TEST(StepMemoryFsdp, EachLevelDividesItsStateByTheDataParallelSize) {
+  const TransformerModel m = llama_model();
+  const std::vector<int> layers = {4, 4};
+  for (const DpShard level : {DpShard::none, DpShard::optimizer, DpShard::gradients, DpShard::parameters}) {
+    SCOPED_TRACE(dp_shard_name(level));
+    StepConfig c = config(2, 2, 4, 16);
+    c.sharding.fsdp = true, c.sharding.level = level;
+    const TrainingPrecision& b = c.precision;
+    const std::vector<StageMemory> stages = step_memory(m, c);
+    for (int stage = 0; stage < 2; ++stage) {
+      const double n = numel(stage_tensors(m, 2, 2, stage, layers));
+      const StageMemory& s = stages[stage];
+      EXPECT_DOUBLE_EQ(s.weight_bytes, b.weight * n / (level >= DpShard::parameters ? 4 : 1));
+      EXPECT_DOUBLE_EQ(s.grad_bytes, b.grad * n / (level >= DpShard::gradients ? 4 : 1));
+      EXPECT_DOUBLE_EQ(s.optimizer_bytes, (b.master + b.optimizer_state) * n / (level >= DpShard::optimizer ? 4 : 1));
+    }
+  }
+}
+
+// With the weights sharded every op holds the stage's non-layer weights and two layers' whole;
+// with the gradients sharded a backward holds one layer's 16-bit gradients, and on the last
+// stage the output layer's and the final norm's.
+TEST(StepMemoryFsdp, UnshardedCopiesAreTheRootAndTwoLayersWeightsAndOneLayersGradients) {
+  const TransformerModel m = llama_model();
+  const std::vector<int> layers = {4, 4};
+  Tensors one_layer;
+  add_layer(m, 2, 0, one_layer);
+  const double layer = numel(one_layer);
+  for (const DpShard level : {DpShard::optimizer, DpShard::gradients, DpShard::parameters}) {
+    SCOPED_TRACE(dp_shard_name(level));
+    StepConfig c = config(2, 2, 4, 16);
+    c.sharding.fsdp = true, c.sharding.level = level;
+    const std::vector<StageMemory> stages = step_memory(m, c);
+    for (int stage = 0; stage < 2; ++stage) {
+      const StageMemory& s = stages[stage];
+      const double root = numel(stage_tensors(m, 2, 2, stage, layers)) - 4 * layer;
+      const bool backward = s.peak_at.rfind("backward", 0) == 0;
+      const double output = stage == 1 ? padded(int64_t(m.vocab), 256) / 2 * m.h + m.h : 0;  // and the final norm
+      EXPECT_DOUBLE_EQ(s.fsdp_gathered_weight_bytes, level == DpShard::parameters ? 2 * (root + 2 * layer) : 0);
+      EXPECT_DOUBLE_EQ(s.fsdp_unsharded_grad_bytes,
+                       level >= DpShard::gradients && backward ? 2 * (layer + (s.peak_at.find("chunk 0") != std::string::npos ? output : 0)) : 0)
+          << s.peak_at;
+      EXPECT_DOUBLE_EQ(s.step_peak_bytes, s.rest_bytes + s.activation_bytes + s.embedding_bytes + s.output_bytes +
+                                              s.working_set_bytes());
+    }
+  }
+  // Megatron's DDP holds no such copies, distributed optimizer or not.
+  StepConfig ddp = config(2, 2, 4, 16);
+  ddp.distributed_optimizer = true;
+  for (const StageMemory& s : step_memory(m, ddp)) {
+    EXPECT_EQ(s.fsdp_gathered_weight_bytes, 0);
+    EXPECT_EQ(s.fsdp_unsharded_grad_bytes, 0);
+  }
+}
+
+// Hybrid sharding: each level shards within one of the replicas; the outer strategy optim
+// spreads the optimizer state over all of them. The experts' own group splits the same way.
+TEST(StepMemoryFsdp, ReplicasShardWithinOneAndTheOuterOptimSpreadsTheState) {
+  TransformerModel m = llama_model();
+  m.layer.moe.num_experts = 8, m.layer.moe.top_k = 2, m.layer.moe.ffn_hidden = 256;
+  m.moe_layers.assign(8, true);
+  StepConfig c = config(1, 1, 8, 8);
+  c.layout.ep = 2;
+  c.sharding.fsdp = true, c.sharding.level = DpShard::parameters;
+  const StageMemory whole = step_memory(m, c).front();
+  const double experts = whole.expert_parameters, dense = whole.parameters - experts;
+  const double state = c.precision.master + c.precision.optimizer_state;
+  EXPECT_DOUBLE_EQ(whole.weight_bytes, 2 * (dense / 8 + experts / 4));
+  c.sharding.instances = 2;
+  const StageMemory hsdp = step_memory(m, c).front();
+  EXPECT_DOUBLE_EQ(hsdp.weight_bytes, 2 * (dense / 4 + experts / 2));
+  EXPECT_DOUBLE_EQ(hsdp.grad_bytes, 4 * (dense / 4 + experts / 2));
+  EXPECT_DOUBLE_EQ(hsdp.optimizer_bytes, state * (dense / 4 + experts / 2));
+  c.sharding.outer_optimizer = true;
+  EXPECT_DOUBLE_EQ(step_memory(m, c).front().optimizer_bytes, state * (dense / 8 + experts / 2));
+  c.sharding.expert_outer_optimizer = true;
+  EXPECT_DOUBLE_EQ(step_memory(m, c).front().optimizer_bytes, state * (dense / 8 + experts / 4));
+  // The distributed optimizer with instances shards its state within one replica.
+  StepConfig ddp = config(1, 1, 8, 8);
+  ddp.layout.ep = 2, ddp.distributed_optimizer = true, ddp.sharding.instances = 2;
+  EXPECT_DOUBLE_EQ(step_memory(m, ddp).front().optimizer_bytes, state * (dense / 4 + experts / 2));
+  for (const int instances : {0, 3, 8}) {
+    ddp.sharding.instances = instances;
+    SCOPED_TRACE(instances);
+    EXPECT_THROW(step_memory(m, ddp), InvalidArgument);  // 8 does not divide the experts' group of 4
+  }
+  c.sharding.instances = 1;
+  EXPECT_THROW(step_memory(m, c), InvalidArgument);  // an outer strategy needs replicas
+}
+
 // ---- runners/megatron_args ----
 
 namespace {
@@ -371,6 +465,33 @@ TEST(MegatronArgs, PrecisionAndOptimizerBytes) {
   EXPECT_EQ(megatron_run(flags_of(base + "--tokenizer-type GPT2BPETokenizer"), std::nullopt, 0).model.vocab, 50257);
   EXPECT_EQ(megatron_run(flags_of(base + "--transformer-impl local"), std::nullopt, 0).step.policy.attention,
             Attention::unfused);
+}
+
+TEST(MegatronArgs, MegatronFsdpFlags) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 8 --bf16 ";
+  auto run = [&](const std::string& extra) { return megatron_run(flags_of(base + extra), std::nullopt, 0).step; };
+  StepConfig c = run("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params "
+                     "--num-distributed-optimizer-instances 2 --outer-dp-sharding-strategy optim");
+  EXPECT_TRUE(c.sharding.fsdp);
+  EXPECT_EQ(c.sharding.level, DpShard::parameters);
+  EXPECT_EQ(c.sharding.instances, 2);
+  EXPECT_TRUE(c.sharding.outer_optimizer);
+  EXPECT_FALSE(c.sharding.expert_outer_optimizer);
+  EXPECT_EQ(c.precision.grad, 4);  // bf16 training accumulates main grads in fp32
+  EXPECT_EQ(run("--use-custom-fsdp").sharding.level, DpShard::none);  // Megatron's default strategy
+  EXPECT_TRUE(run("--use-custom-fsdp").sharding.fsdp);
+  EXPECT_EQ(run("--use-megatron-fsdp --megatron-fsdp-main-grads-dtype bf16").precision.grad, 2);
+  EXPECT_EQ(run("--use-megatron-fsdp --megatron-fsdp-main-params-dtype fp16").precision.master, 2);
+  EXPECT_EQ(run("--grad-reduce-in-bf16").precision.grad, 2);
+  EXPECT_EQ(run("--use-distributed-optimizer --num-distributed-optimizer-instances 4").sharding.instances, 4);
+  for (const char* bad : {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3",
+                          "--use-megatron-fsdp --outer-dp-sharding-strategy optim_grads",
+                          "--use-megatron-fsdp --num-distributed-optimizer-instances 0",
+                          "--use-megatron-fsdp --megatron-fsdp-version 3", "--use-torch-fsdp2",
+                          "--use-megatron-fsdp --megatron-fsdp-main-grads-dtype fp64"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(run(bad), InvalidArgument);
+  }
 }
 
 TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRefused) {

@@ -38,7 +38,8 @@ def read_rows(path):
 
 
 TERMS = ["activation_bytes", "embedding_bytes", "output_bytes", "recompute_working_set_bytes",
-         "grad_working_set_bytes", "loss_working_set_bytes", "embedding_grad_bytes"]
+         "grad_working_set_bytes", "loss_working_set_bytes", "embedding_grad_bytes", "fsdp_gathered_weight_bytes",
+         "fsdp_unsharded_grad_bytes"]
 
 
 class LaunchScripts(unittest.TestCase):
@@ -82,9 +83,13 @@ class LaunchScripts(unittest.TestCase):
 
     def test_each_script_gives_one_row_per_stage_that_adds_up(self):
         stages = {"gpt3_857m.sh": 2, "llama3_8b.sh": 2, "qwen3_like_interleaved.sh": 4}
-        for name, p in stages.items():
-            with self.subTest(name):
-                r, (header, rows) = self.memory_csv(["--megatron-args", os.path.join(SCRIPTS, name)])
+        zero3 = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+        runs = [(name, p, []) for name, p in stages.items()] + [("llama3_8b.sh", 2, zero3)]
+        for name, p, extra in runs:
+            with self.subTest(name, extra=extra):
+                r, (header, rows) = self.memory_csv(["--megatron-args", os.path.join(SCRIPTS, name)] + extra)
+                if extra:  # Megatron-FSDP's unsharded copies are part of every stage's peak
+                    self.assertTrue(all(int(row["fsdp_gathered_weight_bytes"]) > 0 for row in rows))
                 self.assertEqual(header, documented_columns())
                 self.assertEqual(len(rows), p)
                 self.assertEqual([int(row["stage"]) for row in rows], list(range(p)))

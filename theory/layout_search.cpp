@@ -93,8 +93,7 @@ void fill_memory(const TransformerModel& M, const StepConfig& c, double headroom
   k.activation_bytes = top.activation_bytes;
   k.layers_in_flight = k.activation_bytes / k.per_layer_activation_bytes;
   k.extra_bytes = top.embedding_bytes + top.output_bytes;
-  k.working_set_bytes = top.recompute_working_set_bytes + top.grad_working_set_bytes + top.loss_working_set_bytes +
-                        top.embedding_grad_bytes;
+  k.working_set_bytes = top.working_set_bytes();
   k.setup_bytes = top.setup_peak_bytes;
   k.headroom_bytes = headroom;
   k.total_bytes = top.peak_bytes + headroom;
@@ -206,6 +205,22 @@ LayerTime layer_time(const PlanRequest& r, double s, const Layout& l, const Laye
 
 // The iteration-time model (layout_search.hpp) of one candidate; memory is filled already.
 // stage_moe: the MoE layers of each pipeline stage (stage_moe_layers).
+// Bytes one rank sends per step for the data-parallel group (ring collectives, `ring` =
+// (n−1)/n of each buffer leaves the rank) over `params` parameters, N micro-batches: DDP's
+// all-reduce of the fp32 gradients; the distributed optimizer's (or Megatron-FSDP optim's)
+// reduce-scatter of them and all-gather of the bf16 weights; with the gradients sharded a
+// reduce-scatter every micro-batch; with the weights sharded too, an all-gather of the bf16
+// weights for every micro-batch's forward and again for its backward.
+double data_parallel_bytes(DpShard level, double N, double ring, double params) {
+  switch (level) {
+    case DpShard::none: return 2 * ring * params * 4;
+    case DpShard::optimizer: return ring * params * (4 + 2);
+    case DpShard::gradients: return ring * params * (N * 4 + 2);
+    case DpShard::parameters: return ring * params * N * (4 + 2 + 2);
+  }
+  return 0;
+}
+
 void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolicy& c, const std::vector<int>& stage_moe,
                PlanCandidate& k) {
   const TransformerModel& M = r.model;
@@ -233,10 +248,11 @@ void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolic
   const double dp_ring = replicas > 1 ? (replicas - 1) / replicas : 0.0;
   const double ep_ring = expert_replicas > 1 ? (expert_replicas - 1) / expert_replicas : 0.0;
   const double experts = k.expert_params_per_gpu, params = k.params_per_gpu - experts;
-  const double dp_bytes = r.distributed_optimizer ? dp_ring * params * (4 + 2) + ep_ring * experts * (4 + 2)
-                                                  : 2 * dp_ring * params * 4 + 2 * ep_ring * experts * 4;
-  const double optimizer_s = 30 * params / (r.distributed_optimizer ? replicas : 1) / G.hbm_bytes_per_s +
-                             30 * experts / (r.distributed_optimizer ? expert_replicas : 1) / G.hbm_bytes_per_s;
+  const DpShard level = r.sharding.fsdp ? r.sharding.level : r.distributed_optimizer ? DpShard::optimizer : DpShard::none;
+  const double dp_bytes = data_parallel_bytes(level, N, dp_ring, params) + data_parallel_bytes(level, N, ep_ring, experts);
+  const bool sharded_state = level >= DpShard::optimizer;
+  const double optimizer_s = 30 * params / (sharded_state ? replicas : 1) / G.hbm_bytes_per_s +
+                             30 * experts / (sharded_state ? expert_replicas : 1) / G.hbm_bytes_per_s;
   k.iteration_s = pipeline_s + dp_bytes / G.network_bytes_per_s + optimizer_s;
   k.tokens_per_s = B * s / k.iteration_s;
   double moe_layers = 0;  // the model's: every stage's
@@ -310,6 +326,7 @@ void add_configs(const PlanRequest& r, double s, const Layout& l, int N, const s
     step.seq = s, step.micro_batch = l.b, step.global_batch = r.global_batch;
     step.policy = c;
     step.distributed_optimizer = r.distributed_optimizer;
+    step.sharding = r.sharding;
     // As Megatron-Core runs: Transformer Engine, grouped GEMM for the experts.
     step.workspace_bytes = library_workspace_bytes(true, r.model.layer.moe.enabled());
     fill_memory(r.model, step, r.headroom_bytes, k);

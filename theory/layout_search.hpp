@@ -37,6 +37,7 @@
 #include "theory/activation_memory.hpp"
 #include "theory/models.hpp"
 #include "theory/pipeline.hpp"  // first_chunk_microbatches_in_flight
+#include "theory/step_memory.hpp"  // DataParallelSharding
 #include "theory/transformer_model.hpp"
 
 namespace actbench::theory {
@@ -64,6 +65,7 @@ struct PlanRequest {
   double seq = 0;           // 0: the model's
   double global_batch = 0;  // sequences per iteration
   bool distributed_optimizer = false;
+  DataParallelSharding sharding;  // Megatron-FSDP (sharding.fsdp) in place of DDP
   Attention attention = Attention::fused;
   double headroom_bytes = 0;
   double efficiency = 0.5;  // achieved fraction of peak FLOP/s

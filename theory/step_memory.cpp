@@ -337,6 +337,54 @@ void check_context_parallel(const TransformerModel& m, const StepConfig& c) {
   }
 }
 
+// How many ways each kind of state is split (1: whole on every rank).
+struct Shards {
+  double weight = 1, grad = 1, optimizer = 1;
+};
+struct StateShards {
+  Shards dense, expert;
+};
+
+DpShard effective_level(const StepConfig& c) {
+  if (c.sharding.fsdp) return c.sharding.level;
+  return c.distributed_optimizer ? DpShard::optimizer : DpShard::none;
+}
+
+// The dense parameters shard over the data-parallel group with context parallelism (dp·C), the
+// experts' over the expert-data-parallel group; with hybrid replicas each level shards within
+// one replica, and the outer strategy `optim` spreads the optimizer state over the replicas too.
+StateShards state_shards(const StepConfig& c) {
+  const StepLayout& l = c.layout;
+  const DataParallelSharding& z = c.sharding;
+  const DpShard level = effective_level(c);
+  const double replicas = z.instances;
+  auto shards = [&](double group, bool outer) {
+    Shards s;
+    const double replica = group / replicas;
+    if (level >= DpShard::optimizer) s.optimizer = replica * (z.fsdp && outer ? replicas : 1);
+    if (level >= DpShard::gradients) s.grad = replica;
+    if (level >= DpShard::parameters) s.weight = replica;
+    return s;
+  };
+  return {shards(l.dp * l.cp, z.outer_optimizer), shards(l.expert_dp(), z.expert_outer_optimizer)};
+}
+
+void check_sharding(const StepConfig& c) {
+  const StepLayout& l = c.layout;
+  const DataParallelSharding& z = c.sharding;
+  const std::string I = std::to_string(z.instances);
+  require(z.instances >= 1, "--num-distributed-optimizer-instances must be at least 1");
+  require((l.dp * l.cp) % z.instances == 0, "--num-distributed-optimizer-instances (" + I +
+                                                ") must divide the data-parallel size with context parallelism (" +
+                                                std::to_string(l.dp * l.cp) + ")");
+  require(l.expert_dp() % z.instances == 0, "--num-distributed-optimizer-instances (" + I +
+                                                ") must divide the expert-data-parallel size (" +
+                                                std::to_string(l.expert_dp()) + ")");
+  if (z.fsdp && (z.outer_optimizer || z.expert_outer_optimizer))
+    require(z.instances > 1, "--outer-dp-sharding-strategy optim needs --num-distributed-optimizer-instances > 1 "
+                             "(as Megatron-FSDP requires)");
+}
+
 void check(const TransformerModel& m, const StepConfig& c) {
   const StepLayout& l = c.layout;
   require(whole(c.seq) && c.seq >= 1, "--seq-length must be a whole number >= 1");
@@ -369,6 +417,7 @@ void check(const TransformerModel& m, const StepConfig& c) {
   if (c.policy.recompute == Recompute::full)
     require(c.stack.num_layers >= 1, "--recompute-num-layers must be at least 1");
   check_context_parallel(m, c);
+  check_sharding(c);
 }
 
 // The running total of one stage's live bytes and the largest it reaches.
@@ -392,7 +441,8 @@ class PeakTracker {
     s.output_bytes = live_.output;
     s.peak_at = at;
     const double total = s.activation_bytes + s.embedding_bytes + s.output_bytes + s.recompute_working_set_bytes +
-                         s.grad_working_set_bytes + s.loss_working_set_bytes + s.embedding_grad_bytes;
+                         s.grad_working_set_bytes + s.loss_working_set_bytes + s.embedding_grad_bytes +
+                         s.fsdp_gathered_weight_bytes + s.fsdp_unsharded_grad_bytes;
     if (!found_ || total > best_total_) best_ = s, best_total_ = total, found_ = true;
   }
   const StageMemory& best() const { return best_; }
@@ -406,12 +456,57 @@ class PeakTracker {
   bool found_ = false;
 };
 
+// Megatron-FSDP's unsharded copies during a step (docs/step_memory.md, "What each stage holds").
+// Each transformer layer is a unit; the stage's other parameters (embedding, final norm,
+// output layer, MTP) are the root's, gathered at the model's first forward and released after
+// its backward. With the weights sharded, the root's weights and two layers' (the running
+// one and the one prefetched) are whole at every op; with the gradients sharded, a backward
+// holds its layer's 16-bit gradients until their reduce-scatter, and on the last chunk the
+// output layer's and the final norm's until the root's.
+struct FsdpTransients {
+  double gathered_weights = 0, layer_grads = 0, output_grads = 0;
+};
+
+FsdpTransients fsdp_transients(const StepConfig& c, double root_parameters, double largest_layer, int layers,
+                               double output_layer) {
+  FsdpTransients f;
+  if (!c.sharding.fsdp) return f;
+  const double w = c.precision.weight, units = std::min(layers, 2);
+  if (c.sharding.level >= DpShard::parameters) f.gathered_weights = w * (root_parameters + units * largest_layer);
+  if (c.sharding.level >= DpShard::gradients) f.layer_grads = w * largest_layer, f.output_grads = w * output_layer;
+  return f;
+}
+
+// The FSDP copies of `op` alone, for a candidate inside the same op.
+StageMemory fsdp_only(const StageMemory& op) {
+  StageMemory s;
+  s.fsdp_gathered_weight_bytes = op.fsdp_gathered_weight_bytes;
+  s.fsdp_unsharded_grad_bytes = op.fsdp_unsharded_grad_bytes;
+  return s;
+}
+
 std::string op_text(const PipelineOp& op) {
   return std::string(op.forward ? "forward" : "backward") + " mb " + std::to_string(op.microbatch) + " chunk " +
          std::to_string(op.chunk);
 }
 
 }  // namespace
+
+const char* dp_shard_name(DpShard s) {
+  switch (s) {
+    case DpShard::none: return "no_shard";
+    case DpShard::optimizer: return "optim";
+    case DpShard::gradients: return "optim_grads";
+    case DpShard::parameters: return "optim_grads_params";
+  }
+  return "?";
+}
+
+std::optional<DpShard> find_dp_shard(const std::string& name) {
+  for (DpShard s : {DpShard::none, DpShard::optimizer, DpShard::gradients, DpShard::parameters})
+    if (name == dp_shard_name(s)) return s;
+  return std::nullopt;
+}
 
 ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layers, bool first, bool last,
                        int first_layer) {
@@ -492,18 +587,24 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     std::vector<ChunkBytes> bytes(vp);
     double last_chunk_parameters = 0;
     std::vector<ChunkTransients> transients(vp);
-    double expert_parameters = 0;
+    double expert_parameters = 0, layer_parameters_total = 0, largest_layer = 0, output_layer = 0;
     for (int chunk = 0; chunk < vp; ++chunk) {
       const int n = layers[chunk * p + stage], from = first_layer[chunk * p + stage];
       const bool first = stage == 0 && chunk == 0, last = stage == p - 1 && chunk == vp - 1;
       double chunk_parameters = 0;
       chunk_parameters += sum_over_layers(m, from, n, [&](int i) { return layer_parameters(m, i, l).total(); });
       expert_parameters += sum_over_layers(m, from, n, [&](int i) { return layer_parameters(m, i, l).expert; });
+      layer_parameters_total += chunk_parameters;
+      sum_over_layers(m, from, n, [&](int i) {  // once per kind of layer present: the larger
+        largest_layer = std::max(largest_layer, layer_parameters(m, i, l).total());
+        return 0.0;
+      });
       if (first) chunk_parameters += embedding_parameters(m, t);
       if (last) {
         // With MTP on a later stage, a tied output layer reads the stage's embedding copy.
         const bool shares = m.tied_embeddings && (p == 1 || m.mtp_layers > 0);
         const LayerParameters mtp = mtp_parameters(m, l);
+        output_layer = output_parameters(m, t, false);  // its gradient: a shared weight's is as large
         chunk_parameters += output_parameters(m, t, shares) + mtp.total();
         expert_parameters += mtp.expert;
       }
@@ -514,14 +615,17 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
       transients[chunk] = chunk_transients(m, c, n, from + n - 1);
     }
     s.expert_parameters = expert_parameters;
-    s.weight_bytes = prec.weight * s.parameters;
-    s.grad_bytes = prec.grad * s.parameters;
-    // The distributed optimizer shards over the data-parallel group with context parallelism,
-    // the experts' state over the expert-data-parallel group.
-    const double dense_shards = c.distributed_optimizer ? l.dp * l.cp : 1, expert_shards = c.distributed_optimizer ? l.expert_dp() : 1;
-    s.optimizer_bytes = (prec.master + prec.optimizer_state) *
-                        ((s.parameters - expert_parameters) / dense_shards + expert_parameters / expert_shards);
+    const StateShards shards = state_shards(c);
+    const double dense_parameters = s.parameters - expert_parameters;
+    auto sharded = [&](double Shards::*kind) {
+      return dense_parameters / (shards.dense.*kind) + expert_parameters / (shards.expert.*kind);
+    };
+    s.weight_bytes = prec.weight * sharded(&Shards::weight);
+    s.grad_bytes = prec.grad * sharded(&Shards::grad);
+    s.optimizer_bytes = (prec.master + prec.optimizer_state) * sharded(&Shards::optimizer);
     s.workspace_bytes = c.workspace_bytes;
+    const FsdpTransients fsdp = fsdp_transients(c, s.parameters - layer_parameters_total, largest_layer,
+                                                s.layers, output_layer);
     s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.workspace_bytes;
     // 16-bit logits beside their fp32 copy at the loss (none when activations are fp32).
     const double loss_transient = prec.activation < 4 ? prec.activation * sb * V / t : 0;
@@ -530,6 +634,7 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     for (const PipelineOp& op : stage_peak_ops(p, N, vp, stage, l.vp_group)) {
       const bool first = stage == 0 && op.chunk == 0, last = stage == p - 1 && op.chunk == vp - 1;
       StageMemory extra;
+      extra.fsdp_gathered_weight_bytes = fsdp.gathered_weights;
       if (op.forward) {
         peak.forward(bytes[op.chunk]);
         if (last) extra.loss_working_set_bytes = loss_transient;
@@ -538,15 +643,16 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
       }
       extra.recompute_working_set_bytes = transients[op.chunk].recompute;
       extra.grad_working_set_bytes = transients[op.chunk].grads;
+      extra.fsdp_unsharded_grad_bytes = fsdp.layer_grads + (last ? fsdp.output_grads : 0);
       if (last) extra.loss_working_set_bytes = loss_transient;
       peak.candidate(op_text(op), extra);
       if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, first of the stage's, its layers alive
-        StageMemory lookup;
+        StageMemory lookup = fsdp_only(extra);
         lookup.embedding_grad_bytes = embedding_grad;
         peak.candidate(op_text(op) + " (mtp embedding)", lookup);
       }
       if (first) {  // the lookup's backward: this micro-batch's layers are freed by now
-        StageMemory lookup;
+        StageMemory lookup = fsdp_only(extra);
         lookup.embedding_grad_bytes = embedding_grad;
         peak.candidate(op_text(op) + " (embedding)", lookup, bytes[op.chunk].layers);
       }
@@ -561,13 +667,15 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     s.grad_working_set_bytes = at.grad_working_set_bytes;
     s.loss_working_set_bytes = at.loss_working_set_bytes;
     s.embedding_grad_bytes = at.embedding_grad_bytes;
+    s.fsdp_gathered_weight_bytes = at.fsdp_gathered_weight_bytes;
+    s.fsdp_unsharded_grad_bytes = at.fsdp_unsharded_grad_bytes;
     s.peak_at = at.peak_at;
     s.step_peak_bytes = s.rest_bytes + peak.best_total();
     // The distributed optimizer's DDP moves each chunk's weights into one buffer beside the
     // gradient buffer, chunk by chunk; the last chunk's old and new copies coexist with every
-    // buffer before any optimizer state exists.
-    s.setup_peak_bytes = s.weight_bytes + s.grad_bytes +
-                         (c.distributed_optimizer ? prec.weight * last_chunk_parameters : 0);
+    // buffer before any optimizer state exists. (Megatron-FSDP builds its buffers instead.)
+    const bool ddp_copies = c.distributed_optimizer && !c.sharding.fsdp;
+    s.setup_peak_bytes = s.weight_bytes + s.grad_bytes + (ddp_copies ? prec.weight * last_chunk_parameters : 0);
     s.peak_bytes = std::max(s.step_peak_bytes, s.setup_peak_bytes);
     out.push_back(s);
   }

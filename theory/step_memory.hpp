@@ -7,7 +7,8 @@
 // Megatron's main_grad buffer (fp32 with bf16 training; the distributed optimizer reduce-
 // scatters in place, so every rank keeps all of it), and the optimizer's state (fp32 master
 // copy unless the weights are fp32, Adam's two moments), divided by the data-parallel size
-// with the distributed optimizer.
+// with the distributed optimizer. Megatron-FSDP (DataParallelSharding) shards the state, the
+// gradients and the weights as its strategy says, and holds unsharded copies during the step.
 //
 // Under context parallelism (C ranks, StepLayout::cp) every sequence-dependent term is the
 // rank's s/C rows: the layers' saved tensors (layer_pieces.hpp with Dims::cp), the token ids,
@@ -35,6 +36,7 @@
 // Library workspaces are StepConfig::workspace_bytes. Not modelled (a real run adds them):
 // NCCL's buffers (outside PyTorch's allocator), the allocator's rounding of each tensor to 512 bytes, the distributed optimizer's buffer
 // padding (≤ 64 elements per parameter), transients inside a forward op.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,27 @@ struct StepLayout {
   int expert_dp() const { return t * cp * dp / (ep * expert_tp()); }
 };
 
+// What the data-parallel group shards besides the optimizer state: Megatron-FSDP's
+// --data-parallel-sharding-strategy, ZeRO's stages 1-3 (docs/step_memory.md, "What each stage holds").
+enum class DpShard { none, optimizer, gradients, parameters };  // no_shard, optim, optim_grads, optim_grads_params
+const char* dp_shard_name(DpShard s);  // Megatron's names
+std::optional<DpShard> find_dp_shard(const std::string& name);  // by Megatron's name
+
+struct DataParallelSharding {
+  // Megatron-FSDP (--use-megatron-fsdp): the level below, each transformer layer one unit its
+  // weights are all-gathered for and its gradients reduce-scattered from. false: Megatron's
+  // DDP, whose distributed optimizer (StepConfig::distributed_optimizer) shards the state alone.
+  bool fsdp = false;
+  DpShard level = DpShard::parameters;
+  // --num-distributed-optimizer-instances: the data-parallel group split into this many
+  // replicas (hybrid sharding); the levels shard within one replica of dp·C/instances ranks
+  // (the experts' within expert_dp()/instances).
+  int instances = 1;
+  // --outer-dp-sharding-strategy optim (and --expert-outer-dp-sharding-strategy optim for the
+  // experts): the optimizer state sharded across the replicas too.
+  bool outer_optimizer = false, expert_outer_optimizer = false;
+};
+
 struct StepConfig {
   StepLayout layout;
   double seq = 0;           // s
@@ -87,6 +110,7 @@ struct StepConfig {
   StackRecompute stack;     // full recompute's --recompute-method / --recompute-num-layers
   bool distribute_saved_activations = false;  // full recompute's checkpoints split over t without SP
   bool distributed_optimizer = false;
+  DataParallelSharding sharding;              // Megatron-FSDP and hybrid replicas
   bool gradient_accumulation_fusion = true;   // weight gradients go straight into main_grad
   TrainingPrecision precision;
   // Library workspaces PyTorch's allocator holds from the first step on (cuBLAS, Transformer
@@ -147,6 +171,16 @@ struct StageMemory {
   double grad_working_set_bytes = 0;       // gradients that layer's backward holds
   double loss_working_set_bytes = 0;       // the bf16 logits beside their fp32 copy
   double embedding_grad_bytes = 0;         // the word embedding's dense weight gradient
+  // Megatron-FSDP's unsharded copies: the weights all-gathered (the stage's non-layer weights
+  // for the whole step, the running and the prefetched layer's), and in a backward the
+  // gradients not yet reduce-scattered (the running layer's, the output layer's).
+  double fsdp_gathered_weight_bytes = 0;
+  double fsdp_unsharded_grad_bytes = 0;
+  // Everything at the peak beside the live saved tensors: the terms from the working sets on.
+  double working_set_bytes() const {
+    return recompute_working_set_bytes + grad_working_set_bytes + loss_working_set_bytes + embedding_grad_bytes +
+           fsdp_gathered_weight_bytes + fsdp_unsharded_grad_bytes;
+  }
   double step_peak_bytes = 0;  // rest_bytes + every term above: the peak of a training step
   // Before the first step: weights and gradient buffers, and with the distributed optimizer
   // the last model chunk's weights twice while DDP copies them into its parameter buffer.
