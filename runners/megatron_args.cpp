@@ -650,10 +650,7 @@ theory::TrainingPrecision precision_of(const Values& v) {
 }
 
 theory::DpShard dp_shard_of(const Values& v, const char* flag, const char* fallback) {
-  const std::string name = v.text(flag, fallback);
-  if (const std::optional<theory::DpShard> s = theory::find_dp_shard(name)) return *s;
-  throw InvalidArgument("--" + std::string(flag) + " must be no_shard, optim, optim_grads or optim_grads_params, got '" +
-                        printable(name) + "'");
+  return parse_dp_shard(std::string("--") + flag, v.text(flag, fallback));
 }
 
 // An outer strategy: no_shard, or optim (the optimizer state sharded across the replicas too).
@@ -824,6 +821,12 @@ void check_conditional_values(const Values& v) {
 }
 
 }  // namespace
+
+theory::DpShard parse_dp_shard(const std::string& flag, const std::string& name) {
+  if (const std::optional<theory::DpShard> s = theory::find_dp_shard(name)) return *s;
+  throw InvalidArgument(flag + " must be no_shard, optim, optim_grads or optim_grads_params, got '" + printable(name) +
+                        "'");
+}
 
 theory::TransformerModel megatron_model(const MegatronFlags& flags) {
   refuse_what_is_not_modelled(flags);

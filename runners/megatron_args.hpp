@@ -72,4 +72,8 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
 // search reads from a script. Throws InvalidArgument like megatron_run.
 theory::TransformerModel megatron_model(const MegatronFlags& flags);
 
+// A Megatron-FSDP sharding strategy by its Megatron name (no_shard, optim, optim_grads,
+// optim_grads_params); InvalidArgument naming `flag` and the choices otherwise.
+theory::DpShard parse_dp_shard(const std::string& flag, const std::string& name);
+
 }  // namespace actbench

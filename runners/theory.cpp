@@ -137,7 +137,8 @@ int run_plan_search(const TheoryOptions& a) {
     }
   }
   r.distributed_optimizer = a.distributed_optimizer;
-  if (!a.fsdp_strategy.empty()) r.sharding.fsdp = true, r.sharding.level = *find_dp_shard(a.fsdp_strategy);
+  if (!a.fsdp_strategy.empty())
+    r.sharding.fsdp = true, r.sharding.level = parse_dp_shard("--data-parallel-sharding-strategy", a.fsdp_strategy);
   r.attention = parse_attention(a.attention);
   r.headroom_bytes = static_cast<double>(a.headroom);
   r.efficiency = a.efficiency;

@@ -6,6 +6,7 @@
 #include <deque>
 #include <stdexcept>
 
+#include "runners/megatron_args.hpp"  // parse_dp_shard
 #include "runners/options.hpp"
 #include "runtime/error.hpp"
 #include "runtime/user_file.hpp"
@@ -259,9 +260,7 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
   o.top = static_cast<int>(parse_int_option("--top", opts.text(plan, "--top"), 1, kMaxTheoryTop));
   if (opts.given(plan, "--data-parallel-sharding-strategy")) {
     o.fsdp_strategy = opts.text(plan, "--data-parallel-sharding-strategy");
-    if (!theory::find_dp_shard(o.fsdp_strategy))
-      throw InvalidArgument("--data-parallel-sharding-strategy must be no_shard, optim, optim_grads or "
-                            "optim_grads_params, got '" + printable(o.fsdp_strategy) + "'");
+    parse_dp_shard("--data-parallel-sharding-strategy", o.fsdp_strategy);  // refused here, before any search
   }
   o.cp_comm_type = opts.text(plan, "--cp-comm-type");
   parse_cp_comm_type(o.cp_comm_type);  // refused here, in one line, before any search

@@ -203,8 +203,6 @@ LayerTime layer_time(const PlanRequest& r, double s, const Layout& l, const Laye
   return out;
 }
 
-// The iteration-time model (layout_search.hpp) of one candidate; memory is filled already.
-// stage_moe: the MoE layers of each pipeline stage (stage_moe_layers).
 // Bytes one rank sends per step for the data-parallel group (ring collectives, `ring` =
 // (n−1)/n of each buffer leaves the rank) over `params` parameters, N micro-batches: DDP's
 // all-reduce of the fp32 gradients; the distributed optimizer's (or Megatron-FSDP optim's)
@@ -221,6 +219,8 @@ double data_parallel_bytes(DpShard level, double N, double ring, double params) 
   return 0;
 }
 
+// The iteration-time model (layout_search.hpp) of one candidate; memory is filled already.
+// stage_moe: the MoE layers of each pipeline stage (stage_moe_layers).
 void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolicy& c, const std::vector<int>& stage_moe,
                PlanCandidate& k) {
   const TransformerModel& M = r.model;
@@ -248,7 +248,7 @@ void fill_time(const PlanRequest& r, double s, const Layout& l, const LayerPolic
   const double dp_ring = replicas > 1 ? (replicas - 1) / replicas : 0.0;
   const double ep_ring = expert_replicas > 1 ? (expert_replicas - 1) / expert_replicas : 0.0;
   const double experts = k.expert_params_per_gpu, params = k.params_per_gpu - experts;
-  const DpShard level = r.sharding.fsdp ? r.sharding.level : r.distributed_optimizer ? DpShard::optimizer : DpShard::none;
+  const DpShard level = sharded_level(r.sharding, r.distributed_optimizer);
   const double dp_bytes = data_parallel_bytes(level, N, dp_ring, params) + data_parallel_bytes(level, N, ep_ring, experts);
   const bool sharded_state = level >= DpShard::optimizer;
   const double optimizer_s = 30 * params / (sharded_state ? replicas : 1) / G.hbm_bytes_per_s +

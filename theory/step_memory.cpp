@@ -345,18 +345,13 @@ struct StateShards {
   Shards dense, expert;
 };
 
-DpShard effective_level(const StepConfig& c) {
-  if (c.sharding.fsdp) return c.sharding.level;
-  return c.distributed_optimizer ? DpShard::optimizer : DpShard::none;
-}
-
 // The dense parameters shard over the data-parallel group with context parallelism (dp·C), the
 // experts' over the expert-data-parallel group; with hybrid replicas each level shards within
 // one replica, and the outer strategy `optim` spreads the optimizer state over the replicas too.
 StateShards state_shards(const StepConfig& c) {
   const StepLayout& l = c.layout;
   const DataParallelSharding& z = c.sharding;
-  const DpShard level = effective_level(c);
+  const DpShard level = sharded_level(z, c.distributed_optimizer);
   const double replicas = z.instances;
   auto shards = [&](double group, bool outer) {
     Shards s;
@@ -440,9 +435,7 @@ class PeakTracker {
     s.embedding_bytes = live_.embedding;
     s.output_bytes = live_.output;
     s.peak_at = at;
-    const double total = s.activation_bytes + s.embedding_bytes + s.output_bytes + s.recompute_working_set_bytes +
-                         s.grad_working_set_bytes + s.loss_working_set_bytes + s.embedding_grad_bytes +
-                         s.fsdp_gathered_weight_bytes + s.fsdp_unsharded_grad_bytes;
+    const double total = s.activation_bytes + s.embedding_bytes + s.output_bytes + s.working_set_bytes();
     if (!found_ || total > best_total_) best_ = s, best_total_ = total, found_ = true;
   }
   const StageMemory& best() const { return best_; }
@@ -500,6 +493,11 @@ const char* dp_shard_name(DpShard s) {
     case DpShard::parameters: return "optim_grads_params";
   }
   return "?";
+}
+
+DpShard sharded_level(const DataParallelSharding& z, bool distributed_optimizer) {
+  if (z.fsdp) return z.level;
+  return distributed_optimizer ? DpShard::optimizer : DpShard::none;
 }
 
 std::optional<DpShard> find_dp_shard(const std::string& name) {

@@ -101,6 +101,9 @@ struct DataParallelSharding {
   bool outer_optimizer = false, expert_outer_optimizer = false;
 };
 
+// What is sharded: Megatron-FSDP's level, else the distributed optimizer's state or nothing.
+DpShard sharded_level(const DataParallelSharding& z, bool distributed_optimizer);
+
 struct StepConfig {
   StepLayout layout;
   double seq = 0;           // s
