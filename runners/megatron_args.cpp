@@ -130,6 +130,9 @@ const std::vector<Flag>& flag_table() {
       {"distribute-saved-activations", Kind::on_off, Use::read},
       // precision, optimizer, attention kernel
       {"bf16", Kind::on_off, Use::read},
+      {"no-masked-softmax-fusion", Kind::on_off, Use::read},
+      {"attention-softmax-in-fp32", Kind::on_off, Use::read},
+      {"apply-query-key-layer-scaling", Kind::on_off, Use::read},
       {"fp16", Kind::on_off, Use::read},
       {"accumulate-allreduce-grads-in-fp32", Kind::on_off, Use::read},
       {"use-distributed-optimizer", Kind::on_off, Use::read},
@@ -169,7 +172,8 @@ const std::vector<Flag>& flag_table() {
       // changes memory, not modelled
       {"fp8-format", Kind::value, Use::unmodelled},
       {"fp8-param-gather", Kind::on_off, Use::unmodelled},
-      {"cross-entropy-loss-fusion", Kind::on_off, Use::unmodelled},
+      {"cross-entropy-loss-fusion", Kind::on_off, Use::read},
+      {"cross-entropy-fusion-impl", Kind::value, Use::read},
       {"fp16-lm-cross-entropy", Kind::on_off, Use::unmodelled},
       {"cpu-offloading", Kind::on_off, Use::unmodelled},
       {"tp-comm-overlap", Kind::on_off, Use::unmodelled},
@@ -565,6 +569,33 @@ void apply_mla_flags(const Values& v, theory::LayerSpec& s) {
 }
 
 // The layer flags as edits of the model's spec.
+// --cross-entropy-loss-fusion with --cross-entropy-fusion-impl native (Megatron's default) or te.
+theory::CrossEntropyFusion cross_entropy_of(const Values& v) {
+  const std::string impl = v.text("cross-entropy-fusion-impl", "native");
+  if (impl != "native" && impl != "te")
+    throw InvalidArgument("--cross-entropy-fusion-impl must be native or te, got '" + printable(impl) + "'");
+  if (!v.on("cross-entropy-loss-fusion")) return theory::CrossEntropyFusion::none;
+  return impl == "te" ? theory::CrossEntropyFusion::te : theory::CrossEntropyFusion::native;
+}
+
+// Megatron-Core's own (local) attention: --transformer-impl local without flash attention.
+bool local_attention(const Values& v) {
+  return v.text("transformer-impl", "transformer_engine") == "local" && !v.on("use-flash-attn");
+}
+
+bool unfused_backend(const Values& v) {
+  const std::string backend = v.text("attention-backend", "auto");
+  return backend == "unfused" || backend == "local";
+}
+
+// Without --no-masked-softmax-fusion the local attention's fused kernel keeps the 16-bit
+// probabilities; without it torch's softmax runs, in fp32 when asked (query-key layer scaling
+// implies it), on 16-bit activations. Transformer Engine's unfused attention has its own switch.
+bool fp32_torch_softmax(const Values& v) {
+  const bool fp32_softmax = v.on("attention-softmax-in-fp32") || v.on("apply-query-key-layer-scaling");
+  return local_attention(v) && v.on("no-masked-softmax-fusion") && fp32_softmax && (v.on("bf16") || v.on("fp16"));
+}
+
 void apply_layer_flags(const Values& v, theory::TransformerModel& m) {
   theory::LayerSpec& s = m.layer;
   if (v.has("normalization")) s.normalization = theory::parse_norm(v.text("normalization"));
@@ -603,6 +634,7 @@ void apply_layer_flags(const Values& v, theory::TransformerModel& m) {
   if (v.has("seq-length")) m.seq = static_cast<double>(v.integer("seq-length", 1, kMaxPositions, 0));
   if (v.has("max-position-embeddings"))
     m.max_positions = static_cast<double>(v.integer("max-position-embeddings", 1, kMaxPositions, 0));
+  s.megatron_fp32_torch_softmax = fp32_torch_softmax(v);
   apply_moe_flags(v, m);
   apply_mla_flags(v, s);
   if (v.has("mtp-num-layers")) m.mtp_layers = static_cast<int>(v.integer("mtp-num-layers", 0, kMaxModelLayers, 0));
@@ -703,10 +735,7 @@ LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
   LayerPolicy c;
   c.sequence_parallel = v.on("sequence-parallel") && t > 1;  // Megatron turns SP off at t = 1
   c.cp_comm = cp_comm_of(v);
-  const std::string impl = v.text("transformer-impl", "transformer_engine");
-  const std::string backend = v.text("attention-backend", "auto");
-  const bool unfused = (impl == "local" && !v.on("use-flash-attn")) || backend == "unfused" || backend == "local";
-  c.attention = unfused ? Attention::unfused : Attention::fused;
+  c.attention = local_attention(v) || unfused_backend(v) ? Attention::unfused : Attention::fused;
   std::string granularity = v.text("recompute-granularity", v.on("recompute-activations") ? "selective" : "");
   if (granularity == "full") {
     c.recompute = Recompute::full;
@@ -809,6 +838,7 @@ void check_conditional_values(const Values& v) {
   if (v.has("moe-router-topk-scaling-factor")) v.real("moe-router-topk-scaling-factor", 1e-6, 1e6, 1);
   if (v.has("moe-expert-capacity-factor")) v.real("moe-expert-capacity-factor", 1e-6, 1e6, 1);
   megatron_routing_of(v);
+  cross_entropy_of(v);
   if (v.has("moe-router-bias-update-rate")) v.real("moe-router-bias-update-rate", 0, 1e6, 0);
   const std::string drop = v.text("moe-token-drop-policy", "probs");
   if (drop != "probs" && drop != "position")
@@ -852,6 +882,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.distributed_optimizer = v.on("use-distributed-optimizer");
   c.sharding = sharding_of(v);
   c.gradient_accumulation_fusion = !v.on("no-gradient-accumulation-fusion");
+  c.cross_entropy = cross_entropy_of(v);
   c.precision = precision_of(v);
   c.workspace_bytes = workspace_bytes_of(v, run.model);
   c.seq = run.model.seq;

@@ -41,7 +41,7 @@ const std::vector<MemoryColumn>& memory_columns() {
        [](const S& s) { return fmt_bytes(s.recompute_working_set_bytes); }},
       {"grad_working_set_bytes", "bytes", "gradients that layer's backward holds at once (modelled, not measured)",
        [](const S& s) { return fmt_bytes(s.grad_working_set_bytes); }},
-      {"loss_working_set_bytes", "bytes", "16-bit logits beside their fp32 copy, when the peak is at the loss",
+      {"loss_working_set_bytes", "bytes", "the loss's transient (16-bit logits beside their fp32 copy; more under native cross-entropy fusion), when the peak is at the loss",
        [](const S& s) { return fmt_bytes(s.loss_working_set_bytes); }},
       {"embedding_grad_bytes", "bytes", "the embedding's dense weight gradient, when the peak is at its backward",
        [](const S& s) { return fmt_bytes(s.embedding_grad_bytes); }},

@@ -21,7 +21,7 @@ SCRIPT = os.path.join(ROOT, "runners", "megatron_validation.py")
 CASES = os.path.join(HERE, "fixtures", "megatron_functional")
 # docs/step_memory.md, "Against Megatron-LM's measurements": the modelled cases' peaks agree
 # within this fraction.
-AGREEMENT = 0.12
+AGREEMENT = 0.08
 
 sys.path.insert(0, os.path.join(ROOT, "runners"))
 import megatron_validation  # noqa: E402  (its COLUMNS)
@@ -50,7 +50,7 @@ class MegatronValidation(unittest.TestCase):
         self.assertEqual(self.result.returncode, 0, self.result.stdout + self.result.stderr)
         modelled = [r for r in self.rows if r["status"] == "modelled"]
         # a change that turns cases into refusals or warnings must not pass unnoticed
-        self.assertGreaterEqual(len(modelled), 45)
+        self.assertGreaterEqual(len(modelled), 49)
         for r in modelled:
             with self.subTest(r["case"]):
                 self.assertLessEqual(abs(float(r["peak_ratio"]) - 1), AGREEMENT)

@@ -230,6 +230,40 @@ TEST(StepMemory, FirstStageHoldsMoreMicroBatchesThanTheLastWhichHoldsTheLoss) {
   EXPECT_EQ(s[1].embedding_bytes + s[1].output_bytes, 0);
 }
 
+// The last chunk's first backward is two moments: the loss's backward (its fp32 softmax, the
+// 16-bit logits' gradient) and then the chunk's last layer (the loss's and the output layer's
+// bytes released, the layer's gradients held). The peak is the larger of the two, never their
+// sum: short sequences put it at the loss, long ones with unfused attention at the layer.
+TEST(StepMemory, TheLossAndTheLastLayersBackwardAreSeparateMoments) {
+  const TransformerModel m = gpt_model();
+  for (const double seq : {256.0, 32768.0}) {
+    StepConfig c = config(1, 1, 1, 1);
+    c.seq = seq;
+    c.policy.attention = Attention::unfused;
+    SCOPED_TRACE("seq " + std::to_string(seq));
+    const StageMemory s = step_memory(m, c).front();
+    const int L = static_cast<int>(m.L);
+    const ChunkBytes live = chunk_bytes(m, c, L, true, true);
+    const ChunkTransients layer = chunk_transients(m, c, L, L - 1);
+    const double logits = 2.0 * seq * 50304;  // bf16, the vocabulary padded to 128
+    const double at_loss = live.total() + logits, at_layer = live.layers + live.embedding + layer.grads;
+    EXPECT_DOUBLE_EQ(s.step_peak_bytes - s.rest_bytes, std::max(at_loss, at_layer));
+    if (at_loss > at_layer) {
+      EXPECT_EQ(s.loss_working_set_bytes, logits);
+      EXPECT_EQ(s.grad_working_set_bytes, 0);
+    } else {
+      EXPECT_EQ(s.peak_at, "backward mb 0 chunk 0");
+      EXPECT_EQ(s.output_bytes + s.loss_working_set_bytes, 0);
+      EXPECT_EQ(s.grad_working_set_bytes, layer.grads);
+    }
+  }
+  StepConfig shorter = config(1, 1, 1, 1), longer = shorter;
+  shorter.seq = 256, longer.seq = 32768;
+  shorter.policy.attention = longer.policy.attention = Attention::unfused;
+  EXPECT_GT(step_memory(m, shorter).front().loss_working_set_bytes, 0);  // both moments are reached
+  EXPECT_GT(step_memory(m, longer).front().grad_working_set_bytes, 0);
+}
+
 TEST(StepMemory, TheDistributedOptimizersSetupCanBeTheRunsPeak) {
   // 32 data-parallel ranks, full recompute, short sequences: Adam's state is 12/32 bytes per
   // parameter, less than the second copy of the weights while DDP fills its buffer.
@@ -494,6 +528,66 @@ TEST(MegatronArgs, MegatronFsdpFlags) {
   }
 }
 
+TEST(MegatronArgs, CrossEntropyFusionAndTheLocalSoftmax) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 8 --bf16 ";
+  auto run = [&](const std::string& extra) { return megatron_run(flags_of(base + extra), std::nullopt, 0); };
+  EXPECT_EQ(run("").step.cross_entropy, CrossEntropyFusion::none);
+  EXPECT_EQ(run("--cross-entropy-fusion-impl te").step.cross_entropy, CrossEntropyFusion::none);  // no fusion asked
+  EXPECT_EQ(run("--cross-entropy-loss-fusion").step.cross_entropy, CrossEntropyFusion::native);
+  EXPECT_EQ(run("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te").step.cross_entropy, CrossEntropyFusion::te);
+  EXPECT_THROW(run("--cross-entropy-loss-fusion --cross-entropy-fusion-impl triton"), InvalidArgument);
+  const std::string local = "--transformer-impl local --no-masked-softmax-fusion ";
+  EXPECT_TRUE(run(local + "--attention-softmax-in-fp32").model.layer.megatron_fp32_torch_softmax);
+  EXPECT_TRUE(run(local + "--apply-query-key-layer-scaling").model.layer.megatron_fp32_torch_softmax);
+  EXPECT_FALSE(run(local).model.layer.megatron_fp32_torch_softmax);  // a 16-bit softmax keeps 16 bits
+  EXPECT_FALSE(run("--no-masked-softmax-fusion --attention-softmax-in-fp32 --attention-backend unfused")
+                   .model.layer.megatron_fp32_torch_softmax);  // Transformer Engine's softmax
+}
+
+// The three losses' bytes on the last stage (sb = 1024 rows, V/t = 50304 columns, bf16).
+TEST(StepMemory, TheLossKeepsAndHoldsWhatItsImplementationDoes) {
+  const TransformerModel m = gpt_model();
+  auto stage = [&](CrossEntropyFusion loss) {
+    StepConfig c = config(1, 1, 1, 1);
+    c.seq = 256;  // the loss dominates
+    c.cross_entropy = loss;
+    return step_memory(m, c).front();
+  };
+  const double rows = 256, cols = 50304, logits = rows * cols;
+  const StageMemory none = stage(CrossEntropyFusion::none), native = stage(CrossEntropyFusion::native),
+                    te = stage(CrossEntropyFusion::te);
+  EXPECT_EQ(none.loss_working_set_bytes, 2 * logits);
+  EXPECT_EQ(native.loss_working_set_bytes, 2 * logits + 4 * logits);
+  EXPECT_EQ(native.output_bytes, none.output_bytes);
+  EXPECT_EQ(te.loss_working_set_bytes, 0);
+  // fp32 softmax, bool mask and int64 targets against the 16-bit logits, int64 targets, 3 fp32 per row
+  EXPECT_EQ(none.output_bytes - te.output_bytes, (4 * logits + 9 * rows) - (2 * logits + 8 * rows + 12 * rows));
+  EXPECT_EQ(native.step_peak_bytes - none.step_peak_bytes, 4 * logits);
+}
+
+// Megatron's local attention with torch's fp32 softmax keeps its fp32 output per layer, in place
+// of (with attention dropout) or beside (without) the 16-bit probabilities; only Megatron's
+// bookkeeping counts it.
+TEST(LayerPieces, LocalTorchSoftmaxKeepsItsFp32Output) {
+  LayerSpec spec = gpt_layer_spec();
+  const Dims d{256, 2, 512, 8, 2};
+  const double scores = 2.0 * 8 / 2 * 256 * 256;  // b·a/t·s²
+  LayerPolicy c;
+  c.attention = Attention::unfused;
+  const double fused_kernel = layer_bytes(d, spec, c, {2, 1}, Bookkeeping::megatron);
+  spec.megatron_fp32_torch_softmax = true;
+  EXPECT_EQ(layer_bytes(d, spec, c, {2, 1}, Bookkeeping::actbench), fused_kernel);
+  EXPECT_EQ(layer_bytes(d, spec, c, {2, 1}, Bookkeeping::megatron) - fused_kernel, 2 * scores);  // 4 for 2 bytes
+  spec.attention_dropout = 0;
+  LayerSpec kernel = spec;
+  kernel.megatron_fp32_torch_softmax = false;
+  EXPECT_EQ(layer_bytes(d, spec, c, {2, 1}, Bookkeeping::megatron) -
+                layer_bytes(d, kernel, c, {2, 1}, Bookkeeping::megatron),
+            4 * scores);  // the 16-bit copy is V's input too
+  EXPECT_EQ(layer_bytes(d, spec, c, {4, 1}, Bookkeeping::megatron),
+            layer_bytes(d, kernel, c, {4, 1}, Bookkeeping::megatron));  // fp32 activations: nothing more
+}
+
 TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRefused) {
   MegatronFlags f = flags_of("--foo 3 --num-layers 2 --fp8-format hybrid --bar --hidden-size 64");
   EXPECT_EQ(f.values.at("num-layers"), "2");
@@ -590,12 +684,11 @@ TEST(StepMemory, ContextParallelRanksKeepTheSequenceDependentTermsAtSOverC) {
 TEST(StepMemory, ContextParallelExchangeBuffersAreInTheBackwardWorkingSet) {
   const TransformerModel m = gpt_model();  // a = g = 8 heads of d = 64
   const double s = 8192, C = 2, t = 2, kv = 2 * (s / C) * 8 * 64 / t;  // k or v of the rank's rows, bf16
+  const int L = static_cast<int>(m.L);
   auto workset = [&](CpCommType type) {
-    return step_memory(m, cp_config(2, 2, 1, s, Attention::fused, type)).front().grad_working_set_bytes;
+    return chunk_transients(m, cp_config(2, 2, 1, s, Attention::fused, type), L, L - 1).grads;
   };
-  const double without = step_memory(m, cp_config(2, 1, 2, s / C, Attention::fused, CpCommType::p2p))
-                             .front()
-                             .grad_working_set_bytes;
+  const double without = chunk_transients(m, cp_config(2, 1, 2, s / C, Attention::fused, CpCommType::p2p), L, L - 1).grads;
   EXPECT_EQ(workset(CpCommType::p2p) - without, 6 * kv);
   EXPECT_EQ(workset(CpCommType::all_gather) - without, 4 * kv * C);
   EXPECT_EQ(workset(CpCommType::a2a) - without, 2 * (kv + 2 * kv));  // q is as wide as k here
@@ -733,9 +826,7 @@ TEST(StepMemoryMoe, TheDistributedOptimizerShardsExpertsOverTheExpertDataParalle
   // shared expert's over 256 rows, 2·64 / 2 wide; fused attention's (dO, dq, dk, dv: 12 heads
   // of 16 over 2 ranks, fp32 row sums) are fewer.
   c.policy.attention = Attention::fused;
-  const StageMemory fused = step_memory(m, c)[0];
-  ASSERT_EQ(fused.peak_at, "backward mb 0 chunk 0");
-  EXPECT_EQ(fused.grad_working_set_bytes, 2.0 * 256 * 64 / 2 + 2.0 * (128 * 2 * 2 * 32 + 256 * 2 * 64 / 2));
+  EXPECT_EQ(chunk_transients(m, c, 4, 3).grads, 2.0 * 256 * 64 / 2 + 2.0 * (128 * 2 * 2 * 32 + 256 * 2 * 64 / 2));
 }
 
 TEST(StepMemoryMoe, MegatronsExpertLayoutRules) {

@@ -147,13 +147,13 @@ class LaunchScripts(unittest.TestCase):
             text = f.read()
         path = os.path.join(self.tmp.name, "fp8.sh")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(text.rstrip() + " \\\n    --fp8-format hybrid --cross-entropy-loss-fusion\n")
+            f.write(text.rstrip() + " \\\n    --fp8-format hybrid --fp16-lm-cross-entropy\n")
         r = run(["--megatron-args", path])
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stderr.strip().splitlines()
         self.assertEqual(len(lines), 1, r.stderr)
         self.assertIn("--fp8-format", lines[0])
-        self.assertIn("--cross-entropy-loss-fusion", lines[0])
+        self.assertIn("--fp16-lm-cross-entropy", lines[0])
 
 
 class PlanFromAScript(unittest.TestCase):

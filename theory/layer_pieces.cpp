@@ -39,13 +39,20 @@ RecomputeModules recomputed(LayerPolicy c) {
 
 // What core attention keeps inside its own checkpoint (core_attn frees it): the fused
 // kernel's log-sum-exp, or the unfused softmax output and the attention dropout's pair.
-void core_attention_pieces(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, ByteCategories& out) {
+void core_attention_pieces(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, Bookkeeping b,
+                           ByteCategories& out) {
   if (recomputed(c).core_attn) return;
   if (c.attention == Attention::fused) {
     out.push_back({"attn_lse", 4.0 * x.rows});  // fp32 whatever the activation type
     return;
   }
-  out.push_back({"softmax_out", p.elem * x.scores});  // without dropout also ·V's input
+  if (b == Bookkeeping::megatron && spec.megatron_fp32_torch_softmax && p.elem < 4) {
+    // torch's softmax keeps its fp32 output; the 16-bit copy of it is kept only as V's input
+    out.push_back({"softmax_fp32_out", 4.0 * x.scores});
+    if (spec.attention_dropout == 0) out.push_back({"softmax_out", p.elem * x.scores});
+  } else {
+    out.push_back({"softmax_out", p.elem * x.scores});  // without dropout also ·V's input
+  }
   if (spec.attention_dropout > 0) {
     out.push_back({"attn_dropout_mask", p.mask * x.scores});
     out.push_back({"attn_dropout_out", p.elem * x.scores});
@@ -53,7 +60,8 @@ void core_attention_pieces(const Extents& x, const LayerSpec& spec, LayerPolicy 
 }
 
 // Norm 1, QKV, the optional q/k norms, core attention, the projection, the residual dropout.
-void attention_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, ByteCategories& out) {
+void attention_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p, Bookkeeping b,
+                     ByteCategories& out) {
   const double e = p.elem, m = p.mask;
   const RecomputeModules rebuilt = recomputed(c);
   out.push_back({"ln1_input", e * x.region});  // also the layernorm checkpoint's input: one tensor
@@ -67,7 +75,7 @@ void attention_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Pre
   // kernel, or as core_attn's checkpoint inputs alike.
   out.push_back({"q", e * x.heads});
   out.push_back({"k", e * x.groups});
-  core_attention_pieces(x, spec, c, p, out);
+  core_attention_pieces(x, spec, c, p, b, out);
   out.push_back({"v", e * x.groups});
   out.push_back({"proj_input", e * x.heads});  // the attention output, outside core_attn's checkpoint
   if (spec.hidden_dropout > 0) out.push_back({"attn_residual_mask", m * x.region});
@@ -80,7 +88,7 @@ void attention_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Pre
 // projection (column-parallel, a/t heads); the RoPE part of k is gathered over the sequence
 // under SP and expanded over the heads when k is concatenated.
 void mla_attention_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision p,
-                         ByteCategories& out) {
+                         Bookkeeping b, ByteCategories& out) {
   const double e = p.elem, m = p.mask;
   const RecomputeModules rebuilt = recomputed(c);
   const MlaSpec& mla = spec.mla;
@@ -112,7 +120,7 @@ void mla_attention_block(const Dims& d, const Extents& x, const LayerSpec& spec,
     out.push_back({"q", heads(qk_width)});
     out.push_back({"k", heads(qk_width)});
   }
-  core_attention_pieces(x, spec, c, p, out);  // they count heads and rows, not head widths
+  core_attention_pieces(x, spec, c, p, b, out);  // they count heads and rows, not head widths
   if (!rebuilt.mla_up_proj) out.push_back({"v", heads(mla.v_head_dim)});
   out.push_back({"proj_input", heads(mla.v_head_dim)});  // a/t heads of v_head_dim
   if (spec.hidden_dropout > 0) out.push_back({"attn_residual_mask", m * x.region});
@@ -288,9 +296,9 @@ ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, Lay
   if (c.recompute == Recompute::full) return {{"layer_input", p.elem * x.region}};
   ByteCategories out;
   if (spec.mla.enabled)
-    mla_attention_block(d, x, spec, c, p, out);
+    mla_attention_block(d, x, spec, c, p, b, out);
   else
-    attention_block(x, spec, c, p, out);
+    attention_block(x, spec, c, p, b, out);
   if (spec.moe.enabled())
     moe_block(d, x, spec, c, p, b, out);
   else

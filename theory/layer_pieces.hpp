@@ -99,7 +99,11 @@ using ByteCategories = std::vector<std::pair<std::string, double>>;
 //                       fused (TE 2.6+): int32 row map, and under EP/ETP two chunk-sort maps
 //                                                                   4·T(2E+1) (+ 8·N_e)
 //   moe_permuted_probs  the rows' weights in the router's type      r·N_e
-// r is --moe-router-dtype's bytes (else e). Every other piece is the same under both.
+// r is --moe-router-dtype's bytes (else e). With LayerSpec::megatron_fp32_torch_softmax (Megatron's
+// local attention, unfused softmax in fp32) Megatron-Core also keeps, in place of softmax_out:
+//   softmax_fp32_out    torch's fp32 softmax output                  4·b·a·s²/(t·C)
+//   softmax_out         its 16-bit copy, V's input                   without attention dropout only
+// Every other piece is the same under both.
 enum class Bookkeeping { actbench, megatron };
 
 // (category, bytes) in the order of the table above; categories this layer does not keep are

@@ -264,9 +264,7 @@ double cp_buffer_bytes(const Dims& d, const LayerSpec& spec, const StepConfig& c
   return 0;
 }
 
-struct ChunkTransients {
-  double recompute = 0, grads = 0;
-};
+}  // namespace
 
 // The working set of the first layer a chunk's backward runs: what recompute rebuilds
 // (one layer, or --recompute-method uniform's group) and the gradients its backward holds at
@@ -311,6 +309,8 @@ ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c,
   }
   return w;
 }
+
+namespace {
 
 // Megatron's context parallelism: 2C chunks of the sequence, two per rank, each rank's rows
 // split t ways under SP; p2p merges fused partial results (TE's attention); a2a gives each
@@ -426,14 +426,15 @@ class PeakTracker {
     live_.layers -= b.layers, live_.embedding -= b.embedding, live_.output -= b.output;
     --in_flight_;
   }
-  // The live bytes with `without` already freed, plus the transients, as a candidate peak.
-  // `freed_layers`: one micro-batch's layers already freed (its backward ran through them).
-  void candidate(const std::string& at, StageMemory transients, double freed_layers = 0) {
+  // The live bytes with `freed` already released, plus the transients, as a candidate peak.
+  // `freed`: what one micro-batch's backward has released by then (its loss's bytes once the
+  // loss's backward has run; its layers once the backward ran through them).
+  void candidate(const std::string& at, StageMemory transients, const ChunkBytes& freed = {}) {
     StageMemory s = transients;
-    s.microbatches_in_flight = in_flight_ - (freed_layers > 0 ? 1 : 0);
-    s.activation_bytes = live_.layers - freed_layers;
-    s.embedding_bytes = live_.embedding;
-    s.output_bytes = live_.output;
+    s.microbatches_in_flight = in_flight_ - (freed.layers > 0 ? 1 : 0);
+    s.activation_bytes = live_.layers - freed.layers;
+    s.embedding_bytes = live_.embedding - freed.embedding;
+    s.output_bytes = live_.output - freed.output;
     s.peak_at = at;
     const double total = s.activation_bytes + s.embedding_bytes + s.output_bytes + s.working_set_bytes();
     if (!found_ || total > best_total_) best_ = s, best_total_ = total, found_ = true;
@@ -506,6 +507,31 @@ std::optional<DpShard> find_dp_shard(const std::string& name) {
   return std::nullopt;
 }
 
+namespace {
+
+// What one loss over the vocabulary shard keeps for its backward, on sb rows of V_t columns:
+// Megatron's the fp32 softmax, the target mask (bool) and the local targets (int64); Transformer
+// Engine's the 16-bit logits, the targets (int64) and fp32 max, sum and target logit per row,
+// gathered from the t ranks.
+double loss_bytes(const StepConfig& c, double sb, double V_t, double t) {
+  if (c.cross_entropy == CrossEntropyFusion::te) return c.precision.activation * sb * V_t + 8 * sb + 12 * sb * t;
+  return 4 * sb * V_t + 9 * sb;
+}
+
+// The transient beside it while the loss runs, forward and backward: the 16-bit logits beside
+// their fp32 copy (none when activations are fp32), and under native fusion one more fp32 copy.
+double loss_transient_bytes(const StepConfig& c, double sb, double V_t) {
+  const double e = c.precision.activation;
+  switch (c.cross_entropy) {
+    case CrossEntropyFusion::te: return 0;
+    case CrossEntropyFusion::native: return (e < 4 ? e : 0) * sb * V_t + 4 * sb * V_t;
+    case CrossEntropyFusion::none: break;
+  }
+  return e < 4 ? e * sb * V_t : 0;
+}
+
+}  // namespace
+
 ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layers, bool first, bool last,
                        int first_layer) {
   const Dims d = c.layer_dims(m);
@@ -537,8 +563,7 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
   const double stats = m.layer.normalization == Norm::layernorm ? 8 : 4;  // a norm's fp32 statistics per row
   const double rows = e * sb * d.h / r;                                   // one [s·b/r, h] tensor
   const double norm_input = rows + stats * sb / r;                        // what a norm keeps
-  // The loss over the vocabulary shard: fp32 softmax, target mask (bool), local targets (int64).
-  const double loss = 4 * sb * padded_vocab(m, t) / t + 9 * sb;
+  const double loss = loss_bytes(c, sb, padded_vocab(m, t) / t, t);
   if (first) out.embedding = lookup;
   if (last) {
     out.output = norm_input;             // final norm: input and fp32 statistics
@@ -625,8 +650,7 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     const FsdpTransients fsdp = fsdp_transients(c, s.parameters - layer_parameters_total, largest_layer,
                                                 s.layers, output_layer);
     s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.workspace_bytes;
-    // 16-bit logits beside their fp32 copy at the loss (none when activations are fp32).
-    const double loss_transient = prec.activation < 4 ? prec.activation * sb * V / t : 0;
+    const double loss_transient = loss_transient_bytes(c, sb, V / t);
     const double embedding_grad = prec.weight * embedding_parameters(m, t);
     PeakTracker peak;
     for (const PipelineOp& op : stage_peak_ops(p, N, vp, stage, l.vp_group)) {
@@ -639,11 +663,16 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
         peak.candidate(op_text(op), extra);
         continue;
       }
+      extra.fsdp_unsharded_grad_bytes = fsdp.layer_grads + (last ? fsdp.output_grads : 0);
+      if (last) {  // the loss's backward first: its bytes and the logits' gradient
+        StageMemory loss = extra;
+        loss.loss_working_set_bytes = loss_transient;
+        peak.candidate(op_text(op) + " (loss)", loss);
+      }
+      // Then the chunk's last layer: the loss's and the output layer's bytes are released.
       extra.recompute_working_set_bytes = transients[op.chunk].recompute;
       extra.grad_working_set_bytes = transients[op.chunk].grads;
-      extra.fsdp_unsharded_grad_bytes = fsdp.layer_grads + (last ? fsdp.output_grads : 0);
-      if (last) extra.loss_working_set_bytes = loss_transient;
-      peak.candidate(op_text(op), extra);
+      peak.candidate(op_text(op), extra, ChunkBytes{0, 0, bytes[op.chunk].output});
       if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, first of the stage's, its layers alive
         StageMemory lookup = fsdp_only(extra);
         lookup.embedding_grad_bytes = embedding_grad;
@@ -652,7 +681,7 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
       if (first) {  // the lookup's backward: this micro-batch's layers are freed by now
         StageMemory lookup = fsdp_only(extra);
         lookup.embedding_grad_bytes = embedding_grad;
-        peak.candidate(op_text(op) + " (embedding)", lookup, bytes[op.chunk].layers);
+        peak.candidate(op_text(op) + " (embedding)", lookup, ChunkBytes{bytes[op.chunk].layers, 0, bytes[op.chunk].output});
       }
       peak.backward_done(bytes[op.chunk]);
     }

@@ -104,6 +104,16 @@ struct DataParallelSharding {
 // What is sharded: Megatron-FSDP's level, else the distributed optimizer's state or nothing.
 DpShard sharded_level(const DataParallelSharding& z, bool distributed_optimizer);
 
+// How the loss over the vocabulary shard runs (docs/step_memory.md, "The loss"):
+//   none    Megatron-Core's VocabParallelCrossEntropy: keeps the fp32 softmax; the 16-bit
+//           logits live beside it while it is computed and again as its gradient
+//   native  --cross-entropy-loss-fusion (--cross-entropy-fusion-impl native): the same tensors,
+//           plus one fp32 logits-sized copy at the loss, forward and backward, which the
+//           compiled in-place steps materialise (every Megatron-LM commit measured here)
+//   te      --cross-entropy-fusion-impl te: Transformer Engine's kernel keeps the 16-bit logits
+//           themselves (overwritten by their gradient) and per-row statistics; no copy
+enum class CrossEntropyFusion { none, native, te };
+
 struct StepConfig {
   StepLayout layout;
   double seq = 0;           // s
@@ -115,6 +125,7 @@ struct StepConfig {
   bool distributed_optimizer = false;
   DataParallelSharding sharding;              // Megatron-FSDP and hybrid replicas
   bool gradient_accumulation_fusion = true;   // weight gradients go straight into main_grad
+  CrossEntropyFusion cross_entropy = CrossEntropyFusion::none;
   TrainingPrecision precision;
   // Library workspaces PyTorch's allocator holds from the first step on (cuBLAS, Transformer
   // Engine): on every stage, at rest and at the peak. megatron_args.hpp sizes them.
@@ -172,7 +183,7 @@ struct StageMemory {
   double output_bytes = 0;         // their final norm, output layer input, fp32 softmax (last chunk)
   double recompute_working_set_bytes = 0;  // what recompute rebuilds for the layer in backward
   double grad_working_set_bytes = 0;       // gradients that layer's backward holds
-  double loss_working_set_bytes = 0;       // the bf16 logits beside their fp32 copy
+  double loss_working_set_bytes = 0;       // the bf16 logits beside their fp32 copy (CrossEntropyFusion)
   double embedding_grad_bytes = 0;         // the word embedding's dense weight gradient
   // Megatron-FSDP's unsharded copies: the weights all-gathered (the stage's non-layer weights
   // for the whole step, the running and the prefetched layer's), and in a backward the
@@ -204,5 +215,12 @@ struct ChunkBytes {
 // first_layer: the chunk's first layer's index in the model (which of its layers are MoE).
 ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layers, bool first, bool last,
                        int first_layer = 0);
+
+// What the first layer of a chunk's backward holds beside the live bytes: what recompute
+// rebuilds and the gradients it holds at once. last_layer: the chunk's last layer in the model.
+struct ChunkTransients {
+  double recompute = 0, grads = 0;
+};
+ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c, int layers, int last_layer);
 
 }  // namespace actbench::theory
