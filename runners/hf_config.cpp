@@ -413,6 +413,9 @@ void read_experts(const ConfigKeys& keys, const Family& f, theory::TransformerMo
   if (f.shared_expert) {  // required, like the other widths (0: none)
     if (!keys.has("shared_expert_intermediate_size")) keys.fail("shared_expert_intermediate_size", "is missing");
     e.shared_ffn_hidden = static_cast<double>(keys.count("shared_expert_intermediate_size", kMaxModelWidth, 0));
+    // Qwen2-MoE scales the shared expert's output by sigmoid(x·w), its shared_expert_gate
+    // (Megatron's --moe-shared-expert-gate).
+    e.megatron.shared_expert_gate = e.shared_ffn_hidden > 0;
   }
   if (f.experts == Experts::qwen) m.moe_layers = qwen_moe_layers(keys, layers);
   if (f.experts == Experts::deepseek) {

@@ -287,6 +287,7 @@ TEST(HfConfigExperts, Qwen2MoeHasASharedExpertAndDenseLayers) {
   theory::MoeSpec moe = experts(60, 4, 1408);
   moe.shared_ffn_hidden = 5632;
   moe.pre_softmax = true;  // norm_topk_prob false
+  moe.megatron.shared_expert_gate = true;
   EXPECT_EQ(m.layer, with_experts(dense, moe));
   EXPECT_FALSE(m.layer.moe.normalizes());
   // decoder_sparse_step 2: layers 1, 3, 5, ... are MoE; mlp_only_layers makes some dense
@@ -297,7 +298,10 @@ TEST(HfConfigExperts, Qwen2MoeHasASharedExpertAndDenseLayers) {
   EXPECT_TRUE(sparse.is_moe_layer(1));
   EXPECT_FALSE(sparse.is_moe_layer(3));
   EXPECT_EQ(sparse.layer_spec(2), dense);  // a dense layer: the family's MLP of intermediate_size
-  EXPECT_EQ(read_edited("Qwen1.5-MoE-A2.7B", {{"shared_expert_intermediate_size", 0}}).layer.moe.shared_ffn_hidden, 0);
+  const theory::TransformerModel unshared = read_edited("Qwen1.5-MoE-A2.7B", {{"shared_expert_intermediate_size", 0}});
+  EXPECT_EQ(unshared.layer.moe.shared_ffn_hidden, 0);
+  EXPECT_TRUE(m.layer.moe.megatron.shared_expert_gate);  // Qwen2-MoE gates its shared expert
+  EXPECT_FALSE(unshared.layer.moe.megatron.shared_expert_gate);
 }
 
 TEST(HfConfigExperts, DeepSeekV3) {
