@@ -731,6 +731,18 @@ double workspace_bytes_of(const Values& v, const theory::TransformerModel& m) {
   return theory::library_workspace_bytes(te, te && v.on("moe-grouped-gemm") && m.layer.moe.enabled());
 }
 
+// Megatron-Core's local attention computes its scores with baddbmm over a [b·a/t, s, s] tensor
+// of the activations' type that parallel_state's global memory buffer hands out and keeps for
+// the run; its other users (the local linears' sequence-parallel gathers) share the buffer's
+// name and get the same storage, so the largest request stays allocated.
+double local_scores_buffer_bytes(const Values& v, const theory::TransformerModel& m, const theory::StepConfig& c) {
+  if (!local_attention(v)) return 0;
+  const double t = c.layout.t, s = c.seq, b = c.micro_batch, e = c.precision.activation;
+  const double scores = b * (m.a / t) * s * s;
+  const double gathered = c.policy.sequence_parallel ? s * b * m.h : 0;  // QKV's and fc1's whole input
+  return e * std::max(scores, gathered);
+}
+
 LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
   LayerPolicy c;
   c.sequence_parallel = v.on("sequence-parallel") && t > 1;  // Megatron turns SP off at t = 1
@@ -884,9 +896,9 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.gradient_accumulation_fusion = !v.on("no-gradient-accumulation-fusion");
   c.cross_entropy = cross_entropy_of(v);
   c.precision = precision_of(v);
-  c.workspace_bytes = workspace_bytes_of(v, run.model);
   c.seq = run.model.seq;
   c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));
+  c.workspace_bytes = workspace_bytes_of(v, run.model) + local_scores_buffer_bytes(v, run.model, c);
   run.world_size = world_size_of(v, gpus);
   const int64_t model_parallel = int64_t{c.layout.t} * c.layout.p * c.layout.cp;
   if (run.world_size == 0)

@@ -544,6 +544,21 @@ TEST(MegatronArgs, CrossEntropyFusionAndTheLocalSoftmax) {
                    .model.layer.megatron_fp32_torch_softmax);  // Transformer Engine's softmax
 }
 
+// The local attention's scores buffer stays allocated beside the library workspaces: bf16
+// [b·a/t, s, s] = 2 x 2·2·128·128, or under SP the gathered input [s, b, h] if larger.
+TEST(MegatronArgs, LocalAttentionKeepsItsScoresBuffer) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 8 "
+                           "--bf16 --seq-length 128 --micro-batch-size 2 --tensor-model-parallel-size 2 ";
+  auto workspace = [&](const std::string& extra) {
+    return megatron_run(flags_of(base + extra), std::nullopt, 0).step.workspace_bytes;
+  };
+  const double MiB = 1024.0 * 1024;
+  EXPECT_EQ(workspace(""), 96 * MiB);  // Transformer Engine's attention allocates per call
+  EXPECT_EQ(workspace("--transformer-impl local"), 64 * MiB + 2.0 * 2 * 2 * 128 * 128);
+  EXPECT_EQ(workspace("--transformer-impl local --sequence-parallel --hidden-size 1024 --ffn-hidden-size 1024"),
+            64 * MiB + 2.0 * 128 * 2 * 1024);  // the gathered input is the larger request
+}
+
 // The three losses' bytes on the last stage (sb = 1024 rows, V/t = 50304 columns, bf16).
 TEST(StepMemory, TheLossKeepsAndHoldsWhatItsImplementationDoes) {
   const TransformerModel m = gpt_model();
