@@ -731,16 +731,23 @@ double workspace_bytes_of(const Values& v, const theory::TransformerModel& m) {
   return theory::library_workspace_bytes(te, te && v.on("moe-grouped-gemm") && m.layer.moe.enabled());
 }
 
-// Megatron-Core's local attention computes its scores with baddbmm over a [b·a/t, s, s] tensor
-// of the activations' type that parallel_state's global memory buffer hands out and keeps for
-// the run; its other users (the local linears' sequence-parallel gathers) share the buffer's
-// name and get the same storage, so the largest request stays allocated.
-double local_scores_buffer_bytes(const Values& v, const theory::TransformerModel& m, const theory::StepConfig& c) {
-  if (!local_attention(v)) return 0;
-  const double t = c.layout.t, s = c.seq, b = c.micro_batch, e = c.precision.activation;
-  const double scores = b * (m.a / t) * s * s;
-  const double gathered = c.policy.sequence_parallel ? s * b * m.h : 0;  // QKV's and fc1's whole input
-  return e * std::max(scores, gathered);
+// parallel_state's global memory buffer: one tensor of the activations' type per name, kept for
+// the run and grown to the largest request. Its users all ask under one name: Megatron-Core's
+// local attention for its [b·a/t, s, s] scores (baddbmm's input), the local linears for their
+// sequence-parallel gathers ([s, b, h]), and the allgather token dispatcher for the tokens it
+// gathers over the expert tensor- and expert-parallel ranks ([s·b/(r·C)·etp·ep, h]).
+double global_memory_buffer_bytes(const Values& v, const theory::TransformerModel& m, const theory::StepConfig& c) {
+  const theory::StepLayout& l = c.layout;
+  const double t = l.t, s = c.seq, b = c.micro_batch, r = c.policy.sequence_parallel ? t : 1.0;
+  double elements = 0;
+  if (local_attention(v)) {
+    elements = std::max(elements, b * (m.a / t) * s * s);
+    if (c.policy.sequence_parallel) elements = std::max(elements, s * b * m.h);  // QKV's and fc1's whole input
+  }
+  const double ep = l.ep, etp = l.etp > 0 ? l.etp : l.t;
+  const bool allgather = v.text("moe-token-dispatcher-type", "allgather") == "allgather";
+  if (m.layer.moe.enabled() && allgather && ep * etp > 1) elements = std::max(elements, s * b / (r * l.cp) * etp * ep * m.h);
+  return c.precision.activation * elements;
 }
 
 LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
@@ -898,7 +905,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.precision = precision_of(v);
   c.seq = run.model.seq;
   c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));
-  c.workspace_bytes = workspace_bytes_of(v, run.model) + local_scores_buffer_bytes(v, run.model, c);
+  c.workspace_bytes = workspace_bytes_of(v, run.model) + global_memory_buffer_bytes(v, run.model, c);
   run.world_size = world_size_of(v, gpus);
   const int64_t model_parallel = int64_t{c.layout.t} * c.layout.p * c.layout.cp;
   if (run.world_size == 0)

@@ -557,6 +557,11 @@ TEST(MegatronArgs, LocalAttentionKeepsItsScoresBuffer) {
   EXPECT_EQ(workspace("--transformer-impl local"), 64 * MiB + 2.0 * 2 * 2 * 128 * 128);
   EXPECT_EQ(workspace("--transformer-impl local --sequence-parallel --hidden-size 1024 --ffn-hidden-size 1024"),
             64 * MiB + 2.0 * 128 * 2 * 1024);  // the gathered input is the larger request
+  // The allgather dispatcher gathers its tokens (s·b/t rows under SP) over etp·ep = 2·2 ranks
+  // into the same buffer; the alltoall dispatcher does not.
+  const std::string moe = "--sequence-parallel --num-experts 4 --expert-model-parallel-size 2 ";
+  EXPECT_EQ(workspace(moe), 96 * MiB + 2.0 * (128 * 2 / 2) * 4 * 64);
+  EXPECT_EQ(workspace(moe + "--moe-token-dispatcher-type alltoall"), 96 * MiB);
 }
 
 // The three losses' bytes on the last stage (sb = 1024 rows, V/t = 50304 columns, bf16).
