@@ -568,7 +568,6 @@ void apply_mla_flags(const Values& v, theory::LayerSpec& s) {
   a.v_head_dim = width("v-head-dim", a.v_head_dim);
 }
 
-// The layer flags as edits of the model's spec.
 // --cross-entropy-loss-fusion with --cross-entropy-fusion-impl native (Megatron's default) or te.
 theory::CrossEntropyFusion cross_entropy_of(const Values& v) {
   const std::string impl = v.text("cross-entropy-fusion-impl", "native");
@@ -589,13 +588,15 @@ bool unfused_backend(const Values& v) {
 }
 
 // Without --no-masked-softmax-fusion the local attention's fused kernel keeps the 16-bit
-// probabilities; without it torch's softmax runs, in fp32 when asked (query-key layer scaling
-// implies it), on 16-bit activations. Transformer Engine's unfused attention has its own switch.
+// probabilities; with it torch's softmax runs, in fp32 when asked (query-key layer scaling
+// implies it; on fp32 activations the pieces count nothing more). Transformer Engine's unfused
+// attention has its own switch.
 bool fp32_torch_softmax(const Values& v) {
   const bool fp32_softmax = v.on("attention-softmax-in-fp32") || v.on("apply-query-key-layer-scaling");
-  return local_attention(v) && v.on("no-masked-softmax-fusion") && fp32_softmax && (v.on("bf16") || v.on("fp16"));
+  return local_attention(v) && v.on("no-masked-softmax-fusion") && fp32_softmax;
 }
 
+// The layer flags as edits of the model's spec.
 void apply_layer_flags(const Values& v, theory::TransformerModel& m) {
   theory::LayerSpec& s = m.layer;
   if (v.has("normalization")) s.normalization = theory::parse_norm(v.text("normalization"));

@@ -104,7 +104,7 @@ struct LayerSpec {
   MoeSpec moe = {};                // a mixture of experts in place of the MLP when moe.num_experts > 0
   MlaSpec mla = {};                // multi-latent attention in place of the QKV projection when mla.enabled
   // Megatron-Core's local attention without its fused masked softmax (--no-masked-softmax-fusion),
-  // the softmax in fp32 on 16-bit activations: torch's softmax keeps its fp32 output. Only
+  // the softmax in fp32: on 16-bit activations torch's softmax keeps its fp32 output. Only
   // theory memory's whole-step model reads it (layer_pieces.hpp, Bookkeeping::megatron).
   bool megatron_fp32_torch_softmax = false;
   bool operator==(const LayerSpec&) const = default;

@@ -521,13 +521,9 @@ double loss_bytes(const StepConfig& c, double sb, double V_t, double t) {
 // The transient beside it while the loss runs, forward and backward: the 16-bit logits beside
 // their fp32 copy (none when activations are fp32), and under native fusion one more fp32 copy.
 double loss_transient_bytes(const StepConfig& c, double sb, double V_t) {
-  const double e = c.precision.activation;
-  switch (c.cross_entropy) {
-    case CrossEntropyFusion::te: return 0;
-    case CrossEntropyFusion::native: return (e < 4 ? e : 0) * sb * V_t + 4 * sb * V_t;
-    case CrossEntropyFusion::none: break;
-  }
-  return e < 4 ? e * sb * V_t : 0;
+  if (c.cross_entropy == CrossEntropyFusion::te) return 0;
+  const double e = c.precision.activation, logits = (e < 4 ? e : 0) * sb * V_t;
+  return c.cross_entropy == CrossEntropyFusion::native ? logits + 4 * sb * V_t : logits;
 }
 
 }  // namespace
