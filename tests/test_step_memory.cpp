@@ -1048,6 +1048,46 @@ TEST(StepMemoryMtp, EachMtpLayerKeepsItsLayerLookupNormsAndLossByHand) {
   EXPECT_EQ(chunk_bytes(m, c, 2, false, true, 2).layers - full_plain, rows);
 }
 
+TEST(StepMemoryMtp, TheFirstBackwardLayerIsAnMtpLayerWhoseInputsAreAlive) {
+  TransformerModel m = moe_model();
+  StepConfig c = config(2, 2, 4, 16);
+  c.seq = 256;
+  c.policy.sequence_parallel = true;
+  c.layout.ep = 4, c.layout.etp = 1;
+  m.mtp_layers = 2;
+  const ChunkBytes b = chunk_bytes(m, c, 2, false, true, 2);
+  // Per MTP layer: the lookup (5120), enorm's and hnorm's inputs and statistics (16384 + 512
+  // each) and eh_proj's 2h-wide input (2 x 16384); once, the decoder's final norm (16896).
+  EXPECT_EQ(b.output_held, 16896 + 2 * (5120 + 2 * 16896 + 2 * 16384));
+  m.mtp_layers = 0;
+  const ChunkBytes plain = chunk_bytes(m, c, 2, false, true, 2);
+  EXPECT_EQ(b.mtp_layers, b.layers - plain.layers);
+  EXPECT_GT(b.mtp_layers, 0);
+  EXPECT_EQ(plain.output_held + plain.mtp_layers, 0);  // the final norm runs backward before the last layer
+  // One micro-batch on a single stage: the backward's moments, each from the live bytes by hand.
+  for (const double seq : {256.0, 4096.0}) {
+    SCOPED_TRACE("seq " + std::to_string(seq));
+    StepConfig one = config(2, 1, 4, 4);
+    one.seq = seq;
+    one.policy.sequence_parallel = true, one.policy.attention = Attention::unfused;
+    one.layout.ep = 4, one.layout.etp = 1;
+    m.mtp_layers = 1;
+    const int L = static_cast<int>(m.L);
+    const ChunkBytes live = chunk_bytes(m, one, L, true, true);
+    const ChunkTransients layer = chunk_transients(m, one, L, L - 1);
+    const double logits = 2.0 * seq * 1024 / 2, embedding_grad = 2.0 * 1024 / 2 * 64;  // vocab padded to 1024
+    const double at_loss = live.total() + logits;
+    const double at_layer = live.layers + live.embedding + live.output_held + layer.recompute + layer.grads;
+    const double at_mtp_lookup = live.layers - live.mtp_layers + live.embedding + live.output_held + embedding_grad;
+    const double at_lookup = live.embedding + embedding_grad;
+    const StageMemory s = step_memory(m, one).front();
+    EXPECT_DOUBLE_EQ(s.step_peak_bytes - s.rest_bytes, std::max({at_loss, at_layer, at_mtp_lookup, at_lookup}));
+    if (at_layer > at_loss) {
+      EXPECT_EQ(s.output_bytes, live.output_held);
+    }
+  }
+}
+
 TEST(MegatronArgs, MultiTokenPredictionFlags) {
   const std::string base = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 4 "
                            "--pipeline-model-parallel-size 2 ";

@@ -428,10 +428,11 @@ class PeakTracker {
   }
   // The live bytes with `freed` already released, plus the transients, as a candidate peak.
   // `freed`: what one micro-batch's backward has released by then (its loss's bytes once the
-  // loss's backward has run; its layers once the backward ran through them).
-  void candidate(const std::string& at, StageMemory transients, const ChunkBytes& freed = {}) {
+  // loss's backward has run; its layers once the backward ran through them: `done`, the
+  // micro-batch no longer counts as in flight).
+  void candidate(const std::string& at, StageMemory transients, const ChunkBytes& freed = {}, bool done = false) {
     StageMemory s = transients;
-    s.microbatches_in_flight = in_flight_ - (freed.layers > 0 ? 1 : 0);
+    s.microbatches_in_flight = in_flight_ - (done ? 1 : 0);
     s.activation_bytes = live_.layers - freed.layers;
     s.embedding_bytes = live_.embedding - freed.embedding;
     s.output_bytes = live_.output - freed.output;
@@ -578,9 +579,13 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
     const LayerSpec spec = m.layer_spec(static_cast<int>(m.L) - 1);
     const double layer = c.policy.recompute == Recompute::full ? checkpoint_bytes(d, c) : saved_bytes(d, spec, c.policy, p);
     out.layers += D * layer;
+    out.mtp_layers = D * layer;
     const double eh_proj_input = 2 * rows, mtp_labels = 8 * sb;
     out.output += D * (lookup + 3 * norm_input + eh_proj_input + loss + mtp_labels);  // enorm, hnorm, final norm
     out.output += D * rows;  // the concatenated buffer's rows
+    // Backward runs the losses, the output layer and the MTP final norms first, then an MTP
+    // layer, then eh_proj, enorm and hnorm, and only then the decoder's final norm.
+    out.output_held = norm_input + D * (lookup + 2 * norm_input + eh_proj_input);
   }
   return out;
 }
@@ -665,19 +670,22 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
         loss.loss_working_set_bytes = loss_transient;
         peak.candidate(op_text(op) + " (loss)", loss);
       }
-      // Then the chunk's last layer: the loss's and the output layer's bytes are released.
+      // Then the chunk's last layer (with MTP an MTP layer): the loss's and the output layer's
+      // bytes are released, what that layer's inputs hold is not yet.
+      const ChunkBytes& b = bytes[op.chunk];
+      const ChunkBytes released{0, 0, b.output - b.output_held};
       extra.recompute_working_set_bytes = transients[op.chunk].recompute;
       extra.grad_working_set_bytes = transients[op.chunk].grads;
-      peak.candidate(op_text(op), extra, ChunkBytes{0, 0, bytes[op.chunk].output});
-      if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, first of the stage's, its layers alive
+      peak.candidate(op_text(op), extra, released);
+      if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, the first of the stage's
         StageMemory lookup = fsdp_only(extra);
         lookup.embedding_grad_bytes = embedding_grad;
-        peak.candidate(op_text(op) + " (mtp embedding)", lookup);
+        peak.candidate(op_text(op) + " (mtp embedding)", lookup, ChunkBytes{b.mtp_layers, 0, released.output});
       }
       if (first) {  // the lookup's backward: this micro-batch's layers are freed by now
         StageMemory lookup = fsdp_only(extra);
         lookup.embedding_grad_bytes = embedding_grad;
-        peak.candidate(op_text(op) + " (embedding)", lookup, ChunkBytes{bytes[op.chunk].layers, 0, bytes[op.chunk].output});
+        peak.candidate(op_text(op) + " (embedding)", lookup, ChunkBytes{b.layers, 0, b.output}, true);
       }
       peak.backward_done(bytes[op.chunk]);
     }

@@ -210,6 +210,12 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
 // One micro-batch of one chunk: what its forward keeps (each term above, for one micro-batch).
 struct ChunkBytes {
   double layers = 0, embedding = 0, output = 0;
+  // Of `layers`, the MTP layers' saved tensors (the last chunk with --mtp-num-layers).
+  double mtp_layers = 0;
+  // Of `output`, what the chunk's first backward layer still finds alive: with MTP the first
+  // is an MTP layer, whose lookups, enorm's and hnorm's inputs and eh_proj's input (and the
+  // decoder's final norm's input) have their backward after it; without MTP nothing.
+  double output_held = 0;
   double total() const { return layers + embedding + output; }
 };
 // first_layer: the chunk's first layer's index in the model (which of its layers are MoE).
