@@ -34,6 +34,7 @@
 #include "runners/theory_tables.hpp"
 #include "runtime/error.hpp"
 #include "theory/config_fit.hpp"
+#include "theory/layer_pieces.hpp"
 #include "theory/layout_search.hpp"
 #include "theory/llama_memory.hpp"
 #include "theory/memory_totals.hpp"
@@ -305,6 +306,9 @@ MegatronRun memory_run(const TheoryOptions& a) {
   }
   MegatronRun run = megatron_run(flags, base, a.gpus);
   if (!base) run.model.name = "megatron:" + fs::path(a.megatron_args).filename().string();
+  if (a.moe_expert_load != 1 && !run.model.layer.moe.enabled())
+    throw InvalidArgument("--moe-expert-load: " + run.model.name + " has no experts");
+  run.step.moe_expert_load = a.moe_expert_load;
   return run;
 }
 
@@ -325,6 +329,18 @@ std::string sharding_text(const StepConfig& c) {
   return out;
 }
 
+// ", busiest experts 1.5x balanced rows" (--moe-expert-load), or nothing under balanced routing.
+std::string expert_load_text(const TransformerModel& m, const StepConfig& c) {
+  const Dims d = c.layer_dims(m);
+  const double load = moe_expert_load(d, m.layer);
+  if (c.moe_expert_load == 1) return "";
+  if (m.layer.moe.capacity_factor > 0) return ", --moe-expert-load not applied: each expert's capacity bounds its rows";
+  char text[120];
+  std::snprintf(text, sizeof text, ", busiest rank's experts %.3gx balanced rows%s", load,
+                load < c.moe_expert_load ? " (the dropless bound)" : "");
+  return text;
+}
+
 std::string run_text(const MegatronRun& r) {
   const TransformerModel& m = r.model;
   const StepConfig& c = r.step;
@@ -341,6 +357,7 @@ std::string run_text(const MegatronRun& r) {
                   e.num_experts, e.top_k, m.layer.expert_ffn(d), e.shared_ffn_hidden, m.moe_layer_count(), m.L,
                   c.layout.ep, c.layout.expert_tp());
     options += moe;
+    options += expert_load_text(m, c);
   }
   if (m.layer.mla.enabled) {
     const MlaSpec& l = m.layer.mla;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <stdexcept>
 
 #include "runners/megatron_args.hpp"  // parse_dp_shard
@@ -185,6 +186,9 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   opts.value(memory, "--gpus", kMemory, "GPUs in the run, 1.." + gpus + " (default: the script's world size)");
   opts.value(memory, "--gpu", kMemory, "a100 | h100 | h200 | b200: say whether each stage fits its memory");
   opts.value(memory, "--csv", kMemory, "also write one row per pipeline stage to this CSV");
+  opts.value(memory, "--moe-expert-load", kMemory,
+             "routing imbalance: the rows the busiest rank's experts process, as a multiple of balanced routing's "
+             "(1 balanced; max: every token's choices on that rank's experts, the dropless bound)", "1");
   return apps;
 }
 
@@ -281,6 +285,10 @@ void take_memory(const Options& opts, const CLI::App* memory, TheoryOptions& o) 
     o.csv = opts.text(memory, "--csv");
     check_output_file("--csv", o.csv);
   }
+  const std::string load = opts.text(memory, "--moe-expert-load");
+  o.moe_expert_load = load == "max" ? std::numeric_limits<double>::infinity() : parse_real_option("--moe-expert-load", load);
+  if (!(o.moe_expert_load >= 1))
+    throw InvalidArgument("--moe-expert-load must be at least 1 (1: balanced routing) or max, got " + load);
   o.megatron_words = memory->remaining();
 }
 

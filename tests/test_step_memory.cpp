@@ -1088,6 +1088,57 @@ TEST(StepMemoryMtp, TheFirstBackwardLayerIsAnMtpLayerWhoseInputsAreAlive) {
   }
 }
 
+TEST(StepMemoryMoe, TheBusiestRanksExpertsProcessTheLoadTimesBalancedRows) {
+  const TransformerModel m = moe_model();
+  StepConfig c = config(2, 1, 4, 4);
+  c.seq = 256;
+  c.policy.sequence_parallel = true;
+  c.layout.ep = 4, c.layout.etp = 1;
+  const LayerSpec spec = m.layer_spec(1);
+  const Dims balanced = c.layer_dims(m);
+  c.moe_expert_load = 1.5;
+  const Dims busy = c.layer_dims(m);
+  EXPECT_EQ(moe_expert_load(busy, spec), 1.5);
+  // The pieces over the rows the rank's experts process grow by the load; nothing else does.
+  const ByteCategories one = layer_bytes_by_category(balanced, spec, c.policy);
+  const ByteCategories more = layer_bytes_by_category(busy, spec, c.policy);
+  ASSERT_EQ(one.size(), more.size());
+  int scaled = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    SCOPED_TRACE(one[i].first);
+    const bool expert_rows = one[i].first == "moe_permuted" || one[i].first == "moe_act_input" ||
+                             one[i].first == "moe_permuted_probs" || one[i].first == "moe_fc2_input";
+    EXPECT_EQ(more[i].second, (expert_rows ? 1.5 : 1.0) * one[i].second);
+    scaled += expert_rows;
+  }
+  EXPECT_EQ(scaled, 4);
+  // The bound: 8 experts over ep = 4 (2 per rank), k = 2: every token's both choices on this
+  // rank's experts, 4x balanced; with a capacity factor each expert's capacity bounds the rows.
+  c.moe_expert_load = 100;
+  EXPECT_EQ(moe_expert_load(c.layer_dims(m), spec), 4);
+  LayerSpec capped = spec;
+  capped.moe.capacity_factor = 1.25;
+  EXPECT_EQ(moe_expert_load(c.layer_dims(m), capped), 1);
+  // The step: more activations and a larger MoE gradient working set; a dense model or a load
+  // below balanced is refused.
+  c.moe_expert_load = 1;
+  c.policy.attention = Attention::fused;
+  const StageMemory at_one = step_memory(m, c).front();
+  const double grads_at_one = chunk_transients(m, c, 4, 3).grads;
+  c.moe_expert_load = 2;
+  const StageMemory at_two = step_memory(m, c).front();
+  EXPECT_GT(at_two.peak_bytes, at_one.peak_bytes);
+  EXPECT_EQ(at_two.rest_bytes, at_one.rest_bytes);
+  // The experts' activation gradients: 128 tokens routed twice, 32 wide, SwiGLU's two, bf16 —
+  // twice the rows at load 2 (the MLP term is the larger here).
+  EXPECT_EQ(chunk_transients(m, c, 4, 3).grads - grads_at_one, 2.0 * 2 * 128 * 2 * 32);
+  c.moe_expert_load = 0.5;
+  EXPECT_THROW(step_memory(m, c), InvalidArgument);
+  StepConfig dense = config(1, 1, 1, 1);
+  dense.moe_expert_load = 2;
+  EXPECT_THROW(step_memory(gpt_model(), dense), InvalidArgument);
+}
+
 TEST(MegatronArgs, MultiTokenPredictionFlags) {
   const std::string base = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 4 "
                            "--pipeline-model-parallel-size 2 ";

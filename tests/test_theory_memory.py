@@ -81,6 +81,35 @@ class LaunchScripts(unittest.TestCase):
             self.assertAlmostEqual(int(row["optimizer_bytes"]) / (12 * ((params - expert) / 64 + expert / 2)), 1,
                                    places=9)
 
+    def test_routing_imbalance_grows_the_experts_rows_up_to_the_dropless_bound(self):
+        mixtral = ["--model", "mixtral-8x7b", "--gpus", "64", "--tensor-model-parallel-size", "2",
+                   "--pipeline-model-parallel-size", "4", "--expert-model-parallel-size", "8", "--sequence-parallel",
+                   "--micro-batch-size", "1", "--global-batch-size", "256"]
+        peaks = {}
+        for load in ("1", "2", "4", "max"):
+            r, (_, rows) = self.memory_csv(mixtral + ["--moe-expert-load", load])
+            peaks[load] = [int(row["peak_bytes"]) for row in rows]
+            rests = [int(row["rest_bytes"]) for row in rows]
+            if load == "1":
+                self.assertNotIn("balanced rows", r.stdout)
+                balanced_rests = rests
+            self.assertEqual(rests, balanced_rests)  # the state does not move with the routing
+        self.assertIn("busiest rank's experts 4x balanced rows (the dropless bound)", r.stdout)
+        for stage in range(4):
+            self.assertLess(peaks["1"][stage], peaks["2"][stage])
+            self.assertLess(peaks["2"][stage], peaks["4"][stage])
+        # 8 experts over ep = 8, k = 2: one expert per rank, so every token reaches it at most once
+        self.assertEqual(peaks["4"], peaks["max"])
+        for bad in ("0.5", "x", "", "inf"):
+            with self.subTest(bad):
+                r = run(mixtral + ["--moe-expert-load", bad])
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertIn("--moe-expert-load", r.stderr)
+        r = run(["--model", "llama3-8b", "--gpus", "8", "--moe-expert-load", "2"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("has no experts", r.stderr)
+
     def test_each_script_gives_one_row_per_stage_that_adds_up(self):
         stages = {"gpt3_857m.sh": 2, "llama3_8b.sh": 2, "qwen3_like_interleaved.sh": 4}
         zero3 = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]

@@ -26,6 +26,10 @@ struct Dims {
   // split over etp ranks (the TP group), which gather every one of their routed rows; 1: each
   // expert whole on its rank.
   double etp = 1;
+  // Routing imbalance (dropless routing): the rows this rank's experts process, as a multiple
+  // of balanced routing's (1: balanced), capped where every token's choices land on this
+  // rank's experts (theory::moe_expert_load). Not used with a capacity factor or given rows.
+  double moe_expert_load = 1;
 };
 
 // e: bytes per activation element (2 for bf16/fp16, 4 for fp32); mask: bytes per dropout-mask element.

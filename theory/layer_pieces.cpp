@@ -238,7 +238,7 @@ void moe_block(const Dims& d, const Extents& x, const LayerSpec& spec, LayerPoli
   // expert-parallel group under EP, and every row of the group's t ranks, F_e/etp wide, under
   // expert tensor parallelism. The combine's input holds the rank's own routed rows (N).
   const double tokens = x.region / d.h, E = moe.num_experts, k = moe.top_k, N = moe_routed_rows(d, spec);
-  const double N_e = d.moe_expert_rows > 0 ? d.moe_expert_rows : N * d.etp;
+  const double N_e = d.moe_expert_rows > 0 ? d.moe_expert_rows : N * d.etp * moe_expert_load(d, spec);
   const double gated = spec.activation == Activation::swiglu ? 2 : 1;  // fc1's outputs per unit of width
   const double width = spec.expert_ffn(d) / d.etp;
   const double shared_rows = d.s * d.b / d.cp, shared = moe.shared_ffn_hidden / d.t;
@@ -314,6 +314,13 @@ double moe_routed_rows(const Dims& d, const LayerSpec& spec) {
   const double tokens = d.s * d.b / (d.t * d.cp), pairs = tokens * moe.top_k;
   if (moe.capacity_factor <= 0) return pairs;
   return std::min(pairs, moe.num_experts * std::ceil(pairs / moe.num_experts * moe.capacity_factor));
+}
+
+double moe_expert_load(const Dims& d, const LayerSpec& spec) {
+  const MoeSpec& moe = spec.moe;
+  if (moe.capacity_factor > 0 || d.moe_routed_rows > 0 || d.moe_expert_rows > 0) return 1;
+  const double local_experts = moe.num_experts / d.ep;
+  return std::min(d.moe_expert_load, std::min(moe.top_k, local_experts) * d.ep / moe.top_k);
 }
 
 double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p, Bookkeeping b) {

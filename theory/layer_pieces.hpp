@@ -118,6 +118,12 @@ double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precisio
 // choices dropless, or at most E·ceil(T·k/E · cf) with a capacity factor.
 double moe_routed_rows(const Dims& d, const LayerSpec& spec);
 
+// The multiple of balanced routing's rows this rank's experts process: d.moe_expert_load,
+// at most min(k, E/ep)·ep/k (every token of the expert-parallel group routing as many of its
+// k choices as it can to this rank's E/ep experts); 1 with a capacity factor (its rows are
+// already each expert's capacity) or with d.moe_routed_rows / d.moe_expert_rows given.
+double moe_expert_load(const Dims& d, const LayerSpec& spec);
+
 // Outside the count, as the paper leaves LayerNorm's statistics out: each norm's fp32 row
 // statistics (LayerNorm mean and rstd, RMSNorm rstd) — "ln1_stats", MLA's
 // "q_latent_norm_stats" and "kv_latent_norm_stats" (sb/r rows each; none under mla_up_proj),

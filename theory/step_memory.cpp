@@ -75,6 +75,7 @@ Dims StepConfig::layer_dims(const TransformerModel& m) const {
   d.cp = layout.cp;
   d.ep = layout.ep;  // the dispatch plan keeps the local experts' received rows under EP
   d.etp = layout.expert_tp();  // the experts gather the group's rows, each F_e/etp wide
+  d.moe_expert_load = moe_expert_load;
   return d;
 }
 
@@ -290,10 +291,11 @@ ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c,
   const double r = c.policy.sequence_parallel ? t : 1.0, F = spec.ffn(d), head = spec.head_dim(d);
   const double act_width = spec.activation == Activation::swiglu ? 2 : 1;
   // An MoE layer's: its experts' activation gradients over the rank's s·b/(r·C) tokens routed to
-  // k experts each (balanced; etp splits the width and gathers the rows, so their product
-  // stays), beside the shared experts' over all rows.
+  // k experts each (balanced, times the routing imbalance; etp splits the width and gathers the
+  // rows, so their product stays), beside the shared experts' over all rows.
+  const double routed = spec.moe.enabled() ? sb / r * spec.moe.top_k * moe_expert_load(d, spec) : 0;
   const double mlp = spec.moe.enabled()
-                         ? e * act_width * (sb / r * spec.moe.top_k * spec.expert_ffn(d) + sb * spec.moe.shared_ffn_hidden / t)
+                         ? e * act_width * (routed * spec.expert_ffn(d) + sb * spec.moe.shared_ffn_hidden / t)
                          : e * act_width * sb * F / t;
   // Fused: dO, dq, dk, dv and the fp32 row sums. Unfused: the probabilities' gradient beside
   // the scores' (without dropout), or beside the dropout output's once that output is freed
@@ -400,6 +402,9 @@ void check(const TransformerModel& m, const StepConfig& c) {
   require(m.vocab >= 1, "the vocabulary size must be at least 1");
   check_layer_spec(m.dims(c.seq, c.micro_batch, l.t), m.layer);
   check_expert_layout(m, l);
+  require(c.moe_expert_load >= 1, "--moe-expert-load must be at least 1 (1: balanced routing), got " +
+                                      text(c.moe_expert_load));
+  require(c.moe_expert_load == 1 || m.layer.moe.enabled(), "--moe-expert-load: the model has no experts");
   if (m.layer.moe.enabled() && l.t > 1)
     require(c.policy.sequence_parallel, "a mixture of experts under tensor parallelism needs --sequence-parallel "
                                         "(as Megatron-Core requires)");

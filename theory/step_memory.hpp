@@ -126,6 +126,9 @@ struct StepConfig {
   DataParallelSharding sharding;              // Megatron-FSDP and hybrid replicas
   bool gradient_accumulation_fusion = true;   // weight gradients go straight into main_grad
   CrossEntropyFusion cross_entropy = CrossEntropyFusion::none;
+  // Routing imbalance: the rows the busiest rank's experts process, as a multiple of balanced
+  // routing's, in every MoE layer (Dims::moe_expert_load; 1: balanced).
+  double moe_expert_load = 1;
   TrainingPrecision precision;
   // Library workspaces PyTorch's allocator holds from the first step on (cuBLAS, Transformer
   // Engine): on every stage, at rest and at the peak. megatron_args.hpp sizes them.
