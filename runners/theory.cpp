@@ -145,6 +145,9 @@ int run_plan_search(const TheoryOptions& a) {
   r.efficiency = a.efficiency;
   r.cp_comm = parse_cp_comm_type(a.cp_comm_type);
   r.max_cp = a.max_cp;
+  if (a.moe_expert_load != 1 && !r.model.layer.moe.enabled())
+    throw InvalidArgument("--moe-expert-load: " + r.model.name + " has no experts");
+  r.moe_expert_load = a.moe_expert_load;
   const int top = a.top;
   const std::vector<PlanCandidate> plans = plan_search(r);
   const double s = r.seq > 0 ? r.seq : r.model.seq;
@@ -155,6 +158,11 @@ int run_plan_search(const TheoryOptions& a) {
               r.sharding.fsdp ? ("Megatron-FSDP " + a.fsdp_strategy).c_str()
                               : (r.distributed_optimizer ? "distributed" : "replicated"),
               100 * r.efficiency);
+  if (r.moe_expert_load != 1)
+    std::printf("memory with the busiest rank's experts at %s; times at balanced routing\n",
+                std::isinf(r.moe_expert_load)
+                    ? "the dropless bound (--moe-expert-load max)"
+                    : (fmt(r.moe_expert_load) + "x balanced rows (--moe-expert-load; at most the dropless bound)").c_str());
   // A mixture of experts adds the expert-parallel sizes, the recompute modules and the
   // all-to-alls' share of the iteration; a dense model's table is as it was.
   const bool moe = r.model.layer.moe.enabled();

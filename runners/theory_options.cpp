@@ -20,6 +20,17 @@ namespace {
 // The commands that read an option (a bit each).
 enum Reader : unsigned { kTables = 1, kFit = 2, kSearch = 4, kLlamaTable = 8, kMemory = 16 };
 
+constexpr const char* kExpertLoadHelp =
+    "routing imbalance: the rows the busiest rank's experts process, as a multiple of balanced routing's (1 "
+    "balanced; max: every token's choices on that rank's experts, the dropless bound)";
+
+// --moe-expert-load's value: at least 1, or max (infinity: theory caps it at the dropless bound).
+double expert_load(const std::string& text) {
+  const double v = text == "max" ? std::numeric_limits<double>::infinity() : parse_real_option("--moe-expert-load", text);
+  if (!(v >= 1)) throw InvalidArgument("--moe-expert-load must be at least 1 (1: balanced routing) or max, got " + text);
+  return v;
+}
+
 std::string command_words(unsigned reader) {
   switch (reader) {
     case kTables:
@@ -155,6 +166,7 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   opts.value(plan, "--cp-comm-type", kSearch, "with --gpus: context parallelism's exchange, p2p | all_gather | a2a",
              "p2p");
   opts.value(plan, "--max-cp", kSearch, "with --gpus: the largest context-parallel size searched (1: none)", "64");
+  opts.value(plan, "--moe-expert-load", kSearch, std::string("with --gpus: ") + kExpertLoadHelp, "1");
   opts.value(plan, "--gpu-memory", kFit, "without --gpus: device memory, e.g. 80GiB (default: the --gpu's)");
   opts.value(plan, "--gpu", both, "a100 | h100 | h200 (| b200 with --gpus)", "a100");
   opts.value(plan, "--tp", kFit, "without --gpus: tensor-parallel size (default: Table 3's)");
@@ -186,9 +198,7 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   opts.value(memory, "--gpus", kMemory, "GPUs in the run, 1.." + gpus + " (default: the script's world size)");
   opts.value(memory, "--gpu", kMemory, "a100 | h100 | h200 | b200: say whether each stage fits its memory");
   opts.value(memory, "--csv", kMemory, "also write one row per pipeline stage to this CSV");
-  opts.value(memory, "--moe-expert-load", kMemory,
-             "routing imbalance: the rows the busiest rank's experts process, as a multiple of balanced routing's "
-             "(1 balanced; max: every token's choices on that rank's experts, the dropless bound)", "1");
+  opts.value(memory, "--moe-expert-load", kMemory, kExpertLoadHelp, "1");
   return apps;
 }
 
@@ -269,6 +279,7 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
   o.cp_comm_type = opts.text(plan, "--cp-comm-type");
   parse_cp_comm_type(o.cp_comm_type);  // refused here, in one line, before any search
   o.max_cp = static_cast<int>(parse_int_option("--max-cp", opts.text(plan, "--max-cp"), 1, theory::kMaxPlanGpus));
+  o.moe_expert_load = expert_load(opts.text(plan, "--moe-expert-load"));
 }
 
 void take_memory(const Options& opts, const CLI::App* memory, TheoryOptions& o) {
@@ -285,10 +296,7 @@ void take_memory(const Options& opts, const CLI::App* memory, TheoryOptions& o) 
     o.csv = opts.text(memory, "--csv");
     check_output_file("--csv", o.csv);
   }
-  const std::string load = opts.text(memory, "--moe-expert-load");
-  o.moe_expert_load = load == "max" ? std::numeric_limits<double>::infinity() : parse_real_option("--moe-expert-load", load);
-  if (!(o.moe_expert_load >= 1))
-    throw InvalidArgument("--moe-expert-load must be at least 1 (1: balanced routing) or max, got " + load);
+  o.moe_expert_load = expert_load(opts.text(memory, "--moe-expert-load"));
   o.megatron_words = memory->remaining();
 }
 

@@ -63,6 +63,7 @@ OPTIONS = [
     (SEARCH, "--top", BAD_INTS), (SEARCH, "--efficiency", BAD_REALS), (SEARCH, "--headroom", BAD_SIZES),
     (SEARCH, "--gpu", BAD_NAMES), (SEARCH, "--attention", BAD_NAMES), (SEARCH, "--model", BAD_NAMES),
     (SEARCH, "--max-cp", BAD_INTS), (SEARCH, "--cp-comm-type", BAD_NAMES + ["a2a+p2p"]),
+    (SEARCH, "--moe-expert-load", ["", " ", "nan", "inf", "0", "0.5", "-1", "x", "maxx", "1e999"]),
     (LLAMA_TABLE, "--tp", BAD_INTS), (LLAMA_TABLE, "--seq", BAD_INTS), (LLAMA_TABLE, "--batch", BAD_INTS),
     (LLAMA_TABLE, "--model", BAD_NAMES + ["175b"]),
 ]
@@ -247,6 +248,34 @@ class MixtureOfExperts(Base):
         self.assertEqual(r.returncode, 0, r.stderr)
         row = dict(zip(r.stdout.splitlines()[1].split(), r.stdout.splitlines()[2].split()))
         self.assertEqual(row["p"], "61", r.stdout)  # one layer a stage: 671B whole on fewer never fits
+
+    def test_routing_imbalance_costs_memory_in_every_layout_and_not_time(self):
+        def plans(load):
+            csv_path = os.path.join(self.tmp, f"plan_{load}.csv")
+            r = run(["plan", "--model", "mixtral-8x7b", "--gpu", "h100", "--gpus", "64", "--global-batch", "64",
+                     "--top", "1048576", "--moe-expert-load", load, "--csv", csv_path])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(csv_path) as f:
+                key = ("tp", "cp", "pp", "interleave", "dp", "ep", "etp", "microbatch", "config", "recompute_modules")
+                return r.stdout, {tuple(row[k] for k in key): row for row in csv.DictReader(f)}
+        _, balanced = plans("1")
+        out, busy = plans("2")
+        self.assertIn("busiest rank's experts at 2x balanced rows", out)
+        self.assertEqual(set(busy), set(balanced))
+        grown = spread = 0
+        for k, row in balanced.items():
+            if row["ep"] == "1":  # all 8 experts on every rank: each token's 2 choices are its rows, whatever the router
+                self.assertEqual(row["total_bytes"], busy[k]["total_bytes"], k)
+            else:  # more, unless the stage's peak is a moment without expert rows (the loss, the setup)
+                self.assertLessEqual(int(row["total_bytes"]), int(busy[k]["total_bytes"]), k)
+                spread += 1
+                grown += int(row["total_bytes"]) < int(busy[k]["total_bytes"])
+            if row["peak_stage"] == busy[k]["peak_stage"]:  # the time reads that stage's parameters
+                self.assertEqual(row["iteration_s"], busy[k]["iteration_s"], k)
+        self.assertGreater(grown, spread / 2)
+        self.assertLess(sum(r["fits"] == "1" for r in busy.values()), sum(r["fits"] == "1" for r in balanced.values()))
+        self.assertRefused(["plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "8",
+                            "--moe-expert-load", "2"], "has no experts")
 
     def test_a_request_no_layout_suits_is_one_line(self):
         self.assertRefused(["plan", "--model", "mixtral-8x7b", "--gpus", "7", "--global-batch", "5"],

@@ -327,6 +327,7 @@ void add_configs(const PlanRequest& r, double s, const Layout& l, int N, const s
     step.policy = c;
     step.distributed_optimizer = r.distributed_optimizer;
     step.sharding = r.sharding;
+    step.moe_expert_load = r.moe_expert_load;
     // As Megatron-Core runs: Transformer Engine, grouped GEMM for the experts.
     step.workspace_bytes = library_workspace_bytes(true, r.model.layer.moe.enabled());
     fill_memory(r.model, step, r.headroom_bytes, k);

@@ -71,6 +71,7 @@ struct PlanRequest {
   double efficiency = 0.5;  // achieved fraction of peak FLOP/s
   CpCommType cp_comm = CpCommType::p2p;  // context parallelism's attention exchange
   int max_cp = 64;                       // the largest context-parallel size searched (1: none)
+  double moe_expert_load = 1;            // routing imbalance (StepConfig::moe_expert_load): memory only
 };
 
 // Bytes one rank sends per layer for context parallelism's attention (forward and backward,
