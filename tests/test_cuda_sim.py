@@ -331,14 +331,16 @@ class CudaSimTest(unittest.TestCase):
 
     @unittest.skipUnless(mla_dumps and MPIEXEC, "numpy or mpirun missing")
     def test_multi_latent_attention_matches_cpu_and_numpy(self):
-        # DeepSeek's latent attention on the cuda backend (unfused: its kernels need v as wide as
-        # q), with mla_up_proj: one rank, then two over the NCCL stand-in with SP.
-        for ranks, configs in [(1, ["baseline", "selective", "full"]), (2, ["sp", "selective+sp"])]:
-            args = [*mla_dumps.SHAPE, *mla_dumps.COMBOS["q_latent_rmsnorm"], "--recompute-modules",
-                    "mla_up_proj,layernorm", "--tp", str(ranks)]
-            tag = "mla%d" % ranks
-            for r, _, got in self.run_against_cpu(tag, args, configs, ranks if ranks > 1 else None):
-                self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), r["config"]))
+        # DeepSeek's latent attention on the cuda backend, unfused and fused (the fused kernels run
+        # its narrower v padded to q's head size), with mla_up_proj: one rank, then two over the
+        # NCCL stand-in with SP.
+        for attention in ["unfused", "fused"]:
+            for ranks, configs in [(1, ["baseline", "selective", "full"]), (2, ["sp", "selective+sp"])]:
+                args = [*mla_dumps.SHAPE, *mla_dumps.COMBOS["q_latent_rmsnorm"], "--recompute-modules",
+                        "mla_up_proj,layernorm", "--tp", str(ranks), "--attention", attention]
+                tag = "mla%d_%s" % (ranks, attention)
+                for r, _, got in self.run_against_cpu(tag, args, configs, ranks if ranks > 1 else None):
+                    self.assert_dumps_match(got, os.path.join(self.dump_dir("cpu_" + tag), r["config"]))
 
     @unittest.skipUnless(moe_dumps and MPIEXEC, "numpy or mpirun missing")
     def test_moe_layer_matches_cpu_and_numpy(self):
@@ -400,7 +402,7 @@ class CudaSimTest(unittest.TestCase):
         self.assertLessEqual(rec["recompute.core_attn"], kernels["selective"]["fwd.core_attn"])
 
     def test_fused_attention_refuses_heads_wider_than_its_kernels_with_one_line(self):
-        # The fused kernels take heads of up to 128 channels (Gemma's 256 run unfused): exit 2,
+        # The fused kernels take heads of up to 192 channels (Gemma's 256 run unfused): exit 2,
         # one error line naming the head size, no row.
         out = os.path.join(self.tmp, "wide.csv")
         r = subprocess.run([LAYER_RUN, "--backend", "cuda", "--attention", "fused", "--kv-channels", "256",

@@ -186,16 +186,24 @@ TEST_F(GpuLlama, MultiLatentAttentionLayerMatchesCpuAndMeta) {
       EXPECT_EQ(g.act_by_category, m.act_by_category) << what;
       EXPECT_EQ(g.fwd_retained_bytes, g.act_bytes + g.act_extra_bytes) << what;
     }
-  // The cuda fused kernels give v q's head size: latent attention's narrower v is one line.
-  ExperimentSpec fused = small_spec("baseline", DType::fp32, 0.f, q_latent);
-  fused.policy.attention = Attention::fused;
-  auto gcomm = make_backend_local_communicator(*gpu_);
-  try {
-    (void)run_layer_canonical(*gpu_, *gcomm, fused);
-    ADD_FAILURE() << "the cuda backend ran fused attention with v narrower than q";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("--attention unfused"), std::string::npos) << e.what();
-  }
+  // Fused attention with latent attention's narrower v (the cuda backend pads it to q's head
+  // size): the cpu's tensors, with dropout, and meta's bytes.
+  for (const LayerDims& d : {q_latent, q_projected})
+    for (const std::string config : {"baseline", "selective"}) {
+      ExperimentSpec fused = small_spec(config, DType::fp32, 0.1f, d);
+      fused.policy.attention = Attention::fused;
+      auto gcomm = make_backend_local_communicator(*gpu_);
+      auto ccomm = make_local_communicator();
+      const std::string what = "fused mla L_q=" + std::to_string(int(d.spec.mla.q_lora_rank)) + " " + config;
+      expect_same_tensors(run_layer_canonical(*gpu_, *gcomm, fused), run_layer_canonical(*cpu_, *ccomm, fused), 1e-4,
+                          1e-4, what);
+      fused.warmup = 0, fused.iters = 1;
+      auto meta = make_backend("meta");
+      auto mcomm = make_local_communicator();
+      const ExperimentResult g = run_experiment(*gpu_, *gcomm, fused), m = run_experiment(*meta, *mcomm, fused);
+      ASSERT_EQ(g.status, "ok") << what << ": " << g.message;
+      EXPECT_EQ(g.act_by_category, m.act_by_category) << what;
+    }
 }
 
 TEST_F(GpuLlama, ActivationBytesEqualMetaAndTheClosedForms) {

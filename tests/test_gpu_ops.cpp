@@ -132,19 +132,20 @@ class GpuOps : public ::testing::Test {
 
   // Fused attention [B, S, D] on both backends from the same inputs: out and lse of the
   // forward, then dq, dk, dv of the backward, both fed the cpu's out and lse.
+  // v_dim: v's (and the output's) head size, 0 for q's (multi-latent attention's is narrower).
   void check_fused_attention(DType dt, const Shape& shape, float scale, const DropoutSpec& spec, Tol tol,
-                             const std::string& what) {
-    const Shape rows = {shape[0], shape[1]};
-    Both q = random(shape, dt, -2.f, 2.f), k = random(shape, dt, -2.f, 2.f), v = random(shape, dt);
-    Both out = poisoned(shape, dt), lse = poisoned(rows, DType::fp32);
+                             const std::string& what, int64_t v_dim = 0) {
+    const Shape rows = {shape[0], shape[1]}, vshape = {shape[0], shape[1], v_dim ? v_dim : shape[2]};
+    Both q = random(shape, dt, -2.f, 2.f), k = random(shape, dt, -2.f, 2.f), v = random(vshape, dt);
+    Both out = poisoned(vshape, dt), lse = poisoned(rows, DType::fp32);
     gpu_->attention_fwd(q.g, k.g, v.g, scale, spec, out.g, lse.g);
     cpu_->attention_fwd(q.c, k.c, v.c, scale, spec, out.c, lse.c);
     expect_close(out, tol, "attention_fwd out " + what);
     expect_close(lse, {1e-4, 1e-5}, "attention_fwd lse " + what);
-    Both out_ref = with_values(shape, dt, get(*cpu_, out.c));
+    Both out_ref = with_values(vshape, dt, get(*cpu_, out.c));
     Both lse_ref = with_values(rows, DType::fp32, get(*cpu_, lse.c));
-    Both dout = random(shape, dt);
-    Both dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(shape, dt);
+    Both dout = random(vshape, dt);
+    Both dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(vshape, dt);
     gpu_->attention_bwd(q.g, k.g, v.g, out_ref.g, dout.g, lse_ref.g, scale, spec, dq.g, dk.g, dv.g);
     cpu_->attention_bwd(q.c, k.c, v.c, out_ref.c, dout.c, lse_ref.c, scale, spec, dq.c, dk.c, dv.c);
     expect_close(dq, tol, "attention_bwd dq " + what);
@@ -928,6 +929,22 @@ TEST_F(GpuOps, FusedAttentionHeadDims16And96) {
         }
 }
 
+TEST_F(GpuOps, FusedAttentionHeadDim192AndANarrowerV) {
+  // D = 192 (DeepSeek-V3's q·k head, 128 + 64 RoPE dims) and 129 run in the 192 instantiation;
+  // multi-latent attention's v narrower than q and k (128 of 192, 16 of the functional tests'
+  // 24) runs padded to q's head size. S = 70: ragged query tiles of 64 and key tiles of 16.
+  const int64_t B = 2, S = 70;
+  const std::pair<int64_t, int64_t> heads[] = {{192, 0}, {129, 0}, {192, 128}, {24, 16}};
+  for (DType dt : {DType::fp32, DType::bf16})
+    for (const auto& [D, v_dim] : heads)
+      for (float p : {0.f, 0.1f}) {
+        const std::string what = std::string(dtype_name(dt)) + " D=" + std::to_string(D) +
+                                 " v=" + std::to_string(v_dim ? v_dim : D) + " p=" + std::to_string(p);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+        check_fused_attention(dt, {B, S, D}, scale, attention_spec(p, B, S), attention_tol(dt), what, v_dim);
+      }
+}
+
 // Context parallelism's ring (C = 2 ranks, chunks of c = 37 rows, T = 148): each rank's queries
 // against every rank's keys, the partial results merged, then the backward of each key block
 // from the merged out and lse; GQA group 2, dropout indexed in [T, T]. gpu and cpu run the same
@@ -1034,11 +1051,13 @@ TEST_F(GpuOps, ContextParallelPlacedRowsMatchCpu) {
 TEST_F(GpuOps, FusedAttentionRejectsWhatItCannotRun) {
   const int64_t B = 2, S = 5;
   const DropoutSpec spec = attention_spec(0.f, B, S);
-  Tensor big = gpu_->empty({B, S, 129}, DType::fp32), big_out = gpu_->empty({B, S, 129}, DType::fp32);
+  Tensor big = gpu_->empty({B, S, 193}, DType::fp32), big_out = gpu_->empty({B, S, 193}, DType::fp32);
   Tensor lse = gpu_->empty({B, S}, DType::fp32);
-  EXPECT_THROW(gpu_->attention_fwd(big, big, big, 1.f, spec, big_out, lse), InvalidArgument) << "D = 129";
+  EXPECT_THROW(gpu_->attention_fwd(big, big, big, 1.f, spec, big_out, lse), InvalidArgument) << "D = 193";
   EXPECT_THROW(gpu_->attention_bwd(big, big, big, big, big, lse, 1.f, spec, big_out, big_out, big_out), InvalidArgument)
-      << "D = 129";
+      << "D = 193";
+  Tensor narrow = gpu_->empty({B, S, 8}, DType::fp32), wide = gpu_->empty({B, S, 16}, DType::fp32);
+  EXPECT_THROW(gpu_->attention_fwd(narrow, narrow, wide, 1.f, spec, wide, lse), InvalidArgument) << "v wider than q";
   Tensor q = gpu_->empty({B, S, 8}, DType::fp32), out = gpu_->empty({B, S, 8}, DType::fp32);
   Tensor lse16 = gpu_->empty({B, S}, DType::bf16), q16 = gpu_->empty({B, S, 8}, DType::bf16);
   Tensor host = cpu_->empty({B, S, 8}, DType::fp32), other = gpu_->empty({B, S + 1, 8}, DType::fp32);

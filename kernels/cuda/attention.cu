@@ -1,6 +1,6 @@
 // Fused causal attention, FlashAttention-2 style, on CUDA cores in fp32 (storage bf16, fp16
-// or fp32, rounded once on store). q, out [B, S, D], k, v [B / group, Sk, D], D <= 128 (the
-// kernels are instantiated for D padded to 16, 32, 64 or 128; the padding columns are zeros in
+// or fp32, rounded once on store). q, out [B, S, D], k, v [B / group, Sk, D], D <= 192 (the
+// kernels are instantiated for D padded to 16, 32, 64, 128 or 192; the padding columns are zeros in
 // shared memory and never stored). Scores exist only a tile at a time in shared memory; the
 // reference is kernels/cpu/cpu_attention.cpp.
 //
@@ -525,7 +525,7 @@ void check_head_dim(int64_t D, const char* op) {
                           std::to_string(kAttentionMaxHeadDim) + ", the most the cuda kernels support");
 }
 
-// Calls f(std::integral_constant<int, kD>) with kD the head dim padded to 16, 32, 64 or 128.
+// Calls f(std::integral_constant<int, kD>) with kD the head dim padded to 16, 32, 64, 128 or 192.
 template <class F>
 void with_head_dim(int64_t D, const char* op, F&& f) {
   check_head_dim(D, op);
@@ -533,7 +533,8 @@ void with_head_dim(int64_t D, const char* op, F&& f) {
     case 16: f(std::integral_constant<int, 16>{}); break;
     case 32: f(std::integral_constant<int, 32>{}); break;
     case 64: f(std::integral_constant<int, 64>{}); break;
-    default: f(std::integral_constant<int, 128>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    default: f(std::integral_constant<int, 192>{}); break;
   }
 }
 

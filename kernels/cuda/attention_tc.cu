@@ -34,9 +34,9 @@
 // written in 16-byte units; lse = m·ln2 + log(l).
 //
 // Shared memory: Q [64][kD], K [kKeys][kD], V [kKeys][kD] of 16-bit elements, kKeys = 64
-// for kD = 64 and 32 for 96 and 128 (registers, kKeyTile below): 24, 24 and 32 KiB, so
+// for kD = 64, 32 for 96 and 128, 16 for 192 (registers, kKeyTile below): 24, 24, 32, 36 KiB, so
 // several blocks fit an SM on every sm_80+ part. Head sizes run in the instantiation for 64,
-// 96 or 128 (96 has its own: padding it to 128 would waste a quarter of the work); smaller D
+// 96, 128 or 192 (96 has its own: padding it to 128 would waste a quarter of the work); smaller D
 // are padded to 64 with zeros, never stored.
 // Rows are 16-byte chunks whose order is XOR-swizzled by the row (Swizzle below), so the 8
 // rows an ldmatrix matrix reads, and the 8 rows a quarter warp's 16-byte stores write, fall
@@ -67,15 +67,17 @@ static_assert(kWarps * kWarpRows == kFwdRows, "the warps cover the query tile");
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
-// The head sizes the kernel is instantiated for: D padded to the next of 64, 96, 128.
-constexpr int tc_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 96 ? 96 : 128; }
+// The head sizes the kernel is instantiated for: D padded to the next of 64, 96, 128, 192
+// (192: multi-latent attention's q·k head).
+constexpr int tc_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 192; }
 
-// Keys per tile: 64 for kD = 64; 32 for 96 and 128, where a warp's O (kD / 2 registers per
+// Keys per tile: 64 for kD = 64; 16 for 192, whose O alone is 96 registers a lane (32 keys
+// spilled 708 bytes on sm_90); 32 for 96 and 128, where a warp's O (kD / 2 registers per
 // lane), Q fragments (kD / 4) and the register-staged K or V share (kKeys·kD / 256) leave no
 // room for 64 keys' scores (32 more, and 16 more for the share) within 255 registers: ptxas
 // spilled with 64 (docs/kernel_efficiency.md has the counts).
 template <int kD>
-constexpr int kKeyTile = kD <= 64 ? 64 : 32;
+constexpr int kKeyTile = kD <= 64 ? 64 : kD <= 128 ? 32 : 16;
 // Whether the forward holds the warp's Q fragments in registers for the whole key loop (kD / 4
 // of them) or reads them from shared memory again at each k-step (FlashAttention-2's default):
 // held wherever ptxas then keeps O and S in registers (kD = 64; 96 on sm_90), read again where
@@ -504,7 +506,8 @@ void launch_for_head_dim(const void* q, const void* k, const void* v, float scal
   switch (tc_head_dim(shape.D)) {
     case 64: launch<T, 64>(q, k, v, scale, spec, out, lse, shape, stream); break;
     case 96: launch<T, 96>(q, k, v, scale, spec, out, lse, shape, stream); break;
-    default: launch<T, 128>(q, k, v, scale, spec, out, lse, shape, stream); break;
+    case 128: launch<T, 128>(q, k, v, scale, spec, out, lse, shape, stream); break;
+    default: launch<T, 192>(q, k, v, scale, spec, out, lse, shape, stream); break;
   }
 }
 
@@ -529,16 +532,16 @@ void launch_for_head_dim(const void* q, const void* k, const void* v, float scal
 // columns) from it by ldmatrix.trans, adding it to the accumulator with one atomic per
 // element. The atomics make dQ's fp32 sum order (and so its last bits) depend on the blocks'
 // timing.
-// Query tiles of 64 rows for kD = 64 and 32 for 96 and 128: a lane's dK and dV take kD fp32
-// registers at kD = 64 and kD / 2 at 96 and 128, which leaves room for 16 (not 32) of Sᵀ's and
-// dPᵀ's columns per lane.
+// Query tiles of 64 rows for kD = 64, 32 for 96 and 128 and 16 for 192: a lane's dK and dV take
+// kD fp32 registers at kD = 64 and kD / 2 above, which leaves room for 16 (not 32) of Sᵀ's and
+// dPᵀ's columns per lane, and at 192 (96 of dK and dV) for 8.
 // Shared memory: K, V [keys][kD], Q, dO [rows][kD] (swizzled as in the forward), dSᵀ
 // [keys][64] (rows of 128 bytes, Swizzle<64>), and per query row lse·log2(e), delta and the
 // position: 41, 28.5 and 36.5 KiB for kD = 64, 96, 128. No pipelining yet: the query tile's
 // loads are waited for at a barrier.
 
 template <int kD>
-constexpr int kBwdRows = kD <= 64 ? 64 : 32;
+constexpr int kBwdRows = kD <= 64 ? 64 : kD <= 128 ? 32 : 16;
 // Key groups of 16 per block: 4 for kD = 64 (each warp owns its keys' whole dK and dV rows);
 // 2 for 96 and 128, where warps w and w + 2 share a group's 16 keys and each owns half of
 // their dK and dV columns: kD fp32 accumulators per lane left ptxas spilling up to 1.4 KiB
@@ -898,7 +901,8 @@ void launch_bwd_for_head_dim(const void* q, const void* k, const void* v, const 
   switch (tc_head_dim(shape.D)) {
     case 64: launch_bwd<T, 64>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream); break;
     case 96: launch_bwd<T, 96>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream); break;
-    default: launch_bwd<T, 128>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream); break;
+    case 128: launch_bwd<T, 128>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream); break;
+    default: launch_bwd<T, 192>(q, k, v, out, dout, lse, scale, spec, dq, dk, dv, workspace, shape, stream); break;
   }
 }
 

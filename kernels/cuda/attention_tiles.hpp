@@ -11,8 +11,10 @@ constexpr int kFwdRows = 64, kFwdKeys = 64;  // forward: query rows per block, k
 constexpr int kDqRows = 64, kDqKeys = 32;    // dQ pass: query rows per block, keys per tile
 constexpr int kDkvKeys = 64, kDkvRows = 32;  // dK/dV pass: keys per block, query rows per tile
 
-// Head sizes are run in the instantiation for the next of 16, 32, 64, 128 (zero padding).
-constexpr int64_t padded_head_dim(int64_t d) { return d <= 16 ? 16 : d <= 32 ? 32 : d <= 64 ? 64 : 128; }
+// Head sizes are run in the instantiation for the next of 16, 32, 64, 128, 192 (zero padding).
+constexpr int64_t padded_head_dim(int64_t d) {
+  return d <= 16 ? 16 : d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 192;
+}
 
 // The first and the last position of rows [begin, end) (begin < end): each run of positions
 // increases, so they are at the ends of the rows or beside the split.

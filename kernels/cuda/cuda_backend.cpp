@@ -311,16 +311,26 @@ class CudaBackend final : public Backend {
   void attention_fwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, float scale, const DropoutSpec& spec,
                           const Tensor& out, const Tensor& lse, const AttentionRows& rows) override {
     const DType dt = one_dtype("attention_fwd", {&q, &k, &v, &out});
-    require_v_like_k("attention_fwd", q, v);
-    cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(),
-                        attention_shape(q, k, rows), stream_);
+    require_v_not_wider("attention_fwd", q, v);
+    const cuda::AttentionShape shape = attention_shape(q, k, rows);
+    if (v.dim(2) == q.dim(2)) {
+      cuda::attention_fwd(dt, q.data(), k.data(), v.data(), scale, spec, out.data(), lse.data_as<float>(), shape,
+                          stream_);
+      return;
+    }
+    // Multi-latent attention's v is narrower than q and k: the kernels run v and out padded to
+    // q's head size with zero columns (exact: the padding's outputs are zero, and dropped).
+    const Tensor vp = padded_heads(v, q.dim(2)), outp = empty({out.dim(0), out.dim(1), q.dim(2)}, dt);
+    cuda::attention_fwd(dt, q.data(), k.data(), vp.data(), scale, spec, outp.data(), lse.data_as<float>(), shape,
+                        stream_);
+    unpad_heads(outp, out);
   }
   void attention_bwd_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                           const Tensor& lse, float scale, const DropoutSpec& spec, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv, const AttentionRows& rows) override {
     const char* op = "attention_bwd";
     const DType dt = one_dtype(op, {&q, &k, &v, &out, &dout, &dq, &dk, &dv});
-    require_v_like_k(op, q, v);
+    require_v_not_wider(op, q, v);
     const cuda::AttentionShape shape = attention_shape(q, k, rows);
     if (shape.D > cuda::kAttentionMaxHeadDim)  // before the workspace is allocated
       throw InvalidArgument(std::string(op) + ": head dim " + std::to_string(shape.D) + " is larger than " +
@@ -330,8 +340,19 @@ class CudaBackend final : public Backend {
     // the caching allocator, back to the cache on return (its next user is ordered after these
     // kernels on stream_).
     Tensor workspace = empty({cuda::attention_bwd_workspace_floats(dt, shape)}, DType::fp32);
-    cuda::attention_bwd(dt, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data_as<float>(), scale, spec,
-                        dq.data(), dk.data(), dv.data(), workspace.data_as<float>(), shape, stream_);
+    if (v.dim(2) == q.dim(2)) {
+      cuda::attention_bwd(dt, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data_as<float>(), scale,
+                          spec, dq.data(), dk.data(), dv.data(), workspace.data_as<float>(), shape, stream_);
+      return;
+    }
+    // A narrower v (multi-latent attention) as in the forward: v, out and dO padded with zero
+    // columns, so delta = rowsum(dO o O) and dP = dO·vᵀ are unchanged, and dv's padding dropped.
+    const int64_t D = q.dim(2);
+    const Tensor vp = padded_heads(v, D), outp = padded_heads(out, D), doutp = padded_heads(dout, D);
+    const Tensor dvp = empty({dv.dim(0), dv.dim(1), D}, dt);
+    cuda::attention_bwd(dt, q.data(), k.data(), vp.data(), outp.data(), doutp.data(), lse.data_as<float>(), scale,
+                        spec, dq.data(), dk.data(), dvp.data(), workspace.data_as<float>(), shape, stream_);
+    unpad_heads(dvp, dv);
   }
   void attention_merge_impl(const Tensor& out, const Tensor& lse, const Tensor& out_part,
                             const Tensor& lse_part) override {
@@ -510,13 +531,24 @@ class CudaBackend final : public Backend {
   static void* bytes_at(const Tensor& t, int64_t offset) { return static_cast<char*>(t.data()) + offset; }
 
   // k, v [B / r, Sk, D] for q [B, S, D]: r query batches per key/value batch (GQA; 1 for B = 0).
-  // The cuda kernels give v the head size of q and k; multi-latent attention's narrower v runs
-  // unfused on cuda.
-  static void require_v_like_k(const char* op, const Tensor& q, const Tensor& v) {
-    if (v.dim(2) != q.dim(2))
-      throw InvalidArgument(std::string(op) + ": v's head size " + std::to_string(v.dim(2)) + " differs from q's " +
-                            std::to_string(q.dim(2)) + "; the cuda fused kernels need them equal (run multi-latent "
-                            "attention with --attention unfused on cuda)");
+  // v may be narrower than q and k (multi-latent attention), not wider.
+  static void require_v_not_wider(const char* op, const Tensor& q, const Tensor& v) {
+    if (v.dim(2) > q.dim(2))
+      throw InvalidArgument(std::string(op) + ": v's head size " + std::to_string(v.dim(2)) + " is larger than q's " +
+                            std::to_string(q.dim(2)) + "; the cuda fused kernels take v at most as wide as q and k");
+  }
+  // [N, R, d] rows as [N, R, D] (D >= d) with zero columns after d, scratch from the caching
+  // allocator: merge_heads with one head writes columns [0, d) of each D-wide row.
+  Tensor padded_heads(const Tensor& x, int64_t D) {
+    const Tensor out = empty({x.dim(0), x.dim(1), D}, x.dtype());
+    fill_zero_impl(out);
+    if (x.numel()) cuda::merge_heads(x.dtype(), x.data(), out.data(), x.dim(0) * x.dim(1), 1, D, 1, x.dim(2), 0, stream_);
+    return out;
+  }
+  // The first d columns of padded [N, R, D] rows into x [N, R, d].
+  void unpad_heads(const Tensor& padded, const Tensor& x) {
+    if (x.numel()) cuda::split_heads(x.dtype(), padded.data(), x.data(), x.dim(0) * x.dim(1), 1, padded.dim(2), 1,
+                                     x.dim(2), 0, stream_);
   }
   static cuda::AttentionShape attention_shape(const Tensor& q, const Tensor& k, const AttentionRows& rows) {
     return cuda::AttentionShape{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(0) ? q.dim(0) / k.dim(0) : 1, rows};

@@ -45,7 +45,9 @@ void dropout_bwd(DType dt, const void* dy, const uint8_t* mask, float scale, voi
 // needs an fp32 workspace of attention_bwd_workspace_floats(dt, shape) floats: delta [B*S],
 // and for bf16 and fp16 the dQ accumulator [B*S*D]. Grouped-query attention: query batch i reads
 // key/value batch i / group, and dk, dv sum over the group's query batches.
-constexpr int64_t kAttentionMaxHeadDim = 128;
+// 192: multi-latent attention's q·k head (DeepSeek-V3's 128 + 64 RoPE dims); its narrower v
+// runs padded to it (cuda_backend.cpp).
+constexpr int64_t kAttentionMaxHeadDim = 192;
 struct AttentionShape {
   int64_t B = 0, S = 0, Sk = 0, D = 0, group = 1;
   AttentionRows rows;
