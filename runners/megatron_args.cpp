@@ -18,14 +18,16 @@ namespace {
 enum class Kind { on_off, value, list };
 // read: the model reads it; refuse: a layer or layout the model cannot express;
 // unmodelled: changes memory in a way the model leaves out (one warning line names them);
-// presence: only whether it is given counts (its value, a path, may be a shell variable).
-enum class Use { read, refuse, unmodelled, presence };
+// partial: the model reads it and counts part of what it changes (the warning line names it
+// with `why`, the part left out); presence: only whether it is given counts (its value, a
+// path, may be a shell variable).
+enum class Use { read, refuse, unmodelled, partial, presence };
 
 struct Flag {
   const char* name;
   Kind kind;
   Use use;
-  const char* why = "";  // refuse: what it is
+  const char* why = "";  // refuse: what it is; partial: what is not modelled
 };
 
 // Every flag the reader knows; any other is ignored (it changes no memory the model counts).
@@ -170,7 +172,7 @@ const std::vector<Flag>& flag_table() {
        "an attention other than softmax attention (gated delta net, ...)"},
       {"use-torch-fsdp2", Kind::on_off, Use::refuse, "PyTorch FSDP2's sharding (Megatron-FSDP's is modelled)"},
       // changes memory, not modelled
-      {"fp8-format", Kind::value, Use::unmodelled},
+      {"fp8-format", Kind::value, Use::partial, "its activations, counted in 16 bits, and Megatron-FSDP's FP8 weights"},
       {"fp8-param-gather", Kind::on_off, Use::unmodelled},
       {"cross-entropy-loss-fusion", Kind::on_off, Use::read},
       {"cross-entropy-fusion-impl", Kind::value, Use::read},
@@ -189,7 +191,7 @@ const std::vector<Flag>& flag_table() {
       {"overlap-moe-expert-parallel-comm", Kind::on_off, Use::unmodelled},
       {"delay-wgrad-compute", Kind::on_off, Use::unmodelled},
       {"cuda-graph-impl", Kind::value, Use::unmodelled},
-      {"fp8-recipe", Kind::value, Use::unmodelled},
+      {"fp8-recipe", Kind::value, Use::read},
       // torchrun's, for the world size
       {"nproc_per_node", Kind::value, Use::read},
       {"nproc-per-node", Kind::value, Use::read},
@@ -312,10 +314,11 @@ void apply_megatron_words(const std::vector<std::string>& words, bool strict, co
                                "', a shell variable: give its value (" + shown + " VALUE on the command line)";
     else
       flags.unresolved.erase(name);
-    if (flag->use == Use::unmodelled) {
-      if (std::find(flags.unmodelled.begin(), flags.unmodelled.end(), shown) == flags.unmodelled.end())
-        flags.unmodelled.push_back(shown);
-      continue;
+    if (flag->use == Use::unmodelled || flag->use == Use::partial) {
+      const std::string named = flag->use == Use::partial ? shown + " (" + flag->why + ")" : shown;
+      if (std::find(flags.unmodelled.begin(), flags.unmodelled.end(), named) == flags.unmodelled.end())
+        flags.unmodelled.push_back(named);
+      if (flag->use == Use::unmodelled) continue;
     }
     flags.values[name] = value;
   }
@@ -575,6 +578,26 @@ theory::CrossEntropyFusion cross_entropy_of(const Values& v) {
     throw InvalidArgument("--cross-entropy-fusion-impl must be native or te, got '" + printable(impl) + "'");
   if (!v.on("cross-entropy-loss-fusion")) return theory::CrossEntropyFusion::none;
   return impl == "te" ? theory::CrossEntropyFusion::te : theory::CrossEntropyFusion::native;
+}
+
+// --fp8-format e4m3|hybrid with --fp8-recipe delayed (Megatron's default), tensorwise, blockwise
+// or mxfp8: the recipe whose FP8 weight caches Transformer Engine keeps; none without the format.
+theory::Fp8Recipe fp8_of(const Values& v) {
+  const std::string recipe = v.text("fp8-recipe", "delayed");
+  const std::pair<const char*, theory::Fp8Recipe> recipes[] = {{"delayed", theory::Fp8Recipe::delayed},
+                                                               {"tensorwise", theory::Fp8Recipe::tensorwise},
+                                                               {"blockwise", theory::Fp8Recipe::blockwise},
+                                                               {"mxfp8", theory::Fp8Recipe::mxfp8}};
+  theory::Fp8Recipe chosen = theory::Fp8Recipe::none;
+  for (const auto& [name, r] : recipes)
+    if (recipe == name) chosen = r;
+  if (chosen == theory::Fp8Recipe::none)
+    throw InvalidArgument("--fp8-recipe must be delayed, tensorwise, blockwise or mxfp8, got '" + printable(recipe) + "'");
+  if (!v.has("fp8-format")) return theory::Fp8Recipe::none;
+  const std::string format = v.text("fp8-format");
+  if (format != "e4m3" && format != "hybrid")
+    throw InvalidArgument("--fp8-format must be e4m3 or hybrid, got '" + printable(format) + "'");
+  return chosen;
 }
 
 // Megatron-Core's own (local) attention: --transformer-impl local without flash attention.
@@ -859,6 +882,7 @@ void check_conditional_values(const Values& v) {
   if (v.has("moe-expert-capacity-factor")) v.real("moe-expert-capacity-factor", 1e-6, 1e6, 1);
   megatron_routing_of(v);
   cross_entropy_of(v);
+  fp8_of(v);
   if (v.has("moe-router-bias-update-rate")) v.real("moe-router-bias-update-rate", 0, 1e6, 0);
   const std::string drop = v.text("moe-token-drop-policy", "probs");
   if (drop != "probs" && drop != "position")
@@ -903,6 +927,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.sharding = sharding_of(v);
   c.gradient_accumulation_fusion = !v.on("no-gradient-accumulation-fusion");
   c.cross_entropy = cross_entropy_of(v);
+  c.fp8 = fp8_of(v);
   c.precision = precision_of(v);
   c.seq = run.model.seq;
   c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));

@@ -337,6 +337,18 @@ std::string sharding_text(const StepConfig& c) {
   return out;
 }
 
+// ", FP8 tensorwise (GEMM weights cached)" with --fp8-format, or nothing.
+std::string fp8_text(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::none: return "";
+    case Fp8Recipe::delayed: return ", FP8 delayed (GEMM weights cached)";
+    case Fp8Recipe::tensorwise: return ", FP8 tensorwise (GEMM weights cached)";
+    case Fp8Recipe::blockwise: return ", FP8 blockwise (GEMM weights cached)";
+    case Fp8Recipe::mxfp8: return ", FP8 mxfp8 (GEMM weights cached)";
+  }
+  return "";
+}
+
 // ", busiest experts 1.5x balanced rows" (--moe-expert-load), or nothing under balanced routing.
 std::string expert_load_text(const TransformerModel& m, const StepConfig& c) {
   const Dims d = c.layer_dims(m);
@@ -394,7 +406,7 @@ std::string run_text(const MegatronRun& r) {
                     ? (std::string(" ") + recompute_method_name(c.stack.method) + " " + std::to_string(c.stack.num_layers)).c_str()
                     : "",
                 attention_name(c.policy.attention), c.precision.weight, c.precision.grad, c.precision.master,
-                c.precision.optimizer_state, sharding_text(c).c_str());
+                c.precision.optimizer_state, (sharding_text(c) + fp8_text(c.fp8)).c_str());
   return text;
 }
 
@@ -404,19 +416,25 @@ int run_memory(const TheoryOptions& a) {
   const Gpu* device = a.gpu.empty() ? nullptr : &named("--gpu", [&]() -> const Gpu& { return plan_gpu(a.gpu); });
   const std::vector<StageMemory> stages = step_memory(r.model, r.step);
   std::printf("%s\n", run_text(r).c_str());
-  std::printf("%5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s %9s%s  %s\n", "stage", "layers", "mbs", "weights", "grads",
-              "optim", "libs", "REST", "activ.", "emb+out", "workset", "PEAK", device ? "  fits" : "", "peak at");
+  // With FP8 a column for the weights' FP8 caches, so that the columns before REST add up to it.
+  const bool fp8 = r.step.fp8 != Fp8Recipe::none;
+  std::printf("%5s %6s %4s %9s%s %9s %9s %9s %9s %9s %9s %9s %9s%s  %s\n", "stage", "layers", "mbs", "weights",
+              fp8 ? "    fp8 w" : "", "grads", "optim", "libs", "REST", "activ.", "emb+out", "workset", "PEAK",
+              device ? "  fits" : "", "peak at");
   for (const StageMemory& s : stages) {
     const double workset = s.working_set_bytes();
-    std::printf("%5d %6d %4d %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG%s  %s\n", s.stage,
-                s.layers, s.microbatches_in_flight, s.weight_bytes / kGiB, s.grad_bytes / kGiB, s.optimizer_bytes / kGiB,
-                s.workspace_bytes / kGiB, s.rest_bytes / kGiB, s.activation_bytes / kGiB, (s.embedding_bytes + s.output_bytes) / kGiB,
-                workset / kGiB, s.peak_bytes / kGiB,
+    char fp8_text[16] = "";
+    if (fp8) std::snprintf(fp8_text, sizeof fp8_text, " %8.2fG", s.fp8_weight_bytes / kGiB);
+    std::printf("%5d %6d %4d %8.2fG%s %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG %8.2fG%s  %s\n", s.stage,
+                s.layers, s.microbatches_in_flight, s.weight_bytes / kGiB, fp8_text, s.grad_bytes / kGiB,
+                s.optimizer_bytes / kGiB, s.workspace_bytes / kGiB, s.rest_bytes / kGiB, s.activation_bytes / kGiB,
+                (s.embedding_bytes + s.output_bytes) / kGiB, workset / kGiB, s.peak_bytes / kGiB,
                 device ? (s.peak_bytes <= device->memory_bytes ? "   yes" : "    no") : "", s.peak_at.c_str());
   }
   std::printf("GiB per GPU, as torch.cuda.memory_stats() counts allocated bytes; libs: cuBLAS and Transformer "
-              "Engine workspaces (modelled sizes); not modelled: NCCL buffers, allocator rounding and fragmentation "
-              "(reserved > allocated)\n");
+              "Engine workspaces (modelled sizes)%s; not modelled: NCCL buffers, allocator rounding and fragmentation "
+              "(reserved > allocated)\n",
+              fp8 ? "; fp8 w: Transformer Engine's FP8 copies of the GEMM weights" : "");
   if (!a.csv.empty()) write_table(a.csv, memory_table(stages));
   return 0;
 }

@@ -609,10 +609,14 @@ TEST(LayerPieces, LocalTorchSoftmaxKeepsItsFp32Output) {
 }
 
 TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRefused) {
-  MegatronFlags f = flags_of("--foo 3 --num-layers 2 --fp8-format hybrid --bar --hidden-size 64");
+  MegatronFlags f = flags_of("--foo 3 --num-layers 2 --fp8-param-gather --fp8-format hybrid --bar --hidden-size 64");
   EXPECT_EQ(f.values.at("num-layers"), "2");
   EXPECT_EQ(f.values.at("hidden-size"), "64");
-  EXPECT_EQ(f.unmodelled, (std::vector<std::string>{"--fp8-format"}));
+  // --fp8-format is read and named with the part it leaves out; --fp8-param-gather only named.
+  EXPECT_EQ(f.values.at("fp8-format"), "hybrid");
+  ASSERT_EQ(f.unmodelled.size(), 2u);
+  EXPECT_EQ(f.unmodelled[0], "--fp8-param-gather");
+  EXPECT_EQ(f.unmodelled[1].rfind("--fp8-format (its activations", 0), 0u) << f.unmodelled[1];
   const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 ";
   for (const char* bad : {"--num-experts 8 --moe-router-dtype bf16", "--num-experts 6 --expert-model-parallel-size 4",
                           "--expert-model-parallel-size 2", "--num-experts 8 --moe-router-topk 9",
@@ -1137,6 +1141,56 @@ TEST(StepMemoryMoe, TheBusiestRanksExpertsProcessTheLoadTimesBalancedRows) {
   StepConfig dense = config(1, 1, 1, 1);
   dense.moe_expert_load = 2;
   EXPECT_THROW(step_memory(gpt_model(), dense), InvalidArgument);
+}
+
+TEST(StepMemoryFp8, TheGemmWeightsFp8CachesAreHeldAtRestByHand) {
+  TransformerModel m = moe_model();
+  m.mtp_layers = 1;
+  StepConfig c = config(2, 2, 4, 16);
+  c.seq = 256;
+  c.policy.sequence_parallel = true;
+  c.layout.ep = 4, c.layout.etp = 1;
+  const std::vector<StageMemory> plain = step_memory(m, c);
+  // Layers 2 and 3 (MoE, SwiGLU, RMSNorm) and the MTP layer (layer 3's spec) on the last stage,
+  // t = 2: QKV (4 + 2·2 heads of 16) x 64 and the projection 64 x 64, over t; the shared
+  // experts 3 x 64 x 64 over t; 8 / 4 experts whole, 3 x 64 x 32 each; the MTP layer's eh_proj
+  // 64 x 128 over t. The norms, the router and the embedding copy stay in 16 bits.
+  const double attention = (128 * 64 + 64 * 64) / 2.0, shared = 3 * 64 * 64 / 2.0, experts = 2 * 3 * 64 * 32;
+  const double gemm_last = 3 * (attention + shared + experts) + 64 * 128 / 2.0;
+  const struct {
+    Fp8Recipe recipe;
+    double bytes;
+  } recipes[] = {{Fp8Recipe::delayed, 2}, {Fp8Recipe::tensorwise, 2}, {Fp8Recipe::blockwise, 2 + 8.0 / 16384},
+                 {Fp8Recipe::mxfp8, 2 + 2.0 / 32}};
+  for (const auto& [recipe, bytes] : recipes) {
+    c.fp8 = recipe;
+    const std::vector<StageMemory> fp8 = step_memory(m, c);
+    EXPECT_DOUBLE_EQ(fp8[1].fp8_weight_bytes, bytes * gemm_last);
+    EXPECT_DOUBLE_EQ(fp8[1].rest_bytes - plain[1].rest_bytes, fp8[1].fp8_weight_bytes);
+    EXPECT_DOUBLE_EQ(fp8[1].peak_bytes - plain[1].peak_bytes, fp8[1].fp8_weight_bytes);
+    EXPECT_EQ(fp8[1].weight_bytes, plain[1].weight_bytes);  // the 16-bit weights stay
+  }
+  // Layers 0 (dense: fc1 2 x 128 x 64 and fc2 128 x 64 over t) and 1 on the first stage.
+  c.fp8 = Fp8Recipe::delayed;
+  EXPECT_DOUBLE_EQ(step_memory(m, c)[0].fp8_weight_bytes,
+                   2 * (2 * attention + 3 * 128 * 64 / 2.0 + shared + experts));
+  c.sharding.fsdp = true, c.sharding.level = DpShard::optimizer, c.distributed_optimizer = true;
+  EXPECT_EQ(step_memory(m, c)[1].fp8_weight_bytes, 0);  // Megatron-FSDP's are not modelled
+}
+
+TEST(MegatronArgs, Fp8FormatAndRecipe) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 --bf16 ";
+  EXPECT_EQ(megatron_run(flags_of(base), std::nullopt, 0).step.fp8, Fp8Recipe::none);
+  EXPECT_EQ(megatron_run(flags_of(base + "--fp8-recipe mxfp8"), std::nullopt, 0).step.fp8, Fp8Recipe::none);
+  EXPECT_EQ(megatron_run(flags_of(base + "--fp8-format hybrid"), std::nullopt, 0).step.fp8, Fp8Recipe::delayed);
+  EXPECT_EQ(megatron_run(flags_of(base + "--fp8-format e4m3 --fp8-recipe blockwise"), std::nullopt, 0).step.fp8,
+            Fp8Recipe::blockwise);
+  EXPECT_EQ(megatron_run(flags_of(base + "--fp8-format hybrid --fp8-recipe tensorwise"), std::nullopt, 0).step.fp8,
+            Fp8Recipe::tensorwise);
+  for (const char* bad : {"--fp8-format e5m2", "--fp8-format hybrid --fp8-recipe custom", "--fp8-recipe x"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(megatron_run(flags_of(base + bad), std::nullopt, 0), InvalidArgument);
+  }
 }
 
 TEST(MegatronArgs, MultiTokenPredictionFlags) {

@@ -28,7 +28,7 @@ def documented_columns():
     with open(os.path.join(ROOT, "docs", "step_memory.md"), encoding="utf-8") as f:
         text = f.read()
     table = text.split("## The CSV", 1)[1]
-    return re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)
+    return re.findall(r"^\| `([a-z0-9_]+)` \|", table, flags=re.M)
 
 
 def read_rows(path):
@@ -123,7 +123,7 @@ class LaunchScripts(unittest.TestCase):
                 self.assertEqual(len(rows), p)
                 self.assertEqual([int(row["stage"]) for row in rows], list(range(p)))
                 for row in rows:
-                    rest = sum(int(row[k]) for k in ("weight_bytes", "grad_bytes", "optimizer_bytes", "workspace_bytes"))
+                    rest = sum(int(row[k]) for k in ("weight_bytes", "grad_bytes", "optimizer_bytes", "workspace_bytes", "fp8_weight_bytes"))
                     self.assertEqual(int(row["rest_bytes"]), rest)
                     self.assertEqual(int(row["step_peak_bytes"]), rest + sum(int(row[k]) for k in TERMS))
                     self.assertEqual(int(row["peak_bytes"]),
@@ -181,8 +181,19 @@ class LaunchScripts(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stderr.strip().splitlines()
         self.assertEqual(len(lines), 1, r.stderr)
-        self.assertIn("--fp8-format", lines[0])
+        self.assertIn("--fp8-format (its activations, counted in 16 bits", lines[0])  # read in part
         self.assertIn("--fp16-lm-cross-entropy", lines[0])
+        # The FP8 weight caches: their own column, in REST; the 16-bit weights stay.
+        self.assertIn("fp8 w", r.stdout)
+        self.assertIn("FP8 delayed (GEMM weights cached)", r.stdout)
+        _, (_, fp8_rows) = self.memory_csv(["--megatron-args", path])
+        _, (_, bf16_rows) = self.memory_csv(["--megatron-args", os.path.join(SCRIPTS, "llama3_8b.sh")])
+        for fp8, bf16 in zip(fp8_rows, bf16_rows):
+            cache = int(fp8["fp8_weight_bytes"])
+            self.assertGreater(cache, int(fp8["weight_bytes"]) * 0.8)  # 2 bytes a GEMM weight, most of the weights
+            self.assertLess(cache, int(fp8["weight_bytes"]))           # not the embedding and output layer
+            self.assertEqual(int(fp8["rest_bytes"]) - int(bf16["rest_bytes"]), cache)
+            self.assertEqual(fp8["weight_bytes"], bf16["weight_bytes"])
 
 
 class PlanFromAScript(unittest.TestCase):

@@ -141,17 +141,23 @@ LayerParameters latent_attention(const LayerSpec& s, double h, double a, double 
   } else {
     split += q_rows * h;  // q projected from h directly
   }
+  double biases = 0;
   if (s.add_bias_linear) {
-    whole += m.kv_lora_rank + m.qk_pos_emb_head_dim + (m.q_lora_rank > 0 ? m.q_lora_rank : 0) + h;
-    split += kv_up_rows + q_rows;
+    biases = m.kv_lora_rank + m.qk_pos_emb_head_dim + (m.q_lora_rank > 0 ? m.q_lora_rank : 0) + h +
+             (kv_up_rows + q_rows) / t;
   }
-  return {split / t + whole, 0};
+  const double norms = latent_norm * (m.kv_lora_rank + (m.q_lora_rank > 0 ? m.q_lora_rank : 0));
+  return {split / t + whole + biases, 0, norms + biases};
 }
 
 // An MLP of width F split over t (fc1 column-, fc2 row-parallel), its biases with add_bias_linear.
+double mlp_bias_parameters(const LayerSpec& s, double h, double F, double t) {
+  const double fc1 = s.activation == Activation::swiglu ? 2 * F : F;
+  return s.add_bias_linear ? fc1 / t + h : 0;
+}
 double mlp_parameters(const LayerSpec& s, double h, double F, double t) {
   const double fc1 = s.activation == Activation::swiglu ? 2 * F : F;
-  return (fc1 * h + F * h + (s.add_bias_linear ? fc1 : 0)) / t + (s.add_bias_linear ? h : 0);
+  return (fc1 * h + F * h) / t + mlp_bias_parameters(s, h, F, t);
 }
 
 }  // namespace
@@ -163,23 +169,30 @@ LayerParameters layer_parameters(const TransformerModel& m, int i, const StepLay
   const double h = m.h, a = m.a, g = s.groups(d), head = s.head_dim(d);
   const double norm = s.normalization == Norm::layernorm ? 2 : 1;  // weight (and bias) per element
   LayerParameters out;
+  // Every term added to dense that is not a GEMM's weight is added to not_gemm as well.
+  auto other = [&out](double n) { out.dense += n, out.not_gemm += n; };
   if (s.mla.enabled) {
     out = latent_attention(s, h, a, t, norm);
   } else {
     const double qkv_rows = (a + 2 * g) * head;
-    out.dense = (qkv_rows * h + h * a * head + (s.qkv_bias() ? qkv_rows : 0)) / t;  // QKV, projection
-    if (s.qk_layernorm) out.dense += 2 * norm * head;  // q and k norms over one head
-    if (s.add_bias_linear) out.dense += h;             // the projection's bias (row-parallel)
+    out.dense = (qkv_rows * h + h * a * head) / t;   // QKV, projection
+    if (s.qkv_bias()) other(qkv_rows / t);
+    if (s.qk_layernorm) other(2 * norm * head);      // q and k norms over one head
+    if (s.add_bias_linear) other(h);                 // the projection's bias (row-parallel)
   }
-  out.dense += 2 * norm * h;  // the two block norms
+  other(2 * norm * h);  // the two block norms
   if (!s.moe.enabled()) {
     out.dense += mlp_parameters(s, h, s.ffn(d), t);
+    out.not_gemm += mlp_bias_parameters(s, h, s.ffn(d), t);
     return out;
   }
   const MoeSpec& e = s.moe;
-  out.dense += e.num_experts * h;  // the router, whole on every tensor-parallel rank
-  if (e.shared_ffn_hidden > 0) out.dense += mlp_parameters(s, h, e.shared_ffn_hidden, t);
-  if (e.shared_ffn_hidden > 0 && e.megatron.shared_expert_gate) out.dense += h;  // the gate's [1, h], whole
+  other(e.num_experts * h);  // the router, whole on every tensor-parallel rank
+  if (e.shared_ffn_hidden > 0) {
+    out.dense += mlp_parameters(s, h, e.shared_ffn_hidden, t);
+    out.not_gemm += mlp_bias_parameters(s, h, e.shared_ffn_hidden, t);
+  }
+  if (e.shared_ffn_hidden > 0 && e.megatron.shared_expert_gate) other(h);  // the gate's [1, h], whole
   out.expert = e.num_experts / l.ep * mlp_parameters(s, h, s.expert_ffn(d), l.expert_tp());
   return out;
 }
@@ -227,8 +240,9 @@ LayerParameters mtp_parameters(const TransformerModel& m, const StepLayout& l) {
   const LayerParameters layer = layer_parameters(m, static_cast<int>(m.L) - 1, l);
   const double norm = m.layer.normalization == Norm::layernorm ? 2 : 1;
   out.dense = m.mtp_layers * (layer.dense + 3 * norm * m.h + 2 * m.h * m.h / l.t);
+  out.not_gemm = m.mtp_layers * (layer.not_gemm + 3 * norm * m.h);  // enorm, hnorm, the final norm
   out.expert = m.mtp_layers * layer.expert;
-  if (l.p > 1) out.dense += embedding_parameters(m, l.t);
+  if (l.p > 1) out.dense += embedding_parameters(m, l.t), out.not_gemm += embedding_parameters(m, l.t);
   return out;
 }
 
@@ -595,6 +609,17 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
   return out;
 }
 
+double fp8_weight_cache_bytes_per_parameter(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::none: return 0;
+    case Fp8Recipe::delayed:
+    case Fp8Recipe::tensorwise: return 2;                    // rowwise and columnwise data
+    case Fp8Recipe::blockwise: return 2 + 2 * 4.0 / (128 * 128);  // and an fp32 scale per block each way
+    case Fp8Recipe::mxfp8: return 2 + 2 / 32.0;             // and an E8M0 scale per 32 elements each way
+  }
+  return 0;
+}
+
 double library_workspace_bytes(bool transformer_engine, bool grouped_gemm) {
   constexpr double kWorkspace = 32.0 * 1024 * 1024, kGroupedGemmStreams = 4;
   return (transformer_engine ? 3 : 2) * kWorkspace + (grouped_gemm ? kGroupedGemmStreams * kWorkspace : 0);
@@ -617,12 +642,14 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     double last_chunk_parameters = 0;
     std::vector<ChunkTransients> transients(vp);
     double expert_parameters = 0, layer_parameters_total = 0, largest_layer = 0, output_layer = 0;
+    double gemm_parameters = 0;  // the GEMM weights, which FP8 recipes cache in FP8
     for (int chunk = 0; chunk < vp; ++chunk) {
       const int n = layers[chunk * p + stage], from = first_layer[chunk * p + stage];
       const bool first = stage == 0 && chunk == 0, last = stage == p - 1 && chunk == vp - 1;
       double chunk_parameters = 0;
       chunk_parameters += sum_over_layers(m, from, n, [&](int i) { return layer_parameters(m, i, l).total(); });
       expert_parameters += sum_over_layers(m, from, n, [&](int i) { return layer_parameters(m, i, l).expert; });
+      gemm_parameters += sum_over_layers(m, from, n, [&](int i) { return layer_parameters(m, i, l).gemm(); });
       layer_parameters_total += chunk_parameters;
       sum_over_layers(m, from, n, [&](int i) {  // once per kind of layer present: the larger
         largest_layer = std::max(largest_layer, layer_parameters(m, i, l).total());
@@ -636,6 +663,7 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
         output_layer = output_parameters(m, t, false);  // its gradient: a shared weight's is as large
         chunk_parameters += output_parameters(m, t, shares) + mtp.total();
         expert_parameters += mtp.expert;
+        gemm_parameters += mtp.gemm();
       }
       s.layers += n;
       s.parameters += chunk_parameters;
@@ -653,9 +681,11 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     s.grad_bytes = prec.grad * sharded(&Shards::grad);
     s.optimizer_bytes = (prec.master + prec.optimizer_state) * sharded(&Shards::optimizer);
     s.workspace_bytes = c.workspace_bytes;
+    // Transformer Engine's FP8 weight caches, whole on the rank (Megatron-FSDP's are not modelled).
+    if (!c.sharding.fsdp) s.fp8_weight_bytes = fp8_weight_cache_bytes_per_parameter(c.fp8) * gemm_parameters;
     const FsdpTransients fsdp = fsdp_transients(c, s.parameters - layer_parameters_total, largest_layer,
                                                 s.layers, output_layer);
-    s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.workspace_bytes;
+    s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.workspace_bytes + s.fp8_weight_bytes;
     const double loss_transient = loss_transient_bytes(c, sb, V / t);
     const double embedding_grad = prec.weight * embedding_parameters(m, t);
     PeakTracker peak;

@@ -114,6 +114,14 @@ DpShard sharded_level(const DataParallelSharding& z, bool distributed_optimizer)
 //           themselves (overwritten by their gradient) and per-row statistics; no copy
 enum class CrossEntropyFusion { none, native, te };
 
+// Transformer Engine's FP8 recipe (--fp8-format with Megatron's --fp8-recipe). Each module
+// keeps FP8 copies of its GEMM weights from step to step (its weight workspaces): the rowwise
+// data and the columnwise (transposed) data the backward's GEMMs read, one byte per element
+// each, with the recipe's scales (mxfp8: one byte per 32 elements each way; blockwise: an fp32
+// per 128 x 128 block each way; delayed and tensorwise: one per tensor).
+enum class Fp8Recipe { none, delayed, tensorwise, blockwise, mxfp8 };
+double fp8_weight_cache_bytes_per_parameter(Fp8Recipe r);
+
 struct StepConfig {
   StepLayout layout;
   double seq = 0;           // s
@@ -126,6 +134,7 @@ struct StepConfig {
   DataParallelSharding sharding;              // Megatron-FSDP and hybrid replicas
   bool gradient_accumulation_fusion = true;   // weight gradients go straight into main_grad
   CrossEntropyFusion cross_entropy = CrossEntropyFusion::none;
+  Fp8Recipe fp8 = Fp8Recipe::none;  // FP8 GEMM weights' caches (activations stay in 16 bits here)
   // Routing imbalance: the rows the busiest rank's experts process, as a multiple of balanced
   // routing's, in every MoE layer (Dims::moe_expert_load; 1: balanced).
   double moe_expert_load = 1;
@@ -152,7 +161,12 @@ std::vector<int> virtual_stage_layers(const TransformerModel& m, const StepLayou
 // by the distributed optimizer.
 struct LayerParameters {
   double dense = 0, expert = 0;
+  // Of dense, what no Transformer Engine GEMM reads as a weight: the norms, the biases, the
+  // router and the shared experts' gate (FP8 recipes leave them in 16 bits), and the MTP
+  // block's embedding copy.
+  double not_gemm = 0;
   double total() const { return dense + expert; }
+  double gemm() const { return dense - not_gemm + expert; }
 };
 LayerParameters layer_parameters(const TransformerModel& m, int i, const StepLayout& l);
 
@@ -176,7 +190,8 @@ struct StageMemory {
   double expert_parameters = 0;  // of them, the routed experts' (split over ep·etp)
   double weight_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   double workspace_bytes = 0;  // StepConfig::workspace_bytes
-  double rest_bytes = 0;   // weights + gradients + optimizer state + workspaces
+  double fp8_weight_bytes = 0;  // StepConfig::fp8: the GEMM weights' FP8 caches (0 without FP8)
+  double rest_bytes = 0;   // weights + gradients + optimizer state + workspaces + FP8 weight caches
   // At the peak:
   // Chunk-micro-batches whose layers' saved tensors are alive: forward ran, backward has not
   // yet passed through them (at the embedding's backward, its micro-batch's layers are freed).
