@@ -584,20 +584,14 @@ theory::CrossEntropyFusion cross_entropy_of(const Values& v) {
 // or mxfp8: the recipe whose FP8 weight caches Transformer Engine keeps; none without the format.
 theory::Fp8Recipe fp8_of(const Values& v) {
   const std::string recipe = v.text("fp8-recipe", "delayed");
-  const std::pair<const char*, theory::Fp8Recipe> recipes[] = {{"delayed", theory::Fp8Recipe::delayed},
-                                                               {"tensorwise", theory::Fp8Recipe::tensorwise},
-                                                               {"blockwise", theory::Fp8Recipe::blockwise},
-                                                               {"mxfp8", theory::Fp8Recipe::mxfp8}};
-  theory::Fp8Recipe chosen = theory::Fp8Recipe::none;
-  for (const auto& [name, r] : recipes)
-    if (recipe == name) chosen = r;
-  if (chosen == theory::Fp8Recipe::none)
+  const std::optional<theory::Fp8Recipe> chosen = theory::find_fp8_recipe(recipe);
+  if (!chosen)
     throw InvalidArgument("--fp8-recipe must be delayed, tensorwise, blockwise or mxfp8, got '" + printable(recipe) + "'");
   if (!v.has("fp8-format")) return theory::Fp8Recipe::none;
   const std::string format = v.text("fp8-format");
   if (format != "e4m3" && format != "hybrid")
     throw InvalidArgument("--fp8-format must be e4m3 or hybrid, got '" + printable(format) + "'");
-  return chosen;
+  return *chosen;
 }
 
 // Megatron-Core's own (local) attention: --transformer-impl local without flash attention.

@@ -145,6 +145,7 @@ int run_plan_search(const TheoryOptions& a) {
   r.efficiency = a.efficiency;
   r.cp_comm = parse_cp_comm_type(a.cp_comm_type);
   r.max_cp = a.max_cp;
+  // Before the search: step_memory refuses it too, but only for a layout the search reaches.
   if (a.moe_expert_load != 1 && !r.model.layer.moe.enabled())
     throw InvalidArgument("--moe-expert-load: " + r.model.name + " has no experts");
   r.moe_expert_load = a.moe_expert_load;
@@ -314,9 +315,7 @@ MegatronRun memory_run(const TheoryOptions& a) {
   }
   MegatronRun run = megatron_run(flags, base, a.gpus);
   if (!base) run.model.name = "megatron:" + fs::path(a.megatron_args).filename().string();
-  if (a.moe_expert_load != 1 && !run.model.layer.moe.enabled())
-    throw InvalidArgument("--moe-expert-load: " + run.model.name + " has no experts");
-  run.step.moe_expert_load = a.moe_expert_load;
+  run.step.moe_expert_load = a.moe_expert_load;  // step_memory refuses it for a model without experts
   return run;
 }
 
@@ -339,22 +338,15 @@ std::string sharding_text(const StepConfig& c) {
 
 // ", FP8 tensorwise (GEMM weights cached)" with --fp8-format, or nothing.
 std::string fp8_text(Fp8Recipe r) {
-  switch (r) {
-    case Fp8Recipe::none: return "";
-    case Fp8Recipe::delayed: return ", FP8 delayed (GEMM weights cached)";
-    case Fp8Recipe::tensorwise: return ", FP8 tensorwise (GEMM weights cached)";
-    case Fp8Recipe::blockwise: return ", FP8 blockwise (GEMM weights cached)";
-    case Fp8Recipe::mxfp8: return ", FP8 mxfp8 (GEMM weights cached)";
-  }
-  return "";
+  if (r == Fp8Recipe::none) return "";
+  return std::string(", FP8 ") + fp8_recipe_name(r) + " (GEMM weights cached)";
 }
 
 // ", busiest experts 1.5x balanced rows" (--moe-expert-load), or nothing under balanced routing.
 std::string expert_load_text(const TransformerModel& m, const StepConfig& c) {
-  const Dims d = c.layer_dims(m);
-  const double load = moe_expert_load(d, m.layer);
   if (c.moe_expert_load == 1) return "";
   if (m.layer.moe.capacity_factor > 0) return ", --moe-expert-load not applied: each expert's capacity bounds its rows";
+  const double load = moe_expert_load(c.layer_dims(m), m.layer);
   char text[120];
   std::snprintf(text, sizeof text, ", busiest rank's experts %.3gx balanced rows%s", load,
                 load < c.moe_expert_load ? " (the dropless bound)" : "");

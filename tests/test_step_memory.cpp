@@ -779,6 +779,16 @@ TransformerModel moe_model() {
   return m;
 }
 
+// moe_model's layout in these tests: t = 2 with SP, p stages, dp = 4, each expert whole on one
+// of 4 expert-parallel ranks, s tokens a sequence.
+StepConfig moe_config(int p, double global_batch, double seq = 256) {
+  StepConfig c = config(2, p, 4, global_batch);
+  c.seq = seq;
+  c.policy.sequence_parallel = true;
+  c.layout.ep = 4, c.layout.etp = 1;
+  return c;
+}
+
 }  // namespace
 
 TEST(StepMemoryMoe, ParametersSplitOverTensorAndExpertParallelism) {
@@ -823,10 +833,7 @@ TEST(StepMemoryMoe, ExpertTensorParallelismGathersTheGroupsRowsIntoEachMoeLayer)
 
 TEST(StepMemoryMoe, TheDistributedOptimizerShardsExpertsOverTheExpertDataParallelGroup) {
   const TransformerModel m = moe_model();
-  StepConfig c = config(2, 1, 4, 4);
-  c.seq = 256;
-  c.layout.ep = 4, c.layout.etp = 1;
-  c.policy.sequence_parallel = true;
+  StepConfig c = moe_config(1, 4);
   c.distributed_optimizer = true;
   const std::vector<StageMemory> stages = step_memory(m, c);
   ASSERT_EQ(stages.size(), 1u);
@@ -992,10 +999,7 @@ TEST(MegatronArgs, RouterPrecisionLossesAndPermutationFlags) {
 
 TEST(StepMemoryMtp, TheLastStageHoldsEachMtpLayerAndAnEmbeddingCopy) {
   TransformerModel m = moe_model();  // untied, RMSNorm, h 64, vocab 1000 (padded to 1024 at t = 2)
-  StepConfig c = config(2, 2, 4, 16);
-  c.seq = 256;
-  c.policy.sequence_parallel = true;
-  c.layout.ep = 4, c.layout.etp = 1;
+  StepConfig c = moe_config(2, 16);
   const std::vector<StageMemory> plain = step_memory(m, c);
   m.mtp_layers = 2;
   const std::vector<StageMemory> mtp = step_memory(m, c);
@@ -1013,8 +1017,7 @@ TEST(StepMemoryMtp, TheLastStageHoldsEachMtpLayerAndAnEmbeddingCopy) {
   m.mtp_layers = 2;
   EXPECT_EQ(step_memory(m, c)[1].parameters - tied, 2 * (last.total() + 3 * 64 + 64 * 128 / 2));
   // At p = 1 the stage's own embedding serves the lookups.
-  StepConfig one = config(2, 1, 4, 16);
-  one.seq = 256, one.policy.sequence_parallel = true, one.layout.ep = 4, one.layout.etp = 1;
+  StepConfig one = moe_config(1, 16);
   m.tied_embeddings = false;
   m.mtp_layers = 0;
   const double alone = step_memory(m, one)[0].parameters;
@@ -1024,10 +1027,7 @@ TEST(StepMemoryMtp, TheLastStageHoldsEachMtpLayerAndAnEmbeddingCopy) {
 
 TEST(StepMemoryMtp, EachMtpLayerKeepsItsLayerLookupNormsAndLossByHand) {
   TransformerModel m = moe_model();
-  StepConfig c = config(2, 2, 4, 16);
-  c.seq = 256;
-  c.policy.sequence_parallel = true;
-  c.layout.ep = 4, c.layout.etp = 1;
+  StepConfig c = moe_config(2, 16);
   const ChunkBytes plain = chunk_bytes(m, c, 2, false, true, 2);
   m.mtp_layers = 1;
   const ChunkBytes mtp = chunk_bytes(m, c, 2, false, true, 2);
@@ -1054,10 +1054,7 @@ TEST(StepMemoryMtp, EachMtpLayerKeepsItsLayerLookupNormsAndLossByHand) {
 
 TEST(StepMemoryMtp, TheFirstBackwardLayerIsAnMtpLayerWhoseInputsAreAlive) {
   TransformerModel m = moe_model();
-  StepConfig c = config(2, 2, 4, 16);
-  c.seq = 256;
-  c.policy.sequence_parallel = true;
-  c.layout.ep = 4, c.layout.etp = 1;
+  StepConfig c = moe_config(2, 16);
   m.mtp_layers = 2;
   const ChunkBytes b = chunk_bytes(m, c, 2, false, true, 2);
   // Per MTP layer: the lookup (5120), enorm's and hnorm's inputs and statistics (16384 + 512
@@ -1071,10 +1068,8 @@ TEST(StepMemoryMtp, TheFirstBackwardLayerIsAnMtpLayerWhoseInputsAreAlive) {
   // One micro-batch on a single stage: the backward's moments, each from the live bytes by hand.
   for (const double seq : {256.0, 4096.0}) {
     SCOPED_TRACE("seq " + std::to_string(seq));
-    StepConfig one = config(2, 1, 4, 4);
-    one.seq = seq;
-    one.policy.sequence_parallel = true, one.policy.attention = Attention::unfused;
-    one.layout.ep = 4, one.layout.etp = 1;
+    StepConfig one = moe_config(1, 4, seq);
+    one.policy.attention = Attention::unfused;
     m.mtp_layers = 1;
     const int L = static_cast<int>(m.L);
     const ChunkBytes live = chunk_bytes(m, one, L, true, true);
@@ -1094,10 +1089,7 @@ TEST(StepMemoryMtp, TheFirstBackwardLayerIsAnMtpLayerWhoseInputsAreAlive) {
 
 TEST(StepMemoryMoe, TheBusiestRanksExpertsProcessTheLoadTimesBalancedRows) {
   const TransformerModel m = moe_model();
-  StepConfig c = config(2, 1, 4, 4);
-  c.seq = 256;
-  c.policy.sequence_parallel = true;
-  c.layout.ep = 4, c.layout.etp = 1;
+  StepConfig c = moe_config(1, 4);
   const LayerSpec spec = m.layer_spec(1);
   const Dims balanced = c.layer_dims(m);
   c.moe_expert_load = 1.5;
@@ -1146,10 +1138,7 @@ TEST(StepMemoryMoe, TheBusiestRanksExpertsProcessTheLoadTimesBalancedRows) {
 TEST(StepMemoryFp8, TheGemmWeightsFp8CachesAreHeldAtRestByHand) {
   TransformerModel m = moe_model();
   m.mtp_layers = 1;
-  StepConfig c = config(2, 2, 4, 16);
-  c.seq = 256;
-  c.policy.sequence_parallel = true;
-  c.layout.ep = 4, c.layout.etp = 1;
+  StepConfig c = moe_config(2, 16);
   const std::vector<StageMemory> plain = step_memory(m, c);
   // Layers 2 and 3 (MoE, SwiGLU, RMSNorm) and the MTP layer (layer 3's spec) on the last stage,
   // t = 2: QKV (4 + 2·2 heads of 16) x 64 and the projection 64 x 64, over t; the shared

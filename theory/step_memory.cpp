@@ -620,6 +620,23 @@ double fp8_weight_cache_bytes_per_parameter(Fp8Recipe r) {
   return 0;
 }
 
+const char* fp8_recipe_name(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::none: return "none";
+    case Fp8Recipe::delayed: return "delayed";
+    case Fp8Recipe::tensorwise: return "tensorwise";
+    case Fp8Recipe::blockwise: return "blockwise";
+    case Fp8Recipe::mxfp8: return "mxfp8";
+  }
+  return "?";
+}
+
+std::optional<Fp8Recipe> find_fp8_recipe(const std::string& name) {
+  for (Fp8Recipe r : {Fp8Recipe::delayed, Fp8Recipe::tensorwise, Fp8Recipe::blockwise, Fp8Recipe::mxfp8})
+    if (name == fp8_recipe_name(r)) return r;
+  return std::nullopt;
+}
+
 double library_workspace_bytes(bool transformer_engine, bool grouped_gemm) {
   constexpr double kWorkspace = 32.0 * 1024 * 1024, kGroupedGemmStreams = 4;
   return (transformer_engine ? 3 : 2) * kWorkspace + (grouped_gemm ? kGroupedGemmStreams * kWorkspace : 0);

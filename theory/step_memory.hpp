@@ -121,6 +121,8 @@ enum class CrossEntropyFusion { none, native, te };
 // per 128 x 128 block each way; delayed and tensorwise: one per tensor).
 enum class Fp8Recipe { none, delayed, tensorwise, blockwise, mxfp8 };
 double fp8_weight_cache_bytes_per_parameter(Fp8Recipe r);
+const char* fp8_recipe_name(Fp8Recipe r);                         // Megatron's --fp8-recipe names
+std::optional<Fp8Recipe> find_fp8_recipe(const std::string& name);  // by that name (none has none)
 
 struct StepConfig {
   StepLayout layout;
