@@ -130,6 +130,9 @@ const std::vector<Flag>& flag_table() {
       {"recompute-num-layers", Kind::value, Use::read},
       {"recompute-modules", Kind::list, Use::read},
       {"distribute-saved-activations", Kind::on_off, Use::read},
+      {"fine-grained-activation-offloading", Kind::on_off, Use::read},
+      {"offload-modules", Kind::list, Use::read},
+      {"min-offloaded-tensor-size", Kind::value, Use::read},
       // precision, optimizer, attention kernel
       {"bf16", Kind::on_off, Use::read},
       {"no-masked-softmax-fusion", Kind::on_off, Use::read},
@@ -186,8 +189,6 @@ const std::vector<Flag>& flag_table() {
       {"external-cuda-graph", Kind::on_off, Use::unmodelled},
       {"optimizer-cpu-offload", Kind::on_off, Use::unmodelled},
       {"attention-output-gate", Kind::on_off, Use::unmodelled},
-      {"fine-grained-activation-offloading", Kind::on_off, Use::unmodelled},
-      {"offload-modules", Kind::list, Use::unmodelled},
       {"overlap-moe-expert-parallel-comm", Kind::on_off, Use::unmodelled},
       {"delay-wgrad-compute", Kind::on_off, Use::unmodelled},
       {"cuda-graph-impl", Kind::value, Use::unmodelled},
@@ -768,6 +769,32 @@ double global_memory_buffer_bytes(const Values& v, const theory::TransformerMode
   return c.precision.activation * elements;
 }
 
+// --offload-modules (Megatron's choices, each once) and --min-offloaded-tensor-size, read with
+// --fine-grained-activation-offloading (Megatron ignores them without it), which Megatron runs
+// under Transformer Engine only and with attn_proj only beside core_attn.
+theory::ActivationOffload offload_of(const Values& v) {
+  theory::ActivationOffload o;
+  std::string list = v.text("offload-modules", "");
+  for (size_t begin = 0; begin < list.size();) {
+    const size_t comma = std::min(list.find(',', begin), list.size());
+    const std::string word = list.substr(begin, comma - begin);
+    const std::optional<theory::OffloadModule> m = theory::find_offload_module(word);
+    if (!m)
+      throw InvalidArgument("--offload-modules: unknown module '" + printable(word) +
+                            "' (expected attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act)");
+    o.modules[static_cast<int>(*m)] = true;
+    begin = comma + 1;
+  }
+  o.min_tensor_elements = static_cast<double>(v.integer("min-offloaded-tensor-size", 0, int64_t{1} << 50, 1 << 20));
+  if (!v.on("fine-grained-activation-offloading")) return {};
+  if (!o.enabled()) throw InvalidArgument("--fine-grained-activation-offloading needs --offload-modules");
+  if (v.text("transformer-impl", "transformer_engine") != "transformer_engine")
+    throw InvalidArgument("--fine-grained-activation-offloading runs under --transformer-impl transformer_engine only");
+  if (o.on(theory::OffloadModule::attn_proj) && !o.on(theory::OffloadModule::core_attn))
+    throw InvalidArgument("--offload-modules: attn_proj needs core_attn (attn_proj's input is core attention's output)");
+  return o;
+}
+
 LayerPolicy policy_of(const Values& v, int t, StackRecompute& stack) {
   LayerPolicy c;
   c.sequence_parallel = v.on("sequence-parallel") && t > 1;  // Megatron turns SP off at t = 1
@@ -877,6 +904,7 @@ void check_conditional_values(const Values& v) {
   megatron_routing_of(v);
   cross_entropy_of(v);
   fp8_of(v);
+  offload_of(v);
   if (v.has("moe-router-bias-update-rate")) v.real("moe-router-bias-update-rate", 0, 1e6, 0);
   const std::string drop = v.text("moe-token-drop-policy", "probs");
   if (drop != "probs" && drop != "position")
@@ -922,6 +950,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.gradient_accumulation_fusion = !v.on("no-gradient-accumulation-fusion");
   c.cross_entropy = cross_entropy_of(v);
   c.fp8 = fp8_of(v);
+  c.offload = offload_of(v);
   c.precision = precision_of(v);
   c.seq = run.model.seq;
   c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));

@@ -144,10 +144,8 @@ void mlp_block(const Extents& x, const LayerSpec& spec, LayerPolicy c, Precision
   if (spec.hidden_dropout > 0) out.push_back({"mlp_residual_mask", m * x.region});
 }
 
-// Bytes per element of the router's logits and routing weights: the activations' (e), or
-// Megatron-Core's --moe-router-dtype.
 double router_elem(const MoeSpec& moe, double e, Bookkeeping b) {
-  return b == Bookkeeping::megatron && moe.megatron.router_bytes > 0 ? moe.megatron.router_bytes : e;
+  return b == Bookkeeping::megatron ? megatron_router_bytes(moe, e) : e;
 }
 
 // The permutation's bookkeeping under Megatron-Core's all-to-all dispatcher (0.13 to 0.15).
@@ -289,6 +287,10 @@ double sum_of(const ByteCategories& categories) {
 }
 
 }  // namespace
+
+double megatron_router_bytes(const MoeSpec& moe, double e) {
+  return moe.megatron.router_bytes > 0 ? moe.megatron.router_bytes : e;
+}
 
 ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p,
                                        Bookkeeping b) {

@@ -113,6 +113,10 @@ ByteCategories layer_bytes_by_category(const Dims& d, const LayerSpec& spec, Lay
 double layer_bytes(const Dims& d, const LayerSpec& spec, LayerPolicy c, Precision p = {},
                    Bookkeeping b = Bookkeeping::actbench);
 
+// Bytes per element of Megatron-Core's router logits and routing weights: --moe-router-dtype's,
+// else the activations' (e).
+double megatron_router_bytes(const MoeSpec& moe, double e);
+
 // An MoE layer's routed rows on one rank: d.moe_routed_rows when given (a measured
 // histogram's sum), else balanced routing of the rank's own T = s·b/(tC) tokens: all T·k
 // choices dropless, or at most E·ceil(T·k/E · cf) with a capacity factor.

@@ -101,6 +101,12 @@ std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage
   return ops;
 }
 
+PipelineOp backward_op(int p, int microbatches, int m, int k, int group) {
+  const StageOrder o = stage_order(p, microbatches, m, 0, group);
+  if (k < 0 || k >= o.total) throw std::invalid_argument("pipeline: backward op out of range");
+  return o.backward(k);
+}
+
 StageZeroPeaks stage_zero_in_flight(int p, int microbatches, int m, int group) {
   StageZeroPeaks peaks;
   int live = 0, first_chunk_live = 0;

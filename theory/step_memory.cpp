@@ -1,7 +1,11 @@
 #include "theory/step_memory.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
+#include <optional>
+#include <utility>
 #include <cstdio>
 #include <stdexcept>
 
@@ -434,16 +438,29 @@ void check(const TransformerModel& m, const StepConfig& c) {
   check_sharding(c);
 }
 
-// The running total of one stage's live bytes and the largest it reaches.
+// The running total of one stage's live bytes and the largest it reaches, with what each
+// chunk-micro-batch in flight holds.
 class PeakTracker {
  public:
-  void forward(const ChunkBytes& b) {
-    live_.layers += b.layers, live_.embedding += b.embedding, live_.output += b.output;
-    ++in_flight_;
+  using Key = std::pair<int, int>;  // (micro-batch, chunk)
+  static Key key(const PipelineOp& op) { return {op.microbatch, op.chunk}; }
+
+  void forward(const PipelineOp& op, const ChunkBytes& held) {
+    held_[key(op)] = held;
+    add(held, 1);
   }
-  void backward_done(const ChunkBytes& b) {
-    live_.layers -= b.layers, live_.embedding -= b.embedding, live_.output -= b.output;
-    --in_flight_;
+  // A chunk-micro-batch in flight gets its offloaded tail back (held_after_forward's
+  // offload_tail: nothing once it is back).
+  void reload_tail(const PipelineOp& op) {
+    ChunkBytes& b = held_.at(key(op));
+    b.layers += b.offload_tail, b.mtp_layers += b.tail_in_mtp, live_.layers += b.offload_tail;
+    b.offload_tail = 0, b.tail_in_mtp = 0;
+  }
+  bool in_flight(const PipelineOp& op) const { return held_.count(key(op)) > 0; }
+  const ChunkBytes& held(const PipelineOp& op) const { return held_.at(key(op)); }
+  void backward_done(const PipelineOp& op) {
+    add(held_.at(key(op)), -1);
+    held_.erase(key(op));
   }
   // The live bytes with `freed` already released, plus the transients, as a candidate peak.
   // `freed`: what one micro-batch's backward has released by then (its loss's bytes once the
@@ -451,7 +468,7 @@ class PeakTracker {
   // micro-batch no longer counts as in flight).
   void candidate(const std::string& at, StageMemory transients, const ChunkBytes& freed = {}, bool done = false) {
     StageMemory s = transients;
-    s.microbatches_in_flight = in_flight_ - (done ? 1 : 0);
+    s.microbatches_in_flight = static_cast<int>(held_.size()) - (done ? 1 : 0);
     s.activation_bytes = live_.layers - freed.layers;
     s.embedding_bytes = live_.embedding - freed.embedding;
     s.output_bytes = live_.output - freed.output;
@@ -463,12 +480,62 @@ class PeakTracker {
   double best_total() const { return best_total_; }
 
  private:
+  void add(const ChunkBytes& b, double sign) {
+    live_.layers += sign * b.layers, live_.embedding += sign * b.embedding, live_.output += sign * b.output;
+  }
   ChunkBytes live_;
-  int in_flight_ = 0;
+  std::map<Key, ChunkBytes> held_;
   StageMemory best_;
   double best_total_ = 0;
   bool found_ = false;
 };
+
+// Fine-grained offloading on one stage, as Megatron-Core's offload manager schedules it
+// (docs/step_memory.md, "Fine-grained activation offloading"). Backwards run in one order
+// (backward_op); a chunk-micro-batch whose backward is, at its forward, the next of the
+// offloading chunks' to run keeps its tail on the GPU. Otherwise the tail comes back at the
+// end of the backward before it in that order, when its forward has run by then (the manager
+// prefetches the next chunk's last layer), else at its own backward.
+class OffloadSchedule {
+ public:
+  OffloadSchedule(const StepConfig& c, const std::vector<ChunkBytes>& bytes)
+      : p_(c.layout.p), microbatches_(static_cast<int>(c.microbatches())), vp_(c.layout.vp), group_(c.layout.vp_group),
+        bytes_(bytes) {
+    for (const ChunkBytes& b : bytes) active_ = active_ || b.offloads;
+  }
+  bool active() const { return active_; }
+  // At a forward: does it keep its tail?
+  bool keeps_tail(const PipelineOp& forward) const {
+    const std::optional<PipelineOp> next = next_backward();
+    return next && next->microbatch == forward.microbatch && next->chunk == forward.chunk;
+  }
+  void backward_started() { ++started_; }
+  // The next offloading chunk's backward not yet started.
+  std::optional<PipelineOp> next_backward() const {
+    for (int k = started_; k < microbatches_ * vp_; ++k) {
+      const PipelineOp op = backward_op(p_, microbatches_, vp_, k, group_);
+      if (bytes_[op.chunk].offloads) return op;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  int p_, microbatches_, vp_, group_;
+  const std::vector<ChunkBytes>& bytes_;
+  bool active_ = false;
+  int started_ = 0;
+};
+
+// What a chunk-micro-batch holds on the GPU after its forward: its saved tensors less what
+// its offload groups moved to the host, with or without the tail.
+ChunkBytes held_after_forward(const ChunkBytes& b, bool tail) {
+  ChunkBytes held = b;
+  held.layers -= b.offloaded - (tail ? b.offload_tail : 0);
+  held.mtp_layers -= b.mtp_offloaded - (tail ? b.tail_in_mtp : 0);
+  held.offload_tail = tail ? 0 : b.offload_tail;  // what is still to come back
+  held.tail_in_mtp = tail ? 0 : b.tail_in_mtp;
+  return held;
+}
 
 // Megatron-FSDP's unsharded copies during a step (docs/step_memory.md, "What each stage holds").
 // Each transformer layer is a unit; the stage's other parameters (embedding, final norm,
@@ -502,6 +569,65 @@ StageMemory fsdp_only(const StageMemory& op) {
 std::string op_text(const PipelineOp& op) {
   return std::string(op.forward ? "forward" : "backward") + " mb " + std::to_string(op.microbatch) + " chunk " +
          std::to_string(op.chunk);
+}
+
+// What the op walk of one stage reads besides the model and the configuration.
+struct StageOps {
+  int stage = 0;
+  const std::vector<ChunkBytes>& bytes;            // per chunk, one micro-batch's
+  const std::vector<ChunkTransients>& transients;  // per chunk, its first backward layer's
+  FsdpTransients fsdp;
+  double loss_transient = 0, embedding_grad = 0;
+};
+
+// The stage's ops in pipeline order, each a candidate peak: the live bytes after a forward,
+// and in a backward its loss, its first layer, its MTP lookups and its embedding.
+PeakTracker walk_stage(const TransformerModel& m, const StepConfig& c, const StageOps& in) {
+  const StepLayout& l = c.layout;
+  const int p = l.p, vp = l.vp, N = static_cast<int>(c.microbatches());
+  PeakTracker peak;
+  OffloadSchedule offload(c, in.bytes);
+  for (const PipelineOp& op : stage_peak_ops(p, N, vp, in.stage, l.vp_group)) {
+    const bool first = in.stage == 0 && op.chunk == 0, last = in.stage == p - 1 && op.chunk == vp - 1;
+    StageMemory extra;
+    extra.fsdp_gathered_weight_bytes = in.fsdp.gathered_weights;
+    if (op.forward) {
+      peak.forward(op, held_after_forward(in.bytes[op.chunk], !offload.active() || offload.keeps_tail(op)));
+      if (last) extra.loss_working_set_bytes = in.loss_transient;
+      peak.candidate(op_text(op), extra);
+      continue;
+    }
+    if (offload.active()) offload.backward_started(), peak.reload_tail(op);
+    extra.fsdp_unsharded_grad_bytes = in.fsdp.layer_grads + (last ? in.fsdp.output_grads : 0);
+    if (last) {  // the loss's backward first: its bytes and the logits' gradient
+      StageMemory loss = extra;
+      loss.loss_working_set_bytes = in.loss_transient;
+      peak.candidate(op_text(op) + " (loss)", loss);
+    }
+    // Then the chunk's last layer (with MTP an MTP layer): the loss's and the output layer's
+    // bytes are released, what that layer's inputs hold is not yet.
+    const ChunkBytes b = peak.held(op);
+    const ChunkBytes released{0, 0, b.output - b.output_held};
+    extra.recompute_working_set_bytes = in.transients[op.chunk].recompute;
+    extra.grad_working_set_bytes = in.transients[op.chunk].grads;
+    peak.candidate(op_text(op), extra, released);
+    if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, the first of the stage's
+      StageMemory lookup = fsdp_only(extra);
+      lookup.embedding_grad_bytes = in.embedding_grad;
+      peak.candidate(op_text(op) + " (mtp embedding)", lookup, ChunkBytes{b.mtp_layers, 0, released.output});
+    }
+    if (first) {  // the lookup's backward: this micro-batch's layers are freed by now
+      StageMemory lookup = fsdp_only(extra);
+      lookup.embedding_grad_bytes = in.embedding_grad;
+      peak.candidate(op_text(op) + " (embedding)", lookup, ChunkBytes{b.layers, 0, b.output}, true);
+    }
+    peak.backward_done(op);
+    if (!offload.active()) continue;
+    // The end of a backward prefetches the next chunk's tail when its forward has run.
+    if (const std::optional<PipelineOp> next = offload.next_backward(); next && peak.in_flight(*next))
+      peak.reload_tail(*next);
+  }
+  return peak;
 }
 
 }  // namespace
@@ -544,6 +670,41 @@ double loss_transient_bytes(const StepConfig& c, double sb, double V_t) {
   if (c.cross_entropy == CrossEntropyFusion::te) return 0;
   const double e = c.precision.activation, logits = (e < 4 ? e : 0) * sb * V_t;
   return c.cross_entropy == CrossEntropyFusion::native ? logits + 4 * sb * V_t : logits;
+}
+
+// Fine-grained offloading's share of a chunk: what its layers' groups move to the host, and
+// the tail, found walking back from its last layer (the MTP layers first): for each group the
+// first layer met that runs it. The chunk's layers are of two specs at most, so the last layer
+// of each kind is all the walk needs.
+void add_offload(const TransformerModel& m, const StepConfig& c, int layers, int first_layer, bool last,
+                 ChunkBytes& out) {
+  const bool mtp = last && m.mtp_layers > 0;
+  if (!c.offload.enabled() || (layers == 0 && !mtp)) return;
+  const Dims d = c.layer_dims(m);
+  const Precision p{c.precision.activation, 1};
+  auto groups = [&](int i) { return layer_offload(d, m.layer_spec(i), c.policy, p, c.offload); };
+  std::array<bool, kOffloadModules> found{};
+  auto take = [&](const LayerOffload& g) {
+    double bytes = 0;
+    for (int k = 0; k < kOffloadModules; ++k)
+      if (g.present[k] && !found[k]) found[k] = true, bytes += g.bytes[k], out.offloads = true;
+    out.offload_tail += bytes;
+    return bytes;
+  };
+  out.offloaded = sum_over_layers(m, first_layer, layers, [&](int i) { return groups(i).total(); });
+  if (mtp) {
+    const LayerOffload g = groups(static_cast<int>(m.L) - 1);  // each MTP layer has the last layer's spec
+    out.mtp_offloaded = m.mtp_layers * g.total();
+    out.offloaded += out.mtp_offloaded;
+    out.tail_in_mtp = take(g);
+  }
+  int last_dense = -1, last_moe = -1;
+  for (int i = first_layer + layers - 1; i >= first_layer && (last_dense < 0 || last_moe < 0); --i) {
+    int& kind = m.is_moe_layer(i) ? last_moe : last_dense;
+    if (kind < 0) kind = i;
+  }
+  for (int i : {std::max(last_dense, last_moe), std::min(last_dense, last_moe)})
+    if (i >= 0) take(groups(i));
 }
 
 }  // namespace
@@ -606,6 +767,7 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
     // layer, then eh_proj, enorm and hnorm, and only then the decoder's final norm.
     out.output_held = norm_input + D * (lookup + 2 * norm_input + eh_proj_input);
   }
+  add_offload(m, c, layers, first_layer, last, out);
   return out;
 }
 
@@ -648,7 +810,7 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
   const std::vector<int> layers = virtual_stage_layers(m, l);
   std::vector<int> first_layer(layers.size(), 0);  // Megatron's order: virtual stage chunk·p + stage
   for (size_t v = 1; v < layers.size(); ++v) first_layer[v] = first_layer[v - 1] + layers[v - 1];
-  const int p = l.p, vp = l.vp, N = static_cast<int>(c.microbatches());
+  const int p = l.p, vp = l.vp;
   const double t = l.t, V = padded_vocab(m, t), sb = c.seq * c.micro_batch / l.cp;  // the rank's rows
   const TrainingPrecision& prec = c.precision;
   std::vector<StageMemory> out;
@@ -705,42 +867,7 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.workspace_bytes + s.fp8_weight_bytes;
     const double loss_transient = loss_transient_bytes(c, sb, V / t);
     const double embedding_grad = prec.weight * embedding_parameters(m, t);
-    PeakTracker peak;
-    for (const PipelineOp& op : stage_peak_ops(p, N, vp, stage, l.vp_group)) {
-      const bool first = stage == 0 && op.chunk == 0, last = stage == p - 1 && op.chunk == vp - 1;
-      StageMemory extra;
-      extra.fsdp_gathered_weight_bytes = fsdp.gathered_weights;
-      if (op.forward) {
-        peak.forward(bytes[op.chunk]);
-        if (last) extra.loss_working_set_bytes = loss_transient;
-        peak.candidate(op_text(op), extra);
-        continue;
-      }
-      extra.fsdp_unsharded_grad_bytes = fsdp.layer_grads + (last ? fsdp.output_grads : 0);
-      if (last) {  // the loss's backward first: its bytes and the logits' gradient
-        StageMemory loss = extra;
-        loss.loss_working_set_bytes = loss_transient;
-        peak.candidate(op_text(op) + " (loss)", loss);
-      }
-      // Then the chunk's last layer (with MTP an MTP layer): the loss's and the output layer's
-      // bytes are released, what that layer's inputs hold is not yet.
-      const ChunkBytes& b = bytes[op.chunk];
-      const ChunkBytes released{0, 0, b.output - b.output_held};
-      extra.recompute_working_set_bytes = transients[op.chunk].recompute;
-      extra.grad_working_set_bytes = transients[op.chunk].grads;
-      peak.candidate(op_text(op), extra, released);
-      if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, the first of the stage's
-        StageMemory lookup = fsdp_only(extra);
-        lookup.embedding_grad_bytes = embedding_grad;
-        peak.candidate(op_text(op) + " (mtp embedding)", lookup, ChunkBytes{b.mtp_layers, 0, released.output});
-      }
-      if (first) {  // the lookup's backward: this micro-batch's layers are freed by now
-        StageMemory lookup = fsdp_only(extra);
-        lookup.embedding_grad_bytes = embedding_grad;
-        peak.candidate(op_text(op) + " (embedding)", lookup, ChunkBytes{b.layers, 0, b.output}, true);
-      }
-      peak.backward_done(bytes[op.chunk]);
-    }
+    const PeakTracker peak = walk_stage(m, c, StageOps{stage, bytes, transients, fsdp, loss_transient, embedding_grad});
     const StageMemory& at = peak.best();
     s.microbatches_in_flight = at.microbatches_in_flight;
     s.activation_bytes = at.activation_bytes;

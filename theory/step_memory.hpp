@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "theory/activation_offload.hpp"
 #include "theory/policy.hpp"
 #include "theory/transformer_model.hpp"
 
@@ -140,6 +141,10 @@ struct StepConfig {
   // Routing imbalance: the rows the busiest rank's experts process, as a multiple of balanced
   // routing's, in every MoE layer (Dims::moe_expert_load; 1: balanced).
   double moe_expert_load = 1;
+  // Fine-grained activation offloading: the groups whose saved tensors wait in host memory
+  // between a layer's forward and its backward (activation_offload.hpp; the pipeline decides
+  // which chunk-micro-batches keep their last layer's groups on the GPU, docs/step_memory.md).
+  ActivationOffload offload;
   TrainingPrecision precision;
   // Library workspaces PyTorch's allocator holds from the first step on (cuBLAS, Transformer
   // Engine): on every stage, at rest and at the peak. megatron_args.hpp sizes them.
@@ -236,6 +241,13 @@ struct ChunkBytes {
   // is an MTP layer, whose lookups, enorm's and hnorm's inputs and eh_proj's input (and the
   // decoder's final norm's input) have their backward after it; without MTP nothing.
   double output_held = 0;
+  // Fine-grained activation offloading: of `layers`, the bytes its groups move to the host
+  // (of them the MTP layers' in mtp_offloaded), and of those the tail: for each group, the
+  // chunk's last layer running it (the MTP layer first), which backward needs first and
+  // Megatron keeps on the GPU when this chunk's backward is the next to run (tail_in_mtp: the
+  // MTP layer's share). offloads: the chunk runs a group at all.
+  double offloaded = 0, mtp_offloaded = 0, offload_tail = 0, tail_in_mtp = 0;
+  bool offloads = false;
   double total() const { return layers + embedding + output; }
 };
 // first_layer: the chunk's first layer's index in the model (which of its layers are MoE).
