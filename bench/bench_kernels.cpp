@@ -20,6 +20,8 @@
 //   attention_unfused_bwd             its backward from those stored tensors (recompute none)
 //   attention_unfused_selective_bwd   recompute QK^T, softmax, dropout from Q, K, then the same
 //                                     backward: what selective recompute's backward costs
+//   attention_fused_mla_fwd / _bwd    the fused path with multi-latent attention's heads
+//                                     (DeepSeek-V3: q and k 192 wide, v 128)
 // Any benchmark that runs out of device memory is skipped with the reason (e.g. softmax at
 // s = 32k). The unfused attention paths need b*heads*s^2 score elements (68.7 GB per bf16
 // tensor at b 4, s 32k): without --attn-batch they halve b until they fit, say so in their
@@ -180,7 +182,9 @@ void BM_softmax_bwd(benchmark::State& state) {
 // kernels take the same paths (Philox words drawn in groups of four along `inner`).
 struct AttnShape {
   int64_t b = 0, heads = 0, s = 0, d = 0;
+  int64_t dv = 0;  // v's (and the output's) head size; 0: d. Multi-latent attention's is narrower
   int64_t B() const { return b * heads; }  // batched-GEMM count: the [B, S, D] of the kernels
+  int64_t value_dim() const { return dv > 0 ? dv : d; }
 };
 
 constexpr float kDropout = 0.1f;  // the paper's dropout, on probabilities and residuals
@@ -298,9 +302,14 @@ void gemm_bench(benchmark::State& state, int64_t m, int64_t n, int64_t kk, int64
 
 // ---- core attention: fused vs the unfused path the layer runs ------------------------------
 
-AttnShape attn_shape() {
+// DeepSeek-V3's multi-latent attention heads: q and k 128 + 64 (the RoPE part) wide, v 128.
+constexpr int64_t kMlaQkHeadDim = 192, kMlaVHeadDim = 128;
+
+AttnShape attn_shape(bool mla = false) {
   const KernelShapes k = shapes();
-  return {g_attn_batch > 0 ? g_attn_batch : k.b, k.heads, k.s, k.d};
+  const int64_t b = g_attn_batch > 0 ? g_attn_batch : k.b;
+  if (mla) return {b, k.heads, k.s, kMlaQkHeadDim, kMlaVHeadDim};
+  return {b, k.heads, k.s, k.d};
 }
 
 // ---- FLOPs ---------------------------------------------------------------------------------
@@ -317,11 +326,16 @@ AttnShape attn_shape() {
 //   fused cpu (kernels/cpu/cpu_attention.cpp): exactly the s(s+1)/2 causal pairs, 2 matmuls
 //     forward, 5 backward
 // Elementwise work (exp, softmax, dropout) is not counted anywhere.
+// With v narrower than q and k (multi-latent attention) the matmuls over d_v count d_v:
+// forward QK^T (d) and P.V (d_v), backward QK^T, dQ, dK (d) and dV, dP (d_v).
 double causal_fwd_flops(const AttnShape& a) {
-  return 4.0 * static_cast<double>(a.B()) * static_cast<double>(a.s) * static_cast<double>(a.s) *
-         static_cast<double>(a.d) / 2.0;
+  const double half = static_cast<double>(a.B()) * static_cast<double>(a.s) * static_cast<double>(a.s);
+  return half * static_cast<double>(a.d + a.value_dim());
 }
-double causal_bwd_flops(const AttnShape& a) { return 2.5 * causal_fwd_flops(a); }
+double causal_bwd_flops(const AttnShape& a) {
+  const double half = static_cast<double>(a.B()) * static_cast<double>(a.s) * static_cast<double>(a.s);
+  return half * static_cast<double>(3 * a.d + 2 * a.value_dim());
+}
 
 namespace tiles = cuda::attention_tiles;  // the cuda kernels' tiles, shared with them
 
@@ -352,7 +366,11 @@ double executed_flops(AttnPath path, AttnPass pass, const AttnShape& a) {
     const double gemms = pass == AttnPass::fwd ? 2 : path == AttnPath::unfused ? 4 : 5;
     return gemms * 2.0 * B * s * s * d;
   }
-  if (context().backend_name == "cpu") return (pass == AttnPass::fwd ? 2 : 5) * 2.0 * B * d * s * (s + 1) / 2.0;
+  if (context().backend_name == "cpu") {
+    const double pairs = B * s * (s + 1) / 2.0, dv = static_cast<double>(a.value_dim());
+    return 2.0 * pairs * (pass == AttnPass::fwd ? d + dv : 3 * d + 2 * dv);
+  }
+  // v narrower than q runs padded to q's width (kernels/cuda/cuda_backend.cpp)
   const double kd = static_cast<double>(tiles::padded_head_dim(a.d));
   if (pass == AttnPass::fwd) return 2 * 2.0 * B * kd * visited_by_query_blocks(a.s, tiles::kFwdRows, tiles::kFwdKeys);
   return 2.0 * B * kd *
@@ -427,7 +445,7 @@ void unfused_bwd(const AttnShape& a, const Tensor& q, const Tensor& k, const Ten
 
 void fused_fwd(const AttnShape& a, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse) {
   Backend& be = *context().backend;
-  out = be.empty({a.B(), a.s, a.d}, bench_dtype());
+  out = be.empty({a.B(), a.s, a.value_dim()}, bench_dtype());
   lse = be.empty({a.B(), a.s}, DType::fp32);
   be.attention_fwd(q, k, v, attn_scale(a), attn_dropout_spec(a), out, lse);
 }
@@ -436,7 +454,8 @@ void fused_bwd(const AttnShape& a, const Tensor& q, const Tensor& k, const Tenso
                const Tensor& dout, const Tensor& lse) {
   Backend& be = *context().backend;
   const Shape hs = {a.B(), a.s, a.d};
-  Tensor dq = be.empty(hs, bench_dtype()), dk = be.empty(hs, bench_dtype()), dv = be.empty(hs, bench_dtype());
+  Tensor dq = be.empty(hs, bench_dtype()), dk = be.empty(hs, bench_dtype());
+  Tensor dv = be.empty({a.B(), a.s, a.value_dim()}, bench_dtype());
   be.attention_bwd(q, k, v, out, dout, lse, attn_scale(a), attn_dropout_spec(a), dq, dk, dv);
 }
 
@@ -471,12 +490,12 @@ struct AttnCase {
 std::unique_ptr<AttnCase> prepare_attention(AttnPath path, AttnPass pass, const AttnShape& a) {
   auto c = std::make_unique<AttnCase>();
   AttnCase& C = *c;
-  const Shape hs = {a.B(), a.s, a.d};
+  const Shape hs = {a.B(), a.s, a.d}, vs = {a.B(), a.s, a.value_dim()};
   C.q = random_tensor(hs, bench_dtype(), -1.f, 1.f, 1);
   C.k = random_tensor(hs, bench_dtype(), -1.f, 1.f, 2);
-  C.v = random_tensor(hs, bench_dtype(), -1.f, 1.f, 3);
-  const double qkv_bytes = 3.0 * static_cast<double>(C.q.bytes());
-  if (pass == AttnPass::bwd) C.dout = random_tensor(hs, bench_dtype(), -1.f, 1.f, 4);
+  C.v = random_tensor(vs, bench_dtype(), -1.f, 1.f, 3);
+  const double qkv_bytes = static_cast<double>(C.q.bytes() + C.k.bytes() + C.v.bytes());
+  if (pass == AttnPass::bwd) C.dout = random_tensor(vs, bench_dtype(), -1.f, 1.f, 4);
   {
     MemWindow w;  // the forward this path's backward starts from, or the one that is timed
     if (path == AttnPath::fused) {
@@ -530,10 +549,10 @@ std::string format_decimal_bytes(double bytes) {
   return buf;
 }
 
-void BM_attention(benchmark::State& state, AttnPath path, AttnPass pass) {
+void BM_attention(benchmark::State& state, AttnPath path, AttnPass pass, bool mla = false) {
   if (skip_if_unavailable(state)) return;
   Backend& be = *context().backend;
-  const AttnShape want = attn_shape();
+  const AttnShape want = attn_shape(mla);
   // Only the unfused paths hold s^2 tensors; they halve b to fit unless --attn-batch fixed it.
   const bool may_shrink = path != AttnPath::fused && g_attn_batch == 0;
   AttnShape a = want;
@@ -579,6 +598,7 @@ void BM_attention(benchmark::State& state, AttnPath path, AttnPass pass) {
   state.counters["batch"] = static_cast<double>(a.b);
   state.counters["heads"] = static_cast<double>(a.heads);
   state.counters["head_dim"] = static_cast<double>(a.d);
+  state.counters["head_dim_v"] = static_cast<double>(a.value_dim());
   set_flop_counters(state, pass == AttnPass::fwd ? causal_fwd_flops(a) : causal_bwd_flops(a));
   const double exec = executed_flops(path, pass, a);
   state.counters["flops_executed"] = exec;
@@ -640,6 +660,9 @@ void register_kernels() {
   }
   reg("attention_unfused_selective_bwd",
       [](benchmark::State& s) { BM_attention(s, AttnPath::selective, AttnPass::bwd); });
+  // Multi-latent attention's heads (DeepSeek-V3: q, k 192 wide, v 128) at the same b, heads, s.
+  reg("attention_fused_mla_fwd", [](benchmark::State& s) { BM_attention(s, AttnPath::fused, AttnPass::fwd, true); });
+  reg("attention_fused_mla_bwd", [](benchmark::State& s) { BM_attention(s, AttnPath::fused, AttnPass::bwd, true); });
 }
 
 void parse_kernel_flags(int& argc, char** argv) {

@@ -278,10 +278,16 @@ std::vector<std::string> shell_words(const std::string& text, const std::string&
   return words;
 }
 
+const std::string kCublasWorkspaceConfig = "CUBLAS_WORKSPACE_CONFIG=";
+
 void apply_megatron_words(const std::vector<std::string>& words, bool strict, const std::string& where,
                           MegatronFlags& flags) {
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& word = words[i];
+    if (word.rfind(kCublasWorkspaceConfig, 0) == 0) {  // the environment's, before the launcher
+      flags.cublas_workspace_config = word.substr(kCublasWorkspaceConfig.size());
+      continue;
+    }
     if (!is_flag(word)) {
       if (strict) fail(where, "unexpected word '" + printable(word) + "' (flags are --name [value])");
       continue;  // the launcher, the script, a bash array's name and brackets
@@ -349,7 +355,7 @@ bool is_yaml_model_config(const std::string& text) {
 std::vector<std::string> yaml_model_args_words(const std::string& text, const std::string& where) {
   std::vector<std::string> words;
   std::istringstream lines(text);
-  bool in_model_args = false;
+  bool in_model_args = false, in_env_vars = false;
   int line_number = 0;
   for (std::string line; std::getline(lines, line);) {
     ++line_number;
@@ -358,8 +364,11 @@ std::vector<std::string> yaml_model_args_words(const std::string& text, const st
     const bool indented = line[0] == ' ' || line[0] == '\t';
     if (!indented) {
       in_model_args = entry == "MODEL_ARGS:";
+      in_env_vars = entry == "ENV_VARS:";
       continue;
     }
+    if (in_env_vars && entry.rfind("CUBLAS_WORKSPACE_CONFIG:", 0) == 0)  // as the launcher exports it
+      words.push_back("CUBLAS_WORKSPACE_CONFIG=" + yaml_value_text(entry.substr(entry.find(':') + 1)));
     if (!in_model_args) continue;
     const size_t colon = entry.find(':');
     const std::string here = where + " line " + std::to_string(line_number);
@@ -743,11 +752,30 @@ CpCommType cp_comm_of(const Values& v) {
   throw InvalidArgument(message);
 }
 
+// CUBLAS_WORKSPACE_CONFIG's bytes: ":SIZE:COUNT" pairs in KiB (":4096:8" is 32 MiB); 0 unset.
+double cublas_workspace_config_bytes(const std::string& text) {
+  if (text.empty()) return 0;
+  const std::string bad = "CUBLAS_WORKSPACE_CONFIG must be :SIZE:COUNT pairs in KiB (:4096:8), got '" +
+                          printable(text) + "'";
+  static const std::regex pairs("(:[0-9]{1,9}:[0-9]{1,6})+");
+  if (!std::regex_match(text, pairs)) throw InvalidArgument(bad);
+  std::vector<double> numbers;  // size, count, size, count, ...
+  std::istringstream in(text.substr(1));
+  for (std::string n; std::getline(in, n, ':');) numbers.push_back(std::stod(n));
+  double bytes = 0;
+  for (size_t i = 0; i + 1 < numbers.size(); i += 2) bytes += 1024.0 * numbers[i] * numbers[i + 1];
+  return bytes;
+}
+
 // The run's library workspaces: Transformer Engine's (the default --transformer-impl) and its
-// grouped GEMM's (--moe-grouped-gemm on an MoE model) besides PyTorch's.
-double workspace_bytes_of(const Values& v, const theory::TransformerModel& m) {
+// grouped GEMM's (--moe-grouped-gemm on an MoE model) besides PyTorch's, at the GPU's sizes
+// (Hopper's when none is named).
+double workspace_bytes_of(const Values& v, const MegatronFlags& flags, const theory::TransformerModel& m,
+                          const theory::Gpu* gpu) {
   const bool te = v.text("transformer-impl", "transformer_engine") == "transformer_engine";
-  return theory::library_workspace_bytes(te, te && v.on("moe-grouped-gemm") && m.layer.moe.enabled());
+  const theory::LibraryWorkspaces sizes =
+      theory::library_workspaces(gpu ? gpu->compute_major : 9, cublas_workspace_config_bytes(flags.cublas_workspace_config));
+  return theory::library_workspace_bytes(te, te && v.on("moe-grouped-gemm") && m.layer.moe.enabled(), sizes);
 }
 
 // parallel_state's global memory buffer: one tensor of the activations' type per name, kept for
@@ -933,7 +961,8 @@ theory::TransformerModel megatron_model(const MegatronFlags& flags) {
   return m;
 }
 
-MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus) {
+MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus,
+                         const theory::Gpu* gpu) {
   refuse_what_is_not_modelled(flags);
   const Values v(flags);
   check_conditional_values(v);
@@ -954,7 +983,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.precision = precision_of(v);
   c.seq = run.model.seq;
   c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));
-  c.workspace_bytes = workspace_bytes_of(v, run.model) + global_memory_buffer_bytes(v, run.model, c);
+  c.workspace_bytes = workspace_bytes_of(v, flags, run.model, gpu) + global_memory_buffer_bytes(v, run.model, c);
   run.world_size = world_size_of(v, gpus);
   const int64_t model_parallel = int64_t{c.layout.t} * c.layout.p * c.layout.cp;
   if (run.world_size == 0)

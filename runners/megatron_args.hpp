@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "theory/models.hpp"  // Gpu
 #include "theory/step_memory.hpp"
 #include "theory/transformer_model.hpp"
 
@@ -37,6 +38,9 @@ struct MegatronFlags {
   std::vector<std::string> unmodelled;  // flags given that change memory but are not modelled
   // flags whose value is still a shell variable ($TP) → the error line, unless a later word gives it
   std::map<std::string, std::string> unresolved;
+  // CUBLAS_WORKSPACE_CONFIG as the run's environment sets it (a script's `export`, a test
+  // configuration's ENV_VARS); empty: not set.
+  std::string cublas_workspace_config;
   bool has(const std::string& name) const { return values.count(name) > 0; }
 };
 
@@ -66,7 +70,8 @@ struct MegatronRun {
 // config) with the layer flags as edits, or, without a base, built from the flags alone.
 // The data-parallel size is world_size / (t·p·C); world_size is `gpus` when given (> 0), else
 // the flags' world size. Throws InvalidArgument (one line naming the flag).
-MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus);
+MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory::TransformerModel>& base, int gpus,
+                         const theory::Gpu* gpu = nullptr);
 
 // The model alone (its shape, layer, vocabulary and default sequence length): what the layout
 // search reads from a script. Throws InvalidArgument like megatron_run.

@@ -46,6 +46,7 @@ COLUMNS = [
     ("note", "", "the flags not modelled, or why theory refused the case"),
 ]
 HEADER = [name for name, _, _ in COLUMNS]
+KNOWN_GPUS = ("a100", "h100", "h200", "b200")  # theory memory --gpu
 
 
 def read_case(folder):
@@ -56,12 +57,15 @@ def read_case(folder):
     return measured
 
 
-def run_theory(theory, config, gpus):
-    """(last stage's CSV row or None, status, note)."""
+def run_theory(theory, config, gpus, gpu):
+    """(last stage's CSV row or None, status, note). gpu: the measurement's (it sizes the
+    library workspaces), when theory knows it."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "stages.csv")
-        p = subprocess.run([theory, "memory", "--megatron-args", config, "--gpus", str(gpus), "--csv", out],
-                           capture_output=True, text=True, timeout=120)
+        args = [theory, "memory", "--megatron-args", config, "--gpus", str(gpus), "--csv", out]
+        if gpu.lower() in KNOWN_GPUS:
+            args += ["--gpu", gpu.lower()]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
         lines = p.stderr.strip().splitlines()
         if p.returncode != 0:
             return None, "refused", (lines[-1] if lines else f"exit {p.returncode}").removeprefix("theory: error: ")
@@ -80,7 +84,8 @@ def validate(theory, cases):
         for case in sorted(os.listdir(suite_dir)):
             folder = os.path.join(suite_dir, case)
             measured = read_case(folder)
-            stage, status, note = run_theory(theory, os.path.join(folder, "model_config.yaml"), measured["gpus"])
+            stage, status, note = run_theory(theory, os.path.join(folder, "model_config.yaml"), measured["gpus"],
+                                             measured.get("gpu", ""))
             peak, allocated = measured["mem-max-allocated-bytes"], measured["mem-allocated-bytes"]
             row = {"suite": suite, "case": case, "status": status, "gpu": measured.get("gpu", ""),
                    "gpus": measured["gpus"], "measured_peak_bytes": peak, "measured_allocated_bytes": allocated,

@@ -288,8 +288,9 @@ const ModelRow& preset_row(const std::string& name) {
 }
 
 // The flags and the model `theory memory` was given: the preset's layout, the HF config's
-// shape (16-bit) or the launch script's flags, then the command line's Megatron flags.
-MegatronRun memory_run(const TheoryOptions& a) {
+// shape (16-bit) or the launch script's flags, then the command line's Megatron flags; the
+// GPU, when named, sizes the library workspaces.
+MegatronRun memory_run(const TheoryOptions& a, const Gpu* device) {
   MegatronFlags flags;
   std::optional<TransformerModel> base;
   const std::string here = "theory memory";
@@ -313,7 +314,7 @@ MegatronRun memory_run(const TheoryOptions& a) {
     for (const std::string& f : flags.unmodelled) names += (names.empty() ? "" : ", ") + f;
     std::fprintf(stderr, "theory: warning: not modelled (they change memory): %s\n", names.c_str());
   }
-  MegatronRun run = megatron_run(flags, base, a.gpus);
+  MegatronRun run = megatron_run(flags, base, a.gpus, device);
   if (!base) run.model.name = "megatron:" + fs::path(a.megatron_args).filename().string();
   run.step.moe_expert_load = a.moe_expert_load;  // step_memory refuses it for a model without experts
   return run;
@@ -404,8 +405,8 @@ std::string run_text(const MegatronRun& r) {
 
 // theory memory: the whole step's memory, stage by stage (theory/step_memory.hpp).
 int run_memory(const TheoryOptions& a) {
-  const MegatronRun r = memory_run(a);
   const Gpu* device = a.gpu.empty() ? nullptr : &named("--gpu", [&]() -> const Gpu& { return plan_gpu(a.gpu); });
+  const MegatronRun r = memory_run(a, device);
   const std::vector<StageMemory> stages = step_memory(r.model, r.step);
   std::printf("%s\n", run_text(r).c_str());
   // With FP8 a column for the weights' FP8 caches, so that the columns before REST add up to it.

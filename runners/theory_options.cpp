@@ -196,7 +196,7 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
   opts.value(memory, "--hf-config", kMemory, "a Hugging Face config.json");
   opts.value(memory, "--megatron-args", kMemory, "a file with a Megatron-LM launch script's arguments");
   opts.value(memory, "--gpus", kMemory, "GPUs in the run, 1.." + gpus + " (default: the script's world size)");
-  opts.value(memory, "--gpu", kMemory, "a100 | h100 | h200 | b200: say whether each stage fits its memory");
+  opts.value(memory, "--gpu", kMemory, "a100 | h100 | h200 | b200: say whether each stage fits its memory, and size the library workspaces as on it (default: Hopper's)");
   opts.value(memory, "--csv", kMemory, "also write one row per pipeline stage to this CSV");
   opts.value(memory, "--moe-expert-load", kMemory, kExpertLoadHelp, "1");
   return apps;

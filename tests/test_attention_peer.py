@@ -430,6 +430,22 @@ class BenchKernelsAttentionTest(TmpDir):
         self.assertEqual(len(lines), 4)  # the times and the bytes
         self.assertNotIn("-", lines[0][2:14])
 
+    def test_multi_latent_attention_heads_count_their_narrower_v(self):
+        out = os.path.join(self.tmp, "mla.json")
+        r = self.bench("--benchmark_filter=attention_fused_mla", "--seq=64", out=out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        _, by = self.load(out)
+        B, s, d, dv = 2 * 4, 64, 192, 128  # the small shape's b and heads, DeepSeek-V3's head widths, fp32
+        for name in ("attention_fused_mla_fwd", "attention_fused_mla_bwd"):
+            b = by[name]
+            self.assertFalse(b.get("error_occurred"), b.get("error_message"))
+            self.assertEqual((b["head_dim"], b["head_dim_v"]), (d, dv))
+            # q, k and v, the output at v's width, the fp32 row statistics
+            self.assertEqual(b["saved_bytes"], 4 * B * s * (2 * d + dv) + 4 * B * s * dv + 4 * B * s)
+        self.assertEqual(by["attention_fused_mla_fwd"]["flops"], B * s * s * (d + dv))
+        self.assertEqual(by["attention_fused_mla_bwd"]["flops"], B * s * s * (3 * d + 2 * dv))
+        self.assertEqual(by["attention_fused_mla_fwd"]["flops_executed"], 2.0 * B * s * (s + 1) / 2 * (d + dv))
+
     def test_unfused_halves_the_batch_when_it_does_not_fit(self):
         out = os.path.join(self.tmp, "oom.json")
         r = self.bench("--benchmark_filter=attention_unfused_fwd|attention_fused_fwd", "--seq=1024",

@@ -564,6 +564,42 @@ TEST(MegatronArgs, LocalAttentionKeepsItsScoresBuffer) {
   EXPECT_EQ(workspace(moe + "--moe-token-dispatcher-type alltoall"), 96 * MiB);
 }
 
+// The library workspaces at the GPU's sizes: Transformer Engine's 32 MiB from compute capability
+// 9.0 and 4 MiB before, PyTorch's two at CUBLAS_WORKSPACE_CONFIG's size or the default for the
+// architecture; the grouped GEMM adds one of Transformer Engine's per stream (4).
+TEST(MegatronArgs, LibraryWorkspacesAreSizedForTheGpu) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 8 "
+                           "--bf16 --sequence-parallel --tensor-model-parallel-size 2 --num-experts 4 "
+                           "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall ";
+  const double KiB = 1024, MiB = 1024 * KiB;
+  const Gpu& a100 = gpu("a100");
+  auto workspace = [&](const std::string& script, const Gpu* device) {
+    return megatron_run(flags_of(script), std::nullopt, 0, device).step.workspace_bytes;
+  };
+  EXPECT_EQ(workspace(base, nullptr), 96 * MiB);                       // Hopper's, no GPU named
+  EXPECT_EQ(workspace(base, &gpu("h100")), 96 * MiB);
+  EXPECT_EQ(workspace(base, &a100), 2 * (8 * MiB + 128 * KiB) + 4 * MiB);  // PyTorch's :4096:2:16:8
+  EXPECT_EQ(workspace("export CUBLAS_WORKSPACE_CONFIG=:4096:8\n" + base, &a100), 2 * 32 * MiB + 4 * MiB);
+  EXPECT_EQ(workspace("CUBLAS_WORKSPACE_CONFIG=:16:8 " + base + "--moe-grouped-gemm", &a100),
+            2 * 128 * KiB + 5 * 4 * MiB);
+  EXPECT_EQ(workspace(base + "--moe-grouped-gemm", nullptr), 224 * MiB);
+  for (const char* bad : {"CUBLAS_WORKSPACE_CONFIG=4096:8 ", "CUBLAS_WORKSPACE_CONFIG=:4096 ",
+                          "CUBLAS_WORKSPACE_CONFIG=:a:8 "}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(workspace(bad + base, nullptr), InvalidArgument);
+  }
+  // A test configuration's ENV_VARS are the environment its launcher exports.
+  const std::string yaml = "ENV_VARS:\n  CUBLAS_WORKSPACE_CONFIG: :4096:8\nMODEL_ARGS:\n  --num-layers: 2\n"
+                           "  --hidden-size: 64\n  --num-attention-heads: 4\n  --vocab-size: 100\n  --world-size: 8\n"
+                           "  --bf16: true\n";
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "actbench_workspace_test.yaml";
+  std::ofstream(file) << yaml;
+  const MegatronFlags read = read_megatron_args(file.string());
+  std::filesystem::remove(file);
+  EXPECT_EQ(read.cublas_workspace_config, ":4096:8");
+  EXPECT_EQ(megatron_run(read, std::nullopt, 0, &a100).step.workspace_bytes, 2 * 32 * MiB + 4 * MiB);
+}
+
 // The three losses' bytes on the last stage (sb = 1024 rows, V/t = 50304 columns, bf16).
 TEST(StepMemory, TheLossKeepsAndHoldsWhatItsImplementationDoes) {
   const TransformerModel m = gpt_model();

@@ -40,7 +40,7 @@ TransformerModel plan_model(const std::string& name) {
 const Gpu& plan_gpu(const std::string& name) {
   // B200 (HGX, 180 GB): 2.25 PFLOP/s dense bf16, 8 TB/s HBM3e, NVLink 5 900 GB/s per direction,
   // one 400 Gb/s port per GPU.
-  static const Gpu b200{"b200", "B200 SXM 180GB", 180e9, 2.25e15, 8.0e12, 900e9, 50e9};
+  static const Gpu b200{"b200", "B200 SXM 180GB", 180e9, 2.25e15, 8.0e12, 900e9, 50e9, 10};
   if (name == "b200") return b200;
   for (const auto& g : gpus())
     if (g.name == name) return g;
@@ -329,7 +329,8 @@ void add_configs(const PlanRequest& r, double s, const Layout& l, int N, const s
     step.sharding = r.sharding;
     step.moe_expert_load = r.moe_expert_load;
     // As Megatron-Core runs: Transformer Engine, grouped GEMM for the experts.
-    step.workspace_bytes = library_workspace_bytes(true, r.model.layer.moe.enabled());
+    step.workspace_bytes =
+        library_workspace_bytes(true, r.model.layer.moe.enabled(), library_workspaces(r.gpu.compute_major));
     fill_memory(r.model, step, r.headroom_bytes, k);
     k.fits = k.total_bytes <= r.gpu.memory_bytes;
     fill_time(r, s, l, c, stage_moe, k);

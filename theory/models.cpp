@@ -49,9 +49,9 @@ const std::vector<Gpu>& gpus() {
   // docs/paper.md "Hardware limits"; memory is the total nvidia-smi reports (81920, 81559 and
   // 143771 MiB), network is one 200 Gb/s HDR (A100) or 400 Gb/s NDR (H100/H200) port per GPU.
   static const std::vector<Gpu> list = {
-      {"a100", "A100 SXM 80GB", 81920.0 * 1024 * 1024, 312e12, 2.0e12, 300e9, 25e9},
-      {"h100", "H100 SXM 80GB", 81559.0 * 1024 * 1024, 989e12, 3.35e12, 450e9, 50e9},
-      {"h200", "H200 SXM 141GB", 143771.0 * 1024 * 1024, 989e12, 4.8e12, 450e9, 50e9},
+      {"a100", "A100 SXM 80GB", 81920.0 * 1024 * 1024, 312e12, 2.0e12, 300e9, 25e9, 8},
+      {"h100", "H100 SXM 80GB", 81559.0 * 1024 * 1024, 989e12, 3.35e12, 450e9, 50e9, 9},
+      {"h200", "H200 SXM 141GB", 143771.0 * 1024 * 1024, 989e12, 4.8e12, 450e9, 50e9, 9},
   };
   return list;
 }

@@ -41,6 +41,7 @@ struct Gpu {
   double hbm_bytes_per_s = 0;  // memory bandwidth
   double nvlink_bytes_per_s = 0;   // per direction (tensor-parallel collectives)
   double network_bytes_per_s = 0;  // per GPU between nodes (pipeline p2p, data-parallel all-reduce)
+  int compute_major = 9;           // compute capability's major version (library workspace sizes)
 };
 // a100 (A100 SXM 80GB, the paper's), h100 (H100 SXM 80GB), h200 (H200 SXM 141GB).
 const std::vector<Gpu>& gpus();

@@ -799,9 +799,20 @@ std::optional<Fp8Recipe> find_fp8_recipe(const std::string& name) {
   return std::nullopt;
 }
 
-double library_workspace_bytes(bool transformer_engine, bool grouped_gemm) {
-  constexpr double kWorkspace = 32.0 * 1024 * 1024, kGroupedGemmStreams = 4;
-  return (transformer_engine ? 3 : 2) * kWorkspace + (grouped_gemm ? kGroupedGemmStreams * kWorkspace : 0);
+LibraryWorkspaces library_workspaces(int compute_major, double cublas_workspace_config) {
+  constexpr double KiB = 1024, MiB = 1024 * KiB;
+  LibraryWorkspaces w;
+  w.transformer_engine = compute_major >= 9 ? 32 * MiB : 4 * MiB;
+  w.pytorch = cublas_workspace_config > 0 ? cublas_workspace_config
+              : compute_major >= 9        ? 4096 * KiB * 8
+                                          : 4096 * KiB * 2 + 16 * KiB * 8;
+  return w;
+}
+
+double library_workspace_bytes(bool transformer_engine, bool grouped_gemm, const LibraryWorkspaces& sizes) {
+  constexpr double kPytorchWorkspaces = 2, kGroupedGemmStreams = 4;
+  const double te = transformer_engine ? 1 + (grouped_gemm ? kGroupedGemmStreams : 0) : 0;
+  return kPytorchWorkspaces * sizes.pytorch + te * sizes.transformer_engine;
 }
 
 std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig& c) {

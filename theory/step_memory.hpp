@@ -184,10 +184,18 @@ LayerParameters layer_parameters(const TransformerModel& m, int i, const StepLay
 void check_expert_layout(const TransformerModel& m, const StepLayout& l);
 
 // The library workspaces a Megatron-LM run holds through PyTorch's allocator from its first
-// step on, at Hopper's and later GPUs' sizes (docs/step_memory.md, "What each stage holds"):
-// 32 MiB each for two PyTorch cuBLAS workspaces and, under Transformer Engine, TE's own; TE's
-// grouped GEMM adds one for each of its 4 streams.
-double library_workspace_bytes(bool transformer_engine, bool grouped_gemm);
+// step on (docs/step_memory.md, "What each stage holds"): two PyTorch cuBLAS workspaces and,
+// under Transformer Engine, TE's own, and one more for each of the 4 streams of TE's grouped
+// GEMM. Their sizes depend on the GPU: Transformer Engine's is 32 MiB from compute capability
+// 9.0 and 4 MiB before; PyTorch's is CUBLAS_WORKSPACE_CONFIG's when the run sets it (':4096:8',
+// as Megatron-LM's tests do, is 32 MiB), else 4096 KiB x 8 from 9.0 and 4096 KiB x 2 + 16 KiB
+// x 8 before. The defaults are Hopper's.
+struct LibraryWorkspaces {
+  double pytorch = 32.0 * 1024 * 1024, transformer_engine = 32.0 * 1024 * 1024;
+};
+// cublas_workspace_config: the bytes CUBLAS_WORKSPACE_CONFIG gives (0: not set).
+LibraryWorkspaces library_workspaces(int compute_major, double cublas_workspace_config = 0);
+double library_workspace_bytes(bool transformer_engine, bool grouped_gemm, const LibraryWorkspaces& sizes = {});
 
 // One stage of the step. Bytes are per GPU of that stage.
 struct StageMemory {
