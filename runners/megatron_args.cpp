@@ -133,6 +133,8 @@ const std::vector<Flag>& flag_table() {
       {"fine-grained-activation-offloading", Kind::on_off, Use::read},
       {"offload-modules", Kind::list, Use::read},
       {"min-offloaded-tensor-size", Kind::value, Use::read},
+      {"defer-embedding-wgrad-compute", Kind::on_off, Use::read},
+      {"wgrad-deferral-limit", Kind::value, Use::read},
       // precision, optimizer, attention kernel
       {"bf16", Kind::on_off, Use::read},
       {"no-masked-softmax-fusion", Kind::on_off, Use::read},
@@ -801,25 +803,12 @@ double global_memory_buffer_bytes(const Values& v, const theory::TransformerMode
 // --fine-grained-activation-offloading (Megatron ignores them without it), which Megatron runs
 // under Transformer Engine only and with attn_proj only beside core_attn.
 theory::ActivationOffload offload_of(const Values& v) {
-  theory::ActivationOffload o;
-  std::string list = v.text("offload-modules", "");
-  for (size_t begin = 0; begin < list.size();) {
-    const size_t comma = std::min(list.find(',', begin), list.size());
-    const std::string word = list.substr(begin, comma - begin);
-    const std::optional<theory::OffloadModule> m = theory::find_offload_module(word);
-    if (!m)
-      throw InvalidArgument("--offload-modules: unknown module '" + printable(word) +
-                            "' (expected attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act)");
-    o.modules[static_cast<int>(*m)] = true;
-    begin = comma + 1;
-  }
+  theory::ActivationOffload o = theory::parse_offload_modules(v.text("offload-modules", ""));
   o.min_tensor_elements = static_cast<double>(v.integer("min-offloaded-tensor-size", 0, int64_t{1} << 50, 1 << 20));
   if (!v.on("fine-grained-activation-offloading")) return {};
   if (!o.enabled()) throw InvalidArgument("--fine-grained-activation-offloading needs --offload-modules");
   if (v.text("transformer-impl", "transformer_engine") != "transformer_engine")
     throw InvalidArgument("--fine-grained-activation-offloading runs under --transformer-impl transformer_engine only");
-  if (o.on(theory::OffloadModule::attn_proj) && !o.on(theory::OffloadModule::core_attn))
-    throw InvalidArgument("--offload-modules: attn_proj needs core_attn (attn_proj's input is core attention's output)");
   return o;
 }
 
@@ -933,6 +922,7 @@ void check_conditional_values(const Values& v) {
   cross_entropy_of(v);
   fp8_of(v);
   offload_of(v);
+  if (v.has("wgrad-deferral-limit")) v.integer("wgrad-deferral-limit", 0, 1 << 30, 0);
   if (v.has("moe-router-bias-update-rate")) v.real("moe-router-bias-update-rate", 0, 1e6, 0);
   const std::string drop = v.text("moe-token-drop-policy", "probs");
   if (drop != "probs" && drop != "position")
@@ -980,6 +970,8 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.cross_entropy = cross_entropy_of(v);
   c.fp8 = fp8_of(v);
   c.offload = offload_of(v);
+  c.defer_embedding_wgrad = v.on("defer-embedding-wgrad-compute");
+  c.wgrad_deferral_limit = static_cast<int>(v.integer("wgrad-deferral-limit", 0, 1 << 30, 0));
   c.precision = precision_of(v);
   c.seq = run.model.seq;
   c.micro_batch = static_cast<double>(v.integer("micro-batch-size", 1, 1 << 16, 1));

@@ -149,6 +149,7 @@ int run_plan_search(const TheoryOptions& a) {
   if (a.moe_expert_load != 1 && !r.model.layer.moe.enabled())
     throw InvalidArgument("--moe-expert-load: " + r.model.name + " has no experts");
   r.moe_expert_load = a.moe_expert_load;
+  r.offload = parse_offload_modules(a.offload_modules);
   const int top = a.top;
   const std::vector<PlanCandidate> plans = plan_search(r);
   const double s = r.seq > 0 ? r.seq : r.model.seq;
@@ -164,6 +165,9 @@ int run_plan_search(const TheoryOptions& a) {
                 std::isinf(r.moe_expert_load)
                     ? "the dropless bound (--moe-expert-load max)"
                     : (fmt(r.moe_expert_load) + "x balanced rows (--moe-expert-load; at most the dropless bound)").c_str());
+  if (r.offload.enabled())
+    std::printf("memory with fine-grained activation offloading of %s; times without the host transfers\n",
+                offload_modules_text(r.offload).c_str());
   // A mixture of experts adds the expert-parallel sizes, the recompute modules and the
   // all-to-alls' share of the iteration; a dense model's table is as it was.
   const bool moe = r.model.layer.moe.enabled();

@@ -167,6 +167,9 @@ Apps declare(CLI::App& app, Options& opts, std::vector<std::string>& results, bo
              "p2p");
   opts.value(plan, "--max-cp", kSearch, "with --gpus: the largest context-parallel size searched (1: none)", "64");
   opts.value(plan, "--moe-expert-load", kSearch, std::string("with --gpus: ") + kExpertLoadHelp, "1");
+  opts.value(plan, "--offload-modules", kSearch,
+             "with --gpus: fine-grained activation offloading of these modules on every plan (Megatron's names: "
+             "attn_norm,qkv_linear,core_attn,attn_proj,mlp_norm,expert_fc1,moe_act)");
   opts.value(plan, "--gpu-memory", kFit, "without --gpus: device memory, e.g. 80GiB (default: the --gpu's)");
   opts.value(plan, "--gpu", both, "a100 | h100 | h200 (| b200 with --gpus)", "a100");
   opts.value(plan, "--tp", kFit, "without --gpus: tensor-parallel size (default: Table 3's)");
@@ -280,6 +283,10 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
   parse_cp_comm_type(o.cp_comm_type);  // refused here, in one line, before any search
   o.max_cp = static_cast<int>(parse_int_option("--max-cp", opts.text(plan, "--max-cp"), 1, theory::kMaxPlanGpus));
   o.moe_expert_load = expert_load(opts.text(plan, "--moe-expert-load"));
+  if (opts.given(plan, "--offload-modules")) {
+    o.offload_modules = opts.text(plan, "--offload-modules");
+    theory::parse_offload_modules(o.offload_modules);  // refused here, in one line, before any search
+  }
 }
 
 void take_memory(const Options& opts, const CLI::App* memory, TheoryOptions& o) {

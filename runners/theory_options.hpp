@@ -40,6 +40,7 @@ struct TheoryOptions {
   // theory memory: Megatron-LM's flags on the command line, in order (runners/megatron_args.hpp)
   std::vector<std::string> megatron_words;
   double moe_expert_load = 1;  // memory and the layout search: routing imbalance (infinity: max, the dropless bound)
+  std::string offload_modules;  // the layout search: --offload-modules (Megatron's names, comma-separated)
   // plan and llama-table
   std::string gpu = "a100", csv, attention = "fused";
   int64_t seq = 0;                     // 0: the model's

@@ -419,6 +419,29 @@ TEST(MoePlan, Mixtral8x7bOn64H100HasPlansThatFitWithinMegatronsRules) {
   EXPECT_TRUE(seen_etp);
 }
 
+// Fine-grained offloading changes a plan's activations only: each layout keeps its weights,
+// state and iteration time, and holds at most the activations it held without it.
+TEST(MoePlan, OffloadingLowersActivationsAndLeavesTheRest) {
+  PlanRequest r = mixtral_on_64_h100();
+  const std::vector<PlanCandidate> plain = plan_search(r);
+  r.offload = parse_offload_modules("core_attn,attn_proj,expert_fc1,moe_act");
+  const std::vector<PlanCandidate> offloaded = plan_search(r);
+  ASSERT_EQ(plain.size(), offloaded.size());
+  int lower = 0;
+  for (const PlanCandidate& k : offloaded) {
+    const auto same = std::find_if(plain.begin(), plain.end(), [&](const PlanCandidate& y) {
+      return same_but_ep(k, y) && y.ep == k.ep;
+    });
+    ASSERT_NE(same, plain.end()) << k.config;
+    EXPECT_LE(k.activation_bytes, same->activation_bytes) << k.config;
+    lower += k.activation_bytes < same->activation_bytes;
+    if (k.stage != same->stage) continue;  // the reported stage (the highest peak) moved
+    EXPECT_EQ(k.weight_bytes + k.grad_bytes + k.optimizer_bytes, same->weight_bytes + same->grad_bytes + same->optimizer_bytes);
+    EXPECT_EQ(k.iteration_s, same->iteration_s);
+  }
+  EXPECT_GT(lower, 0);
+}
+
 // Expert parallelism shrinks each GPU's experts by ep and adds the all-to-alls: the iteration
 // changes by exactly the all-to-all time, less the smaller expert gradient reduction and Adam step.
 TEST(MoePlan, ExpertParallelismTradesMemoryForAllToAllTime) {

@@ -621,6 +621,30 @@ TEST(StepMemory, TheLossKeepsAndHoldsWhatItsImplementationDoes) {
   EXPECT_EQ(native.step_peak_bytes - none.step_peak_bytes, 4 * logits);
 }
 
+// --defer-embedding-wgrad-compute: each of the first K micro-batches (--wgrad-deferral-limit;
+// 0: all) leaves the output layer's input from its forward and the logits' gradient from its
+// backward on the last stage until the step's end (gpt_model at t = 2 with SP, p = 2: rows
+// 1024, h 512 over t, V/t = 50432 / 2 columns (50257 padded to 128·t), bf16).
+TEST(StepMemory, DeferredEmbeddingWgradsStayToTheStepsEnd) {
+  const TransformerModel m = gpt_model();
+  StepConfig c = config(2, 2, 1, 8);  // 8 micro-batches
+  c.policy.sequence_parallel = true;
+  const std::vector<StageMemory> plain_stages = step_memory(m, c);
+  const StageMemory plain = plain_stages[1];
+  const double per_microbatch = 2.0 * 1024 * 512 / 2 + 2.0 * 1024 * 50432 / 2;
+  c.defer_embedding_wgrad = true, c.wgrad_deferral_limit = 2;
+  const StageMemory two = step_memory(m, c)[1];
+  // The last stage holds one micro-batch at a time: every later op holds both deferred ones.
+  EXPECT_DOUBLE_EQ(two.peak_bytes - plain.peak_bytes, 2 * per_microbatch);
+  EXPECT_DOUBLE_EQ(two.rest_bytes, plain.rest_bytes);
+  c.wgrad_deferral_limit = 0;  // every micro-batch: the last backward holds all eight
+  const StageMemory all = step_memory(m, c)[1];
+  EXPECT_GE(all.peak_bytes - plain.peak_bytes, 8 * per_microbatch - 2.0 * 1024 * 50432);
+  c.wgrad_deferral_limit = 100;  // more than the step's micro-batches: all of them
+  EXPECT_DOUBLE_EQ(step_memory(m, c)[1].peak_bytes, all.peak_bytes);
+  EXPECT_EQ(step_memory(m, c)[0].peak_bytes, plain_stages[0].peak_bytes);  // no output layer there
+}
+
 // Megatron's local attention with torch's fp32 softmax keeps its fp32 output per layer, in place
 // of (with attention dropout) or beside (without) the 16-bit probabilities; only Megatron's
 // bookkeeping counts it.
@@ -1213,6 +1237,20 @@ TEST(MegatronArgs, Fp8FormatAndRecipe) {
   EXPECT_EQ(megatron_run(flags_of(base + "--fp8-format hybrid --fp8-recipe tensorwise"), std::nullopt, 0).step.fp8,
             Fp8Recipe::tensorwise);
   for (const char* bad : {"--fp8-format e5m2", "--fp8-format hybrid --fp8-recipe custom", "--fp8-recipe x"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(megatron_run(flags_of(base + bad), std::nullopt, 0), InvalidArgument);
+  }
+}
+
+TEST(MegatronArgs, DeferredEmbeddingWgradFlags) {
+  const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 --bf16 ";
+  const StepConfig plain = megatron_run(flags_of(base), std::nullopt, 0).step;
+  EXPECT_FALSE(plain.defer_embedding_wgrad);
+  const StepConfig deferred =
+      megatron_run(flags_of(base + "--defer-embedding-wgrad-compute --wgrad-deferral-limit 3"), std::nullopt, 0).step;
+  EXPECT_TRUE(deferred.defer_embedding_wgrad);
+  EXPECT_EQ(deferred.wgrad_deferral_limit, 3);
+  for (const char* bad : {"--wgrad-deferral-limit -1", "--defer-embedding-wgrad-compute --wgrad-deferral-limit x"}) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(megatron_run(flags_of(base + bad), std::nullopt, 0), InvalidArgument);
   }

@@ -1,7 +1,9 @@
 #include "theory/activation_offload.hpp"
 
+#include <algorithm>
 #include <utility>
 
+#include "runtime/error.hpp"  // InvalidArgument: header only
 #include "theory/layer_pieces.hpp"
 
 namespace actbench::theory {
@@ -87,6 +89,30 @@ std::optional<OffloadModule> find_offload_module(const std::string& name) {
   for (const auto& [module, text] : kNames)
     if (name == text) return module;
   return std::nullopt;
+}
+
+ActivationOffload parse_offload_modules(const std::string& list) {
+  ActivationOffload o;
+  for (size_t begin = 0; begin < list.size();) {
+    const size_t comma = std::min(list.find(',', begin), list.size());
+    const std::string word = list.substr(begin, comma - begin);
+    const std::optional<OffloadModule> m = find_offload_module(word);
+    if (!m)
+      throw InvalidArgument("--offload-modules: unknown module '" + word +
+                            "' (expected attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act)");
+    o.modules[static_cast<int>(*m)] = true;
+    begin = comma + 1;
+  }
+  if (o.on(OffloadModule::attn_proj) && !o.on(OffloadModule::core_attn))
+    throw InvalidArgument("--offload-modules: attn_proj needs core_attn (attn_proj's input is core attention's output)");
+  return o;
+}
+
+std::string offload_modules_text(const ActivationOffload& o) {
+  std::string out;
+  for (const auto& [module, name] : kNames)
+    if (o.on(module)) out += (out.empty() ? "" : ",") + std::string(name);
+  return out;
 }
 
 bool ActivationOffload::enabled() const {

@@ -49,6 +49,12 @@ struct ActivationOffload {
   bool operator==(const ActivationOffload&) const = default;
 };
 
+// --offload-modules' comma-separated list, as Megatron checks it: its names, attn_proj only
+// beside core_attn. Throws InvalidArgument with one line naming the flag.
+ActivationOffload parse_offload_modules(const std::string& list);
+// The modules' names, comma-separated ("" when none).
+std::string offload_modules_text(const ActivationOffload& o);
+
 // One layer's offload groups: whether the layer runs each group (a module it has, offloaded),
 // and the bytes of its saved tensors that move to the host.
 struct LayerOffload {

@@ -328,6 +328,7 @@ void add_configs(const PlanRequest& r, double s, const Layout& l, int N, const s
     step.distributed_optimizer = r.distributed_optimizer;
     step.sharding = r.sharding;
     step.moe_expert_load = r.moe_expert_load;
+    step.offload = r.offload;
     // As Megatron-Core runs: Transformer Engine, grouped GEMM for the experts.
     step.workspace_bytes =
         library_workspace_bytes(true, r.model.layer.moe.enabled(), library_workspaces(r.gpu.compute_major));

@@ -72,6 +72,9 @@ struct PlanRequest {
   CpCommType cp_comm = CpCommType::p2p;  // context parallelism's attention exchange
   int max_cp = 64;                       // the largest context-parallel size searched (1: none)
   double moe_expert_load = 1;            // routing imbalance (StepConfig::moe_expert_load): memory only
+  // Fine-grained activation offloading on every candidate (StepConfig::offload): memory only,
+  // the host transfers assumed hidden behind compute as Megatron-Core schedules them.
+  ActivationOffload offload;
 };
 
 // Bytes one rank sends per layer for context parallelism's attention (forward and backward,

@@ -101,6 +101,15 @@ std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage
   return ops;
 }
 
+std::vector<PipelineOp> stage_ops(int p, int microbatches, int m, int stage, int group) {
+  if (stage < 0 || stage >= p) throw std::invalid_argument("pipeline: stage out of range");
+  const StageOrder o = stage_order(p, microbatches, m, stage, group);
+  std::vector<PipelineOp> ops;
+  ops.reserve(o.size());
+  for (int i = 0; i < o.size(); ++i) ops.push_back(o.at(i));
+  return ops;
+}
+
 PipelineOp backward_op(int p, int microbatches, int m, int k, int group) {
   const StageOrder o = stage_order(p, microbatches, m, 0, group);
   if (k < 0 || k >= o.total) throw std::invalid_argument("pipeline: backward op out of range");

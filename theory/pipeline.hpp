@@ -46,6 +46,9 @@ int first_chunk_microbatches_in_flight(int p, int microbatches, int m = 1, int g
 // the cool-down only frees; with a short last group every op is returned. Throws std::invalid_argument like pipeline_order.
 std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage, int group = 0);
 
+// Every op of stage `stage`, in order (pipeline_order's row for it).
+std::vector<PipelineOp> stage_ops(int p, int microbatches, int m, int stage, int group = 0);
+
 // The k-th backward op (0-based) of a stage, the same on every stage: backwards run micro-batch
 // by micro-batch under 1F1B, and under the interleaved schedule group by group from the last
 // chunk down. Throws std::invalid_argument like pipeline_order, or for k outside [0, N·m).

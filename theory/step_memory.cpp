@@ -449,6 +449,8 @@ class PeakTracker {
     held_[key(op)] = held;
     add(held, 1);
   }
+  // Bytes held to the step's end, whatever runs (the deferred output-layer gradients' inputs).
+  void keep(double output_bytes) { live_.output += output_bytes; }
   // A chunk-micro-batch in flight gets its offloaded tail back (held_after_forward's
   // offload_tail: nothing once it is back).
   void reload_tail(const PipelineOp& op) {
@@ -580,6 +582,24 @@ struct StageOps {
   double loss_transient = 0, embedding_grad = 0;
 };
 
+// --defer-embedding-wgrad-compute on the last chunk: what each deferred micro-batch leaves
+// until the step's end, and how many are deferred (the limit, or every micro-batch).
+struct DeferredWgrad {
+  double input = 0, grad = 0;  // the output layer's input (its forward), the logits' gradient (its backward)
+  int count = 0;
+};
+DeferredWgrad deferred_wgrad(const TransformerModel& m, const StepConfig& c) {
+  DeferredWgrad w;
+  if (!c.defer_embedding_wgrad) return w;
+  const double t = c.layout.t, e = c.precision.activation, sb = c.seq * c.micro_batch / c.layout.cp;
+  const double r = c.policy.sequence_parallel ? t : 1.0, blocks = 1 + m.mtp_layers;  // MTP's rows beside the decoder's
+  w.input = blocks * e * sb * m.h / r;
+  w.grad = blocks * e * sb * padded_vocab(m, t) / t;
+  const int N = static_cast<int>(c.microbatches());
+  w.count = c.wgrad_deferral_limit > 0 ? std::min(c.wgrad_deferral_limit, N) : N;
+  return w;
+}
+
 // The stage's ops in pipeline order, each a candidate peak: the live bytes after a forward,
 // and in a backward its loss, its first layer, its MTP lookups and its embedding.
 PeakTracker walk_stage(const TransformerModel& m, const StepConfig& c, const StageOps& in) {
@@ -587,11 +607,17 @@ PeakTracker walk_stage(const TransformerModel& m, const StepConfig& c, const Sta
   const int p = l.p, vp = l.vp, N = static_cast<int>(c.microbatches());
   PeakTracker peak;
   OffloadSchedule offload(c, in.bytes);
-  for (const PipelineOp& op : stage_peak_ops(p, N, vp, in.stage, l.vp_group)) {
+  // Deferred weight gradients accumulate over the step: the walk then needs every op.
+  const DeferredWgrad deferred = in.stage == p - 1 ? deferred_wgrad(m, c) : DeferredWgrad{};
+  int deferred_inputs = 0, deferred_grads = 0;
+  const std::vector<PipelineOp> ops = deferred.count > 0 ? stage_ops(p, N, vp, in.stage, l.vp_group)
+                                                         : stage_peak_ops(p, N, vp, in.stage, l.vp_group);
+  for (const PipelineOp& op : ops) {
     const bool first = in.stage == 0 && op.chunk == 0, last = in.stage == p - 1 && op.chunk == vp - 1;
     StageMemory extra;
     extra.fsdp_gathered_weight_bytes = in.fsdp.gathered_weights;
     if (op.forward) {
+      if (last && deferred_inputs < deferred.count) ++deferred_inputs, peak.keep(deferred.input);
       peak.forward(op, held_after_forward(in.bytes[op.chunk], !offload.active() || offload.keeps_tail(op)));
       if (last) extra.loss_working_set_bytes = in.loss_transient;
       peak.candidate(op_text(op), extra);
@@ -605,7 +631,9 @@ PeakTracker walk_stage(const TransformerModel& m, const StepConfig& c, const Sta
       peak.candidate(op_text(op) + " (loss)", loss);
     }
     // Then the chunk's last layer (with MTP an MTP layer): the loss's and the output layer's
-    // bytes are released, what that layer's inputs hold is not yet.
+    // bytes are released, what that layer's inputs hold is not yet; a deferred micro-batch
+    // keeps the logits' gradient.
+    if (last && deferred_grads < deferred.count) ++deferred_grads, peak.keep(deferred.grad);
     const ChunkBytes b = peak.held(op);
     const ChunkBytes released{0, 0, b.output - b.output_held};
     extra.recompute_working_set_bytes = in.transients[op.chunk].recompute;

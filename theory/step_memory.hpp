@@ -145,6 +145,12 @@ struct StepConfig {
   // between a layer's forward and its backward (activation_offload.hpp; the pipeline decides
   // which chunk-micro-batches keep their last layer's groups on the GPU, docs/step_memory.md).
   ActivationOffload offload;
+  // --defer-embedding-wgrad-compute with --wgrad-deferral-limit (0: every micro-batch): the
+  // output layer's weight gradient of the step's first micro-batches waits for the pipeline
+  // flush, so the last stage keeps each one's output-layer input (from its forward) and logits'
+  // gradient (from its backward) until the step's end.
+  bool defer_embedding_wgrad = false;
+  int wgrad_deferral_limit = 0;
   TrainingPrecision precision;
   // Library workspaces PyTorch's allocator holds from the first step on (cuBLAS, Transformer
   // Engine): on every stage, at rest and at the peak. megatron_args.hpp sizes them.
