@@ -191,7 +191,8 @@ const std::vector<Flag>& flag_table() {
       {"external-cuda-graph", Kind::on_off, Use::unmodelled},
       {"optimizer-cpu-offload", Kind::on_off, Use::unmodelled},
       {"attention-output-gate", Kind::on_off, Use::unmodelled},
-      {"overlap-moe-expert-parallel-comm", Kind::on_off, Use::unmodelled},
+      {"overlap-moe-expert-parallel-comm", Kind::on_off, Use::partial,
+       "combined 1F1B's paired forward counted as its first layer; the rest of its transients not"},
       {"delay-wgrad-compute", Kind::on_off, Use::unmodelled},
       {"cuda-graph-impl", Kind::value, Use::unmodelled},
       {"fp8-recipe", Kind::value, Use::read},
@@ -971,6 +972,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.fp8 = fp8_of(v);
   c.offload = offload_of(v);
   c.defer_embedding_wgrad = v.on("defer-embedding-wgrad-compute");
+  c.overlap_moe_ep_comm = v.on("overlap-moe-expert-parallel-comm");
   c.wgrad_deferral_limit = static_cast<int>(v.integer("wgrad-deferral-limit", 0, 1 << 30, 0));
   c.precision = precision_of(v);
   c.seq = run.model.seq;

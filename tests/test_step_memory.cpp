@@ -1242,6 +1242,30 @@ TEST(MegatronArgs, Fp8FormatAndRecipe) {
   }
 }
 
+// --overlap-moe-expert-parallel-comm: a steady-state backward runs beside its paired forward,
+// whose first layer's saved tensors are alive when the backward's first layer starts.
+TEST(StepMemory, CombinedOneFOneBHoldsThePairedForwardsFirstLayer) {
+  const TransformerModel m = gpt_model();
+  StepConfig c = config(2, 2, 1, 8);
+  c.policy.sequence_parallel = true;
+  const std::vector<StageMemory> plain = step_memory(m, c);
+  c.overlap_moe_ep_comm = true;
+  const std::vector<StageMemory> paired = step_memory(m, c);
+  const double layer = layer_bytes(c.layer_dims(m), m.layer, c.policy, Precision{}, Bookkeeping::megatron) +
+                       layer_extra_bytes(c.layer_dims(m), m.layer, c.policy);
+  // Stage 0 peaks at a steady backward (F1 B0 ...): one layer more.
+  ASSERT_EQ(plain[0].peak_at.rfind("backward", 0), 0u) << plain[0].peak_at;
+  EXPECT_DOUBLE_EQ(paired[0].peak_bytes - plain[0].peak_bytes, layer);
+  EXPECT_DOUBLE_EQ(paired[0].activation_bytes - plain[0].activation_bytes, layer);
+  EXPECT_EQ(paired[0].rest_bytes, plain[0].rest_bytes);
+  // One micro-batch per step leaves no forward to pair with.
+  StepConfig one = config(2, 1, 1, 1);
+  one.policy.sequence_parallel = true;
+  const double alone = step_memory(m, one)[0].peak_bytes;
+  one.overlap_moe_ep_comm = true;
+  EXPECT_EQ(step_memory(m, one)[0].peak_bytes, alone);
+}
+
 TEST(MegatronArgs, DeferredEmbeddingWgradFlags) {
   const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 --bf16 ";
   const StepConfig plain = megatron_run(flags_of(base), std::nullopt, 0).step;

@@ -297,6 +297,9 @@ ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c,
   const Dims d = c.layer_dims(m);
   const LayerSpec spec = m.layer_spec(last_layer);
   const Precision p{c.precision.activation, 1};
+  const int first_layer = last_layer - layers + 1;
+  w.first_layer = c.policy.recompute == Recompute::full ? checkpoint_bytes(d, c)
+                                                        : saved_bytes(d, m.layer_spec(first_layer), c.policy, p);
   const double none = saved_bytes(d, spec, keeps_all(c.policy), p);
   if (c.policy.recompute == Recompute::selective) {
     w.recompute = none - saved_bytes(d, spec, c.policy, p);
@@ -600,6 +603,17 @@ DeferredWgrad deferred_wgrad(const TransformerModel& m, const StepConfig& c) {
   return w;
 }
 
+// --overlap-moe-expert-parallel-comm: the forward combined 1F1B runs beside the backward
+// ops[i], if any: with one stage the next micro-batch's (the forward after it), with a
+// pipeline the steady phase's pair (the forward before it).
+std::optional<PipelineOp> overlapped_forward(const StepConfig& c, const std::vector<PipelineOp>& ops, size_t i) {
+  if (!c.overlap_moe_ep_comm || ops[i].forward) return std::nullopt;
+  const size_t pair = c.layout.p == 1 ? i + 1 : i - 1;
+  if (c.layout.p != 1 && i == 0) return std::nullopt;
+  if (pair >= ops.size() || !ops[pair].forward) return std::nullopt;
+  return ops[pair];
+}
+
 // The stage's ops in pipeline order, each a candidate peak: the live bytes after a forward,
 // and in a backward its loss, its first layer, its MTP lookups and its embedding.
 PeakTracker walk_stage(const TransformerModel& m, const StepConfig& c, const StageOps& in) {
@@ -607,12 +621,15 @@ PeakTracker walk_stage(const TransformerModel& m, const StepConfig& c, const Sta
   const int p = l.p, vp = l.vp, N = static_cast<int>(c.microbatches());
   PeakTracker peak;
   OffloadSchedule offload(c, in.bytes);
-  // Deferred weight gradients accumulate over the step: the walk then needs every op.
+  // Deferred weight gradients accumulate over the step, and combined 1F1B pairs a backward
+  // with a forward the peak ops may leave out: the walk then takes every op.
   const DeferredWgrad deferred = in.stage == p - 1 ? deferred_wgrad(m, c) : DeferredWgrad{};
   int deferred_inputs = 0, deferred_grads = 0;
-  const std::vector<PipelineOp> ops = deferred.count > 0 ? stage_ops(p, N, vp, in.stage, l.vp_group)
-                                                         : stage_peak_ops(p, N, vp, in.stage, l.vp_group);
-  for (const PipelineOp& op : ops) {
+  const std::vector<PipelineOp> ops = deferred.count > 0 || c.overlap_moe_ep_comm
+                                          ? stage_ops(p, N, vp, in.stage, l.vp_group)
+                                          : stage_peak_ops(p, N, vp, in.stage, l.vp_group);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipelineOp& op = ops[i];
     const bool first = in.stage == 0 && op.chunk == 0, last = in.stage == p - 1 && op.chunk == vp - 1;
     StageMemory extra;
     extra.fsdp_gathered_weight_bytes = in.fsdp.gathered_weights;
@@ -638,7 +655,12 @@ PeakTracker walk_stage(const TransformerModel& m, const StepConfig& c, const Sta
     const ChunkBytes released{0, 0, b.output - b.output_held};
     extra.recompute_working_set_bytes = in.transients[op.chunk].recompute;
     extra.grad_working_set_bytes = in.transients[op.chunk].grads;
-    peak.candidate(op_text(op), extra, released);
+    // Under combined 1F1B the paired forward's first layer has run by then: its saved tensors
+    // are alive beside the live set (a negative release).
+    ChunkBytes first_layer_freed = released;
+    if (const std::optional<PipelineOp> pair = overlapped_forward(c, ops, i))
+      first_layer_freed.layers = -in.transients[pair->chunk].first_layer;
+    peak.candidate(op_text(op), extra, first_layer_freed);
     if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, the first of the stage's
       StageMemory lookup = fsdp_only(extra);
       lookup.embedding_grad_bytes = in.embedding_grad;

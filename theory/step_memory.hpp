@@ -151,6 +151,11 @@ struct StepConfig {
   // gradient (from its backward) until the step's end.
   bool defer_embedding_wgrad = false;
   int wgrad_deferral_limit = 0;
+  // --overlap-moe-expert-parallel-comm: Megatron-Core's combined 1F1B runs each steady-state
+  // backward beside a forward, layer by layer (pp = 1: micro-batch k's backward with k + 1's
+  // forward; interleaved: the pair the schedule alternates, with one more warm-up forward), so
+  // a backward's first layer meets the other micro-batch's first layer already forwarded.
+  bool overlap_moe_ep_comm = false;
   TrainingPrecision precision;
   // Library workspaces PyTorch's allocator holds from the first step on (cuBLAS, Transformer
   // Engine): on every stage, at rest and at the peak. megatron_args.hpp sizes them.
@@ -272,6 +277,7 @@ ChunkBytes chunk_bytes(const TransformerModel& m, const StepConfig& c, int layer
 // rebuilds and the gradients it holds at once. last_layer: the chunk's last layer in the model.
 struct ChunkTransients {
   double recompute = 0, grads = 0;
+  double first_layer = 0;  // what the chunk's first layer keeps (a forward overlapped with a backward)
 };
 ChunkTransients chunk_transients(const TransformerModel& m, const StepConfig& c, int layers, int last_layer);
 
