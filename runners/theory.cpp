@@ -347,6 +347,18 @@ std::string fp8_text(Fp8Recipe r) {
   return std::string(", FP8 ") + fp8_recipe_name(r) + " (GEMM weights cached)";
 }
 
+// What else the step's schedule keeps or moves: offloading, deferred wgrads, combined 1F1B.
+std::string schedule_text(const StepConfig& c) {
+  std::string out;
+  if (c.offload.enabled()) out += ", offloading " + offload_modules_text(c.offload);
+  if (c.defer_embedding_wgrad)
+    out += ", embedding wgrad deferred (" +
+           (c.wgrad_deferral_limit > 0 ? std::to_string(c.wgrad_deferral_limit) + " micro-batches" : std::string("all")) +
+           ")";
+  if (c.overlap_moe_ep_comm) out += ", combined 1F1B";
+  return out;
+}
+
 // ", busiest experts 1.5x balanced rows" (--moe-expert-load), or nothing under balanced routing.
 std::string expert_load_text(const TransformerModel& m, const StepConfig& c) {
   if (c.moe_expert_load == 1) return "";
@@ -403,7 +415,7 @@ std::string run_text(const MegatronRun& r) {
                     ? (std::string(" ") + recompute_method_name(c.stack.method) + " " + std::to_string(c.stack.num_layers)).c_str()
                     : "",
                 attention_name(c.policy.attention), c.precision.weight, c.precision.grad, c.precision.master,
-                c.precision.optimizer_state, (sharding_text(c) + fp8_text(c.fp8)).c_str());
+                c.precision.optimizer_state, (sharding_text(c) + fp8_text(c.fp8) + schedule_text(c)).c_str());
   return text;
 }
 
