@@ -285,7 +285,9 @@ void take_plan(const Options& opts, const CLI::App* plan, TheoryOptions& o) {
   o.moe_expert_load = expert_load(opts.text(plan, "--moe-expert-load"));
   if (opts.given(plan, "--offload-modules")) {
     o.offload_modules = opts.text(plan, "--offload-modules");
-    theory::parse_offload_modules(o.offload_modules);  // refused here, in one line, before any search
+    // refused here, in one line, before any search
+    if (!theory::parse_offload_modules(o.offload_modules).enabled())
+      throw InvalidArgument("--offload-modules needs at least one module");
   }
 }
 

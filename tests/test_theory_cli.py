@@ -64,7 +64,7 @@ OPTIONS = [
     (SEARCH, "--gpu", BAD_NAMES), (SEARCH, "--attention", BAD_NAMES), (SEARCH, "--model", BAD_NAMES),
     (SEARCH, "--max-cp", BAD_INTS), (SEARCH, "--cp-comm-type", BAD_NAMES + ["a2a+p2p"]),
     (SEARCH, "--moe-expert-load", ["", " ", "nan", "inf", "0", "0.5", "-1", "x", "maxx", "1e999"]),
-    (SEARCH, "--offload-modules", [" ", "bogus", "attn_proj", "core_attn,,moe_act", "mlp"]),
+    (SEARCH, "--offload-modules", ["", " ", "bogus", "attn_proj", "core_attn,,moe_act", "mlp"]),
     (LLAMA_TABLE, "--tp", BAD_INTS), (LLAMA_TABLE, "--seq", BAD_INTS), (LLAMA_TABLE, "--batch", BAD_INTS),
     (LLAMA_TABLE, "--model", BAD_NAMES + ["175b"]),
 ]
