@@ -178,7 +178,7 @@ const std::vector<Flag>& flag_table() {
       {"use-torch-fsdp2", Kind::on_off, Use::refuse, "PyTorch FSDP2's sharding (Megatron-FSDP's is modelled)"},
       // changes memory, not modelled
       {"fp8-format", Kind::value, Use::partial, "its activations, counted in 16 bits, and Megatron-FSDP's FP8 weights"},
-      {"fp8-param-gather", Kind::on_off, Use::unmodelled},
+      {"fp8-param-gather", Kind::on_off, Use::read},
       {"cross-entropy-loss-fusion", Kind::on_off, Use::read},
       {"cross-entropy-fusion-impl", Kind::value, Use::read},
       {"fp16-lm-cross-entropy", Kind::on_off, Use::unmodelled},
@@ -970,6 +970,7 @@ MegatronRun megatron_run(const MegatronFlags& flags, const std::optional<theory:
   c.gradient_accumulation_fusion = !v.on("no-gradient-accumulation-fusion");
   c.cross_entropy = cross_entropy_of(v);
   c.fp8 = fp8_of(v);
+  c.fp8_param_gather = c.fp8 != theory::Fp8Recipe::none && v.on("fp8-param-gather");
   c.offload = offload_of(v);
   c.defer_embedding_wgrad = v.on("defer-embedding-wgrad-compute");
   c.overlap_moe_ep_comm = v.on("overlap-moe-expert-parallel-comm");

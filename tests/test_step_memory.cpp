@@ -669,13 +669,14 @@ TEST(LayerPieces, LocalTorchSoftmaxKeepsItsFp32Output) {
 }
 
 TEST(MegatronArgs, UnknownFlagsAreSkippedUnmodelledOnesNamedUnexpressibleOnesRefused) {
-  MegatronFlags f = flags_of("--foo 3 --num-layers 2 --fp8-param-gather --fp8-format hybrid --bar --hidden-size 64");
+  MegatronFlags f = flags_of("--foo 3 --num-layers 2 --tp-comm-overlap --fp8-format hybrid --bar --hidden-size 64");
   EXPECT_EQ(f.values.at("num-layers"), "2");
   EXPECT_EQ(f.values.at("hidden-size"), "64");
-  // --fp8-format is read and named with the part it leaves out; --fp8-param-gather only named.
+  // --fp8-format is read and named with the part it leaves out; --tp-comm-overlap only named.
   EXPECT_EQ(f.values.at("fp8-format"), "hybrid");
+  EXPECT_FALSE(f.has("tp-comm-overlap"));
   ASSERT_EQ(f.unmodelled.size(), 2u);
-  EXPECT_EQ(f.unmodelled[0], "--fp8-param-gather");
+  EXPECT_EQ(f.unmodelled[0], "--tp-comm-overlap");
   EXPECT_EQ(f.unmodelled[1].rfind("--fp8-format (its activations", 0), 0u) << f.unmodelled[1];
   const std::string base = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 ";
   for (const char* bad : {"--num-experts 8 --moe-router-dtype bf16", "--num-experts 6 --expert-model-parallel-size 4",
@@ -1223,6 +1224,11 @@ TEST(StepMemoryFp8, TheGemmWeightsFp8CachesAreHeldAtRestByHand) {
   c.fp8 = Fp8Recipe::delayed;
   EXPECT_DOUBLE_EQ(step_memory(m, c)[0].fp8_weight_bytes,
                    2 * (2 * attention + 3 * 128 * 64 / 2.0 + shared + experts));
+  // --fp8-param-gather: the parameters are the FP8 weights (data and transpose), no cache beside
+  c.fp8_param_gather = true;
+  EXPECT_EQ(step_memory(m, c)[1].fp8_weight_bytes, 0);
+  EXPECT_EQ(step_memory(m, c)[1].weight_bytes, plain[1].weight_bytes);
+  c.fp8_param_gather = false;
   c.sharding.fsdp = true, c.sharding.level = DpShard::optimizer, c.distributed_optimizer = true;
   EXPECT_EQ(step_memory(m, c)[1].fp8_weight_bytes, 0);  // Megatron-FSDP's are not modelled
 }
@@ -1236,6 +1242,8 @@ TEST(MegatronArgs, Fp8FormatAndRecipe) {
             Fp8Recipe::blockwise);
   EXPECT_EQ(megatron_run(flags_of(base + "--fp8-format hybrid --fp8-recipe tensorwise"), std::nullopt, 0).step.fp8,
             Fp8Recipe::tensorwise);
+  EXPECT_TRUE(megatron_run(flags_of(base + "--fp8-format hybrid --fp8-param-gather"), std::nullopt, 0).step.fp8_param_gather);
+  EXPECT_FALSE(megatron_run(flags_of(base + "--fp8-param-gather"), std::nullopt, 0).step.fp8_param_gather);
   for (const char* bad : {"--fp8-format e5m2", "--fp8-format hybrid --fp8-recipe custom", "--fp8-recipe x"}) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(megatron_run(flags_of(base + bad), std::nullopt, 0), InvalidArgument);

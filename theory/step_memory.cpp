@@ -922,7 +922,8 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     s.optimizer_bytes = (prec.master + prec.optimizer_state) * sharded(&Shards::optimizer);
     s.workspace_bytes = c.workspace_bytes;
     // Transformer Engine's FP8 weight caches, whole on the rank (Megatron-FSDP's are not modelled).
-    if (!c.sharding.fsdp) s.fp8_weight_bytes = fp8_weight_cache_bytes_per_parameter(c.fp8) * gemm_parameters;
+    if (!c.sharding.fsdp && !c.fp8_param_gather)
+      s.fp8_weight_bytes = fp8_weight_cache_bytes_per_parameter(c.fp8) * gemm_parameters;
     const FsdpTransients fsdp = fsdp_transients(c, s.parameters - layer_parameters_total, largest_layer,
                                                 s.layers, output_layer);
     s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.workspace_bytes + s.fp8_weight_bytes;

@@ -138,6 +138,9 @@ struct StepConfig {
   bool gradient_accumulation_fusion = true;   // weight gradients go straight into main_grad
   CrossEntropyFusion cross_entropy = CrossEntropyFusion::none;
   Fp8Recipe fp8 = Fp8Recipe::none;  // FP8 GEMM weights' caches (activations stay in 16 bits here)
+  // --fp8-param-gather: the GEMM weights are FP8 parameters (data and transpose, 1 byte each:
+  // the 2 bytes of weight_bytes), gathered in FP8; no 16-bit copy to cache beside them.
+  bool fp8_param_gather = false;
   // Routing imbalance: the rows the busiest rank's experts process, as a multiple of balanced
   // routing's, in every MoE layer (Dims::moe_expert_load; 1: balanced).
   double moe_expert_load = 1;
