@@ -616,69 +616,98 @@ std::optional<PipelineOp> overlapped_forward(const StepConfig& c, const std::vec
 
 // The stage's ops in pipeline order, each a candidate peak: the live bytes after a forward,
 // and in a backward its loss, its first layer, its MTP lookups and its embedding.
-PeakTracker walk_stage(const TransformerModel& m, const StepConfig& c, const StageOps& in) {
-  const StepLayout& l = c.layout;
-  const int p = l.p, vp = l.vp, N = static_cast<int>(c.microbatches());
-  PeakTracker peak;
-  OffloadSchedule offload(c, in.bytes);
-  // Deferred weight gradients accumulate over the step, and combined 1F1B pairs a backward
-  // with a forward the peak ops may leave out: the walk then takes every op.
-  const DeferredWgrad deferred = in.stage == p - 1 ? deferred_wgrad(m, c) : DeferredWgrad{};
-  int deferred_inputs = 0, deferred_grads = 0;
-  const std::vector<PipelineOp> ops = deferred.count > 0 || c.overlap_moe_ep_comm
-                                          ? stage_ops(p, N, vp, in.stage, l.vp_group)
-                                          : stage_peak_ops(p, N, vp, in.stage, l.vp_group);
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const PipelineOp& op = ops[i];
-    const bool first = in.stage == 0 && op.chunk == 0, last = in.stage == p - 1 && op.chunk == vp - 1;
+class StageWalk {
+ public:
+  StageWalk(const TransformerModel& m, const StepConfig& c, const StageOps& in)
+      : m_(m), c_(c), in_(in), offload_(c, in.bytes),
+        deferred_(in.stage == c.layout.p - 1 ? deferred_wgrad(m, c) : DeferredWgrad{}) {
+    const StepLayout& l = c.layout;
+    const int N = static_cast<int>(c.microbatches());
+    // Deferred weight gradients accumulate over the step, and combined 1F1B pairs a backward
+    // with a forward the peak ops may leave out: the walk then takes every op.
+    ops_ = deferred_.count > 0 || c.overlap_moe_ep_comm ? stage_ops(l.p, N, l.vp, in.stage, l.vp_group)
+                                                        : stage_peak_ops(l.p, N, l.vp, in.stage, l.vp_group);
+  }
+
+  PeakTracker run() {
+    for (size_t i = 0; i < ops_.size(); ++i) ops_[i].forward ? forward(ops_[i]) : backward(i);
+    return peak_;
+  }
+
+ private:
+  bool first_chunk(const PipelineOp& op) const { return in_.stage == 0 && op.chunk == 0; }
+  bool last_chunk(const PipelineOp& op) const {
+    return in_.stage == c_.layout.p - 1 && op.chunk == c_.layout.vp - 1;
+  }
+
+  void forward(const PipelineOp& op) {
+    const bool last = last_chunk(op);
+    if (last && deferred_inputs_ < deferred_.count) ++deferred_inputs_, peak_.keep(deferred_.input);
+    peak_.forward(op, held_after_forward(in_.bytes[op.chunk], !offload_.active() || offload_.keeps_tail(op)));
     StageMemory extra;
-    extra.fsdp_gathered_weight_bytes = in.fsdp.gathered_weights;
-    if (op.forward) {
-      if (last && deferred_inputs < deferred.count) ++deferred_inputs, peak.keep(deferred.input);
-      peak.forward(op, held_after_forward(in.bytes[op.chunk], !offload.active() || offload.keeps_tail(op)));
-      if (last) extra.loss_working_set_bytes = in.loss_transient;
-      peak.candidate(op_text(op), extra);
-      continue;
-    }
-    if (offload.active()) offload.backward_started(), peak.reload_tail(op);
-    extra.fsdp_unsharded_grad_bytes = in.fsdp.layer_grads + (last ? in.fsdp.output_grads : 0);
+    extra.fsdp_gathered_weight_bytes = in_.fsdp.gathered_weights;
+    if (last) extra.loss_working_set_bytes = in_.loss_transient;
+    peak_.candidate(op_text(op), extra);
+  }
+
+  void backward(size_t i) {
+    const PipelineOp& op = ops_[i];
+    const bool last = last_chunk(op);
+    if (offload_.active()) offload_.backward_started(), peak_.reload_tail(op);
+    StageMemory extra;
+    extra.fsdp_gathered_weight_bytes = in_.fsdp.gathered_weights;
+    extra.fsdp_unsharded_grad_bytes = in_.fsdp.layer_grads + (last ? in_.fsdp.output_grads : 0);
     if (last) {  // the loss's backward first: its bytes and the logits' gradient
       StageMemory loss = extra;
-      loss.loss_working_set_bytes = in.loss_transient;
-      peak.candidate(op_text(op) + " (loss)", loss);
+      loss.loss_working_set_bytes = in_.loss_transient;
+      peak_.candidate(op_text(op) + " (loss)", loss);
     }
-    // Then the chunk's last layer (with MTP an MTP layer): the loss's and the output layer's
-    // bytes are released, what that layer's inputs hold is not yet; a deferred micro-batch
-    // keeps the logits' gradient.
-    if (last && deferred_grads < deferred.count) ++deferred_grads, peak.keep(deferred.grad);
-    const ChunkBytes b = peak.held(op);
+    // A deferred micro-batch keeps the logits' gradient.
+    if (last && deferred_grads_ < deferred_.count) ++deferred_grads_, peak_.keep(deferred_.grad);
+    first_backward_layer(i, extra);
+    const ChunkBytes b = peak_.held(op);
     const ChunkBytes released{0, 0, b.output - b.output_held};
-    extra.recompute_working_set_bytes = in.transients[op.chunk].recompute;
-    extra.grad_working_set_bytes = in.transients[op.chunk].grads;
-    // Under combined 1F1B the paired forward's first layer has run by then: its saved tensors
-    // are alive beside the live set (a negative release).
-    ChunkBytes first_layer_freed = released;
-    if (const std::optional<PipelineOp> pair = overlapped_forward(c, ops, i))
-      first_layer_freed.layers = -in.transients[pair->chunk].first_layer;
-    peak.candidate(op_text(op), extra, first_layer_freed);
-    if (last && m.mtp_layers > 0) {  // the MTP lookups' backward, the first of the stage's
+    if (last && m_.mtp_layers > 0) {  // the MTP lookups' backward, the first of the stage's
       StageMemory lookup = fsdp_only(extra);
-      lookup.embedding_grad_bytes = in.embedding_grad;
-      peak.candidate(op_text(op) + " (mtp embedding)", lookup, ChunkBytes{b.mtp_layers, 0, released.output});
+      lookup.embedding_grad_bytes = in_.embedding_grad;
+      peak_.candidate(op_text(op) + " (mtp embedding)", lookup, ChunkBytes{b.mtp_layers, 0, released.output});
     }
-    if (first) {  // the lookup's backward: this micro-batch's layers are freed by now
+    if (first_chunk(op)) {  // the lookup's backward: this micro-batch's layers are freed by now
       StageMemory lookup = fsdp_only(extra);
-      lookup.embedding_grad_bytes = in.embedding_grad;
-      peak.candidate(op_text(op) + " (embedding)", lookup, ChunkBytes{b.layers, 0, b.output}, true);
+      lookup.embedding_grad_bytes = in_.embedding_grad;
+      peak_.candidate(op_text(op) + " (embedding)", lookup, ChunkBytes{b.layers, 0, b.output}, true);
     }
-    peak.backward_done(op);
-    if (!offload.active()) continue;
+    peak_.backward_done(op);
     // The end of a backward prefetches the next chunk's tail when its forward has run.
-    if (const std::optional<PipelineOp> next = offload.next_backward(); next && peak.in_flight(*next))
-      peak.reload_tail(*next);
+    if (!offload_.active()) return;
+    if (const std::optional<PipelineOp> next = offload_.next_backward(); next && peak_.in_flight(*next))
+      peak_.reload_tail(*next);
   }
-  return peak;
-}
+
+  // The chunk's last layer (with MTP an MTP layer) starts its backward: the loss's and the
+  // output layer's bytes are released, what that layer's inputs hold is not yet; under combined
+  // 1F1B the paired forward's first layer has run by then, its saved tensors alive beside the
+  // live set (a negative release).
+  void first_backward_layer(size_t i, StageMemory extra) {
+    const PipelineOp& op = ops_[i];
+    const ChunkBytes& b = peak_.held(op);
+    ChunkBytes released{0, 0, b.output - b.output_held};
+    if (const std::optional<PipelineOp> pair = overlapped_forward(c_, ops_, i))
+      released.layers = -in_.transients[pair->chunk].first_layer;
+    extra.recompute_working_set_bytes = in_.transients[op.chunk].recompute;
+    extra.grad_working_set_bytes = in_.transients[op.chunk].grads;
+    peak_.candidate(op_text(op), extra, released);
+  }
+
+  const TransformerModel& m_;
+  const StepConfig& c_;
+  const StageOps& in_;
+  std::vector<PipelineOp> ops_;
+  PeakTracker peak_;
+  OffloadSchedule offload_;
+  const DeferredWgrad deferred_;
+  int deferred_inputs_ = 0, deferred_grads_ = 0;
+};
 
 }  // namespace
 
@@ -929,7 +958,8 @@ std::vector<StageMemory> step_memory(const TransformerModel& m, const StepConfig
     s.rest_bytes = s.weight_bytes + s.grad_bytes + s.optimizer_bytes + s.workspace_bytes + s.fp8_weight_bytes;
     const double loss_transient = loss_transient_bytes(c, sb, V / t);
     const double embedding_grad = prec.weight * embedding_parameters(m, t);
-    const PeakTracker peak = walk_stage(m, c, StageOps{stage, bytes, transients, fsdp, loss_transient, embedding_grad});
+    const StageOps stage_ops_in{stage, bytes, transients, fsdp, loss_transient, embedding_grad};
+    const PeakTracker peak = StageWalk(m, c, stage_ops_in).run();
     const StageMemory& at = peak.best();
     s.microbatches_in_flight = at.microbatches_in_flight;
     s.activation_bytes = at.activation_bytes;
