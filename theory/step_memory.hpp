@@ -31,7 +31,11 @@
 // logits beside their fp32 copy), at the start of a backward the live bytes plus the working
 // set of its first layer (what recompute rebuilds, the gradients it holds), and at the end of
 // the first chunk's backward the embedding's dense weight gradient. Before the first step the
-// distributed optimizer's setup can peak higher (setup_peak_bytes).
+// distributed optimizer's setup can peak higher (setup_peak_bytes). Fine-grained activation
+// offloading (activation_offload.hpp) takes its groups' bytes off the GPU between a layer's
+// forward and backward except a chunk's last layer when its backward runs next; deferred
+// embedding weight gradients stay to the step's end; under combined 1F1B a backward's first
+// layer meets the paired forward's first layer.
 //
 // Library workspaces are StepConfig::workspace_bytes. Not modelled (a real run adds them):
 // NCCL's buffers (outside PyTorch's allocator), the allocator's rounding of each tensor to 512 bytes, the distributed optimizer's buffer
