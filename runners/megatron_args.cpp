@@ -4,6 +4,7 @@
 #include <cmath>
 #include <regex>
 #include <sstream>
+#include <string_view>
 
 #include "runners/hf_config.hpp"  // kMaxModelWidth, kMaxVocab, kMaxPositions
 #include "runners/options.hpp"
@@ -232,6 +233,10 @@ std::vector<std::string> list_words(const std::string& list) {
 
 // A list's words joined by single commas, as a Python list written in a configuration also
 // comes: "[a b]", "[a, b]" and "a b" are all "a,b".
+// An environment assignment the launcher's words carry (a script's `export`, a test
+// configuration's ENV_VARS), read for the library workspaces' size.
+constexpr std::string_view kCublasWorkspaceConfig = "CUBLAS_WORKSPACE_CONFIG=";
+
 std::string list_text(const std::string& joined) {
   std::string out, word;
   for (char c : joined + ",") {
@@ -280,8 +285,6 @@ std::vector<std::string> shell_words(const std::string& text, const std::string&
   if (in_word) words.push_back(word);
   return words;
 }
-
-const std::string kCublasWorkspaceConfig = "CUBLAS_WORKSPACE_CONFIG=";
 
 void apply_megatron_words(const std::vector<std::string>& words, bool strict, const std::string& where,
                           MegatronFlags& flags) {
@@ -371,7 +374,7 @@ std::vector<std::string> yaml_model_args_words(const std::string& text, const st
       continue;
     }
     if (in_env_vars && entry.rfind("CUBLAS_WORKSPACE_CONFIG:", 0) == 0)  // as the launcher exports it
-      words.push_back("CUBLAS_WORKSPACE_CONFIG=" + yaml_value_text(entry.substr(entry.find(':') + 1)));
+      words.push_back(std::string(kCublasWorkspaceConfig) + yaml_value_text(entry.substr(entry.find(':') + 1)));
     if (!in_model_args) continue;
     const size_t colon = entry.find(':');
     const std::string here = where + " line " + std::to_string(line_number);

@@ -25,24 +25,24 @@ struct Saved {
   double tensors = 1;  // equal tensors the category holds (LayerNorm's mean and rstd; SwiGLU's pair)
 };
 
+// A norm's fp32 statistics per row: LayerNorm's mean and rstd, RMSNorm's rstd.
+double stats_tensors(const LayerSpec& spec) { return spec.normalization == Norm::layernorm ? 2 : 1; }
+
 std::optional<Saved> norm_saved(const std::string& category, const LayerSpec& spec) {
-  const double stats = spec.normalization == Norm::layernorm ? 2 : 1;  // fp32 per row: (mean,) rstd
   // The input norm is its own module under multi-latent attention; Transformer Engine fuses the
   // standard attention's into the QKV GEMM, whose group then saves its input.
   const OffloadModule input_norm = spec.mla.enabled ? OffloadModule::attn_norm : OffloadModule::qkv_linear;
   if (category == "ln1_input") return Saved{input_norm};
-  if (category == "ln1_stats") return Saved{input_norm, 4, stats};
-  // The pre-MLP norm is its own module in an MoE layer (the router reads its output); a dense
-  // layer's is inside fc1, which no group wraps.
-  if (!spec.moe.enabled()) return std::nullopt;
+  if (category == "ln1_stats") return Saved{input_norm, 4, stats_tensors(spec)};
+  // The pre-MLP norm's group runs in MoE layers only (runs_group): a dense layer's is inside fc1.
   if (category == "ln2_input") return Saved{OffloadModule::mlp_norm};
-  if (category == "ln2_stats") return Saved{OffloadModule::mlp_norm, 4, stats};
+  if (category == "ln2_stats") return Saved{OffloadModule::mlp_norm, 4, stats_tensors(spec)};
   return std::nullopt;
 }
 
 std::optional<Saved> saved_in(const std::string& category, const LayerSpec& spec, Precision p) {
   if (std::optional<Saved> norm = norm_saved(category, spec)) return norm;
-  const double stats = spec.normalization == Norm::layernorm ? 2 : 1;
+  const double stats = stats_tensors(spec);
   for (const char* name : {"qkv_input", "q_norm_input", "k_norm_input", "q_latent", "q_up_input", "kv_latent",
                            "kv_up_input", "k_pos_emb"})
     if (category == name) return Saved{OffloadModule::qkv_linear};
@@ -68,7 +68,7 @@ bool runs_group(OffloadModule m, const LayerSpec& spec, LayerPolicy c, const Act
   switch (m) {
     case OffloadModule::attn_norm: return spec.mla.enabled;
     case OffloadModule::core_attn: return !(c.recompute == Recompute::selective && c.modules.core_attn);
-    case OffloadModule::mlp_norm:
+    case OffloadModule::mlp_norm:  // its own module where the router reads its output
     case OffloadModule::expert_fc1:
     case OffloadModule::moe_act: return spec.moe.enabled();
     case OffloadModule::qkv_linear:
@@ -111,7 +111,10 @@ ActivationOffload parse_offload_modules(const std::string& list) {
 std::string offload_modules_text(const ActivationOffload& o) {
   std::string out;
   for (const auto& [module, name] : kNames)
-    if (o.on(module)) out += (out.empty() ? "" : ",") + std::string(name);
+    if (o.on(module)) {
+      if (!out.empty()) out += ',';
+      out += name;
+    }
   return out;
 }
 
