@@ -75,15 +75,19 @@ StageOrder stage_order(int p, int microbatches, int m, int stage, int group) {
 
 }  // namespace
 
+std::vector<PipelineOp> stage_ops(int p, int microbatches, int m, int stage, int group) {
+  if (stage < 0 || stage >= p) throw std::invalid_argument("pipeline: stage out of range");
+  const StageOrder o = stage_order(p, microbatches, m, stage, group);
+  std::vector<PipelineOp> ops;
+  ops.reserve(o.size());
+  for (int i = 0; i < o.size(); ++i) ops.push_back(o.at(i));
+  return ops;
+}
+
 std::vector<std::vector<PipelineOp>> pipeline_order(int p, int microbatches, int m, int group) {
   stage_order(p, microbatches, m, 0, group);  // throws for p, N, m it cannot schedule
   std::vector<std::vector<PipelineOp>> order(p);
-  for (int stage = 0; stage < p; ++stage) {
-    const StageOrder o = stage_order(p, microbatches, m, stage, group);
-    auto& ops = order[stage];
-    ops.reserve(o.size());
-    for (int i = 0; i < o.size(); ++i) ops.push_back(o.at(i));
-  }
+  for (int stage = 0; stage < p; ++stage) order[stage] = stage_ops(p, microbatches, m, stage, group);
   return order;
 }
 
@@ -98,15 +102,6 @@ std::vector<PipelineOp> stage_peak_ops(int p, int microbatches, int m, int stage
   std::vector<PipelineOp> ops;
   ops.reserve(prefix);
   for (int i = 0; i < prefix; ++i) ops.push_back(o.at(i));
-  return ops;
-}
-
-std::vector<PipelineOp> stage_ops(int p, int microbatches, int m, int stage, int group) {
-  if (stage < 0 || stage >= p) throw std::invalid_argument("pipeline: stage out of range");
-  const StageOrder o = stage_order(p, microbatches, m, stage, group);
-  std::vector<PipelineOp> ops;
-  ops.reserve(o.size());
-  for (int i = 0; i < o.size(); ++i) ops.push_back(o.at(i));
   return ops;
 }
 
