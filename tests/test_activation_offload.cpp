@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runners/megatron_args.hpp"
+#include "megatron_script.hpp"
 #include "runtime/error.hpp"
 #include "theory/activation_offload.hpp"
 #include "theory/step_memory.hpp"
@@ -179,11 +180,7 @@ TEST(StepMemoryOffload, TheMtpLayerIsTheTail) {
 
 namespace {
 
-MegatronFlags flags_of(const std::string& script) {
-  MegatronFlags f;
-  apply_megatron_words(shell_words(script, "test"), false, "test", f);
-  return f;
-}
+using actbench::testing::flags_of;
 
 const std::string kBase =
     "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 100 --world-size 2 --bf16 ";

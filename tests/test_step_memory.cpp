@@ -14,6 +14,7 @@
 
 #include "runners/closed_form.hpp"
 #include "runners/megatron_args.hpp"
+#include "megatron_script.hpp"
 #include "runners/pipeline_layout.hpp"
 #include "runtime/error.hpp"
 #include "theory/layer_pieces.hpp"
@@ -411,11 +412,7 @@ TEST(StepMemoryFsdp, ReplicasShardWithinOneAndTheOuterOptimSpreadsTheState) {
 
 namespace {
 
-MegatronFlags flags_of(const std::string& script) {
-  MegatronFlags f;
-  apply_megatron_words(shell_words(script, "test"), false, "test", f);
-  return f;
-}
+using actbench::testing::flags_of;
 
 const char* const kLlamaScript = R"(#!/bin/bash
 # a comment --num-layers 99
