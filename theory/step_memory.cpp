@@ -608,10 +608,8 @@ DeferredWgrad deferred_wgrad(const TransformerModel& m, const StepConfig& c) {
 // pipeline the steady phase's pair (the forward before it).
 std::optional<PipelineOp> overlapped_forward(const StepConfig& c, const std::vector<PipelineOp>& ops, size_t i) {
   if (!c.overlap_moe_ep_comm || ops[i].forward) return std::nullopt;
-  const size_t pair = c.layout.p == 1 ? i + 1 : i - 1;
-  if (c.layout.p != 1 && i == 0) return std::nullopt;
-  if (pair >= ops.size() || !ops[pair].forward) return std::nullopt;
-  return ops[pair];
+  if (c.layout.p == 1) return i + 1 < ops.size() && ops[i + 1].forward ? std::optional(ops[i + 1]) : std::nullopt;
+  return i > 0 && ops[i - 1].forward ? std::optional(ops[i - 1]) : std::nullopt;
 }
 
 // The stage's ops in pipeline order, each a candidate peak: the live bytes after a forward,
