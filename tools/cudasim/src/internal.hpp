@@ -87,6 +87,17 @@ void ldmatrix_warp(int matrices, bool trans, LdmatrixLane* const (&lanes)[32]);
 
 // ---- the running thread, for the race checker ----
 enum class State : uint8_t { runnable, barrier, warp, exited };
+// A cp.async not yet waited for (async_copy.cuh): group = the thread's commits before it (the
+// group its next commit closes), complete at the wait_group that completes that group; landed:
+// its bytes were written at its issue (the schedule's choice), else they are at that wait.
+struct AsyncCopy {
+  uintptr_t dst;
+  uint4 data;
+  uint32_t group;
+  bool landed;
+  const char* file;
+  int line;
+};
 struct Thread : detail::ThreadInfo {
   int linear = 0, lane = 0, warp = 0;
   void* sp = nullptr;
@@ -98,6 +109,8 @@ struct Thread : detail::ThreadInfo {
   uint64_t value = 0, result = 0;
   int arg = 0, width = 32;
   int pred = 0;
+  std::vector<AsyncCopy> copies;  // issued cp.async copies not yet waited for, in issue order
+  uint32_t commits = 0;           // cp.async groups committed
   char* stack = nullptr;  // lowest usable byte
   void* fake_stack = nullptr;
 };
@@ -142,6 +155,14 @@ void race_forget(uintptr_t lo, uintptr_t hi);
 // An atomic read-modify-write of [a, a + n) at pc (atomic_add_f32): checked against the plain
 // accesses of other threads like a write, never against other atomics.
 void race_atomic(uintptr_t a, size_t n, const void* pc);
+// An access the simulator makes for kernel code (a cp.async's read and landing write), as the
+// instrumentation hooks see one of kernel code: counted and race-checked at pc.
+void kernel_access(uintptr_t a, size_t n, bool write, const void* pc);
+// A cp.async's write of [a, a + n), in flight from its issue (at pc) until it lands: checked
+// like a write when issued, and until race_async_land (called just before the landing write
+// itself) every access of any thread to those bytes races with it, barriers or not.
+void race_async_issue(uintptr_t a, size_t n, const void* pc);
+void race_async_land(uintptr_t a, size_t n);
 // cudasim::set_race_checks.
 bool race_set_checks(bool on);
 
@@ -149,6 +170,10 @@ bool race_set_checks(bool on);
 // fills the cache for many addresses at once.
 std::string symbolize(const void* pc);
 void symbolize_all(const std::vector<const void*>& pcs);
+// A stand-in code address for the source line file:line (one per line), which symbolize
+// answers with "file:line": what the simulator's own accesses on behalf of kernel code (cp.async)
+// are attributed to in reports and the counters' per-line table.
+const void* source_site(const char* file, int line);
 // The name of the function at `fn` (templates instantiated, from the symbol table); empty when
 // unknown.
 std::string function_name(const void* fn);

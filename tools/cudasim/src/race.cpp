@@ -30,6 +30,7 @@ struct Access {
   uint16_t thread = 0;
   uint8_t multi = 0;   // reads: more than one unordered reader
   uint8_t atomic = 0;  // writes: an atomic read-modify-write (atomics do not race each other)
+  uint8_t async = 0;   // writes: a cp.async in flight (ordered with nothing until it lands)
   const void* pc = nullptr;
 };
 struct Cell {
@@ -76,12 +77,13 @@ void report(Kind kind, const void* pc, const std::string& msg) {
 bool ordered(const Access& prev, const Access& now) {
   if (prev.launch != now.launch) return true;  // launches run in stream order
   if (prev.block != now.block) return false;   // blocks of a launch are unordered
+  if (prev.async) return false;                // lands at any moment until its thread waits
   if (prev.thread == now.thread && !prev.multi) return true;
   if (prev.bar < now.bar) return true;
   return !prev.multi && prev.thread / 32 == now.thread / 32 && prev.wsync < now.wsync;
 }
 
-void access(uintptr_t a, size_t n, bool write, const void* pc, bool atomic = false) {
+void access(uintptr_t a, size_t n, bool write, const void* pc, bool atomic = false, bool async = false) {
   Thread* t = current_thread();
   if (!t) return;
   // Which memory: shared (static section or dynamic), device buffer, or out of bounds of one.
@@ -115,11 +117,16 @@ void access(uintptr_t a, size_t n, bool write, const void* pc, bool atomic = fal
   now.wsync = warps[t->warp].sync_epoch;
   now.pc = pc;
   now.atomic = atomic ? 1 : 0;
+  now.async = async ? 1 : 0;
   // Built only for a report: an access that finds nothing wrong costs no string.
   const auto header = [] {
     return std::string(running.kernel) + " launched at " + running.file + ":" + std::to_string(running.line) +
            ", block " + block_name();
   };
+  const auto writer = [](const Access& w) {
+    return w.async ? "cp.async not yet waited for, issued by " + who(w) : "write by " + who(w);
+  };
+  const auto this_write = [&] { return std::string(async ? "cp.async issued" : "write") + " by thread "; };
   for (size_t i = 0; i < n; ++i) {
     Cell* c = cell(a + i);
     if (shared) {  // shared memory belongs to one block: other blocks' accesses are another memory
@@ -128,16 +135,16 @@ void access(uintptr_t a, size_t n, bool write, const void* pc, bool atomic = fal
     }
     if (write) {
       if (c->w.launch && !(atomic && c->w.atomic) && !ordered(c->w, now)) {
-        report(kRace, pc, "write-write race in " + header() + " on " + describe_address(a + i) + ":\n  write by thread " +
-                              thread_name(*t) + " at " + symbolize(pc) + "\n  write by " + who(c->w) +
-                              "\n  with no barrier between");
+        report(kRace, pc, "write-write race in " + header() + " on " + describe_address(a + i) + ":\n  " +
+                              this_write() + thread_name(*t) + " at " + symbolize(pc) + "\n  " + writer(c->w) +
+                              (c->w.async ? "" : "\n  with no barrier between"));
         c->w = now;
         return;
       }
       if (c->r.launch && !(c->r.thread == now.thread && c->r.block == now.block && !c->r.multi) &&
           !ordered(c->r, now)) {
-        report(kRace, pc, "read-write race in " + header() + " on " + describe_address(a + i) + ":\n  write by thread " +
-                              thread_name(*t) + " at " + symbolize(pc) + "\n  read by " + who(c->r) +
+        report(kRace, pc, "read-write race in " + header() + " on " + describe_address(a + i) + ":\n  " +
+                              this_write() + thread_name(*t) + " at " + symbolize(pc) + "\n  read by " + who(c->r) +
                               (c->r.multi ? " (and others)" : "") + "\n  with no barrier between");
         c->w = now;
         c->r = Access{};
@@ -148,8 +155,8 @@ void access(uintptr_t a, size_t n, bool write, const void* pc, bool atomic = fal
     } else {
       if (c->w.launch && !ordered(c->w, now)) {
         report(kRace, pc, "read-after-write race in " + header() + " on " + describe_address(a + i) +
-                              ":\n  read by thread " + thread_name(*t) + " at " + symbolize(pc) + "\n  write by " +
-                              who(c->w) + "\n  with no barrier between");
+                              ":\n  read by thread " + thread_name(*t) + " at " + symbolize(pc) + "\n  " +
+                              writer(c->w) + (c->w.async ? "" : "\n  with no barrier between"));
         return;
       }
       if (shared && !c->w.launch) {
@@ -190,6 +197,21 @@ bool race_set_checks(bool on) { return race_checks() = on; }
 
 void race_atomic(uintptr_t a, size_t n, const void* pc) {
   if (race_checks()) access(a, n, true, pc, true);
+}
+
+void race_async_issue(uintptr_t a, size_t n, const void* pc) {
+  if (race_checks()) access(a, n, true, pc, false, true);
+}
+
+void race_async_land(uintptr_t a, size_t n) {
+  const Thread* t = current_thread();
+  if (!race_checks() || !t) return;
+  for (size_t i = 0; i < n; ++i) {
+    Cell* c = cell(a + i);
+    if (c->w.async && c->w.launch == g_launch && c->w.block == static_cast<uint32_t>(running.linear) &&
+        c->w.thread == static_cast<uint16_t>(t->linear))
+      c->w = Access{};  // the landing write that follows is a plain write of this thread
+  }
 }
 
 void race_forget(uintptr_t lo, uintptr_t hi) {
@@ -242,6 +264,10 @@ void on_block_copy(const void* p, size_t n, bool write, const void* pc) {
 bool in_kernel() { return cudasim::detail::current && !g_in_hook; }
 
 }  // namespace
+
+void cudasim::internal::kernel_access(uintptr_t a, size_t n, bool write, const void* pc) {
+  on_access(reinterpret_cast<void*>(a), n, write, pc);
+}
 
 #define CUDASIM_TSAN_RW(N)                                                                                     \
   extern "C" void __tsan_read##N(void* p) { on_access(p, N, false, __builtin_return_address(0)); }            \

@@ -461,6 +461,19 @@ void release_barrier_if_complete() {
 
 [[noreturn]] void fiber_exit(Thread* t) {
   Block& b = g_block;
+  if (!t->copies.empty()) {
+    // Stricter than the hardware, which lands them anyway: nothing can know when they land,
+    // so nothing may read them; a kernel that means to drop a copy should not issue it. Once
+    // per launch: every thread of the kernel usually does the same.
+    static uint64_t reported_launch = 0;
+    const AsyncCopy& c = t->copies.back();
+    if (reported_launch != running.launch_id)
+      add_report("async", "thread " + thread_name(*t) + " of " + kernel_header() + " exits with " +
+                              std::to_string(t->copies.size()) + " cp.async copies never waited for (the last issued at " +
+                              site(c.file, c.line) + "); other threads may too");
+    reported_launch = running.launch_id;
+    t->copies.clear();
+  }
   t->state = State::exited;
   --b.live;
   Warp& w = b.warps[t->warp];
@@ -831,14 +844,124 @@ void mma_m16n8k16(MmaInput in, const uint32_t (&a)[4], const uint32_t (&b)[2], c
   std::memcpy(d, lane.d, sizeof lane.d);  // after the collective: d may be c
 }
 
+// cp.async (kernels/cuda/async_copy.cuh). The hardware lands a copy at some moment between
+// its issue and the cp.async.wait_group that completes its group; the schedules take the two
+// ends, so that a kernel that reads a copy too early (round-robin: at the wait, stale bytes
+// until then) or issues one over bytes still being read (greedy: at the issue, over them)
+// computes a wrong result; random picks either, per copy. In flight, its bytes are marked
+// for the race checker (race variant), which reports any access to them before the landing.
+static bool shared_range(uintptr_t a, size_t n) {
+  return (a >= running.shared_lo && a + n <= running.shared_hi) ||
+         (a >= running.dynamic_lo && a + n <= running.dynamic_hi);
+}
+
+// Reports a bad cp.async (and stops the block) or returns.
+void check_cp_async(const void* dst, const void* src, bool reads, const char* file, int line) {
+  Thread* t = current_thread();
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  const char* problem = d % 16 != 0                   ? "its shared-memory destination is not 16-byte aligned"
+                        : !shared_range(d, 16)        ? "its destination does not hold 16 bytes of shared memory"
+                        : reads && s % 16 != 0        ? "its global source is not 16-byte aligned"
+                        : reads && shared_range(s, 1) ? "its source is in shared memory, not global memory"
+                                                      : nullptr;
+  if (!problem) return;
+  char addresses[64];
+  std::snprintf(addresses, sizeof addresses, "dst %#lx, src %#lx", static_cast<unsigned long>(d),
+                static_cast<unsigned long>(s));
+  add_report("async", "bad cp.async in " + kernel_header() + ": thread " + thread_name(*t) +
+                          " at cp.async.cg.shared.global " + site(file, line) + " (" + addresses + "): " + problem);
+  abort_block(t);
+}
+
+// The code address a cp.async's accesses are attributed to: its kernel line (race variant;
+// elsewhere nothing reads it).
+const void* copy_site(const char* file, int line) {
+#if defined(CUDASIM_RACE)
+  return source_site(file, line);
+#else
+  (void)file;
+  (void)line;
+  return nullptr;
+#endif
+}
+
+// 16 bytes as the kernel's access at pc (field by field: no memcpy call, which the race
+// variant would take for one of kernel code).
+uint4 read16(uintptr_t a, const void* pc) {
+#if defined(CUDASIM_RACE)
+  kernel_access(a, 16, false, pc);
+#else
+  (void)pc;
+#endif
+  const uint4* p = reinterpret_cast<const uint4*>(a);
+  return uint4{p->x, p->y, p->z, p->w};
+}
+void write16(uintptr_t a, const uint4& v, const void* pc) {
+#if defined(CUDASIM_RACE)
+  kernel_access(a, 16, true, pc);
+#else
+  (void)pc;
+#endif
+  uint4* p = reinterpret_cast<uint4*>(a);
+  p->x = v.x;
+  p->y = v.y;
+  p->z = v.z;
+  p->w = v.w;
+}
+
+// Whether a copy issued now lands now: greedy always, round-robin never, random by a coin.
+bool lands_at_issue() {
+  if (settings().schedule != Schedule::random) return settings().schedule == Schedule::greedy;
+  Block& b = g_block;
+  b.rng ^= b.rng << 13;
+  b.rng ^= b.rng >> 7;
+  b.rng ^= b.rng << 17;
+  return b.rng & 1;
+}
+
+void cp_async(void* dst, const void* src, bool reads, const char* file, int line) {
+  check_cp_async(dst, src, reads, file, line);
+  Thread* t = current_thread();
+  const void* pc = copy_site(file, line);
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
+  const uint4 data = reads ? read16(reinterpret_cast<uintptr_t>(src), pc) : uint4{0u, 0u, 0u, 0u};
+  const bool now = lands_at_issue();
+  if (now) {
+    write16(d, data, pc);
+  } else {
+#if defined(CUDASIM_RACE)
+    race_async_issue(d, 16, pc);
+#endif
+  }
+  // Queued either way: the wait that completes it and a thread's exit before it count it.
+  t->copies.push_back(AsyncCopy{d, data, t->commits, now, file, line});
+}
+
+void cp_async_commit() { ++current_thread()->commits; }
+
+void cp_async_wait(int pending) {
+  Thread* t = current_thread();
+  // Groups 0 .. commits - 1 are committed; the `pending` most recent may stay in flight, the
+  // open group (copies not yet committed) is not waited for.
+  const int64_t done_below = static_cast<int64_t>(t->commits) - pending;
+  size_t n = 0;
+  for (; n < t->copies.size() && static_cast<int64_t>(t->copies[n].group) < done_below; ++n) {
+    const AsyncCopy& c = t->copies[n];
+    if (c.landed) continue;
+#if defined(CUDASIM_RACE)
+    race_async_land(c.dst, 16);
+#endif
+    write16(c.dst, c.data, copy_site(c.file, c.line));
+  }
+  t->copies.erase(t->copies.begin(), t->copies.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
 bool ldmatrix_supplies_row(int matrices, const void* row, const char* file, int line) {
   Thread* t = current_thread();
   if (t->lane >= 8 * matrices) return false;  // its address is not used
   const uintptr_t a = reinterpret_cast<uintptr_t>(row);
-  const bool shared = (a >= running.shared_lo && a + 16 <= running.shared_hi) ||
-                      (a >= running.dynamic_lo && a + 16 <= running.dynamic_hi);
-  const char* problem = a % 16 != 0 ? "is not 16-byte aligned"
-                        : !shared   ? "does not hold 16 bytes of shared memory"
+  const char* problem = a % 16 != 0            ? "is not 16-byte aligned"
+                        : !shared_range(a, 16) ? "does not hold 16 bytes of shared memory"
                                     : nullptr;
   if (!problem) return true;
   char address[32];

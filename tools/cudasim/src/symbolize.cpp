@@ -9,6 +9,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,16 @@ void symbolize_all(const std::vector<const void*>& pcs) {
   }
   for (auto& [module, batch] : by_module)
     if (!batch.first.empty()) symbolize_batch(module, batch.first, batch.second);
+}
+
+const void* source_site(const char* file, int line) {
+  static std::map<std::pair<std::string, int>, std::unique_ptr<char>> sites;
+  std::unique_ptr<char>& site = sites[{file ? file : "?", line}];
+  if (!site) {
+    site = std::make_unique<char>();
+    cache()[site.get()] = std::string(file ? file : "?") + ":" + std::to_string(line);
+  }
+  return site.get();
 }
 
 std::string symbolize(const void* pc) {

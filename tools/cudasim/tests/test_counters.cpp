@@ -251,6 +251,34 @@ TEST_F(Counters, LdmatrixIsOneRequestOfItsRowsInQuarterWarpPhases) {
   EXPECT_EQ(c.shared_st_requests, 0u);
 }
 
+// cp.async (kernels/cuda/async_copy.cuh): its global read is one request of the warp's lanes,
+// and its landing in shared memory one store request in quarter-warp phases, as a 16-byte
+// store's, both on the kernel's line: 512 contiguous bytes are 16 sectors; rows of 16 bytes
+// 32 bytes apart put two of a phase's 8 in each bank group (2 wavefronts), 64 apart four.
+TEST_F(Counters, CpAsyncIsAGlobalLoadAndAQuarterWarpStoreOnTheCallersLine) {
+  std::vector<uint4> values(32);
+  for (uint32_t i = 0; i < 32; ++i) values[i] = uint4{i, i + 1, i + 2, i + 3};
+  for (int stride : {1, 2, 4}) {
+    SCOPED_TRACE("stride " + std::to_string(stride));
+    Dev<uint4> in(values), out(32);
+    const LaunchCounts k = counted([&] { return async_copy_stride(out.p, in.p, stride); });
+    const auto& c = k.total;
+    EXPECT_EQ(c.global_ld_requests, 1u);
+    EXPECT_EQ(c.global_ld_sectors, 16u);
+    EXPECT_EQ(c.shared_st_requests, 1u);  // the landing
+    EXPECT_EQ(c.shared_st_wavefronts, 4u * stride);
+    EXPECT_EQ(c.shared_st_bank_conflicts, 4u * (stride - 1));
+    EXPECT_EQ(c.shared_ld_wavefronts, 4u * stride);  // the read back, the same phases
+    const std::vector<uint4> got = out.get();
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(got[i].x, values[i].x) << i;
+    bool on_async_line = false;  // the copy's read and landing are counted on the kernel's line
+    for (const cudasim::LineCounts& l : k.lines)
+      on_async_line |= l.file.find("async_copy.cu") != std::string::npos && l.counts.global_ld_requests == 1 &&
+                       l.counts.shared_st_requests == 1;
+    EXPECT_TRUE(on_async_line);
+  }
+}
+
 // ---- per launch, per line, CSV -----------------------------------------------------------------
 
 TEST_F(Counters, PerLineTableSplitsLoadAndStoreLines) {

@@ -53,6 +53,19 @@ void mma_m16n8k16(MmaInput in, const uint32_t (&a)[4], const uint32_t (&b)[2], c
 // hands the rows' words to the lanes that hold them (every lane of the warp, one call site).
 bool ldmatrix_supplies_row(int matrices, const void* row, const char* file, int line);
 void ldmatrix_exchange(int matrices, bool trans, const uint32_t (&row)[4], uint32_t* r, const char* file, int line);
+// ---- cp.async: what kernels/cuda/async_copy.cuh calls under the simulator ----
+// One lane's cp.async.cg.shared.global of 16 bytes from src to dst (reads = false: src-size
+// 0, sixteen zero bytes, src neither read nor checked). Checks dst (16 bytes of shared memory,
+// 16-byte aligned) and src (16-byte aligned, not shared memory); reads src now; lands at once
+// or when a wait completes its group, as the schedule picks. The simulator makes the global
+// read and the shared write itself, as accesses of the kernel's line file:line (the race
+// checker and the counters see them there).
+void cp_async(void* dst, const void* src, bool reads, const char* file, int line);
+// cp.async.commit_group: the thread's copies since its last commit become one group.
+void cp_async_commit();
+// cp.async.wait_group pending: lands the thread's copies of every committed group but the
+// `pending` most recent.
+void cp_async_wait(int pending);
 // atomicAdd on a float: the read-modify-write as one step (simulated threads run one at a
 // time), which the race checker sees as an atomic access at `pc` (the kernel's call site):
 // atomics of any threads of a launch do not race with each other, but do with plain accesses.

@@ -37,7 +37,7 @@ const char* schedule_name(Schedule s);
 // canary hit, unwritten shared memory read. Each one also makes the next cudaGetLastError /
 // cudaDeviceSynchronize return cudaErrorLaunchFailure.
 struct Report {
-  std::string kind;     // "race", "deadlock", "divergence", "warp", "bounds", "canary", "uninit", "launch"
+  std::string kind;     // "race", "deadlock", "divergence", "warp", "bounds", "canary", "uninit", "launch", "async"
   std::string message;  // one or more lines naming kernel, block, thread, file:line
 };
 const std::vector<Report>& reports();

@@ -47,6 +47,9 @@ cudaError_t shared_broadcast(float* out, const float* in);
 cudaError_t shared_f64(double* out, const double* in);
 // 16-byte accesses: s[t] = in[t]; __syncwarp(); out[t] = s[t] (float4).
 cudaError_t shared_float4(float* out, const float* in);
+// cp.async (async_copy.cu): lane t copies in[t] (16 bytes) to s[t * stride] (16-byte units,
+// stride 1, 2 or 4), waits, and out[t] = s[t * stride] after a __syncwarp.
+cudaError_t async_copy_stride(uint4* out, const uint4* in, int stride);
 
 // ---- occupancy (the kernel report) ----
 // `blocks` blocks of 32, each with `smem_bytes` of dynamic shared memory (<= 48 KiB): block b

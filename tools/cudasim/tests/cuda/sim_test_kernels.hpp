@@ -71,3 +71,19 @@ cudaError_t tile_gemm(float* d, const uint16_t* a, const uint16_t* b, int m, int
 // 512 bytes of device memory.
 cudaError_t tensor_core_misuse(float* out, uint16_t* scratch, int bug);
 }  // namespace cudasim_tests
+
+// ---- async_copy.cu: kernels/cuda/async_copy.cuh's cp.async ----
+namespace cudasim_tests {
+// One block of 64: `tiles` tiles of 64 chunks of 16 bytes (in[64 t + i]) double-buffered in
+// shared memory with cp.async; out[64 t + i] = in[64 t + 63 - i]. Bugs: 1 the wait_group
+// removed (a wait_group 0 after the loop); 2 the barrier after the wait removed; 4 the barrier
+// after the reads removed (the next copy refills the buffer under them); 5 a destination 4
+// bytes past alignment; 6 a destination in global memory; 7 one copy issued at the end and
+// never waited for; 8 a source in shared memory. 0: the correct kernel.
+cudaError_t async_pipeline(uint4* out, const uint4* in, int tiles, int bug);
+// One thread: groups A (slot 0) and B (slots 1, 2: a copy and a zero fill) committed, D (slot 3)
+// not; out[0..3] after wait_group 1, out[4..7] after wait_group 0, out[8..11] after D's commit
+// and a wait_group 0. Without peek, out[1..3] and out[7] are not written (they would be read
+// before their copies are waited for).
+cudaError_t async_groups(uint4* out, const uint4* in, bool peek);
+}  // namespace cudasim_tests
