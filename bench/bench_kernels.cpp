@@ -320,9 +320,12 @@ AttnShape attn_shape(bool mla = false) {
 // stored probabilities and does four. `flops_executed` is what the path computes:
 //   unfused (cuBLAS batched GEMMs: the full s x s, masked entries included)
 //     fwd 2 GEMMs = 4 B s^2 d, bwd 4 = 8 B s^2 d, selective bwd 5 = 10 B s^2 d
-//   fused cuda (kernels/cuda/attention.cu): tiles up to the diagonal, head dim padded to kD in
-//     {16, 32, 64, 128} (d 96 computes as 128): forward 64x64 tiles, 2 matmuls; dQ pass 64
-//     rows x 32 keys, 3 (S, dP, dQ); dK/dV pass 64 keys x 32 rows, 4 (S, dP, dV, dK)
+//   fused cuda, fp32 (kernels/cuda/attention.cu): tiles up to the diagonal, head dim padded to
+//     kD in {16, 32, 64, 128, 192} (d 96 computes as 128): forward 64x64 tiles, 2 matmuls; dQ
+//     pass 64 rows x 32 keys, 3 (S, dP, dQ); dK/dV pass 64 keys x 32 rows, 4 (S, dP, dV, dK)
+//   fused cuda, bf16 and fp16 (kernels/cuda/attention_tc.cu, on tensor cores): tiles up to the
+//     diagonal, head dim padded to {64, 96, 128, 192}: forward 64 rows x tc_fwd_keys, 2
+//     matmuls; backward tc_bwd_keys keys x tc_bwd_rows rows, 5 (S, dP, dV, dK, dQ)
 //   fused cpu (kernels/cpu/cpu_attention.cpp): exactly the s(s+1)/2 causal pairs, 2 matmuls
 //     forward, 5 backward
 // Elementwise work (exp, softmax, dropout) is not counted anywhere.
@@ -371,6 +374,12 @@ double executed_flops(AttnPath path, AttnPass pass, const AttnShape& a) {
     return 2.0 * pairs * (pass == AttnPass::fwd ? d + dv : 3 * d + 2 * dv);
   }
   // v narrower than q runs padded to q's width (kernels/cuda/cuda_backend.cpp)
+  if (bench_dtype() != DType::fp32) {
+    const int kd = tiles::tc_head_dim(a.d);
+    if (pass == AttnPass::fwd)
+      return 2 * 2.0 * B * kd * visited_by_query_blocks(a.s, tiles::kFwdRows, tiles::tc_fwd_keys(kd));
+    return 5 * 2.0 * B * kd * visited_by_key_blocks(a.s, tiles::tc_bwd_keys(kd), tiles::tc_bwd_rows(kd));
+  }
   const double kd = static_cast<double>(tiles::padded_head_dim(a.d));
   if (pass == AttnPass::fwd) return 2 * 2.0 * B * kd * visited_by_query_blocks(a.s, tiles::kFwdRows, tiles::kFwdKeys);
   return 2.0 * B * kd *

@@ -34,7 +34,7 @@
 // written in 16-byte units; lse = m·ln2 + log(l).
 //
 // Shared memory: Q [64][kD], K [kKeys][kD], V [kKeys][kD] of 16-bit elements, kKeys = 64
-// for kD = 64, 32 for 96 and 128, 16 for 192 (registers, kKeyTile below): 24, 24, 32, 36 KiB, so
+// for kD = 64 and 96, 32 for 128, 16 for 192 (registers, kKeyTile below): 24, 36, 32, 36 KiB, so
 // several blocks fit an SM on every sm_80+ part. Head sizes run in the instantiation for 64,
 // 96, 128 or 192 (96 has its own: padding it to 128 would waste a quarter of the work); smaller D
 // are padded to 64 with zeros, never stored.
@@ -42,15 +42,17 @@
 // rows an ldmatrix matrix reads, and the 8 rows a quarter warp's 16-byte stores write, fall
 // in 8 different 16-byte bank groups: no bank conflict in the main loop.
 //
-// Pipelining without cp.async (the simulator does not model it, and plain loads keep the
-// kernel checkable there): K and V are single-buffered in shared memory and double-buffered
-// through registers, one operand at a time. V(j)'s global loads are issued before S = Q·K(j)ᵀ
-// and stored to shared memory after it; K(j+1)'s are issued before O += P·V(j) and stored
-// after it, so each load's latency hides behind one of the two matmuls, with one tile share of
-// registers (kKeys·kD / 1024 16-byte chunks per thread) instead of two.
+// Pipelining with cp.async (async_copy.cuh), as FlashAttention-2: K and V have one tile each in
+// shared memory, and each is refilled while the other is in use. V(j)'s copies are issued
+// before S = Q·K(j)ᵀ and waited for after it; K(j+1)'s are issued before O += P·V(j) and
+// waited for at the next tile's top. So each load's latency hides behind one of the two
+// matmuls, and no register holds a tile on its way (the register-staged loads this replaces
+// took kKeys·kD / 256 of them per lane, beside O, S and Q's fragments). Rows that are not
+// 16-byte chunks (D % 8 != 0, or a misaligned pointer) are staged by plain loads and stores.
 #include <climits>
 #include <type_traits>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -69,24 +71,25 @@ constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
 
 // The head sizes the kernel is instantiated for: D padded to the next of 64, 96, 128, 192
 // (192: multi-latent attention's q·k head).
-constexpr int tc_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 192; }
+using attention_tiles::tc_head_dim;
 
-// Keys per tile: 64 for kD = 64; 16 for 192, whose O alone is 96 registers a lane (32 keys
-// spilled 708 bytes on sm_90); 32 for 96 and 128, where a warp's O (kD / 2 registers per
-// lane), Q fragments (kD / 4) and the register-staged K or V share (kKeys·kD / 256) leave no
-// room for 64 keys' scores (32 more, and 16 more for the share) within 255 registers: ptxas
-// spilled with 64 (docs/kernel_efficiency.md has the counts).
+// Keys per tile (attention_tiles::tc_fwd_keys): a warp's O (kD / 2 registers per lane), its Q
+// fragments (kD / 4 where held) and its scores (kKeys / 2) share 255 registers. 64 for kD = 64
+// and 96; 32 for 128, where 64 keys spilled 76 bytes (sm_80) and 24 (sm_90) even with Q read
+// again; 16 for 192, whose O alone is 96 registers (32 keys spilled 708 bytes on sm_90). Before
+// the tiles came by cp.async, a register-staged share of K or V (kKeys·kD / 256 more) held 96
+// to 32 keys as well (docs/kernel_efficiency.md has the counts).
 template <int kD>
-constexpr int kKeyTile = kD <= 64 ? 64 : kD <= 128 ? 32 : 16;
+constexpr int kKeyTile = attention_tiles::tc_fwd_keys(kD);
 // Whether the forward holds the warp's Q fragments in registers for the whole key loop (kD / 4
 // of them) or reads them from shared memory again at each k-step (FlashAttention-2's default):
-// held wherever ptxas then keeps O and S in registers (kD = 64; 96 on sm_90), read again where
-// holding them spills (kD = 128: 260 bytes on sm_80, 64 on sm_90; 96 on sm_80: 24).
-// tools/ptxas_usage.py shows the counts; which is faster is a GPU measurement.
+// held wherever ptxas then keeps O and S in registers (up to 96 on sm_80, 128 on sm_90), read
+// again where holding them spills (kD = 128 on sm_80; 192). tools/ptxas_usage.py shows the
+// counts; which is faster where both fit is a GPU measurement.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kQHeldUpTo = 96;
+constexpr int kQHeldUpTo = 128;
 #else
-constexpr int kQHeldUpTo = 64;
+constexpr int kQHeldUpTo = 96;
 #endif
 template <int kD>
 constexpr bool kQInRegisters = kD <= kQHeldUpTo;
@@ -143,15 +146,14 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const
 
 // ---- tiles between global and shared memory ------------------------------------------------
 
-// A thread's share of a [kRows][kD] tile: kRows·kD / 1024 chunks of 16 bytes. Warp w's i-th
+// A thread's chunks of a [kRows][kD] tile: kRows·kD / 1024 chunks of 16 bytes. Warp w's i-th
 // chunk is of unit i·kWarps + w, a unit being 8 rows × 4 chunks; lane l takes row l % 8,
 // chunk l / 8 of it, so a quarter warp (a shared-memory phase) is 8 consecutive rows at one
 // chunk, and the warp reads 64 contiguous bytes of each of 8 rows (whole sectors).
 template <int kRows, int kD>
-struct TileShare {
-  static constexpr int kRowGroups = kRows / 8, kChunks = kRows * kD / (8 * kThreads);
-  static_assert(kRowGroups * (kD / 32) == kChunks * kWarps, "whole units per warp");
-  uint4 v[kChunks];
+struct TileChunks {
+  static constexpr int kRowGroups = kRows / 8, kCount = kRows * kD / (8 * kThreads);
+  static_assert(kRowGroups * (kD / 32) == kCount * kWarps, "whole units per warp");
 
   __device__ __forceinline__ static void place(int i, int& row, int& chunk) {
     const int unit = i * kWarps + static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -160,12 +162,11 @@ struct TileShare {
   }
 };
 
-// Chunk c (elements 8c .. 8c+7) of row `row` of a [rows, D] matrix; zeros past its rows or
-// columns. vec: D % 8 == 0 and 16-byte aligned rows, so a chunk is one 16-byte load.
-__device__ __forceinline__ uint4 load_chunk(const uint16_t* m, int64_t row, int64_t rows, int c, int D, bool vec) {
+// Chunk c (elements 8c .. 8c+7) of row `row` of a [rows, D] matrix whose rows are not 16-byte
+// chunks; zeros past its rows or columns.
+__device__ __forceinline__ uint4 load_chunk_scalar(const uint16_t* m, int64_t row, int64_t rows, int c, int D) {
   if (row >= rows || c * 8 >= D) return make_uint4(0u, 0u, 0u, 0u);
   const uint16_t* p = m + row * D + c * 8;
-  if (vec) return *reinterpret_cast<const uint4*>(p);
   uint32_t w[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -175,25 +176,24 @@ __device__ __forceinline__ uint4 load_chunk(const uint16_t* m, int64_t row, int6
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Rows [row0, row0 + kRows) of a [rows, D] matrix into this thread's share.
+// Rows [row0, row0 + kRows) of a [rows, D] matrix into the swizzled tile, zeros past its rows
+// and columns. vec (D % 8 == 0, 16-byte aligned rows): by cp.async, which the caller commits
+// and waits for; else by plain loads and stores, visible after the caller's barrier.
 template <int kRows, int kD>
-__device__ __forceinline__ void load_share(const uint16_t* m, int64_t row0, int64_t rows, int D, bool vec,
-                                           TileShare<kRows, kD>& s) {
+__device__ __forceinline__ void stage_tile(uint16_t* tile, const uint16_t* m, int64_t row0, int64_t rows, int D,
+                                           bool vec) {
 #pragma unroll
-  for (int i = 0; i < TileShare<kRows, kD>::kChunks; ++i) {
+  for (int i = 0; i < TileChunks<kRows, kD>::kCount; ++i) {
     int r, c;
-    TileShare<kRows, kD>::place(i, r, c);
-    s.v[i] = load_chunk(m, row0 + r, rows, c, D, vec);
-  }
-}
-
-template <int kRows, int kD>
-__device__ __forceinline__ void store_share(uint16_t* tile, const TileShare<kRows, kD>& s) {
-#pragma unroll
-  for (int i = 0; i < TileShare<kRows, kD>::kChunks; ++i) {
-    int r, c;
-    TileShare<kRows, kD>::place(i, r, c);
-    *reinterpret_cast<uint4*>(tile + Swizzle<kD>::at(r, c)) = s.v[i];
+    TileChunks<kRows, kD>::place(i, r, c);
+    uint16_t* dst = tile + Swizzle<kD>::at(r, c);
+    const int64_t row = row0 + r;
+    if (vec) {
+      const bool inside = row < rows && c * 8 < D;
+      cp_async_16(dst, inside ? m + row * D + c * 8 : m, inside);  // outside: 16 zero bytes, m not read
+    } else {
+      *reinterpret_cast<uint4*>(dst) = load_chunk_scalar(m, row, rows, c, D);
+    }
   }
 }
 
@@ -298,17 +298,12 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t w_first = w_full ? attention_tiles::first_position(pl.queries, w0, w1) : -1;
 
     __syncthreads();  // the previous query tile is done with shared memory
-    {
-      TileShare<kFwdRows, kD> q_share;
-      load_share(q + base, q0, S, D, vec, q_share);
-      store_share(sQ, q_share);
-    }
-    TileShare<kKeys, kD> share;  // K or V, between global and shared memory
+    stage_tile<kFwdRows, kD>(sQ, q + base, q0, S, D, vec);
+    cp_async_commit();
     int64_t kb = next_visible_tile<kKeys>(pl, q0, row_end, 0, n_kb);
-    if (kb < n_kb) {
-      load_share(k + kv_base, kb * kKeys, Sk, D, vec, share);
-      store_share(sK, share);
-    }
+    if (kb < n_kb) stage_tile<kKeys, kD>(sK, k + kv_base, kb * kKeys, Sk, D, vec);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q has landed; K(kb) may still fly (waited for at the loop's top)
     __syncthreads();
     // The warp's 16 rows of Q as A fragments: held for the whole key loop, or read again from
     // sQ at each k-step (kQInRegisters).
@@ -336,8 +331,10 @@ __global__ void __launch_bounds__(kThreads)
 
     while (kb < n_kb) {
       const int64_t j0 = kb * kKeys;
-      load_share(v + kv_base, j0, Sk, D, vec, share);  // V(kb), stored after S
-      __syncthreads();                                      // sK holds K(kb)
+      cp_async_wait<0>();  // K(kb) has landed
+      __syncthreads();     // sK holds K(kb) for every warp, and every warp is done with sV
+      stage_tile<kKeys, kD>(sV, v + kv_base, j0, Sk, D, vec);  // V(kb), waited for after S
+      cp_async_commit();
 
       // S = Q·Kᵀ. One ldmatrix.x4 gives two key blocks' B fragments: matrices (block nb,
       // chunk 2kk), (nb, 2kk + 1), (nb + 1, 2kk), (nb + 1, 2kk + 1).
@@ -405,11 +402,11 @@ __global__ void __launch_bounds__(kThreads)
             if (!((kept >> (nb * 4 + i)) & 1u)) s[nb][i] = 0.f;
       }
 
-      __syncthreads();  // every warp is done with sK (and, since the loop's top, with sV)
-      store_share(sV, share);
+      cp_async_wait<0>();  // V(kb) has landed
+      __syncthreads();     // sV holds V(kb) for every warp, and every warp is done with sK
       const int64_t kb_next = next_visible_tile<kKeys>(pl, q0, row_end, kb + 1, n_kb);
-      if (kb_next < n_kb) load_share(k + kv_base, kb_next * kKeys, Sk, D, vec, share);  // stored after P·V
-      __syncthreads();  // sV holds V(kb)
+      if (kb_next < n_kb) stage_tile<kKeys, kD>(sK, k + kv_base, kb_next * kKeys, Sk, D, vec);  // during P·V
+      cp_async_commit();
 
       // O += P·V, 16 keys a step: S's blocks 2kk2 and 2kk2 + 1 are the A fragment; V's
       // matrices (keys 0-7, chunk nd), (keys 8-15, nd), (0-7, nd + 1), (8-15, nd + 1).
@@ -427,7 +424,6 @@ __global__ void __launch_bounds__(kThreads)
           mma<T>(o[nd + 1], pf, b1);
         }
       }
-      if (kb_next < n_kb) store_share(sK, share);  // sK was last read before the barrier above
       kb = kb_next;
     }
 
@@ -535,13 +531,16 @@ void launch_for_head_dim(const void* q, const void* k, const void* v, float scal
 // Query tiles of 64 rows for kD = 64, 32 for 96 and 128 and 16 for 192: a lane's dK and dV take
 // kD fp32 registers at kD = 64 and kD / 2 above, which leaves room for 16 (not 32) of Sᵀ's and
 // dPᵀ's columns per lane, and at 192 (96 of dK and dV) for 8.
-// Shared memory: K, V [keys][kD], Q, dO [rows][kD] (swizzled as in the forward), dSᵀ
-// [keys][64] (rows of 128 bytes, Swizzle<64>), and per query row lse·log2(e), delta and the
-// position: 41, 28.5 and 36.5 KiB for kD = 64, 96, 128. No pipelining yet: the query tile's
-// loads are waited for at a barrier.
+// Shared memory: K, V [keys][kD] and dSᵀ [keys][64] (rows of 128 bytes, Swizzle<64>) once, and
+// two query-tile buffers, each Q, dO [rows][kD] (swizzled as in the forward) and per query row
+// lse·log2(e), delta and the position: 58, 41, 53 and 52.5 KiB for kD = 64, 96, 128, 192.
+// Pipelining: the next query tile's Q and dO are copied into the other buffer with cp.async
+// (async_copy.cuh) while this one is computed, and its rows' lse and delta are loaded into
+// registers at the same time and stored at the tile's end, so no load is waited for at a
+// barrier but the first tile's of each key tile.
 
 template <int kD>
-constexpr int kBwdRows = kD <= 64 ? 64 : kD <= 128 ? 32 : 16;
+constexpr int kBwdRows = attention_tiles::tc_bwd_rows(kD);
 // Key groups of 16 per block: 4 for kD = 64 (each warp owns its keys' whole dK and dV rows);
 // 2 for 96 and 128, where warps w and w + 2 share a group's 16 keys and each owns half of
 // their dK and dV columns: kD fp32 accumulators per lane left ptxas spilling up to 1.4 KiB
@@ -550,12 +549,20 @@ template <int kD>
 constexpr int kBwdKeyGroups = kD <= 64 ? kWarps : kWarps / 2;
 template <int kD>
 constexpr int kBwdKeys = kBwdKeyGroups<kD> * kWarpRows;  // keys per block
+static_assert(kBwdKeys<64> == attention_tiles::tc_bwd_keys(64) && kBwdKeys<96> == attention_tiles::tc_bwd_keys(96) &&
+                  kBwdKeys<128> == attention_tiles::tc_bwd_keys(128) && kBwdKeys<192> == attention_tiles::tc_bwd_keys(192),
+              "attention_tiles counts the blocks the kernel runs");
 constexpr int kDsCols = 64;                             // the dSᵀ tile's row length (queries), for every kD
 
+// Per query-tile buffer (two of them): Q and dO [rows][kD], and per row its position,
+// lse·log2(e) and delta.
+template <int kD>
+__host__ __device__ constexpr size_t tc_bwd_query_buffer_bytes() {
+  return sizeof(uint16_t) * 2 * kBwdRows<kD> * kD + (2 * sizeof(float) + sizeof(int64_t)) * kBwdRows<kD>;
+}
 template <int kD>
 constexpr size_t tc_bwd_smem_bytes() {
-  return sizeof(uint16_t) * (2 * kBwdKeys<kD> * kD + 2 * kBwdRows<kD> * kD + kBwdKeys<kD> * kDsCols) +
-         (2 * sizeof(float) + sizeof(int64_t)) * kBwdRows<kD>;
+  return sizeof(uint16_t) * (2 * kBwdKeys<kD> * kD + kBwdKeys<kD> * kDsCols) + 2 * tc_bwd_query_buffer_bytes<kD>();
 }
 
 template <class T>
@@ -651,6 +658,50 @@ __device__ __forceinline__ void store_key_rows(uint16_t* m, int64_t w0, int64_t 
   }
 }
 
+// The query tiles a key tile's block visits, in order: each tile that sees the keys, of each
+// query head of the GQA group in turn (whether a tile sees them does not depend on the head).
+struct QueryTile {
+  int64_t bh, qt;
+};
+__device__ __forceinline__ bool next_query_tile(const AttnPlace& pl, int rows, int64_t head_end, int64_t qt0,
+                                                int64_t j0, int64_t key_end, QueryTile& tile) {
+  const int64_t n_qt = (pl.S + rows - 1) / rows;
+  for (;;) {
+    if (++tile.qt >= n_qt) {
+      tile.qt = qt0;
+      ++tile.bh;
+    }
+    if (tile.bh >= head_end || qt0 >= n_qt) return false;
+    const int64_t i0 = tile.qt * rows;
+    if (attention_tiles::tile_visible(pl.queries, i0, min64(i0 + rows, pl.S), pl.keys, j0, key_end)) return true;
+  }
+}
+
+// A query row's statistics from the forward, between global and shared memory (thread r of
+// the block holds row r of a tile; rows past S, and threads past the tile's rows, hold none).
+struct RowStats {
+  float lse = -INFINITY, delta = 0.f;
+  int64_t pos = -1;  // -1: padding, or a row that saw no key (it sees none)
+};
+__device__ __forceinline__ RowStats load_row_stats(const AttnPlace& pl, const float* lse, const float* delta,
+                                                   int64_t bh, int64_t i0, int rows) {
+  RowStats st;
+  const int64_t i = i0 + static_cast<int64_t>(threadIdx.x);
+  if (static_cast<int>(threadIdx.x) >= rows || i >= pl.S) return st;
+  st.lse = lse[bh * pl.S + i];
+  st.delta = delta[bh * pl.S + i];
+  st.pos = st.lse == -INFINITY ? -1 : pl.query(i);
+  return st;
+}
+__device__ __forceinline__ void store_row_stats(const RowStats& st, int rows, int64_t* qpos, float* lse_log2,
+                                                float* delta) {
+  const int r = static_cast<int>(threadIdx.x);
+  if (r >= rows) return;
+  qpos[r] = st.pos;
+  lse_log2[r] = st.lse == -INFINITY ? 0.f : st.lse * kLog2e;
+  delta[r] = st.delta;
+}
+
 template <class T, int kD>
 __global__ void __launch_bounds__(kThreads)
     attention_bwd_tc_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
@@ -669,22 +720,27 @@ __global__ void __launch_bounds__(kThreads)
   static_assert(kRows <= kDsCols && kRows / 2 <= 32, "dSᵀ fits its rows; a lane's scores fit a 32-bit mask");
   using Sw = Swizzle<kD>;
   using SwS = Swizzle<kDsCols>;
+  static_assert(kRows <= kThreads, "a thread per row of the tile's statistics");
   extern __shared__ uint4 tc_smem[];
   uint16_t* sK = reinterpret_cast<uint16_t*>(tc_smem);  // [kKeys][kD]
   uint16_t* sV = sK + kKeys * kD;                        // [kKeys][kD]
-  uint16_t* sQ = sV + kKeys * kD;                        // [kRows][kD]
-  uint16_t* sdO = sQ + kRows * kD;                       // [kRows][kD]
-  uint16_t* sdS = sdO + kRows * kD;                      // [kKeys][kDsCols]: dSᵀ, queries [0, kRows)
-  int64_t* sQpos = reinterpret_cast<int64_t*>(sdS + kKeys * kDsCols);  // [kRows]
-  float* sLse = reinterpret_cast<float*>(sQpos + kRows);                   // [kRows]: lse·log2(e)
-  float* sDelta = sLse + kRows;                                            // [kRows]
+  uint16_t* sdS = sV + kKeys * kD;                       // [kKeys][kDsCols]: dSᵀ, queries [0, kRows)
+  // Query-tile buffer b: Q, dO [kRows][kD], then the rows' positions, lse·log2(e) and delta.
+  unsigned char* buffers = reinterpret_cast<unsigned char*>(sdS + kKeys * kDsCols);
+  const auto buffer_q = [&](int b) {
+    return reinterpret_cast<uint16_t*>(buffers + b * tc_bwd_query_buffer_bytes<kD>());
+  };
+  const auto buffer_do = [&](int b) { return buffer_q(b) + kRows * kD; };
+  const auto buffer_pos = [&](int b) { return reinterpret_cast<int64_t*>(buffer_do(b) + kRows * kD); };
+  const auto buffer_lse = [&](int b) { return reinterpret_cast<float*>(buffer_pos(b) + kRows); };
+  const auto buffer_delta = [&](int b) { return buffer_lse(b) + kRows; };
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   // The warp's key group (16 keys of the block) and its first own column block of dK and dV.
   const int kg = warp % kGroups, nd_own = (warp / kGroups) * kOwnBlocks;
   const int64_t S = pl.S, Sk = pl.Sk, kvh = blockIdx.x;
   const int64_t kv_base = kvh * Sk * D;
-  const int64_t n_kb = (Sk + kKeys - 1) / kKeys, n_qt = (S + kRows - 1) / kRows;
+  const int64_t n_kb = (Sk + kKeys - 1) / kKeys;
   const float drop_scale = dr.on ? dr.scale : 1.f;
   // ldmatrix row offsets as in the forward: b_off for B fragments of rows used as columns
   // (Q, dO: non-transposed), t_off for B fragments of [k][n] rows (Q, dO, K: .trans).
@@ -707,153 +763,162 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t w_last = w1 - w0 == kWarpRows ? attention_tiles::last_position(pl.keys, w0, w1) : INT64_MAX;
 
     __syncthreads();  // the previous key tile is done with shared memory
-    {
-      TileShare<kKeys, kD> share;
-      load_share(k + kv_base, j0, Sk, D, vec, share);
-      store_share(sK, share);
-      load_share(v + kv_base, j0, Sk, D, vec, share);
-      store_share(sV, share);
-    }
+    stage_tile<kKeys, kD>(sK, k + kv_base, j0, Sk, D, vec);
+    stage_tile<kKeys, kD>(sV, v + kv_base, j0, Sk, D, vec);
     float dk_acc[kOwnBlocks][4], dv_acc[kOwnBlocks][4];
 #pragma unroll
     for (int nd = 0; nd < kOwnBlocks; ++nd)
 #pragma unroll
       for (int i = 0; i < 4; ++i) dk_acc[nd][i] = dv_acc[nd][i] = 0.f;
 
-    // Every query tile that sees the keys, of each query head of the group in turn.
-    for (int64_t bh = kvh * group; bh < (kvh + 1) * group; ++bh) {
-      const int64_t base = bh * S * D, drop_offset = dr.head_offset(bh, pl.T);
-      for (int64_t qt = qt0; qt < n_qt; ++qt) {
-        const int64_t i0 = qt * kRows, i1 = min64(i0 + kRows, S);
-        if (!attention_tiles::tile_visible(pl.queries, i0, i1, pl.keys, j0, key_end)) continue;
-        __syncthreads();  // the previous query tile is done with sQ, sdO, sdS and the rows
-        {
-          TileShare<kRows, kD> share;
-          load_share(q + base, i0, S, D, vec, share);
-          store_share(sQ, share);
-          load_share(dout + base, i0, S, D, vec, share);
-          store_share(sdO, share);
-        }
-        for (int r = static_cast<int>(threadIdx.x); r < kRows; r += kThreads) {
-          const int64_t i = i0 + r;
-          const float l = i < S ? lse[bh * S + i] : -INFINITY;
-          sQpos[r] = l == -INFINITY ? -1 : pl.query(i);  // a row that saw no key: none visible
-          sLse[r] = l == -INFINITY ? 0.f : l * kLog2e;
-          sDelta[r] = i < S ? delta[bh * S + i] : 0.f;
-        }
-        __syncthreads();
+    // Every query tile that sees the keys, of each query head of the group in turn (tile n in
+    // buffer n % 2), staged while the tile before it is computed; the first with K and V.
+    const int64_t head_end = (kvh + 1) * group;
+    QueryTile next{kvh * group, qt0 - 1};
+    bool more = next_query_tile(pl, kRows, head_end, qt0, j0, key_end, next);
+    if (more) {
+      stage_tile<kRows, kD>(buffer_q(0), q + next.bh * S * D, next.qt * kRows, S, D, vec);
+      stage_tile<kRows, kD>(buffer_do(0), dout + next.bh * S * D, next.qt * kRows, S, D, vec);
+      store_row_stats(load_row_stats(pl, lse, delta, next.bh, next.qt * kRows, kRows), kRows, buffer_pos(0),
+                      buffer_lse(0), buffer_delta(0));
+    }
+    cp_async_commit();
+    for (int buf = 0; more; buf ^= 1) {
+      const QueryTile tile = next;
+      more = next_query_tile(pl, kRows, head_end, qt0, j0, key_end, next);
+      // The next tile into the other buffer, whose last reads (the tile before this one) were
+      // before that tile's dSᵀ barrier: its copies fly during this tile, its rows' statistics
+      // wait in registers until its end.
+      RowStats next_rows;
+      if (more) {
+        stage_tile<kRows, kD>(buffer_q(buf ^ 1), q + next.bh * S * D, next.qt * kRows, S, D, vec);
+        stage_tile<kRows, kD>(buffer_do(buf ^ 1), dout + next.bh * S * D, next.qt * kRows, S, D, vec);
+        next_rows = load_row_stats(pl, lse, delta, next.bh, next.qt * kRows, kRows);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // this tile's copies (and K's and V's) have landed
+      __syncthreads();     // ... for every warp, and every warp is done with sdS (the last tile's dQ)
 
-        // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: the warp's 16 keys' K and V rows are the A fragments
-        // (ldmatrix), Q's and dO's rows the B columns (as K's in the forward's S = Q·Kᵀ).
-        float s[kQueryBlocks][4], dp[kQueryBlocks][4];
-#pragma unroll
-        for (int nb = 0; nb < kQueryBlocks; ++nb)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) s[nb][i] = dp[nb][i] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < kSteps; ++kk) {
-          uint32_t kf[4], vf[4];
-          ldmatrix(kf, sK + Sw::at(kg * kWarpRows + lane % 16, 2 * kk + lane / 16));
-          ldmatrix(vf, sV + Sw::at(kg * kWarpRows + lane % 16, 2 * kk + lane / 16));
-#pragma unroll
-          for (int nb = 0; nb < kQueryBlocks; nb += 2) {
-            uint32_t qf[4], of[4];
-            ldmatrix(qf, sQ + nb * 8 * kD + b_off[kk]);
-            ldmatrix(of, sdO + nb * 8 * kD + b_off[kk]);
-            const uint32_t q0[2] = {qf[0], qf[1]}, q1[2] = {qf[2], qf[3]}, o0[2] = {of[0], of[1]},
-                           o1[2] = {of[2], of[3]};
-            mma<T>(s[nb], kf, q0);
-            mma<T>(s[nb + 1], kf, q1);
-            mma<T>(dp[nb], vf, o0);
-            mma<T>(dp[nb + 1], vf, o1);
-          }
-        }
+      const int64_t bh = tile.bh, base = bh * S * D, drop_offset = dr.head_offset(bh, pl.T);
+      const int64_t i0 = tile.qt * kRows, i1 = min64(i0 + kRows, S);
+      const uint16_t* sQ = buffer_q(buf);
+      const uint16_t* sdO = buffer_do(buf);
+      const int64_t* sQpos = buffer_pos(buf);
+      const float* sLse = buffer_lse(buf);
+      const float* sDelta = buffer_delta(buf);
 
-        // P from the saved lse; masked where some query of the tile does not see some key of
-        // the warp (the diagonal, padding, a placed run's edge). s becomes P∘keep/(1−p) (dV's
-        // A), dp becomes dS (dK's A and, through shared memory, dQ's).
-        const bool full = i1 - i0 == kRows && w_last <= attention_tiles::first_position(pl.queries, i0, i1);
-        const uint32_t seen = full ? ~0u : visible_bits_t<kRows>(sQpos, t, kpos0, kpos1);
-        const uint32_t kept = dr.on ? kept_bits_t<kRows>(dr, pl, bh, t, kpos0, kpos1, sQpos, seen, drop_offset) : seen;
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: the warp's 16 keys' K and V rows are the A fragments
+      // (ldmatrix), Q's and dO's rows the B columns (as K's in the forward's S = Q·Kᵀ).
+      float s[kQueryBlocks][4], dp[kQueryBlocks][4];
 #pragma unroll
-        for (int nb = 0; nb < kQueryBlocks; ++nb)
+      for (int nb = 0; nb < kQueryBlocks; ++nb)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int col = nb * 8 + 2 * t + i % 2, bit = nb * 4 + i;
-            const float p = (seen >> bit) & 1u ? exp2f(s[nb][i] * scale_log2 - sLse[col]) : 0.f;
-            const float mult = (kept >> bit) & 1u ? drop_scale : 0.f;
-            s[nb][i] = p * mult;
-            dp[nb][i] = p * (dp[nb][i] * mult - sDelta[col]);
-          }
-
-        // dV += (P∘keep/(1−p))ᵀ·dO and dK += dSᵀ·Q in the warp's own columns, 16 queries a
-        // step; dSᵀ to shared memory (by the group's first warp).
+        for (int i = 0; i < 4; ++i) s[nb][i] = dp[nb][i] = 0.f;
 #pragma unroll
-        for (int kk2 = 0; kk2 < kRows / 16; ++kk2) {
-          const uint32_t pf[4] = {pack_pair<T>(s[2 * kk2][0], s[2 * kk2][1]), pack_pair<T>(s[2 * kk2][2], s[2 * kk2][3]),
-                                  pack_pair<T>(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]),
-                                  pack_pair<T>(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3])};
-          const uint32_t sf[4] = {pack_pair<T>(dp[2 * kk2][0], dp[2 * kk2][1]),
-                                  pack_pair<T>(dp[2 * kk2][2], dp[2 * kk2][3]),
-                                  pack_pair<T>(dp[2 * kk2 + 1][0], dp[2 * kk2 + 1][1]),
-                                  pack_pair<T>(dp[2 * kk2 + 1][2], dp[2 * kk2 + 1][3])};
+      for (int kk = 0; kk < kSteps; ++kk) {
+        uint32_t kf[4], vf[4];
+        ldmatrix(kf, sK + Sw::at(kg * kWarpRows + lane % 16, 2 * kk + lane / 16));
+        ldmatrix(vf, sV + Sw::at(kg * kWarpRows + lane % 16, 2 * kk + lane / 16));
 #pragma unroll
-          for (int nd = 0; nd < kOwnBlocks; nd += 2) {
-            uint32_t of[4], qf[4];
-            ldmatrix_trans(of, sdO + kk2 * 16 * kD + t_off[(nd_own + nd) / 2]);
-            ldmatrix_trans(qf, sQ + kk2 * 16 * kD + t_off[(nd_own + nd) / 2]);
-            const uint32_t o0[2] = {of[0], of[1]}, o1[2] = {of[2], of[3]}, q0[2] = {qf[0], qf[1]},
-                           q1[2] = {qf[2], qf[3]};
-            mma<T>(dv_acc[nd], pf, o0);
-            mma<T>(dv_acc[nd + 1], pf, o1);
-            mma<T>(dk_acc[nd], sf, q0);
-            mma<T>(dk_acc[nd + 1], sf, q1);
-          }
-          // sf[0], sf[1]: rows g, g + 8, queries of block 2kk2; sf[2], sf[3] of block 2kk2 + 1.
-          if (warp < kGroups) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              const int row = kg * kWarpRows + g + 8 * (r % 2);
-              *reinterpret_cast<uint32_t*>(sdS + SwS::at(row, 2 * kk2 + r / 2) + 2 * t) = sf[r];
-            }
-          }
-        }
-        __syncthreads();  // sdS holds the block's dSᵀ
-
-        // dQ += dS·K: this warp's 16 rows × kDqBlocks column blocks, over the block's keys
-        // (16 a step): dS's A fragments by ldmatrix.trans of dSᵀ, K's B fragments by
-        // ldmatrix.trans (keys are the k of this product).
-        const int rb = warp % kRowBlocks, nd0 = (warp / kRowBlocks) * kDqBlocks;
-        float dq[kDqBlocks][4];
-#pragma unroll
-        for (int n = 0; n < kDqBlocks; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-          uint32_t af[4];
-          ldmatrix_trans(af, sdS + SwS::at(kk * 16 + (lane / 16) * 8 + lane % 8, 2 * rb + (lane / 8) % 2));
-#pragma unroll
-          for (int n = 0; n < kDqBlocks; n += 2) {
-            uint32_t kf[4];
-            ldmatrix_trans(kf, sK + kk * 16 * kD + t_off[(nd0 + n) / 2]);
-            const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
-            mma<T>(dq[n], af, b0);
-            mma<T>(dq[n + 1], af, b1);
-          }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t i = i0 + rb * 16 + g + 8 * h;
-          if (i >= S) continue;
-#pragma unroll
-          for (int n = 0; n < kDqBlocks; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int d = (nd0 + n) * 8 + 2 * t + e;
-              if (d < D) atomicAdd(dq_acc + base + i * D + d, dq[n][2 * h + e]);
-            }
+        for (int nb = 0; nb < kQueryBlocks; nb += 2) {
+          uint32_t qf[4], of[4];
+          ldmatrix(qf, sQ + nb * 8 * kD + b_off[kk]);
+          ldmatrix(of, sdO + nb * 8 * kD + b_off[kk]);
+          const uint32_t q0[2] = {qf[0], qf[1]}, q1[2] = {qf[2], qf[3]}, o0[2] = {of[0], of[1]},
+                         o1[2] = {of[2], of[3]};
+          mma<T>(s[nb], kf, q0);
+          mma<T>(s[nb + 1], kf, q1);
+          mma<T>(dp[nb], vf, o0);
+          mma<T>(dp[nb + 1], vf, o1);
         }
       }
+
+      // P from the saved lse; masked where some query of the tile does not see some key of
+      // the warp (the diagonal, padding, a placed run's edge). s becomes P∘keep/(1−p) (dV's
+      // A), dp becomes dS (dK's A and, through shared memory, dQ's).
+      const bool full = i1 - i0 == kRows && w_last <= attention_tiles::first_position(pl.queries, i0, i1);
+      const uint32_t seen = full ? ~0u : visible_bits_t<kRows>(sQpos, t, kpos0, kpos1);
+      const uint32_t kept = dr.on ? kept_bits_t<kRows>(dr, pl, bh, t, kpos0, kpos1, sQpos, seen, drop_offset) : seen;
+#pragma unroll
+      for (int nb = 0; nb < kQueryBlocks; ++nb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = nb * 8 + 2 * t + i % 2, bit = nb * 4 + i;
+          const float p = (seen >> bit) & 1u ? exp2f(s[nb][i] * scale_log2 - sLse[col]) : 0.f;
+          const float mult = (kept >> bit) & 1u ? drop_scale : 0.f;
+          s[nb][i] = p * mult;
+          dp[nb][i] = p * (dp[nb][i] * mult - sDelta[col]);
+        }
+
+      // dV += (P∘keep/(1−p))ᵀ·dO and dK += dSᵀ·Q in the warp's own columns, 16 queries a
+      // step; dSᵀ to shared memory (by the group's first warp).
+#pragma unroll
+      for (int kk2 = 0; kk2 < kRows / 16; ++kk2) {
+        const uint32_t pf[4] = {pack_pair<T>(s[2 * kk2][0], s[2 * kk2][1]), pack_pair<T>(s[2 * kk2][2], s[2 * kk2][3]),
+                                pack_pair<T>(s[2 * kk2 + 1][0], s[2 * kk2 + 1][1]),
+                                pack_pair<T>(s[2 * kk2 + 1][2], s[2 * kk2 + 1][3])};
+        const uint32_t sf[4] = {pack_pair<T>(dp[2 * kk2][0], dp[2 * kk2][1]),
+                                pack_pair<T>(dp[2 * kk2][2], dp[2 * kk2][3]),
+                                pack_pair<T>(dp[2 * kk2 + 1][0], dp[2 * kk2 + 1][1]),
+                                pack_pair<T>(dp[2 * kk2 + 1][2], dp[2 * kk2 + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < kOwnBlocks; nd += 2) {
+          uint32_t of[4], qf[4];
+          ldmatrix_trans(of, sdO + kk2 * 16 * kD + t_off[(nd_own + nd) / 2]);
+          ldmatrix_trans(qf, sQ + kk2 * 16 * kD + t_off[(nd_own + nd) / 2]);
+          const uint32_t o0[2] = {of[0], of[1]}, o1[2] = {of[2], of[3]}, q0[2] = {qf[0], qf[1]},
+                         q1[2] = {qf[2], qf[3]};
+          mma<T>(dv_acc[nd], pf, o0);
+          mma<T>(dv_acc[nd + 1], pf, o1);
+          mma<T>(dk_acc[nd], sf, q0);
+          mma<T>(dk_acc[nd + 1], sf, q1);
+        }
+        // sf[0], sf[1]: rows g, g + 8, queries of block 2kk2; sf[2], sf[3] of block 2kk2 + 1.
+        if (warp < kGroups) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int row = kg * kWarpRows + g + 8 * (r % 2);
+            *reinterpret_cast<uint32_t*>(sdS + SwS::at(row, 2 * kk2 + r / 2) + 2 * t) = sf[r];
+          }
+        }
+      }
+      __syncthreads();  // sdS holds the block's dSᵀ
+
+      // dQ += dS·K: this warp's 16 rows × kDqBlocks column blocks, over the block's keys
+      // (16 a step): dS's A fragments by ldmatrix.trans of dSᵀ, K's B fragments by
+      // ldmatrix.trans (keys are the k of this product).
+      const int rb = warp % kRowBlocks, nd0 = (warp / kRowBlocks) * kDqBlocks;
+      float dq[kDqBlocks][4];
+#pragma unroll
+      for (int n = 0; n < kDqBlocks; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        uint32_t af[4];
+        ldmatrix_trans(af, sdS + SwS::at(kk * 16 + (lane / 16) * 8 + lane % 8, 2 * rb + (lane / 8) % 2));
+#pragma unroll
+        for (int n = 0; n < kDqBlocks; n += 2) {
+          uint32_t kf[4];
+          ldmatrix_trans(kf, sK + kk * 16 * kD + t_off[(nd0 + n) / 2]);
+          const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
+          mma<T>(dq[n], af, b0);
+          mma<T>(dq[n + 1], af, b1);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + rb * 16 + g + 8 * h;
+        if (i >= S) continue;
+#pragma unroll
+        for (int n = 0; n < kDqBlocks; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int d = (nd0 + n) * 8 + 2 * t + e;
+            if (d < D) atomicAdd(dq_acc + base + i * D + d, dq[n][2 * h + e]);
+          }
+      }
+      if (more) store_row_stats(next_rows, kRows, buffer_pos(buf ^ 1), buffer_lse(buf ^ 1), buffer_delta(buf ^ 1));
     }
+    cp_async_wait<0>();  // K and V of a key tile no query sees: nothing may fly past it
     store_key_rows<T>(dk + kv_base, w0, Sk, D, vec, g, t, nd_own, scale, dk_acc);
     store_key_rows<T>(dv + kv_base, w0, Sk, D, vec, g, t, nd_own, 1.f, dv_acc);
   }

@@ -1,5 +1,5 @@
 #pragma once
-// The fused attention kernels' tiling (kernels/cuda/attention.cu), plain C++ so host code
+// The fused attention kernels' tiling (kernels/cuda/attention.cu, attention_tc.cu), plain C++ so host code
 // (bench_kernels' executed-FLOPs counter) counts the same tiles the kernels visit.
 #include <cstdint>
 
@@ -15,6 +15,15 @@ constexpr int kDkvKeys = 64, kDkvRows = 32;  // dK/dV pass: keys per block, quer
 constexpr int64_t padded_head_dim(int64_t d) {
   return d <= 16 ? 16 : d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 192;
 }
+
+// The tensor-core kernels of bf16 and fp16 (attention_tc.cu, which says why each size is what
+// it is): head sizes in the instantiation for the next of 64, 96, 128, 192; the forward's
+// blocks of kFwdRows query rows visit key tiles of tc_fwd_keys; the backward's blocks of
+// tc_bwd_keys keys visit query tiles of tc_bwd_rows.
+constexpr int tc_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 192; }
+constexpr int tc_fwd_keys(int kd) { return kd <= 96 ? 64 : kd <= 128 ? 32 : 16; }
+constexpr int tc_bwd_rows(int kd) { return kd <= 64 ? 64 : kd <= 128 ? 32 : 16; }
+constexpr int tc_bwd_keys(int kd) { return kd <= 64 ? 64 : 32; }
 
 // The first and the last position of rows [begin, end) (begin < end): each run of positions
 // increases, so they are at the ends of the rows or beside the split.
