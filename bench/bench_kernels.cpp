@@ -8,6 +8,11 @@
 //                                           [b * heads, s, s]
 //   --attn-batch=N                          microbatch b of the attention_* benchmarks only
 //                                           (default the shape's b: 4 paper, 2 small)
+//   --head-dim=N                            head size d of the attention_* benchmarks but the
+//                                           MLA ones (default the shape's: 96 paper, 64 small)
+//   --attn-dropout=P                        dropout on the probabilities of the attention_*
+//                                           benchmarks, 0 <= P < 1 (default 0.1, the paper's; 0:
+//                                           none)
 // Memory-bound kernels report bytes moved and GB/s (pct_peak against the device's HBM
 // bandwidth); GEMMs report FLOPs and TFLOP/s (pct_peak against dense bf16). A device copy and
 // a large square GEMM are the same run's practical ceilings.
@@ -55,9 +60,10 @@ struct KernelShapes {
   int64_t square; // the reference GEMM's m = n = k
 };
 
-// --seq and --attn-batch (0: the shape's own).
+// --seq, --attn-batch and --head-dim (0: the shape's own); --attn-dropout (below).
 int64_t g_seq = 0;
 int64_t g_attn_batch = 0;
+int64_t g_head_dim = 0;
 
 // The tensor-parallel size the shapes are one rank of: the preset's at the paper shape.
 int64_t shape_tp() { return context().shape == "paper" ? find_preset(kPaperShapeModel).tp : 1; }
@@ -188,12 +194,13 @@ struct AttnShape {
 };
 
 constexpr float kDropout = 0.1f;  // the paper's dropout, on probabilities and residuals
+float g_attn_dropout = kDropout;  // --attn-dropout: the attention_* benchmarks' probabilities
 
 // The layer's attn_dropout_spec on rank 0 of t (t = 8 at the paper shape, 1 at the small
 // one): probabilities [b, heads, s, s] are heads [0, heads) of the canonical [b, heads*t, s, s].
-DropoutSpec attn_dropout_spec(const AttnShape& a) {
+DropoutSpec attn_dropout_spec(const AttnShape& a, float p = kDropout) {
   DropoutSpec spec;
-  spec.p = kDropout;
+  spec.p = p;
   spec.seed = 1234;
   spec.site = kSiteAttnProbs;
   spec.outer = a.b;
@@ -309,7 +316,7 @@ AttnShape attn_shape(bool mla = false) {
   const KernelShapes k = shapes();
   const int64_t b = g_attn_batch > 0 ? g_attn_batch : k.b;
   if (mla) return {b, k.heads, k.s, kMlaQkHeadDim, kMlaVHeadDim};
-  return {b, k.heads, k.s, k.d};
+  return {b, k.heads, k.s, g_head_dim > 0 ? g_head_dim : k.d};
 }
 
 // ---- FLOPs ---------------------------------------------------------------------------------
@@ -411,7 +418,7 @@ void unfused_probs(const AttnShape& a, const Tensor& q, const Tensor& k, Unfused
   }
   out.dropped = be.empty(shape, bench_dtype());
   out.mask = be.empty(shape, DType::u8);
-  be.dropout_fwd(out.probs, attn_dropout_spec(a), out.dropped, out.mask);
+  be.dropout_fwd(out.probs, attn_dropout_spec(a, g_attn_dropout), out.dropped, out.mask);
 }
 
 // TransformerLayer::forward_impl, unfused core attention: the probabilities, then ctx = dropped V.
@@ -456,7 +463,7 @@ void fused_fwd(const AttnShape& a, const Tensor& q, const Tensor& k, const Tenso
   Backend& be = *context().backend;
   out = be.empty({a.B(), a.s, a.value_dim()}, bench_dtype());
   lse = be.empty({a.B(), a.s}, DType::fp32);
-  be.attention_fwd(q, k, v, attn_scale(a), attn_dropout_spec(a), out, lse);
+  be.attention_fwd(q, k, v, attn_scale(a), attn_dropout_spec(a, g_attn_dropout), out, lse);
 }
 
 void fused_bwd(const AttnShape& a, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -465,7 +472,7 @@ void fused_bwd(const AttnShape& a, const Tensor& q, const Tensor& k, const Tenso
   const Shape hs = {a.B(), a.s, a.d};
   Tensor dq = be.empty(hs, bench_dtype()), dk = be.empty(hs, bench_dtype());
   Tensor dv = be.empty({a.B(), a.s, a.value_dim()}, bench_dtype());
-  be.attention_bwd(q, k, v, out, dout, lse, attn_scale(a), attn_dropout_spec(a), dq, dk, dv);
+  be.attention_bwd(q, k, v, out, dout, lse, attn_scale(a), attn_dropout_spec(a, g_attn_dropout), dq, dk, dv);
 }
 
 // The caching allocator's requested bytes (exact sizes) across a window of stream-ordered work.
@@ -608,6 +615,7 @@ void BM_attention(benchmark::State& state, AttnPath path, AttnPass pass, bool ml
   state.counters["heads"] = static_cast<double>(a.heads);
   state.counters["head_dim"] = static_cast<double>(a.d);
   state.counters["head_dim_v"] = static_cast<double>(a.value_dim());
+  state.counters["dropout"] = g_attn_dropout;
   set_flop_counters(state, pass == AttnPass::fwd ? causal_fwd_flops(a) : causal_bwd_flops(a));
   const double exec = executed_flops(path, pass, a);
   state.counters["flops_executed"] = exec;
@@ -623,7 +631,21 @@ void BM_attention(benchmark::State& state, AttnPath path, AttnPass pass, bool ml
     state.counters["bwd_peak_bytes"] = bwd_peak;
 }
 
+// The attention benchmarks' shape in the output's context (here: the shape is known once the
+// backend is, after the flags).
+void describe_attention_shape() {
+  const KernelShapes k = shapes();
+  benchmark::AddCustomContext("actbench_seq", std::to_string(k.s));
+  benchmark::AddCustomContext("actbench_attn_batch", std::to_string(g_attn_batch > 0 ? g_attn_batch : k.b));
+  benchmark::AddCustomContext("actbench_head_dim", std::to_string(g_head_dim > 0 ? g_head_dim : k.d));
+  char p[32];
+  std::snprintf(p, sizeof p, "%g", static_cast<double>(g_attn_dropout));
+  benchmark::AddCustomContext("actbench_attn_dropout", p);
+  benchmark::AddCustomContext("actbench_dtype", dtype_name(bench_dtype()));
+}
+
 void register_kernels() {
+  describe_attention_shape();
   const KernelShapes k = shapes();
   auto reg = [](const std::string& name, auto fn) {
     // A shape past the device's memory (e.g. s = 32k score tensors) skips with the reason.
@@ -674,15 +696,30 @@ void register_kernels() {
   reg("attention_fused_mla_bwd", [](benchmark::State& s) { BM_attention(s, AttnPath::fused, AttnPass::bwd, true); });
 }
 
+// A dropout probability: 0 <= p < 1.
+float parse_probability(const char* name, const std::string& value) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (value.empty() || used != value.size() || !(v >= 0.0 && v < 1.0))
+    throw InvalidArgument(std::string("--") + name + " must be a probability, 0 <= p < 1 (got '" + value + "')");
+  return static_cast<float>(v);
+}
+
 void parse_kernel_flags(int& argc, char** argv) {
   const std::string unset = "\n";  // no flag (an empty value is an error)
   const std::string seq = take_flag(argc, argv, "seq", unset);
   const std::string batch = take_flag(argc, argv, "attn-batch", unset);
+  const std::string head_dim = take_flag(argc, argv, "head-dim", unset);
+  const std::string dropout = take_flag(argc, argv, "attn-dropout", unset);
   if (seq != unset) g_seq = parse_positive("seq", seq);
   if (batch != unset) g_attn_batch = parse_positive("attn-batch", batch);
-  const KernelShapes k = shapes();
-  benchmark::AddCustomContext("actbench_seq", std::to_string(k.s));
-  benchmark::AddCustomContext("actbench_attn_batch", std::to_string(g_attn_batch > 0 ? g_attn_batch : k.b));
+  if (head_dim != unset) g_head_dim = parse_positive("head-dim", head_dim);
+  if (dropout != unset) g_attn_dropout = parse_probability("attn-dropout", dropout);
 }
 
 }  // namespace

@@ -28,6 +28,9 @@ sanitize, or single steps; default: all but cputests and sanitize):
   attention_s*   bench_kernels --backend=cuda --benchmark_filter=attention --seq=2048|8192|32768 and
   attention_sdpa   bench/peers/attention_sdpa.py --seq 2048,8192,32768 (each only if it exists);
                    then attention_table.py's table of both (raw/attention_table.txt, summary)
+  attention_goal   the tensor-core kernel's goal shape (s = 8192, d = 128, bf16, causal): bench_kernels'
+  attention_goal_sdpa  fused fwd/bwd at --attn-dropout 0 and 0.1, SDPA's cudnn and flash backends at
+                   the same; then attention_goal.py's verdict (raw/attention_goal.txt, summary)
   sweep_seqlen   runners/sweep.py seqlen --backend cuda (resumable; whatever time is left),
   sweep_seqlen_fused   then with --attention fused,
   sweep_longcontext    then the longcontext plan (22B, t = 8 and C = 1..16 emulated, 32k..1M
@@ -91,7 +94,8 @@ GROUPS = {  # --steps names, in the order the steps run
     "table4": ["table4", "table4_cupti", "table4_fused"],
     "bench": ["bench_kernels", "bench_layer"],
     "peer": ["peer"],
-    "attention": ["attention_s2048", "attention_s8192", "attention_s32768", "attention_sdpa"],
+    "attention": ["attention_s2048", "attention_s8192", "attention_s32768", "attention_sdpa", "attention_goal",
+                  "attention_goal_sdpa"],
     "sweep": ["sweep_seqlen", "sweep_seqlen_fused", "sweep_longcontext", "sweep_moe"],
     "cputests": ["cputests"],
     "sanitize": ["sanitize_memcheck", "sanitize_racecheck"],
@@ -101,18 +105,25 @@ DEFAULT_STEPS = [s for g, steps in GROUPS.items() if g not in ("cputests", "sani
 # Each step's timeout: at most CAP seconds; skipped when fewer than MIN seconds of the budget are left.
 CAP = {"tests": 150, "table4": 120, "table4_cupti": 120, "table4_fused": 120, "bench_kernels": 150,
        "bench_layer": 120, "peer": 240, "attention_s2048": 90, "attention_s8192": 90, "attention_s32768": 120,
-       "attention_sdpa": 150, "sweep_seqlen": 300, "sweep_seqlen_fused": 300, "sweep_longcontext": 300,
+       "attention_sdpa": 150, "attention_goal": 120, "attention_goal_sdpa": 150, "sweep_seqlen": 300, "sweep_seqlen_fused": 300, "sweep_longcontext": 300,
        "sweep_moe": 300, "cputests": 240,
        "sanitize_memcheck": 300, "sanitize_racecheck": 240}
 MIN = {"tests": 20, "table4": 30, "table4_cupti": 30, "table4_fused": 30, "bench_kernels": 30,
        "bench_layer": 30, "peer": 60, "attention_s2048": 20, "attention_s8192": 20, "attention_s32768": 20,
-       "attention_sdpa": 30, "sweep_seqlen": 60, "sweep_seqlen_fused": 60, "sweep_longcontext": 60,
+       "attention_sdpa": 30, "attention_goal": 20, "attention_goal_sdpa": 30, "sweep_seqlen": 60, "sweep_seqlen_fused": 60, "sweep_longcontext": 60,
        "sweep_moe": 60, "cputests": 30,
        "sanitize_memcheck": 60, "sanitize_racecheck": 60}
 RESERVE_S = 10         # seconds of the budget kept for the last packing
 SWEEP_POINT_MAX_S = 90  # one sweep point's timeout, at most
 CONFIGS = ",".join(sweep.PAPER_CONFIGS)  # the paper's five, from runners/facts.json
 ATTENTION_SEQS = (2048, 8192, 32768)
+# The tensor-core attention's goal (docs/fused_attention.md): s, d, and the dropouts it is judged at.
+GOAL_SEQ, GOAL_HEAD_DIM, GOAL_DROPOUTS = 8192, 128, ("0", "0.1")
+
+
+def all_of(commands):
+    """One shell line that runs every command and exits with the last failure's status (0: none)."""
+    return "rc=0; " + " ".join(shlex.join(c) + " || rc=$?;" for c in commands) + " exit $rc"
 NO_GPU = "no GPU (nvidia-smi -L lists none)"
 ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the benchmarks' console colours
 TORCH_PROBE = """import sys; print(sys.version.split()[0])
@@ -514,7 +525,7 @@ class Evaluation:
         if self.gpu_tests_failed:
             lines.append("WARNING: GPU correctness tests (test_gpu_ops) did not pass: treat the timings with care")
         lines += [""] + self.step_lines
-        for name in ("side_by_side_table.txt", "attention_table.txt"):
+        for name in ("side_by_side_table.txt", "attention_table.txt", "attention_goal.txt"):
             text = self.read_raw(name)
             if text.strip():
                 lines += ["", text.rstrip("\n")]
@@ -805,6 +816,41 @@ class Evaluation:
                                                     "--benchmark_out_format=json"])
         self.step_sdpa()
         self.attention_table()
+        self.steps_goal()
+
+    def steps_goal(self):
+        """The goal shape, ours and SDPA's cudnn and flash backends, each dropout; then the verdict."""
+        t = self.gate("attention_goal", "bench_kernels")
+        if t is not None:
+            runs = [[self.bins.path("bench_kernels"), "--backend=cuda", "--benchmark_filter=attention_fused_(fwd|bwd)",
+                     f"--seq={GOAL_SEQ}", f"--head-dim={GOAL_HEAD_DIM}", f"--attn-dropout={p}", *self.bench_time,
+                     f"--benchmark_out={self.result(f'attention_goal_{self.dev}_p{p}.json')}",
+                     "--benchmark_out_format=json"] for p in GOAL_DROPOUTS]
+            self.run_step("attention_goal", ["sh", "-c", all_of(runs)], t, self.bins.env())
+        t = self.gate("attention_goal_sdpa")
+        py, sdpa = self.opts.python, os.path.join(ROOT, "bench", "peers", "attention_sdpa.py")
+        if t is not None:
+            if succeeds([py, sdpa, "--help"], 90) is None:
+                self.skip("attention_goal_sdpa", f"{py} {sdpa} --help fails (no torch?)")
+            else:
+                quick = ["--warmup", self.warmup, "--iters", self.iters] if self.opts.quick else []
+                runs = [[py, sdpa, "--csv", self.result(f"attention_goal_sdpa_{self.dev}.csv"), "--seq", str(GOAL_SEQ),
+                         "--head-dim", str(GOAL_HEAD_DIM), "--dropout", p, "--backend", b, *quick]
+                        for b in ("cudnn", "flash") for p in GOAL_DROPOUTS]
+                self.run_step("attention_goal_sdpa", ["sh", "-c", all_of(runs)], t)
+        self.goal_verdict()
+
+    def goal_verdict(self):
+        """attention_goal.py over the goal runs, where there are some."""
+        ours = sorted(glob.glob(self.result("attention_goal_*_p*.json")))
+        if not ours:
+            return
+        sdpa = sorted(glob.glob(self.result("attention_goal_sdpa_*.csv")))
+        verdict = output_of([sys.executable, os.path.join(ROOT, "bench", "peers", "attention_goal.py"), *ours, *sdpa], 60)
+        with open(os.path.join(self.raw, "attention_goal.txt"), "w") as f:
+            f.write(verdict)
+        self.append_log(verdict)
+        self.pack_results()
 
     def step_sdpa(self):
         t = self.gate("attention_sdpa")

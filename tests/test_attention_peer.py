@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEERS = os.path.join(HERE, "..", "bench", "peers")
 SDPA = os.path.join(PEERS, "attention_sdpa.py")
 TABLE = os.path.join(PEERS, "attention_table.py")
+GOAL = os.path.join(PEERS, "attention_goal.py")
 FAKE_TORCH = os.path.join(HERE, "fixtures", "fake_torch")
 sys.path.insert(0, PEERS)
 
@@ -376,6 +377,86 @@ class TableTest(TmpDir):
                 self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
 
 
+def goal_json(path, dropout, fwd, bwd, seq=8192, head_dim=128, dtype="bf16"):
+    """A bench_kernels JSON of attention_fused_fwd / _bwd: (ms, flops) each."""
+    benchmarks = [{"name": "cuda/attention_fused_" + p, "run_type": "iteration", "seq": seq, "head_dim": head_dim,
+                   "dropout": dropout, "ms_median": ms, "flops": flops}
+                  for p, (ms, flops) in (("fwd", fwd), ("bwd", bwd))]
+    with open(path, "w") as f:
+        json.dump({"context": {"actbench_backend": "cuda", "actbench_device": "NVIDIA H100 80GB HBM3",
+                               "actbench_dtype": dtype}, "benchmarks": benchmarks}, f)
+
+
+class GoalTest(TmpDir):
+    """attention_goal.py: ours over cuDNN's TFLOP/s per pass against 0.6 (no dropout) and 0.5."""
+
+    def sdpa_row(self, backend, dropout, fwd, bwd, **extra):
+        row = {"sdpa_backend": backend, "seq": 8192, "head_dim": 128, "dtype": "bf16", "dropout": dropout,
+               "causal": 1, "fwd_tflops": fwd, "bwd_tflops": bwd, "status": "ok"}
+        row.update(extra)
+        torch_layer.append_csv_row(self.csv, row, attention_sdpa.CSV_HEADER)
+
+    def lines(self, out):
+        """{(dropout, pass): [dropout, pass, ours, cudnn, flash, ratio, goal, verdict]}"""
+        rows = (l.split(None, 7) for l in out.splitlines())
+        return {(p[0], p[1]): p for p in rows if len(p) == 8 and p[1] in ("fwd", "bwd")}
+
+    def test_ratios_and_verdicts_per_pass_and_dropout(self):
+        j0, j1 = os.path.join(self.tmp, "p0.json"), os.path.join(self.tmp, "p1.json")
+        # 1e12 FLOPs in 2 ms is 500 TFLOP/s; in 5 ms 200
+        goal_json(j0, 0.0, (2.0, 1e12), (5.0, 1e12))
+        goal_json(j1, 0.1, (4.0, 1e12), (10.0, 1e12))
+        self.sdpa_row("cudnn", 0.0, 600, 400)   # fwd 500/600 = 0.833 met; bwd 200/400 = 0.5 < 0.6 not met
+        self.sdpa_row("flash", 0.0, 450, 300)
+        self.sdpa_row("cudnn", 0.1, 400, 200)   # fwd 250/400 = 0.625; bwd 100/200 = 0.5: both >= 0.5
+        self.sdpa_row("cudnn", 0.1, 1, 1, status="oom")  # not ok: ignored
+        self.sdpa_row("cudnn", 0.0, 1, 1, head_dim=96)   # another shape: ignored
+        r = run(GOAL, j0, j1, self.csv)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = self.lines(r.stdout)
+        self.assertEqual(rows[("0", "fwd")][2:], ["500.0", "600.0", "450.0", "0.833", ">=0.6", "met"])
+        self.assertEqual(rows[("0", "bwd")][2:], ["200.0", "400.0", "300.0", "0.500", ">=0.6", "not met"])
+        self.assertEqual(rows[("0.1", "fwd")][6:], [">=0.5", "met"])
+        self.assertEqual(rows[("0.1", "fwd")][5], "0.625")
+        self.assertEqual(rows[("0.1", "bwd")][5], "0.500")
+        self.assertEqual(rows[("0.1", "bwd")][4], "-")  # no flash row with dropout
+        self.assertIn("goal: not met (4 of 4 passes measured on both sides)", r.stdout)
+        self.assertIn("NVIDIA H100", r.stdout)
+
+    def test_all_met_and_nothing_to_compare(self):
+        j0 = os.path.join(self.tmp, "p0.json")
+        goal_json(j0, 0.0, (2.0, 1e12), (5.0, 1e12))
+        self.sdpa_row("cudnn", 0.0, 500, 250)
+        r = run(GOAL, j0, self.csv)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("goal: met (2 of 2", r.stdout)
+        r = run(GOAL, j0)  # no SDPA side
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("goal: not measured", r.stdout)
+        goal_json(j0, 0.0, (2.0, 1e12), (5.0, 1e12), dtype="fp32")  # fp32 rows are not the goal's
+        r = run(GOAL, j0, self.csv)
+        self.assertIn("no rows at this shape", r.stdout)
+
+    def test_bad_input_exit_2(self):
+        j0 = os.path.join(self.tmp, "p0.json")
+        goal_json(j0, 0.0, (2.0, 1e12), (5.0, 1e12))
+        bad_json = os.path.join(self.tmp, "bad.json")
+        with open(bad_json, "w") as f:
+            f.write("{")
+        foreign = os.path.join(self.tmp, "foreign.csv")
+        with open(foreign, "w") as f:
+            f.write("a,b\n1,2\n")
+        for args, message in (([], "no bench_kernels JSON"), ([j0, "x.txt"], "neither a .json"),
+                              ([bad_json], "cannot read bench_kernels JSON"), ([j0, foreign], "not an attention_sdpa.py CSV"),
+                              ([j0, "--seq", "0"], "--seq must be >= 1"), ([j0, "--head-dim"], "needs a value"),
+                              ([j0, "--bogus"], "unknown option")):
+            with self.subTest(args=args):
+                r = run(GOAL, *args)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertIn(message, r.stderr)
+
+
 @unittest.skipUnless(HAVE_BENCH, "ACTBENCH_BENCH_KERNELS does not name a bench_kernels binary (%r)" % BENCH)
 class BenchKernelsAttentionTest(TmpDir):
     NAMES = ["attention_fused_fwd", "attention_fused_bwd", "attention_unfused_fwd", "attention_unfused_bwd",
@@ -472,9 +553,32 @@ class BenchKernelsAttentionTest(TmpDir):
         _, by = self.load(out)
         self.assertIn("out of memory", by["softmax_causal_fwd"]["error_message"])
 
+    def test_head_dim_and_dropout_flags_set_the_attention_shape(self):
+        out = os.path.join(self.tmp, "d32.json")
+        r = self.bench("--benchmark_filter=attention_fused", "--seq=64", "--head-dim=32", "--attn-dropout=0",
+                       out=out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc, by = self.load(out)
+        self.assertEqual((doc["context"]["actbench_head_dim"], doc["context"]["actbench_attn_dropout"]), ("32", "0"))
+        self.assertEqual(doc["context"]["actbench_dtype"], "fp32")
+        B, s, d = 2 * 4, 64, 32
+        for name in ("attention_fused_fwd", "attention_fused_bwd"):
+            self.assertEqual((by[name]["head_dim"], by[name]["dropout"]), (d, 0))
+        self.assertEqual(by["attention_fused_fwd"]["flops"], 4.0 * B * s * s * d / 2)
+        self.assertEqual(by["attention_fused_mla_fwd"]["head_dim"], 192)  # MLA keeps DeepSeek-V3's heads
+        # the default: the paper's dropout, the shape's head size
+        r = self.bench("--benchmark_filter=attention_fused_fwd", "--seq=64", out=out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc, by = self.load(out)
+        self.assertEqual((doc["context"]["actbench_head_dim"], doc["context"]["actbench_attn_dropout"]), ("64", "0.1"))
+        self.assertAlmostEqual(by["attention_fused_fwd"]["dropout"], 0.1, places=6)
+
     def test_flag_errors_exit_2(self):
         for flag, message in (("--seq=0", "--seq must be an integer >= 1"), ("--seq=", "--seq must be"),
                               ("--attn-batch=x", "--attn-batch must be an integer >= 1"),
+                              ("--head-dim=0", "--head-dim must be an integer >= 1"),
+                              ("--attn-dropout=1", "--attn-dropout must be a probability"),
+                              ("--attn-dropout=x", "--attn-dropout must be a probability"),
                               ("--memory-limit=12XB", "unknown unit")):
             with self.subTest(flag):
                 r = self.bench(flag)

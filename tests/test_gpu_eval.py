@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.join(ROOT, "runners"))
 import gpu_eval  # noqa: E402
 
 ALL_STEPS = ["tests", "table4", "table4_cupti", "table4_fused", "bench_kernels", "bench_layer", "peer",
-             "attention_s2048", "attention_s8192", "attention_s32768", "attention_sdpa", "sweep_seqlen",
+             "attention_s2048", "attention_s8192", "attention_s32768", "attention_sdpa", "attention_goal",
+             "attention_goal_sdpa", "sweep_seqlen",
              "sweep_seqlen_fused", "sweep_longcontext", "sweep_moe", "cputests", "sanitize_memcheck",
              "sanitize_racecheck"]
 # No torch probe (it takes seconds): the python the peer steps would use is one that cannot run.
@@ -100,6 +101,16 @@ BENCH_CUT_MIDWAY = f"""#!/bin/sh
 for a; do case "$a" in --benchmark_out=*) printf '%s' '{PARTIAL_JSON}' >"${{a#--benchmark_out=}}";; esac; done
 echo 'cuda/gemm/manual_time 1.00 ms'
 sleep 300
+"""
+
+# A bench_kernels that writes the goal shape's fused fwd/bwd rows at its --attn-dropout: 1e12 FLOPs
+# in 2 ms forward, 5 ms backward.
+BENCH_GOAL = """#!/bin/sh
+p=0; out=
+for a; do case "$a" in --attn-dropout=*) p="${a#--attn-dropout=}";; --benchmark_out=*) out="${a#--benchmark_out=}";; esac; done
+row() { printf '{"name":"cuda/attention_fused_%s","run_type":"iteration","seq":8192,"head_dim":128,"dropout":%s,"ms_median":%s,"flops":1e12}' "$1" "$p" "$2"; }
+printf '{"context":{"actbench_dtype":"bf16","actbench_backend":"cuda","actbench_device":"fake"},"benchmarks":[%s,%s]}' "$(row fwd 2)" "$(row bwd 5)" >"$out"
+echo 'cuda/attention_fused_fwd/manual_time 2.00 ms'
 """
 
 
@@ -248,7 +259,7 @@ class Session(unittest.TestCase):
     def test_list_steps_and_help(self):
         out = subprocess.run([sys.executable, RUNNER, "--list-steps"], capture_output=True, text=True, timeout=30).stdout
         self.assertIn("table4: table4 table4_cupti table4_fused\n", out)
-        self.assertTrue(out.endswith("default: " + " ".join(ALL_STEPS[:15]) + "\n"), out)
+        self.assertTrue(out.endswith("default: " + " ".join(ALL_STEPS[:-3]) + "\n"), out)  # all but cputests, sanitize
         out = subprocess.run(["bash", WRAPPER, "--help"], capture_output=True, text=True, timeout=30).stdout
         self.assertIn("--unpack OUTDIR_OR_TARBALL", out)
 
@@ -295,6 +306,22 @@ class InProcess(unittest.TestCase):
             self.assertIn("exit 2: layer_run: error: fake failure", rows[step]["detail"])
         self.assertEqual(rows["bench_kernels"]["status"], "skipped")
         self.assertIn("did not pass", read(os.path.join(self.out, "summary.txt")))  # the GPU tests' failure is flagged
+
+    def test_goal_steps_run_each_dropout_and_write_the_verdict(self):
+        b = self.fake_bundle(PASSES, FAILS)
+        write_exe(os.path.join(b, "bin", "bench_kernels"), BENCH_GOAL)
+        rows = self.evaluate("--bin-dir", b, "--force", "--steps", "attention_goal,attention_goal_sdpa")
+        self.assertEqual(rows["attention_goal"]["status"], "ok", rows["attention_goal"])
+        self.assertEqual(rows["attention_goal_sdpa"]["status"], "skipped")  # no torch for the peer
+        names = archived(self.out)
+        self.assertIn("results/attention_goal_nogpu_p0.json", names)
+        self.assertIn("results/attention_goal_nogpu_p0.1.json", names)
+        verdict = names["raw/attention_goal.txt"]
+        self.assertIn("s = 8192, d = 128, bf16", verdict)
+        self.assertIn("500.0", verdict)  # ours: 1e12 FLOPs in 2 ms
+        self.assertIn("goal: not measured", verdict)  # no SDPA side
+        self.assertIn("attention_goal.txt", "".join(names))
+        self.assertIn("goal: not measured", read(os.path.join(self.out, "summary.txt")))
 
     def test_cut_step_leaves_its_partial_json_out_of_the_results(self):
         b = self.fake_bundle(PASSES, FAILS)
