@@ -20,23 +20,15 @@ was met. Exit status: 0 the report was written (met or not); 2 bad input (one li
 """
 import csv
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attention_table import BadInput, _num  # noqa: E402  (the same files' bad input, their numbers)
 
 PROG = "attention_goal.py"
 GOALS = {False: 0.6, True: 0.5}  # ours / cudnn, per pass, without and with dropout
 PASSES = ("fwd", "bwd")
-
-
-class BadInput(Exception):
-    pass
-
-
-def _num(v):
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if f == f else None
 
 
 def _same(a, b):

@@ -776,9 +776,12 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t head_end = (kvh + 1) * group;
     QueryTile next{kvh * group, qt0 - 1};
     bool more = next_query_tile(pl, kRows, head_end, qt0, j0, key_end, next);
+    const auto stage_query_tile = [&](int b, const QueryTile& tile) {
+      stage_tile<kRows, kD>(buffer_q(b), q + tile.bh * S * D, tile.qt * kRows, S, D, vec);
+      stage_tile<kRows, kD>(buffer_do(b), dout + tile.bh * S * D, tile.qt * kRows, S, D, vec);
+    };
     if (more) {
-      stage_tile<kRows, kD>(buffer_q(0), q + next.bh * S * D, next.qt * kRows, S, D, vec);
-      stage_tile<kRows, kD>(buffer_do(0), dout + next.bh * S * D, next.qt * kRows, S, D, vec);
+      stage_query_tile(0, next);
       store_row_stats(load_row_stats(pl, lse, delta, next.bh, next.qt * kRows, kRows), kRows, buffer_pos(0),
                       buffer_lse(0), buffer_delta(0));
     }
@@ -791,8 +794,7 @@ __global__ void __launch_bounds__(kThreads)
       // wait in registers until its end.
       RowStats next_rows;
       if (more) {
-        stage_tile<kRows, kD>(buffer_q(buf ^ 1), q + next.bh * S * D, next.qt * kRows, S, D, vec);
-        stage_tile<kRows, kD>(buffer_do(buf ^ 1), dout + next.bh * S * D, next.qt * kRows, S, D, vec);
+        stage_query_tile(buf ^ 1, next);
         next_rows = load_row_stats(pl, lse, delta, next.bh, next.qt * kRows, kRows);
       }
       cp_async_commit();

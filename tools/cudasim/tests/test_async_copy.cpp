@@ -15,6 +15,7 @@
 #include "cudasim/sim.hpp"
 #include "tests/cuda/sim_test_kernels.hpp"
 #include "tests/device_buffer.hpp"
+#include "tests/report_test.hpp"
 
 using namespace cudasim_tests;
 
@@ -27,28 +28,15 @@ uint4 chunk(uint32_t c) { return uint4{4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3}; 
 const uint4 kZero{0u, 0u, 0u, 0u};
 const uint4 kPoison{~0u, ~0u, ~0u, ~0u};  // unwritten shared memory
 
-class AsyncCopy : public ::testing::Test {
+class AsyncCopy : public ReportTest {
  protected:
   void SetUp() override {
     saved_ = cudasim::schedule();
-    cudasim::take_reports();
-    (void)cudaGetLastError();
+    ReportTest::SetUp();
   }
   void TearDown() override {
     cudasim::set_schedule(saved_);
-    EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
-    cudasim::take_reports();
-    (void)cudaGetLastError();
-  }
-  // Takes the reports: their text, and whether one of kind `kind` is among them.
-  static bool reported(const std::string& kind, std::string* text) {
-    bool found = false;
-    text->clear();
-    for (const cudasim::Report& r : cudasim::take_reports()) {
-      found |= r.kind == kind;
-      *text += "[" + r.kind + "] " + r.message + "\n";
-    }
-    return found;
+    ReportTest::TearDown();
   }
   static constexpr int kTiles = 5, kChunks = 64 * kTiles;
   // The pipeline with `bug` under `s`: its launch's error, and whether out is what the correct

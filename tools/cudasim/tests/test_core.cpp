@@ -14,6 +14,7 @@
 #include "cudasim/sim.hpp"
 #include "tests/cuda/sim_test_kernels.hpp"
 #include "tests/device_buffer.hpp"
+#include "tests/report_test.hpp"
 
 using namespace cudasim_tests;
 
@@ -22,29 +23,11 @@ namespace {
 bool asan_variant() { return std::string(CUDASIM_TEST_VARIANT) == "asan"; }
 
 
-class Core : public ::testing::Test {
+class Core : public ReportTest {
  protected:
-  void SetUp() override {
-    cudasim::take_reports();
-    (void)cudaGetLastError();
-  }
   void TearDown() override {
     cudasim::set_schedule(cudasim::Schedule::round_robin);
-    EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
-    cudasim::take_reports();
-    (void)cudaGetLastError();
-  }
-  // Takes the reports; true when one of kind `kind` is among them.
-  static bool reported(const std::string& kind, std::string* text = nullptr) {
-    const std::vector<cudasim::Report> r = cudasim::take_reports();
-    bool found = false;
-    std::string all;
-    for (const auto& x : r) {
-      found |= x.kind == kind;
-      all += "[" + x.kind + "] " + x.message + "\n";
-    }
-    if (text) *text = all;
-    return found;
+    ReportTest::TearDown();
   }
 };
 

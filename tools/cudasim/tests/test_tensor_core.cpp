@@ -19,34 +19,14 @@
 #include "cudasim/sim.hpp"
 #include "tests/cuda/sim_test_kernels.hpp"
 #include "tests/device_buffer.hpp"
+#include "tests/report_test.hpp"
 
 using namespace cudasim_tests;
 
 namespace {
 
 
-class TensorCore : public ::testing::Test {
- protected:
-  void SetUp() override {
-    cudasim::take_reports();
-    (void)cudaGetLastError();
-  }
-  void TearDown() override {
-    EXPECT_EQ(cudasim::report_count(), 0u) << cudasim::reports_text();
-    cudasim::take_reports();
-    (void)cudaGetLastError();
-  }
-  // Takes the reports: their text, and whether one of kind `kind` is among them.
-  static bool reported(const std::string& kind, std::string* text) {
-    bool found = false;
-    text->clear();
-    for (const cudasim::Report& r : cudasim::take_reports()) {
-      found |= r.kind == kind;
-      *text += "[" + r.kind + "] " + r.message + "\n";
-    }
-    return found;
-  }
-};
+using TensorCore = ReportTest;
 
 // A 16-bit floating-point matrix: its elements' bits (what the kernels take) and values.
 struct Matrix16 {
